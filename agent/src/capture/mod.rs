@@ -1,0 +1,294 @@
+//! eBPF capture: loads the driver and process programs into the kernel with one shared ring
+//! buffer, tracks the processes to record, attaches the driver probes to each libcuda file, and
+//! reads the drop counters. Nothing outside this module touches BPF objects.
+
+mod probes;
+
+use std::cell::RefCell;
+use std::mem::MaybeUninit;
+use std::rc::Rc;
+use std::os::fd::AsFd;
+use std::time::Duration;
+
+use anyhow::{anyhow, Context, Result};
+use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBuffer, RingBufferBuilder, UprobeMultiOpts, UprobeOpts};
+
+use gpuprof_ebpf::driver::{DriverSkel, DriverSkelBuilder};
+use gpuprof_ebpf::process::{ProcessSkel, ProcessSkelBuilder};
+pub use gpuprof_ebpf::types::gp_record as Record;
+use gpuprof_ebpf::types::gp_counter;
+
+use crate::elf;
+use crate::libcuda::LibraryFile;
+
+/// How the driver probes are put on a library.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProbeLinks {
+    /// One uprobe-multi link per library and direction (kernel 6.6+): attached and detached in
+    /// one step each.
+    Multi,
+    /// One perf-event link per probe (older kernels); each detach waits for a grace period.
+    PerfEvent,
+}
+
+impl ProbeLinks {
+    /// Multi where the running kernel has it; `GPUPROF_PROBE_LINKS=perf-event|multi` overrides.
+    pub fn for_this_kernel() -> Self {
+        match std::env::var("GPUPROF_PROBE_LINKS").as_deref() {
+            Ok("perf-event") => return ProbeLinks::PerfEvent,
+            Ok("multi") => return ProbeLinks::Multi,
+            _ => {}
+        }
+        if kernel_version() >= (6, 6) {
+            ProbeLinks::Multi
+        } else {
+            ProbeLinks::PerfEvent
+        }
+    }
+}
+
+/// (major, minor) of the running kernel; (0, 0) when unreadable.
+fn kernel_version() -> (u32, u32) {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut parts = release.trim().split(|c: char| !c.is_ascii_digit()).map(|p| p.parse().unwrap_or(0));
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
+}
+
+/// Settings fixed at load time.
+#[derive(Debug, Clone, Copy)]
+pub struct CaptureOptions {
+    pub ring_buffer_bytes: u32,
+    pub probe_links: ProbeLinks,
+}
+
+impl Default for CaptureOptions {
+    fn default() -> Self {
+        CaptureOptions { ring_buffer_bytes: 16 << 20, probe_links: ProbeLinks::for_this_kernel() }
+    }
+}
+
+/// What attaching to one library did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attachment {
+    pub library: LibraryFile,
+    pub probes: usize,
+    /// Entry points of the table that this library does not export (older drivers lack some).
+    pub missing: Vec<&'static str>,
+}
+
+/// Everything dropped or unmatched in the kernel, summed over CPUs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DropCounters {
+    pub ring_buffer_full: u64,
+    pub pending_full: u64,
+    pub read_failed: u64,
+    pub return_unmatched: u64,
+}
+
+impl DropCounters {
+    /// Records lost: events that never reached user space.
+    pub fn lost_events(&self) -> u64 {
+        self.ring_buffer_full + self.pending_full
+    }
+}
+
+pub struct Capture {
+    driver: DriverSkel<'static>,
+    /// Kept alive with the driver object: its programs write to the shared maps.
+    _process: ProcessSkel<'static>,
+    _tracepoints: Vec<Link>,
+    probe_links: ProbeLinks,
+    ring: RingBuffer<'static>,
+    /// Records the ring buffer callback copied out, handed to the caller after each poll.
+    received: Rc<RefCell<Vec<Record>>>,
+    uprobes: RefCell<Vec<Link>>,
+    attached: RefCell<Vec<Attachment>>,
+}
+
+impl Capture {
+    /// Loads and verifies the programs and attaches the process tracepoints.
+    pub fn load(options: CaptureOptions) -> Result<Capture> {
+        // The skeletons borrow their objects for as long as they live; a capture lives for the
+        // whole run of the agent, so the objects are given a static home.
+        let driver_object: &'static mut MaybeUninit<OpenObject> = Box::leak(Box::new(MaybeUninit::uninit()));
+        let process_object: &'static mut MaybeUninit<OpenObject> = Box::leak(Box::new(MaybeUninit::uninit()));
+
+        let mut open_driver = DriverSkelBuilder::default()
+            .open(driver_object)
+            .map_err(|e| load_error("open the driver probes", e))?;
+        open_driver
+            .maps
+            .events
+            .set_max_entries(options.ring_buffer_bytes)
+            .map_err(|e| load_error("size the ring buffer", e))?;
+        let multi = options.probe_links == ProbeLinks::Multi;
+        open_driver.progs.driver_entry_multi.set_autoload(multi);
+        open_driver.progs.driver_return_multi.set_autoload(multi);
+        open_driver.progs.driver_entry.set_autoload(!multi);
+        open_driver.progs.driver_return.set_autoload(!multi);
+        let driver = open_driver.load().map_err(|e| load_error("load the driver probes", e))?;
+
+        let mut open_process = ProcessSkelBuilder::default()
+            .open(process_object)
+            .map_err(|e| load_error("open the process tracepoints", e))?;
+        open_process.maps.events.reuse_fd(driver.maps.events.as_fd()).map_err(|e| load_error("share the ring buffer", e))?;
+        open_process.maps.tracked.reuse_fd(driver.maps.tracked.as_fd()).map_err(|e| load_error("share the tracked map", e))?;
+        open_process.maps.counters.reuse_fd(driver.maps.counters.as_fd()).map_err(|e| load_error("share the counters", e))?;
+        let process = open_process.load().map_err(|e| load_error("load the process tracepoints", e))?;
+
+        let tracepoints = vec![
+            process.progs.on_fork.attach().map_err(|e| load_error("attach sched_process_fork", e))?,
+            process.progs.on_exec.attach().map_err(|e| load_error("attach sched_process_exec", e))?,
+            process.progs.on_exit.attach().map_err(|e| load_error("attach sched_process_exit", e))?,
+        ];
+
+        let received = Rc::new(RefCell::new(Vec::new()));
+        let queue = Rc::clone(&received);
+        let mut builder = RingBufferBuilder::new();
+        builder
+            .add(&driver.maps.events, move |data: &[u8]| {
+                if let Some(record) = record_from_bytes(data) {
+                    queue.borrow_mut().push(record);
+                }
+                0
+            })
+            .map_err(|e| load_error("open the ring buffer", e))?;
+        let ring = builder.build().map_err(|e| load_error("open the ring buffer", e))?;
+
+        Ok(Capture {
+            driver,
+            _process: process,
+            _tracepoints: tracepoints,
+            probe_links: options.probe_links,
+            ring,
+            received,
+            uprobes: RefCell::new(Vec::new()),
+            attached: RefCell::new(Vec::new()),
+        })
+    }
+
+    /// Records this process's calls from now on (its later children follow by fork).
+    pub fn track(&self, pid: u32) -> Result<()> {
+        self.driver
+            .maps
+            .tracked
+            .update(&pid.to_ne_bytes(), &[1u8], MapFlags::ANY)
+            .with_context(|| format!("cannot track pid {pid}"))
+    }
+
+    /// The raw fd of the tracked-process map, for a child to add itself before exec.
+    pub fn tracked_map_fd(&self) -> i32 {
+        use std::os::fd::AsRawFd;
+        self.driver.maps.tracked.as_fd().as_raw_fd()
+    }
+
+    /// True when probes are already on this file.
+    pub fn is_attached(&self, library: &LibraryFile) -> bool {
+        self.attached.borrow().iter().any(|a| a.library.identity == library.identity)
+    }
+
+    /// Puts an entry and a return probe on every table entry point the library exports.
+    pub fn attach_library(&self, library: &LibraryFile) -> Result<Attachment> {
+        let functions = elf::exported_functions(&library.path)?;
+        let mut targets: Vec<(usize, u64, &'static str)> = Vec::new();
+        let mut missing = Vec::new();
+        for probe in probes::driver_probes() {
+            match functions.get(probe.symbol) {
+                Some(&offset) => targets.push((offset as usize, probe.cookie, probe.symbol)),
+                None => missing.push(probe.symbol),
+            }
+        }
+        if targets.is_empty() {
+            return Err(anyhow!(
+                "{} exports none of the CUDA memory entry points gpuprof probes (is it libcuda?)",
+                library.path.display()
+            ));
+        }
+        let links = match self.probe_links {
+            ProbeLinks::Multi => self.attach_multi(library, &targets)?,
+            ProbeLinks::PerfEvent => self.attach_each(library, &targets)?,
+        };
+        let attachment = Attachment { library: library.clone(), probes: targets.len(), missing };
+        self.uprobes.borrow_mut().extend(links);
+        self.attached.borrow_mut().push(attachment.clone());
+        Ok(attachment)
+    }
+
+    fn attach_multi(&self, library: &LibraryFile, targets: &[(usize, u64, &str)]) -> Result<Vec<Link>> {
+        let programs = [(&self.driver.progs.driver_entry_multi, false), (&self.driver.progs.driver_return_multi, true)];
+        programs
+            .into_iter()
+            .map(|(program, retprobe)| {
+                let opts = UprobeMultiOpts {
+                    offsets: targets.iter().map(|t| t.0).collect(),
+                    cookies: targets.iter().map(|t| t.1).collect(),
+                    retprobe,
+                    ..Default::default()
+                };
+                program
+                    .attach_uprobe_multi_with_opts(-1, &library.path, "", opts)
+                    .with_context(|| format!("cannot attach uprobes to {}", library.path.display()))
+            })
+            .collect()
+    }
+
+    fn attach_each(&self, library: &LibraryFile, targets: &[(usize, u64, &str)]) -> Result<Vec<Link>> {
+        let mut links = Vec::with_capacity(targets.len() * 2);
+        for &(offset, cookie, symbol) in targets {
+            for (program, retprobe) in [(&self.driver.progs.driver_entry, false), (&self.driver.progs.driver_return, true)] {
+                let opts = UprobeOpts { cookie, retprobe, ..Default::default() };
+                let link = program
+                    .attach_uprobe_with_opts(-1, &library.path, offset, opts)
+                    .with_context(|| format!("cannot attach a uprobe to {symbol} in {}", library.path.display()))?;
+                links.push(link);
+            }
+        }
+        Ok(links)
+    }
+
+    /// Waits up to `timeout` for records, then hands every available one to `sink`, in order.
+    pub fn poll(&self, timeout: Duration, sink: &mut dyn FnMut(&Record)) -> Result<()> {
+        self.ring.poll(timeout).map_err(|e| anyhow!("reading the ring buffer failed: {e}"))?;
+        self.ring.consume().map_err(|e| anyhow!("reading the ring buffer failed: {e}"))?;
+        let batch = std::mem::take(&mut *self.received.borrow_mut());
+        for record in &batch {
+            sink(record);
+        }
+        Ok(())
+    }
+
+    pub fn drop_counters(&self) -> Result<DropCounters> {
+        let map = &self.driver.maps.counters;
+        let read = |counter: gp_counter| -> Result<u64> {
+            let values = map
+                .lookup_percpu(&counter.0.to_ne_bytes(), MapFlags::ANY)
+                .context("cannot read the drop counters")?
+                .unwrap_or_default();
+            Ok(values.iter().map(|v| u64::from_ne_bytes(v[..8].try_into().unwrap_or([0; 8]))).sum())
+        };
+        Ok(DropCounters {
+            ring_buffer_full: read(gp_counter::GP_COUNTER_RINGBUF_FULL)?,
+            pending_full: read(gp_counter::GP_COUNTER_PENDING_FULL)?,
+            read_failed: read(gp_counter::GP_COUNTER_READ_FAILED)?,
+            return_unmatched: read(gp_counter::GP_COUNTER_RETURN_UNMATCHED)?,
+        })
+    }
+
+    pub fn attachments(&self) -> Vec<Attachment> {
+        self.attached.borrow().clone()
+    }
+}
+
+fn record_from_bytes(data: &[u8]) -> Option<Record> {
+    if data.len() < std::mem::size_of::<Record>() {
+        return None;
+    }
+    // SAFETY: Record is a plain-old-data #[repr(C)] struct; the ring buffer hands out at least
+    // its size, possibly unaligned, so it is read unaligned.
+    Some(unsafe { std::ptr::read_unaligned(data.as_ptr().cast::<Record>()) })
+}
+
+fn load_error(what: &str, error: libbpf_rs::Error) -> anyhow::Error {
+    anyhow!("cannot {what} into the kernel: {error} (run with RUST_LOG=debug for libbpf's log)")
+}

@@ -1,0 +1,198 @@
+//! Turns ring-buffer records into contract events: names from the driver table, wall-clock
+//! time, namespace pids, hex handles. The hot path of the agent: no syscalls per record except
+//! one /proc read the first time a pid is seen.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+
+use gpuprof_ebpf::types::gp_record_kind;
+use gpuprof_model::driver_api::{self, ArgLayout};
+use gpuprof_model::event::{Event, Layer, Op, Source};
+
+use crate::capture::Record;
+use crate::clock::Clock;
+use crate::procfs;
+
+pub struct Decoder {
+    clock: Clock,
+    /// pid → its namespace pid (None when the same); read once per pid.
+    ns_pids: HashMap<u32, Option<u32>>,
+    read_ns_pids: bool,
+}
+
+/// Why a record could not become an event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DecodeError {
+    UnknownApi(u16),
+    UnknownKind(u32),
+}
+
+impl std::fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DecodeError::UnknownApi(id) => write!(f, "record names driver API id {id}, which the table lacks"),
+            DecodeError::UnknownKind(kind) => write!(f, "record kind {kind} is unknown"),
+        }
+    }
+}
+
+impl Decoder {
+    pub fn new(clock: Clock) -> Self {
+        Decoder { clock, ns_pids: HashMap::new(), read_ns_pids: true }
+    }
+
+    /// A decoder that never reads /proc (benchmarks, replay of recorded records).
+    pub fn offline(clock: Clock) -> Self {
+        Decoder { clock, ns_pids: HashMap::new(), read_ns_pids: false }
+    }
+
+    pub fn decode(&mut self, record: &Record) -> Result<Event, DecodeError> {
+        let kind = gp_record_kind(record.kind);
+        let (layer, op, api): (Layer, Op, Cow<'static, str>) = match kind {
+            gp_record_kind::GP_RECORD_DRIVER => {
+                let api = driver_api::by_id(record.api).ok_or(DecodeError::UnknownApi(record.api))?;
+                (Layer::Driver, api.op, Cow::Borrowed(api.name))
+            }
+            gp_record_kind::GP_RECORD_FORK => (Layer::Process, Op::Fork, Cow::Borrowed("sched_process_fork")),
+            gp_record_kind::GP_RECORD_EXEC => (Layer::Process, Op::Exec, Cow::Borrowed("sched_process_exec")),
+            gp_record_kind::GP_RECORD_EXIT => (Layer::Process, Op::Exit, Cow::Borrowed("sched_process_exit")),
+            _ => return Err(DecodeError::UnknownKind(record.kind)),
+        };
+        let mut event = Event::new(
+            self.clock.wall_ns(record.ts_ns),
+            record.pid,
+            record.tid,
+            Source::Ebpf,
+            layer,
+            op,
+            api,
+        );
+        event.comm = c_string(&record.comm);
+        event.ppid = (record.ppid != 0).then_some(record.ppid);
+        event.ns_pid = self.ns_pid(record.pid, op);
+        match layer {
+            Layer::Driver => self.fill_driver(record, &mut event),
+            _ => fill_process(record, &mut event),
+        }
+        if op == Op::Exit {
+            self.ns_pids.remove(&record.pid);
+        }
+        Ok(event)
+    }
+
+    fn ns_pid(&mut self, pid: u32, op: Op) -> Option<u32> {
+        if !self.read_ns_pids {
+            return None;
+        }
+        if op == Op::Exec || op == Op::Fork {
+            self.ns_pids.remove(&pid);
+        }
+        *self.ns_pids.entry(pid).or_insert_with(|| procfs::ns_pid(pid))
+    }
+
+    fn fill_driver(&self, record: &Record, event: &mut Event) {
+        let api = driver_api::by_id(record.api).expect("checked by decode");
+        event.kind = api.kind;
+        event.result = record.result;
+        event.addr = Some(record.addr);
+        event.size = record.size;
+        event.device = (record.device >= 0).then_some(record.device);
+        event.duration_ns = Some(record.duration_ns);
+        let handle_len = (record.handle_len as usize).min(record.handle.len());
+        if handle_len > 0 {
+            event.handle = Some(record.handle[..handle_len].to_vec());
+        }
+        match api.args {
+            ArgLayout::OutPitch | ArgLayout::OutPitch32 if event.succeeded() => event.pitch = Some(record.aux),
+            ArgLayout::VmmMap => event.vmm_handle = Some(record.aux),
+            ArgLayout::MemInfo | ArgLayout::MemInfo32 if event.succeeded() => event.total = Some(record.aux),
+            ArgLayout::ShareableExport | ArgLayout::ShareableImport => {
+                event.handle_type = driver_api::handle_type_name(record.handle_type).map(Cow::Borrowed);
+                event.handle_object = (record.aux != 0).then_some(record.aux);
+            }
+            _ => {}
+        }
+    }
+}
+
+fn fill_process(record: &Record, event: &mut Event) {
+    match event.op {
+        Op::Exec => event.filename = Some(c_string(&record.filename)),
+        Op::Exit => {
+            // wait(2) status: a signal in bits 0..6, else the exit status in bits 8..15.
+            let status = record.result;
+            let signal = status & 0x7f;
+            if signal != 0 {
+                event.signal = Some(signal);
+                event.exit_code = Some(128 + signal);
+            } else {
+                event.exit_code = Some((status >> 8) & 0xff);
+            }
+        }
+        _ => {}
+    }
+}
+
+fn c_string(bytes: &[u8]) -> String {
+    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+    String::from_utf8_lossy(&bytes[..end]).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuprof_model::event::Kind;
+
+    fn record(kind: gp_record_kind) -> Record {
+        let mut record = Record::default();
+        record.kind = kind.0;
+        record.ts_ns = 5_000;
+        record.pid = 42;
+        record.tid = 43;
+        record.ppid = 7;
+        record.comm[..7].copy_from_slice(b"python3");
+        record
+    }
+
+    #[test]
+    fn decodes_an_ipc_open_with_its_handle() {
+        let (id, _) = driver_api::by_name("cuIpcOpenMemHandle_v2").unwrap();
+        let mut raw = record(gp_record_kind::GP_RECORD_DRIVER);
+        raw.api = id;
+        raw.addr = 0x7f00_0040_0000;
+        raw.handle_len = 64;
+        raw.handle[0] = 0xab;
+        raw.device = -1;
+        let event = Decoder::offline(Clock::with_offset(1_000_000)).decode(&raw).unwrap();
+        assert_eq!(event.ts, 1_005_000);
+        assert_eq!((event.pid, event.tid, event.ppid), (42, 43, Some(7)));
+        assert_eq!(event.comm, "python3");
+        assert_eq!((event.layer, event.op, event.kind), (Layer::Driver, Op::IpcOpen, Some(Kind::Device)));
+        assert_eq!(event.api, "cuIpcOpenMemHandle_v2");
+        assert_eq!(event.addr, Some(0x7f00_0040_0000));
+        assert_eq!(event.device, None);
+        let handle = event.handle.unwrap();
+        assert_eq!(handle.len(), 64);
+        assert_eq!(handle[0], 0xab);
+    }
+
+    #[test]
+    fn exit_status_and_signal() {
+        let mut raw = record(gp_record_kind::GP_RECORD_EXIT);
+        raw.result = 3 << 8;
+        let event = Decoder::offline(Clock::with_offset(0)).decode(&raw).unwrap();
+        assert_eq!((event.exit_code, event.signal), (Some(3), None));
+        raw.result = 9;
+        let event = Decoder::offline(Clock::with_offset(0)).decode(&raw).unwrap();
+        assert_eq!((event.exit_code, event.signal), (Some(137), Some(9)));
+    }
+
+    #[test]
+    fn unknown_ids_are_errors_not_panics() {
+        let mut raw = record(gp_record_kind::GP_RECORD_DRIVER);
+        raw.api = 60_000;
+        assert_eq!(Decoder::offline(Clock::with_offset(0)).decode(&raw), Err(DecodeError::UnknownApi(60_000)));
+        raw.kind = 99;
+        assert_eq!(Decoder::offline(Clock::with_offset(0)).decode(&raw), Err(DecodeError::UnknownKind(99)));
+    }
+}

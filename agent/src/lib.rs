@@ -1,0 +1,17 @@
+//! The gpuprof agent: eBPF capture of CUDA memory calls and process lifecycle, decoding into the
+//! event contract, tracking of live memory per process, and the local outputs.
+//!
+//! Data flows one way: `capture` (kernel) → `decode` → `gpuprof_model::Tracker` → `output`;
+//! `session` runs that loop for `attach` and `run`.
+
+pub mod capture;
+pub mod cli;
+pub mod clock;
+pub mod decode;
+pub mod elf;
+pub mod libcuda;
+pub mod output;
+pub mod preflight;
+pub mod procfs;
+pub mod session;
+pub mod signals;

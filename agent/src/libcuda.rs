@@ -1,0 +1,109 @@
+//! Finding the libcuda a process uses: from its memory maps (attach), or the file the dynamic
+//! loader would pick for `libcuda.so.1` (run). Files are identified by device and inode, since a
+//! uprobe lands on an inode: the same library seen through two paths is attached once.
+
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result};
+
+use crate::procfs;
+
+/// The soname applications (and the CUDA runtime) load.
+pub const SONAME: &str = "libcuda.so.1";
+
+/// A library file that probes can be attached to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LibraryFile {
+    /// A path this process can open (through /proc/PID/root for another mount namespace).
+    pub path: PathBuf,
+    /// (st_dev, st_ino): the uprobe's real target.
+    pub identity: (u64, u64),
+}
+
+impl LibraryFile {
+    pub fn open(path: PathBuf) -> Result<Self> {
+        let meta = fs::metadata(&path).with_context(|| format!("cannot open {}", path.display()))?;
+        Ok(LibraryFile { identity: (meta.dev(), meta.ino()), path })
+    }
+}
+
+/// True for libcuda's file names: libcuda.so, libcuda.so.1, libcuda.so.580.95.05.
+pub fn is_libcuda(path: &str) -> bool {
+    let name = path.rsplit('/').next().unwrap_or(path);
+    name == "libcuda.so" || name.starts_with("libcuda.so.")
+}
+
+/// Every libcuda file mapped by a process, opened through its root so containers work.
+pub fn mapped_by(pid: u32) -> Result<Vec<LibraryFile>> {
+    let files = procfs::mapped_files(pid).with_context(|| format!("cannot read /proc/{pid}/maps"))?;
+    let mut found: Vec<LibraryFile> = Vec::new();
+    for file in files.iter().filter(|f| is_libcuda(&f.path)) {
+        let path = file.path.strip_suffix(" (deleted)").unwrap_or(&file.path);
+        let Ok(library) = LibraryFile::open(procfs::path_in_root(pid, path)) else { continue };
+        if !found.iter().any(|f| f.identity == library.identity) {
+            found.push(library);
+        }
+    }
+    Ok(found)
+}
+
+/// The file the dynamic loader would load for `libcuda.so.1` given this environment:
+/// LD_LIBRARY_PATH, then the loader cache, then the default directories.
+pub fn resolve_for_loader() -> Option<PathBuf> {
+    let from_env = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
+    let env_dirs = from_env.split(':').filter(|d| !d.is_empty()).map(PathBuf::from);
+    if let Some(found) = env_dirs.map(|dir| dir.join(SONAME)).find(|p| p.is_file()) {
+        return Some(found);
+    }
+    if let Some(found) = from_loader_cache() {
+        return Some(found);
+    }
+    ["/lib64", "/usr/lib64", "/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib", "/usr/lib"]
+        .iter()
+        .map(|dir| Path::new(dir).join(SONAME))
+        .find(|p| p.is_file())
+}
+
+fn from_loader_cache() -> Option<PathBuf> {
+    let output = Command::new("ldconfig").arg("-p").output().ok()?;
+    parse_ldconfig(&String::from_utf8_lossy(&output.stdout))
+}
+
+/// Picks the x86-64 `libcuda.so.1` line of `ldconfig -p`.
+fn parse_ldconfig(listing: &str) -> Option<PathBuf> {
+    listing.lines().find_map(|line| {
+        let line = line.trim();
+        let (left, path) = line.split_once(" => ")?;
+        let is_soname = left.split_whitespace().next() == Some(SONAME);
+        (is_soname && left.contains("x86-64")).then(|| PathBuf::from(path.trim()))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recognizes_libcuda_names() {
+        assert!(is_libcuda("/usr/lib/x86_64-linux-gnu/libcuda.so.580.95.05"));
+        assert!(is_libcuda("/usr/local/nvidia/lib64/libcuda.so.1"));
+        assert!(is_libcuda("libcuda.so"));
+        assert!(!is_libcuda("/usr/lib/libcudart.so.12"));
+        assert!(!is_libcuda("/opt/libcuda.so.bak/x.so"));
+    }
+
+    #[test]
+    fn picks_the_64_bit_soname_from_the_loader_cache() {
+        let listing = "\
+1234 libs found in cache `/etc/ld.so.cache'
+\tlibcudart.so.12 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libcudart.so.12
+\tlibcuda.so.1 (libc6) => /usr/lib/i386-linux-gnu/libcuda.so.1
+\tlibcuda.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libcuda.so.1
+";
+        assert_eq!(parse_ldconfig(listing), Some(PathBuf::from("/usr/lib/x86_64-linux-gnu/libcuda.so.1")));
+        assert_eq!(parse_ldconfig("0 libs found\n"), None);
+    }
+}

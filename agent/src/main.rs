@@ -1,0 +1,27 @@
+//! `gpuprof`: parse the command line, run the verb, turn any error into one line and a non-zero
+//! exit code.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use gpuprof::cli::{Cli, Command};
+use gpuprof::session;
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let outcome = match cli.command {
+        Command::Attach { pid, wait, capture } => session::attach(pid, wait, &capture),
+        Command::Run { capture, command } => session::run(&command, &capture),
+    };
+    match outcome {
+        Ok(code) => ExitCode::from(code),
+        Err(error) => {
+            eprintln!("gpuprof: error: {error:#}");
+            ExitCode::from(1)
+        }
+    }
+}

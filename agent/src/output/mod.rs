@@ -1,0 +1,84 @@
+//! Where captured events go: one JSON object per line, or a readable table with an end-of-run
+//! summary of live memory per process and kind.
+
+mod jsonl;
+mod table;
+
+use std::fs::File;
+use std::io::{self, BufWriter, Write};
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use gpuprof_model::event::Event;
+use gpuprof_model::live::LiveSummary;
+
+pub use jsonl::JsonlSink;
+pub use table::TableSink;
+
+/// The output formats of `attach` and `run`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// One event per line in the contract of docs/events.md.
+    Jsonl,
+    /// A readable row per event and, at the end, live memory per process and kind.
+    Table,
+}
+
+/// What the run ended with, for sinks that print a summary.
+pub struct EndOfRun<'a> {
+    pub processes: &'a [LiveSummary],
+}
+
+pub trait EventSink {
+    fn event(&mut self, event: &Event) -> io::Result<()>;
+    /// Called after each batch so a reader of the stream sees events as they happen.
+    fn flush(&mut self) -> io::Result<()>;
+    fn finish(&mut self, end: &EndOfRun<'_>) -> io::Result<()>;
+}
+
+/// Stdout, or the file named by `--output` (created or truncated).
+pub fn open_writer(output: Option<&Path>) -> Result<Box<dyn Write>> {
+    Ok(match output {
+        Some(path) => Box::new(BufWriter::new(
+            File::create(path).with_context(|| format!("cannot create output file {}", path.display()))?,
+        )),
+        None => Box::new(BufWriter::new(io::stdout())),
+    })
+}
+
+pub fn sink(format: Format, writer: Box<dyn Write>) -> Box<dyn EventSink> {
+    match format {
+        Format::Jsonl => Box::new(JsonlSink::new(writer)),
+        Format::Table => Box::new(TableSink::new(writer)),
+    }
+}
+
+/// 1536 → "1.5 KiB".
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn human_sizes() {
+        assert_eq!(human_bytes(0), "0 B");
+        assert_eq!(human_bytes(1023), "1023 B");
+        assert_eq!(human_bytes(1536), "1.5 KiB");
+        assert_eq!(human_bytes(2 << 20), "2.0 MiB");
+        assert_eq!(human_bytes(80 << 30), "80.0 GiB");
+    }
+}

@@ -1,0 +1,138 @@
+//! `--format table`: a row per event as it happens, then live memory per process and kind.
+
+use std::io::{self, Write};
+
+use gpuprof_model::driver_api::result_name;
+use gpuprof_model::event::{Event, Layer, Op};
+use gpuprof_model::live::{LiveSummary, ProcessState};
+
+use super::{human_bytes, EndOfRun, EventSink};
+
+pub struct TableSink {
+    writer: Box<dyn Write>,
+    header_written: bool,
+}
+
+impl TableSink {
+    pub fn new(writer: Box<dyn Write>) -> Self {
+        TableSink { writer, header_written: false }
+    }
+}
+
+/// HH:MM:SS.mmm (UTC) of a wall-clock timestamp.
+fn time_of_day(ts_ns: u64) -> String {
+    let ms = ts_ns / 1_000_000;
+    let (h, m, s) = ((ms / 3_600_000) % 24, (ms / 60_000) % 60, (ms / 1000) % 60);
+    format!("{h:02}:{m:02}:{s:02}.{:03}", ms % 1000)
+}
+
+fn result_text(code: i32) -> String {
+    if code == 0 {
+        "ok".to_string()
+    } else {
+        format!("{code} {}", result_name(code))
+    }
+}
+
+fn state_text(state: ProcessState) -> String {
+    match state {
+        ProcessState::Running => "running".to_string(),
+        ProcessState::Exited { code, signal: Some(signal), .. } => format!("killed({signal}) {code}"),
+        ProcessState::Exited { code, .. } => format!("exited({code})"),
+        ProcessState::Replaced { .. } => "exec'd".to_string(),
+    }
+}
+
+impl EventSink for TableSink {
+    fn event(&mut self, event: &Event) -> io::Result<()> {
+        if !self.header_written {
+            writeln!(
+                self.writer,
+                "{:<12} {:>7} {:>7} {:<15} {:<30} {:<10} {:<11} {:<18} {:>10} RESULT",
+                "TIME", "PID", "TID", "COMM", "API", "OP", "KIND", "ADDR", "SIZE"
+            )?;
+            self.header_written = true;
+        }
+        let kind = event.kind.map(|k| k.as_str()).unwrap_or("-");
+        let addr = event.addr.map(|a| format!("{a:#x}")).unwrap_or_else(|| "-".into());
+        let (size, result) = match (event.layer, event.op) {
+            (Layer::Process, Op::Fork) => (String::new(), format!("parent {}", event.ppid.unwrap_or(0))),
+            (Layer::Process, Op::Exec) => (String::new(), event.filename.clone().unwrap_or_default()),
+            (Layer::Process, Op::Exit) => (String::new(), format!("exit {}", event.exit_code.unwrap_or(0))),
+            _ => (human_bytes(event.size), result_text(event.result)),
+        };
+        writeln!(
+            self.writer,
+            "{:<12} {:>7} {:>7} {:<15} {:<30} {:<10} {:<11} {:<18} {:>10} {}",
+            time_of_day(event.ts),
+            event.pid,
+            event.tid,
+            event.comm,
+            event.api,
+            event.op.as_str(),
+            kind,
+            addr,
+            size,
+            result
+        )
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.writer.flush()
+    }
+
+    fn finish(&mut self, end: &EndOfRun<'_>) -> io::Result<()> {
+        write_live_summary(&mut self.writer, end.processes)?;
+        self.writer.flush()
+    }
+}
+
+/// Live bytes per process and kind, plus mappings, IPC imports and contexts still open.
+pub fn write_live_summary(writer: &mut dyn Write, processes: &[LiveSummary]) -> io::Result<()> {
+    writeln!(writer)?;
+    writeln!(writer, "Live GPU memory at end, per process and kind:")?;
+    writeln!(
+        writer,
+        "{:>7} {:>7} {:<15} {:<14} {:<11} {:>14} {:>6} {:>12} {:>8} {:>5}",
+        "PID", "PPID", "COMM", "STATE", "KIND", "LIVE BYTES", "COUNT", "MAPPED", "IPC OPEN", "CTX"
+    )?;
+    for process in processes {
+        let head = |writer: &mut dyn Write| {
+            write!(
+                writer,
+                "{:>7} {:>7} {:<15} {:<14}",
+                process.pid,
+                process.ppid.map(|p| p.to_string()).unwrap_or_else(|| "-".into()),
+                process.comm,
+                state_text(process.state)
+            )
+        };
+        let tail = format!(
+            "{:>12} {:>8} {:>5}",
+            human_bytes(process.mapped_bytes),
+            process.imports,
+            process.contexts
+        );
+        if process.by_kind.is_empty() {
+            head(writer)?;
+            writeln!(writer, " {:<11} {:>14} {:>6} {tail}", "-", 0, 0)?;
+        }
+        for (kind, total) in &process.by_kind {
+            head(writer)?;
+            writeln!(writer, " {:<11} {:>14} {:>6} {tail}", kind.as_str(), total.bytes, total.count)?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clock_text() {
+        assert_eq!(time_of_day(((3600 + 2 * 60 + 3) * 1000 + 45) * 1_000_000), "01:02:03.045");
+        assert_eq!(result_text(2), "2 OUT_OF_MEMORY");
+        assert_eq!(result_text(0), "ok");
+    }
+}

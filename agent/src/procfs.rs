@@ -1,0 +1,141 @@
+//! What gpuprof reads about other processes from /proc: existence, names, parents, namespaces,
+//! and memory maps (to find the libcuda a process actually loaded).
+
+use std::collections::HashMap;
+use std::fs;
+use std::io;
+use std::path::PathBuf;
+
+/// One file-backed line of /proc/PID/maps.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MappedFile {
+    /// The path as the process sees it (inside its own mount namespace).
+    pub path: String,
+    pub dev: String,
+    pub inode: u64,
+}
+
+pub fn exists(pid: u32) -> bool {
+    PathBuf::from(format!("/proc/{pid}")).exists()
+}
+
+/// The process's name (`comm`), or empty when it is gone.
+pub fn comm(pid: u32) -> String {
+    fs::read_to_string(format!("/proc/{pid}/comm"))
+        .map(|s| s.trim_end().to_string())
+        .unwrap_or_default()
+}
+
+/// State and parent from /proc/PID/stat; `None` when the process is gone.
+pub fn stat(pid: u32) -> Option<(char, u32)> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // comm may contain spaces and parentheses: the fields after it follow the last ')'.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let mut fields = rest.split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    let ppid = fields.next()?.parse().ok()?;
+    Some((state, ppid))
+}
+
+/// A live process (not a zombie waiting to be reaped).
+pub fn is_running(pid: u32) -> bool {
+    matches!(stat(pid), Some((state, _)) if state != 'Z' && state != 'X')
+}
+
+/// The pid inside the process's own pid namespace, when it differs from the host pid.
+pub fn ns_pid(pid: u32) -> Option<u32> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find_map(|line| line.strip_prefix("NSpid:"))?;
+    let innermost: u32 = line.split_whitespace().last()?.parse().ok()?;
+    (innermost != pid).then_some(innermost)
+}
+
+/// Every descendant of `root` alive now (children, grandchildren, …), in no particular order.
+pub fn descendants(root: u32) -> Vec<u32> {
+    let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
+    let Ok(entries) = fs::read_dir("/proc") else { return Vec::new() };
+    for entry in entries.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|name| name.parse::<u32>().ok()) else {
+            continue;
+        };
+        if let Some((_, ppid)) = stat(pid) {
+            children.entry(ppid).or_default().push(pid);
+        }
+    }
+    let mut found = Vec::new();
+    let mut queue = vec![root];
+    while let Some(pid) = queue.pop() {
+        for &child in children.get(&pid).map(Vec::as_slice).unwrap_or(&[]) {
+            found.push(child);
+            queue.push(child);
+        }
+    }
+    found
+}
+
+/// The file-backed mappings of a process.
+pub fn mapped_files(pid: u32) -> io::Result<Vec<MappedFile>> {
+    let maps = fs::read_to_string(format!("/proc/{pid}/maps"))?;
+    Ok(parse_maps(&maps))
+}
+
+fn parse_maps(maps: &str) -> Vec<MappedFile> {
+    let mut files: Vec<MappedFile> = Vec::new();
+    for line in maps.lines() {
+        // address perms offset dev inode path
+        let mut fields = line.splitn(6, ' ');
+        let (Some(_), Some(_), Some(_), Some(dev), Some(inode)) =
+            (fields.next(), fields.next(), fields.next(), fields.next(), fields.next())
+        else {
+            continue;
+        };
+        let Some(path) = fields.next().map(str::trim_start) else { continue };
+        let Ok(inode) = inode.parse::<u64>() else { continue };
+        if inode == 0 || !path.starts_with('/') {
+            continue;
+        }
+        let file = MappedFile { path: path.to_string(), dev: dev.to_string(), inode };
+        if !files.contains(&file) {
+            files.push(file);
+        }
+    }
+    files
+}
+
+/// A path of a process's mount namespace, opened from ours.
+pub fn path_in_root(pid: u32, path: &str) -> PathBuf {
+    PathBuf::from(format!("/proc/{pid}/root{path}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_file_backed_mappings_once_each() {
+        let maps = "\
+7f0000000000-7f0000001000 r--p 00000000 fd:01 1234 /usr/lib/x86_64-linux-gnu/libcuda.so.580.95
+7f0000001000-7f0000002000 r-xp 00001000 fd:01 1234 /usr/lib/x86_64-linux-gnu/libcuda.so.580.95
+7f0000003000-7f0000004000 rw-p 00000000 00:00 0 
+7ffd00000000-7ffd00001000 rw-p 00000000 00:00 0                          [stack]
+7f0000005000-7f0000006000 r-xp 00000000 fd:01 99 /tmp/dir with space/lib.so (deleted)
+";
+        let files = parse_maps(maps);
+        assert_eq!(
+            files,
+            vec![
+                MappedFile { path: "/usr/lib/x86_64-linux-gnu/libcuda.so.580.95".into(), dev: "fd:01".into(), inode: 1234 },
+                MappedFile { path: "/tmp/dir with space/lib.so (deleted)".into(), dev: "fd:01".into(), inode: 99 },
+            ]
+        );
+    }
+
+    #[test]
+    fn reads_this_process() {
+        let me = std::process::id();
+        assert!(exists(me));
+        assert!(is_running(me));
+        assert_eq!(stat(me).unwrap().1, std::os::unix::process::parent_id());
+        assert!(!comm(me).is_empty());
+    }
+}

@@ -1,0 +1,366 @@
+// SPDX-License-Identifier: GPL-2.0 OR Apache-2.0
+/*
+ * Driver-level capture: one entry and one return program, attached to every memory entry point of
+ * libcuda with a cookie naming the API and its argument shape. The entry saves the arguments (and
+ * the bytes that only exist at entry, such as an IPC handle passed by value on the stack); the
+ * return reads the out-pointers and emits one record per call, failed calls included.
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
+#include "maps.bpf.h"
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+/* Exported to user space through the skeleton so both sides share one definition. */
+struct gp_record gp_record_layout = {};
+struct gp_cookie gp_cookie_layout = {};
+enum gp_shape gp_shape_values = 0;
+enum gp_record_kind gp_record_kind_values = 0;
+enum gp_counter gp_counter_values = 0;
+
+struct pending_key {
+	__u64 pid_tgid;
+	__u32 api;
+	__u32 pad;
+};
+
+struct pending_call {
+	__u64 ts_ns;
+	__u64 args[6];
+	__s32 device;
+	__u32 data_len;
+	__u8 data[GP_HANDLE_LEN]; /* bytes that exist only at entry (handles passed in) */
+};
+
+/* Keyed by thread and API so a call nested inside another entry point keeps both. LRU: a call that
+ * never returns (thread killed inside the driver) cannot fill the map. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct pending_key);
+	__type(value, struct pending_call);
+} pending SEC(".maps");
+
+static __always_inline struct gp_cookie read_cookie(void *ctx)
+{
+	union {
+		__u64 raw;
+		struct gp_cookie cookie;
+	} value = { .raw = bpf_get_attach_cookie(ctx) };
+	return value.cookie;
+}
+
+/* The kernel's struct file behind a descriptor of the current process: the same object in every
+ * process the descriptor was passed to, so it matches a POSIX-fd export to its import. */
+static __always_inline __u64 fd_object_id(__s32 fd)
+{
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+	struct fdtable *fdt = BPF_CORE_READ(task, files, fdt);
+	struct file **files;
+	struct file *file = NULL;
+
+	if (fd < 0 || fd >= BPF_CORE_READ(fdt, max_fds))
+		return 0;
+	files = BPF_CORE_READ(fdt, fd);
+	bpf_probe_read_kernel(&file, sizeof(file), &files[fd]);
+	return (__u64)file;
+}
+
+static __always_inline void read_user_u64(struct gp_record *rec, __u64 *dst, __u64 src)
+{
+	if (bpf_probe_read_user(dst, sizeof(*dst), (void *)src)) {
+		count(GP_COUNTER_READ_FAILED);
+		rec->flags |= GP_FLAG_OUT_UNREAD;
+	}
+}
+
+static __always_inline void read_user_u32(struct gp_record *rec, __u64 *dst, __u64 src)
+{
+	__u32 value = 0;
+
+	if (bpf_probe_read_user(&value, sizeof(value), (void *)src)) {
+		count(GP_COUNTER_READ_FAILED);
+		rec->flags |= GP_FLAG_OUT_UNREAD;
+	}
+	*dst = value;
+}
+
+static __always_inline void read_user_handle(struct gp_record *rec, __u64 src, __u32 len)
+{
+	if (len > GP_HANDLE_LEN)
+		len = GP_HANDLE_LEN;
+	if (bpf_probe_read_user(rec->handle, len, (void *)src)) {
+		count(GP_COUNTER_READ_FAILED);
+		rec->flags |= GP_FLAG_OUT_UNREAD;
+		return;
+	}
+	rec->handle_len = len;
+}
+
+/* Length of the bytes a shareable handle of this type occupies. */
+static __always_inline __u32 shareable_handle_len(__u64 type)
+{
+	if (type == GP_HANDLE_TYPE_FABRIC)
+		return GP_HANDLE_LEN;
+	if (type == GP_HANDLE_TYPE_POSIX_FD)
+		return sizeof(__s32);
+	return sizeof(__u64);
+}
+
+static __always_inline int on_entry(struct pt_regs *ctx)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+
+	if (!is_tracked(pid_tgid >> 32))
+		return 0;
+
+	struct gp_cookie cookie = read_cookie(ctx);
+	struct pending_key key = { .pid_tgid = pid_tgid, .api = cookie.api };
+	struct pending_call call = {};
+
+	call.ts_ns = bpf_ktime_get_ns();
+	call.device = -1;
+	call.args[0] = PT_REGS_PARM1(ctx);
+	call.args[1] = PT_REGS_PARM2(ctx);
+	call.args[2] = PT_REGS_PARM3(ctx);
+	call.args[3] = PT_REGS_PARM4(ctx);
+	call.args[4] = PT_REGS_PARM5(ctx);
+	call.args[5] = PT_REGS_PARM6(ctx);
+
+	switch (cookie.shape) {
+	case GP_SHAPE_IPC_OPEN:
+		/* A 64-byte struct by value goes on the stack; at the first instruction the return
+		 * address is at sp, so the handle starts at sp + 8. */
+		if (bpf_probe_read_user(call.data, GP_HANDLE_LEN, (void *)(PT_REGS_SP(ctx) + 8)))
+			count(GP_COUNTER_READ_FAILED);
+		else
+			call.data_len = GP_HANDLE_LEN;
+		break;
+	case GP_SHAPE_POOL_IMPORT:
+		if (bpf_probe_read_user(call.data, GP_HANDLE_LEN, (void *)call.args[2]))
+			count(GP_COUNTER_READ_FAILED);
+		else
+			call.data_len = GP_HANDLE_LEN;
+		break;
+	case GP_SHAPE_SHAREABLE_IMPORT:
+		if (call.args[2] == GP_HANDLE_TYPE_FABRIC) {
+			if (bpf_probe_read_user(call.data, GP_HANDLE_LEN, (void *)call.args[1]))
+				count(GP_COUNTER_READ_FAILED);
+			else
+				call.data_len = GP_HANDLE_LEN;
+		} else {
+			/* fd and win32 handles are passed as the pointer value itself. */
+			__builtin_memcpy(call.data, &call.args[1], sizeof(__u64));
+			call.data_len = shareable_handle_len(call.args[2]);
+		}
+		break;
+	case GP_SHAPE_VMM_CREATE: {
+		/* CUmemAllocationProp: type, requestedHandleTypes, location { type, id } → id at 12. */
+		__s32 device = -1;
+
+		if (bpf_probe_read_user(&device, sizeof(device), (void *)(call.args[2] + 12)))
+			count(GP_COUNTER_READ_FAILED);
+		call.device = device;
+		break;
+	}
+	default:
+		break;
+	}
+
+	if (bpf_map_update_elem(&pending, &key, &call, BPF_ANY))
+		count(GP_COUNTER_PENDING_FULL);
+	return 0;
+}
+
+static __always_inline int on_return(struct pt_regs *ctx)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	struct gp_cookie cookie = read_cookie(ctx);
+	struct pending_key key = { .pid_tgid = pid_tgid, .api = cookie.api };
+	struct pending_call *call = bpf_map_lookup_elem(&pending, &key);
+
+	if (!call) {
+		if (is_tracked(pid_tgid >> 32))
+			count(GP_COUNTER_RETURN_UNMATCHED);
+		return 0;
+	}
+
+	struct gp_record *rec = reserve_record(GP_RECORD_DRIVER);
+	if (!rec) {
+		bpf_map_delete_elem(&pending, &key);
+		return 0;
+	}
+
+	__u64 now = bpf_ktime_get_ns();
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+	__s32 result = (__s32)PT_REGS_RC(ctx);
+	bool ok = result == 0;
+	__u64 *args = call->args;
+
+	rec->ts_ns = call->ts_ns;
+	rec->duration_ns = now - call->ts_ns;
+	rec->pid = pid_tgid >> 32;
+	rec->tid = (__u32)pid_tgid;
+	rec->ppid = BPF_CORE_READ(task, real_parent, tgid);
+	rec->api = cookie.api;
+	rec->result = result;
+	rec->device = call->device;
+	bpf_get_current_comm(rec->comm, sizeof(rec->comm));
+
+	switch (cookie.shape) {
+	case GP_SHAPE_OUT_PTR_SIZE:
+	case GP_SHAPE_VMM_CREATE:
+		rec->size = args[1];
+		if (ok)
+			read_user_u64(rec, &rec->addr, args[0]);
+		break;
+	case GP_SHAPE_OUT_PTR_SIZE32:
+		rec->size = (__u32)args[1];
+		if (ok)
+			read_user_u64(rec, &rec->addr, args[0]);
+		break;
+	case GP_SHAPE_OUT_PTR32_SIZE32:
+		rec->size = (__u32)args[1];
+		if (ok)
+			read_user_u32(rec, &rec->addr, args[0]);
+		break;
+	case GP_SHAPE_OUT_PITCH:
+		if (ok) {
+			read_user_u64(rec, &rec->addr, args[0]);
+			read_user_u64(rec, &rec->aux, args[1]);
+			rec->size = rec->aux * args[3];
+		} else {
+			rec->size = args[2] * args[3];
+		}
+		break;
+	case GP_SHAPE_OUT_PITCH32:
+		if (ok) {
+			read_user_u32(rec, &rec->addr, args[0]);
+			read_user_u32(rec, &rec->aux, args[1]);
+			rec->size = rec->aux * (__u32)args[3];
+		} else {
+			rec->size = (__u64)(__u32)args[2] * (__u32)args[3];
+		}
+		break;
+	case GP_SHAPE_PTR:
+		rec->addr = args[0];
+		break;
+	case GP_SHAPE_PTR32:
+		rec->addr = (__u32)args[0];
+		break;
+	case GP_SHAPE_PTR_SIZE:
+		rec->addr = args[0];
+		rec->size = args[1];
+		break;
+	case GP_SHAPE_VMM_MAP:
+		rec->addr = args[0];
+		rec->size = args[1];
+		rec->aux = args[3];
+		break;
+	case GP_SHAPE_IPC_GET:
+	case GP_SHAPE_POOL_EXPORT:
+		rec->addr = args[1];
+		if (ok)
+			read_user_handle(rec, args[0], GP_HANDLE_LEN);
+		break;
+	case GP_SHAPE_IPC_OPEN:
+		__builtin_memcpy(rec->handle, call->data, GP_HANDLE_LEN);
+		rec->handle_len = call->data_len;
+		rec->aux = (__u32)args[1]; /* flags */
+		if (ok)
+			read_user_u64(rec, &rec->addr, args[0]);
+		break;
+	case GP_SHAPE_POOL_IMPORT:
+		__builtin_memcpy(rec->handle, call->data, GP_HANDLE_LEN);
+		rec->handle_len = call->data_len;
+		rec->aux = args[1]; /* pool */
+		if (ok)
+			read_user_u64(rec, &rec->addr, args[0]);
+		break;
+	case GP_SHAPE_SHAREABLE_EXPORT:
+		rec->addr = args[1];
+		rec->handle_type = (__u8)args[2];
+		if (ok) {
+			read_user_handle(rec, args[0], shareable_handle_len(args[2]));
+			if (args[2] == GP_HANDLE_TYPE_POSIX_FD && rec->handle_len)
+				rec->aux = fd_object_id(*(__s32 *)rec->handle);
+		}
+		break;
+	case GP_SHAPE_SHAREABLE_IMPORT:
+		__builtin_memcpy(rec->handle, call->data, GP_HANDLE_LEN);
+		rec->handle_len = call->data_len;
+		rec->handle_type = (__u8)args[2];
+		if (args[2] == GP_HANDLE_TYPE_POSIX_FD)
+			rec->aux = fd_object_id((__s32)args[1]);
+		if (ok)
+			read_user_u64(rec, &rec->addr, args[0]);
+		break;
+	case GP_SHAPE_CTX_RETAIN:
+		rec->device = (__s32)args[1];
+		if (ok)
+			read_user_u64(rec, &rec->addr, args[0]);
+		break;
+	case GP_SHAPE_CTX_CREATE:
+		if (cookie.param == 2)
+			rec->device = (__s32)args[2];
+		else if (cookie.param == 3)
+			rec->device = (__s32)args[3];
+		else if (cookie.param == 4)
+			rec->device = (__s32)args[4];
+		if (ok)
+			read_user_u64(rec, &rec->addr, args[0]);
+		break;
+	case GP_SHAPE_DEVICE:
+		rec->device = (__s32)args[0];
+		break;
+	case GP_SHAPE_MEM_INFO:
+		if (ok) {
+			read_user_u64(rec, &rec->size, args[0]);
+			read_user_u64(rec, &rec->aux, args[1]);
+		}
+		break;
+	case GP_SHAPE_MEM_INFO32:
+		if (ok) {
+			read_user_u32(rec, &rec->size, args[0]);
+			read_user_u32(rec, &rec->aux, args[1]);
+		}
+		break;
+	default:
+		break;
+	}
+
+	bpf_ringbuf_submit(rec, 0);
+	bpf_map_delete_elem(&pending, &key);
+	return 0;
+}
+
+/*
+ * The same programs twice: a uprobe-multi link puts every probe of a library in one kernel object
+ * (attached and, above all, detached in one step: a single uprobe costs a grace period to remove);
+ * kernels before 6.6 lack it and get one perf-event link per probe. The agent loads one pair.
+ */
+SEC("uprobe.multi")
+int driver_entry_multi(struct pt_regs *ctx)
+{
+	return on_entry(ctx);
+}
+
+SEC("uretprobe.multi")
+int driver_return_multi(struct pt_regs *ctx)
+{
+	return on_return(ctx);
+}
+
+SEC("uprobe")
+int driver_entry(struct pt_regs *ctx)
+{
+	return on_entry(ctx);
+}
+
+SEC("uretprobe")
+int driver_return(struct pt_regs *ctx)
+{
+	return on_return(ctx);
+}

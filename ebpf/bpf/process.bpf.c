@@ -1,0 +1,90 @@
+// SPDX-License-Identifier: GPL-2.0 OR Apache-2.0
+/*
+ * Process lifecycle of tracked processes: a fork of a tracked process tracks the child (so `run`
+ * and `attach` follow multiprocessing and DataLoader workers), exec and exit are recorded so user
+ * space can reset its caches and close each process's allocation table.
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
+#include "maps.bpf.h"
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+SEC("tp_btf/sched_process_fork")
+int BPF_PROG(on_fork, struct task_struct *parent, struct task_struct *child)
+{
+	__u32 parent_tgid = parent->tgid;
+	__u32 child_tgid = child->tgid;
+	__u8 one = 1;
+
+	/* A new thread is not a new process. */
+	if (child->pid != child_tgid)
+		return 0;
+	if (!is_tracked(parent_tgid))
+		return 0;
+	if (!track_all)
+		bpf_map_update_elem(&tracked, &child_tgid, &one, BPF_ANY);
+
+	struct gp_record *rec = reserve_record(GP_RECORD_FORK);
+	if (!rec)
+		return 0;
+	rec->ts_ns = bpf_ktime_get_ns();
+	rec->pid = child_tgid;
+	rec->tid = child_tgid;
+	rec->ppid = parent_tgid;
+	bpf_probe_read_kernel_str(rec->comm, sizeof(rec->comm), child->comm);
+	bpf_ringbuf_submit(rec, 0);
+	return 0;
+}
+
+SEC("tp_btf/sched_process_exec")
+int BPF_PROG(on_exec, struct task_struct *task, pid_t old_pid, struct linux_binprm *bprm)
+{
+	__u32 tgid = task->tgid;
+
+	if (!is_tracked(tgid))
+		return 0;
+	struct gp_record *rec = reserve_record(GP_RECORD_EXEC);
+	if (!rec)
+		return 0;
+	rec->ts_ns = bpf_ktime_get_ns();
+	rec->pid = tgid;
+	rec->tid = task->pid;
+	rec->ppid = BPF_CORE_READ(task, real_parent, tgid);
+	bpf_probe_read_kernel_str(rec->comm, sizeof(rec->comm), task->comm);
+	bpf_probe_read_kernel_str(rec->filename, sizeof(rec->filename), BPF_CORE_READ(bprm, filename));
+	bpf_ringbuf_submit(rec, 0);
+	return 0;
+}
+
+/* Older kernels pass only the task; newer ones add group_dead. Reading the task alone fits both. */
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(on_exit, struct task_struct *task)
+{
+	__u32 tgid = task->tgid;
+
+	if (!is_tracked(tgid))
+		return 0;
+	/* signal->live is decremented before this tracepoint: zero means the last thread is leaving. */
+	if (BPF_CORE_READ(task, signal, live.counter) != 0)
+		return 0;
+	if (!track_all)
+		bpf_map_delete_elem(&tracked, &tgid);
+
+	struct gp_record *rec = reserve_record(GP_RECORD_EXIT);
+	if (!rec)
+		return 0;
+	rec->ts_ns = bpf_ktime_get_ns();
+	rec->pid = tgid;
+	rec->tid = task->pid;
+	rec->ppid = BPF_CORE_READ(task, real_parent, tgid);
+	/* wait(2)-style status: exit status in bits 8..15, or the killing signal in bits 0..6. */
+	rec->result = task->exit_code;
+	if (task->exit_code & 0x7f)
+		rec->flags |= GP_FLAG_EXIT_SIGNALED;
+	bpf_probe_read_kernel_str(rec->comm, sizeof(rec->comm), task->comm);
+	bpf_ringbuf_submit(rec, 0);
+	return 0;
+}

@@ -1,0 +1,202 @@
+//! Every libcuda entry point gpuprof captures, what it means (operation, memory kind) and how it
+//! passes its arguments. Capture back ends (eBPF probes, CUPTI callbacks) index this one table.
+
+use crate::event::{Kind, Op};
+
+/// How an entry point passes the values an event needs (x86-64 SysV; `out` = written by the
+/// call, read after it returns). Legacy (pre-`_v2`) entry points use 32-bit pointers and sizes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ArgLayout {
+    /// `(CUdeviceptr* out, size_t bytes, …)`
+    OutPtrSize,
+    /// `(void** out, unsigned int bytes)`
+    OutPtrSize32,
+    /// `(CUdeviceptr_v1* out, unsigned int bytes)`
+    OutPtr32Size32,
+    /// `(CUdeviceptr* out, size_t* pitch_out, size_t width, size_t height, unsigned elem)`
+    OutPitch,
+    /// `(CUdeviceptr_v1* out, unsigned* pitch_out, unsigned width, unsigned height, unsigned elem)`
+    OutPitch32,
+    /// `(CUdeviceptr ptr, …)`
+    Ptr,
+    /// `(CUdeviceptr_v1 ptr)`
+    Ptr32,
+    /// `(ptr, size_t size, …)`
+    PtrSize,
+    /// `(CUmemGenericAllocationHandle* out, size_t size, const CUmemAllocationProp* prop, flags)`
+    VmmCreate,
+    /// `(CUdeviceptr va, size_t size, size_t offset, CUmemGenericAllocationHandle h, flags)`
+    VmmMap,
+    /// `(CUipcMemHandle* out, CUdeviceptr ptr)`
+    IpcGet,
+    /// `(CUdeviceptr* out, CUipcMemHandle handle /* 64 bytes by value, on the stack */, unsigned flags)`
+    IpcOpen,
+    /// `(void* out_os_handle, CUmemGenericAllocationHandle h, CUmemAllocationHandleType type, flags)`
+    ShareableExport,
+    /// `(CUmemGenericAllocationHandle* out, void* os_handle, CUmemAllocationHandleType type)`
+    ShareableImport,
+    /// `(CUmemPoolPtrExportData* out, CUdeviceptr ptr)`
+    PoolExport,
+    /// `(CUdeviceptr* out, CUmemoryPool pool, CUmemPoolPtrExportData* data)`
+    PoolImport,
+    /// `(CUcontext* out, CUdevice dev)`
+    CtxRetain,
+    /// `(CUcontext* out, …, CUdevice dev)` with the device at this argument index.
+    CtxCreate { device_arg: u8 },
+    /// `(CUdevice dev)`
+    Device,
+    /// `(size_t* free_out, size_t* total_out)`
+    MemInfo,
+    /// `(unsigned* free_out, unsigned* total_out)`
+    MemInfo32,
+}
+
+/// One captured entry point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DriverApi {
+    /// The symbol exported by libcuda.so.1.
+    pub name: &'static str,
+    pub op: Op,
+    /// The memory kind of the event; `None` for context and info calls.
+    pub kind: Option<Kind>,
+    pub args: ArgLayout,
+}
+
+const fn api(name: &'static str, op: Op, kind: Option<Kind>, args: ArgLayout) -> DriverApi {
+    DriverApi { name, op, kind, args }
+}
+
+use ArgLayout as A;
+use Kind as K;
+
+/// The memory entry points of `docs/cuda-api.md`. The `_v2` and legacy names are distinct
+/// bodies in libcuda; both are captured and neither calls the other.
+pub const DRIVER_APIS: &[DriverApi] = &[
+    // device
+    api("cuMemAlloc_v2", Op::Alloc, Some(K::Device), A::OutPtrSize),
+    api("cuMemAlloc", Op::Alloc, Some(K::Device), A::OutPtr32Size32),
+    api("cuMemAllocPitch_v2", Op::Alloc, Some(K::Device), A::OutPitch),
+    api("cuMemAllocPitch", Op::Alloc, Some(K::Device), A::OutPitch32),
+    api("cuMemFree_v2", Op::Free, Some(K::Device), A::Ptr),
+    api("cuMemFree", Op::Free, Some(K::Device), A::Ptr32),
+    // managed
+    api("cuMemAllocManaged", Op::Alloc, Some(K::Managed), A::OutPtrSize),
+    // pinned host
+    api("cuMemAllocHost_v2", Op::Alloc, Some(K::HostPinned), A::OutPtrSize),
+    api("cuMemAllocHost", Op::Alloc, Some(K::HostPinned), A::OutPtrSize32),
+    api("cuMemHostAlloc", Op::Alloc, Some(K::HostPinned), A::OutPtrSize),
+    api("cuMemFreeHost", Op::Free, Some(K::HostPinned), A::Ptr),
+    api("cuMemHostRegister_v2", Op::Map, Some(K::HostPinned), A::PtrSize),
+    api("cuMemHostRegister", Op::Map, Some(K::HostPinned), A::PtrSize),
+    api("cuMemHostUnregister", Op::Unmap, Some(K::HostPinned), A::Ptr),
+    // stream-ordered pools
+    api("cuMemAllocAsync", Op::Alloc, Some(K::Pool), A::OutPtrSize),
+    api("cuMemAllocAsync_ptsz", Op::Alloc, Some(K::Pool), A::OutPtrSize),
+    api("cuMemAllocFromPoolAsync", Op::Alloc, Some(K::Pool), A::OutPtrSize),
+    api("cuMemAllocFromPoolAsync_ptsz", Op::Alloc, Some(K::Pool), A::OutPtrSize),
+    api("cuMemFreeAsync", Op::Free, Some(K::Pool), A::Ptr),
+    api("cuMemFreeAsync_ptsz", Op::Free, Some(K::Pool), A::Ptr),
+    // virtual memory management
+    api("cuMemCreate", Op::Alloc, Some(K::Vmm), A::VmmCreate),
+    api("cuMemRelease", Op::Free, Some(K::Vmm), A::Ptr),
+    api("cuMemAddressReserve", Op::Reserve, Some(K::Vmm), A::OutPtrSize),
+    api("cuMemAddressFree", Op::Unreserve, Some(K::Vmm), A::PtrSize),
+    api("cuMemMap", Op::Map, Some(K::Vmm), A::VmmMap),
+    api("cuMemUnmap", Op::Unmap, Some(K::Vmm), A::PtrSize),
+    api("cuMemExportToShareableHandle", Op::IpcExport, Some(K::Vmm), A::ShareableExport),
+    api("cuMemImportFromShareableHandle", Op::IpcOpen, Some(K::Vmm), A::ShareableImport),
+    // legacy IPC
+    api("cuIpcGetMemHandle", Op::IpcExport, Some(K::Device), A::IpcGet),
+    api("cuIpcOpenMemHandle_v2", Op::IpcOpen, Some(K::Device), A::IpcOpen),
+    api("cuIpcOpenMemHandle", Op::IpcOpen, Some(K::Device), A::IpcOpen),
+    api("cuIpcCloseMemHandle", Op::IpcClose, Some(K::Device), A::Ptr),
+    // pool IPC
+    api("cuMemPoolExportPointer", Op::IpcExport, Some(K::Pool), A::PoolExport),
+    api("cuMemPoolImportPointer", Op::IpcOpen, Some(K::Pool), A::PoolImport),
+    // contexts
+    api("cuDevicePrimaryCtxRetain", Op::CtxCreate, None, A::CtxRetain),
+    api("cuDevicePrimaryCtxRelease_v2", Op::CtxDestroy, None, A::Device),
+    api("cuDevicePrimaryCtxRelease", Op::CtxDestroy, None, A::Device),
+    api("cuCtxCreate_v2", Op::CtxCreate, None, A::CtxCreate { device_arg: 2 }),
+    api("cuCtxCreate", Op::CtxCreate, None, A::CtxCreate { device_arg: 2 }),
+    api("cuCtxCreate_v3", Op::CtxCreate, None, A::CtxCreate { device_arg: 4 }),
+    api("cuCtxCreate_v4", Op::CtxCreate, None, A::CtxCreate { device_arg: 3 }),
+    api("cuCtxDestroy_v2", Op::CtxDestroy, None, A::Ptr),
+    api("cuCtxDestroy", Op::CtxDestroy, None, A::Ptr),
+    // device totals
+    api("cuMemGetInfo_v2", Op::MemInfo, None, A::MemInfo),
+    api("cuMemGetInfo", Op::MemInfo, None, A::MemInfo32),
+];
+
+/// The table entry with this index (the id carried in capture records).
+pub fn by_id(id: u16) -> Option<&'static DriverApi> {
+    DRIVER_APIS.get(usize::from(id))
+}
+
+/// The id and entry of an exported name.
+pub fn by_name(name: &str) -> Option<(u16, &'static DriverApi)> {
+    DRIVER_APIS
+        .iter()
+        .position(|api| api.name == name)
+        .map(|index| (index as u16, &DRIVER_APIS[index]))
+}
+
+/// Name of a `CUmemAllocationHandleType` value.
+pub fn handle_type_name(handle_type: u8) -> Option<&'static str> {
+    match handle_type {
+        1 => Some("posix_fd"),
+        2 => Some("win32"),
+        4 => Some("win32_kmt"),
+        8 => Some("fabric"),
+        _ => None,
+    }
+}
+
+/// The `CUresult` name of a result code (`CUDA_ERROR_` left off), for people reading tables.
+pub fn result_name(code: i32) -> &'static str {
+    match code {
+        0 => "SUCCESS",
+        1 => "INVALID_VALUE",
+        2 => "OUT_OF_MEMORY",
+        3 => "NOT_INITIALIZED",
+        4 => "DEINITIALIZED",
+        100 => "NO_DEVICE",
+        101 => "INVALID_DEVICE",
+        201 => "INVALID_CONTEXT",
+        208 => "ALREADY_MAPPED",
+        400 => "INVALID_HANDLE",
+        500 => "NOT_FOUND",
+        700 => "ILLEGAL_ADDRESS",
+        712 => "HOST_MEMORY_ALREADY_REGISTERED",
+        713 => "HOST_MEMORY_NOT_REGISTERED",
+        800 => "NOT_PERMITTED",
+        801 => "NOT_SUPPORTED",
+        _ => "UNKNOWN",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_and_ids_round_trip() {
+        for (index, api) in DRIVER_APIS.iter().enumerate() {
+            let (id, found) = by_name(api.name).unwrap();
+            assert_eq!(usize::from(id), index, "{} listed twice", api.name);
+            assert_eq!(by_id(id), Some(found));
+        }
+        assert_eq!(by_name("cuMemAlloc_v2").unwrap().1.op, Op::Alloc);
+        assert_eq!(by_name("cuLaunchKernel"), None);
+    }
+
+    #[test]
+    fn every_kind_has_an_alloc_and_a_release() {
+        // Managed memory is released by cuMemFree like device memory.
+        for kind in Kind::ALL.into_iter().filter(|kind| *kind != Kind::Managed) {
+            let ops: Vec<Op> = DRIVER_APIS.iter().filter(|a| a.kind == Some(kind)).map(|a| a.op).collect();
+            assert!(ops.contains(&Op::Alloc), "{kind:?} has no alloc");
+            assert!(ops.contains(&Op::Free), "{kind:?} has no free");
+        }
+    }
+}

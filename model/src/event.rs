@@ -1,0 +1,269 @@
+//! The event: one captured call or process transition, as every output writes it
+//! (one JSON object per line in `--format jsonl`). Field names are the contract of
+//! `docs/events.md`: add fields freely, never rename.
+
+use std::borrow::Cow;
+
+use serde::{Deserialize, Serialize};
+
+use crate::hex::{serde_addr, serde_bytes};
+
+/// Where an event was captured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Source {
+    Ebpf,
+    Cupti,
+}
+
+/// Which level of the stack saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Layer {
+    /// libcuda entry points: segments, VMM, IPC, contexts.
+    Driver,
+    /// A framework's caching allocator (PyTorch blocks).
+    Allocator,
+    /// fork, exec, exit.
+    Process,
+}
+
+/// What the call or transition did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Op {
+    Alloc,
+    Free,
+    /// Virtual address range reserved (VMM), no memory behind it yet.
+    Reserve,
+    Unreserve,
+    /// Memory made reachable at an address: a VMM handle mapped into a reserved range, or host
+    /// memory registered (pinned) for the device.
+    Map,
+    Unmap,
+    IpcExport,
+    IpcOpen,
+    IpcClose,
+    CtxCreate,
+    CtxDestroy,
+    /// `cuMemGetInfo`: `size` is the free device memory, `total` the device's total.
+    MemInfo,
+    Fork,
+    Exec,
+    Exit,
+}
+
+/// The kind of memory an allocation or mapping is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    Device,
+    Managed,
+    HostPinned,
+    Vmm,
+    Pool,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 5] = [Kind::Device, Kind::Managed, Kind::HostPinned, Kind::Vmm, Kind::Pool];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Device => "device",
+            Kind::Managed => "managed",
+            Kind::HostPinned => "host_pinned",
+            Kind::Vmm => "vmm",
+            Kind::Pool => "pool",
+        }
+    }
+}
+
+impl Op {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Op::Alloc => "alloc",
+            Op::Free => "free",
+            Op::Reserve => "reserve",
+            Op::Unreserve => "unreserve",
+            Op::Map => "map",
+            Op::Unmap => "unmap",
+            Op::IpcExport => "ipc_export",
+            Op::IpcOpen => "ipc_open",
+            Op::IpcClose => "ipc_close",
+            Op::CtxCreate => "ctx_create",
+            Op::CtxDestroy => "ctx_destroy",
+            Op::MemInfo => "mem_info",
+            Op::Fork => "fork",
+            Op::Exec => "exec",
+            Op::Exit => "exit",
+        }
+    }
+}
+
+/// One Python frame.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Frame {
+    pub function: String,
+    pub file: String,
+    pub line: u32,
+}
+
+/// One native frame.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct NativeFrame {
+    pub symbol: String,
+    pub module: String,
+    pub offset: u64,
+}
+
+/// A captured call or process transition.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    /// Wall-clock nanoseconds since the Unix epoch.
+    pub ts: u64,
+    pub pid: u32,
+    pub tid: u32,
+    /// The pid inside the process's own pid namespace, when it differs from `pid`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ns_pid: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ppid: Option<u32>,
+    #[serde(default)]
+    pub comm: String,
+    pub source: Source,
+    pub layer: Layer,
+    pub op: Op,
+    /// The entry point as exported (`cuMemAlloc_v2`) or the tracepoint (`sched_process_fork`).
+    pub api: Cow<'static, str>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<Kind>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<i32>,
+    /// Device pointer, host pointer (pinned), VMM handle (`cuMemCreate`/`cuMemRelease`), or
+    /// context (`ctx_*`).
+    #[serde(default, with = "serde_addr", skip_serializing_if = "Option::is_none")]
+    pub addr: Option<u64>,
+    #[serde(default)]
+    pub size: u64,
+    #[serde(default)]
+    pub result: i32,
+    /// IPC / shareable handle bytes (`ipc_*` events).
+    #[serde(default, with = "serde_bytes", skip_serializing_if = "Option::is_none")]
+    pub handle: Option<Vec<u8>>,
+    /// `posix_fd`, `fabric`, `win32`, `win32_kmt` for VMM shareable handles.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handle_type: Option<Cow<'static, str>>,
+    /// The kernel object behind a POSIX-fd shareable handle: equal in exporter and importer.
+    #[serde(default, with = "serde_addr", skip_serializing_if = "Option::is_none")]
+    pub handle_object: Option<u64>,
+    /// The exporting process of an `ipc_open`, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer_pid: Option<u32>,
+    /// For `map` of VMM memory: the `cuMemCreate` handle mapped.
+    #[serde(default, with = "serde_addr", skip_serializing_if = "Option::is_none")]
+    pub vmm_handle: Option<u64>,
+    /// Row pitch of a pitched allocation (`size` = pitch × height).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pitch: Option<u64>,
+    /// `mem_info`: the device's total memory (`size` is the free memory).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub total: Option<u64>,
+    /// Time spent inside the driver call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_ns: Option<u64>,
+    /// `exit`: the exit status, or 128 + signal when killed by a signal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// `exit`: the signal that killed the process.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
+    /// `exec`: the program executed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filename: Option<String>,
+    /// Python frames, innermost first; empty when the thread had none.
+    #[serde(default)]
+    pub stack: Vec<Frame>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub native: Vec<NativeFrame>,
+}
+
+impl Event {
+    /// An event with the fields every layer has; the rest empty.
+    pub fn new(ts: u64, pid: u32, tid: u32, source: Source, layer: Layer, op: Op, api: Cow<'static, str>) -> Self {
+        Event {
+            ts,
+            pid,
+            tid,
+            ns_pid: None,
+            ppid: None,
+            comm: String::new(),
+            source,
+            layer,
+            op,
+            api,
+            kind: None,
+            device: None,
+            addr: None,
+            size: 0,
+            result: 0,
+            handle: None,
+            handle_type: None,
+            handle_object: None,
+            peer_pid: None,
+            vmm_handle: None,
+            pitch: None,
+            total: None,
+            duration_ns: None,
+            exit_code: None,
+            signal: None,
+            filename: None,
+            stack: Vec::new(),
+            native: Vec::new(),
+        }
+    }
+
+    /// The call succeeded (CUDA_SUCCESS); process events always succeed.
+    pub fn succeeded(&self) -> bool {
+        self.result == 0
+    }
+}
+
+/// `CUDA_ERROR_OUT_OF_MEMORY`.
+pub const CUDA_ERROR_OUT_OF_MEMORY: i32 = 2;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn driver_event_serializes_with_contract_names() {
+        let mut event = Event::new(
+            1_700_000_000_000_000_000,
+            4711,
+            4712,
+            Source::Ebpf,
+            Layer::Driver,
+            Op::IpcOpen,
+            Cow::Borrowed("cuIpcOpenMemHandle_v2"),
+        );
+        event.comm = "python3".into();
+        event.kind = Some(Kind::Device);
+        event.addr = Some(0x7f00_0020_0000);
+        event.size = 0;
+        event.handle = Some(vec![0xab, 0x01]);
+        let json = serde_json::to_string(&event).unwrap();
+        assert_eq!(
+            json,
+            r#"{"ts":1700000000000000000,"pid":4711,"tid":4712,"comm":"python3","source":"ebpf","layer":"driver","op":"ipc_open","api":"cuIpcOpenMemHandle_v2","kind":"device","addr":"0x7f0000200000","size":0,"result":0,"handle":"ab01","stack":[]}"#
+        );
+        let back: Event = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, event);
+    }
+
+    #[test]
+    fn bad_address_is_an_error() {
+        let line = r#"{"ts":1,"pid":1,"tid":1,"source":"ebpf","layer":"driver","op":"alloc","api":"cuMemAlloc_v2","addr":"nope"}"#;
+        let err = serde_json::from_str::<Event>(line).unwrap_err().to_string();
+        assert!(err.contains("address \"nope\" is not 0x-prefixed hex"), "{err}");
+    }
+}

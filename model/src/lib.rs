@@ -1,0 +1,15 @@
+//! gpuprof's shared model: the event and finding contract every output speaks
+//! (`docs/events.md`), the table of CUDA driver entry points and what each one means, and the
+//! tracker that turns an event stream into live allocations per process.
+//!
+//! Agent, `gpuprof report` and the collector all use these types and functions; none of them
+//! re-implements what lives here.
+
+pub mod driver_api;
+pub mod event;
+pub mod hex;
+pub mod live;
+
+pub use driver_api::{ArgLayout, DriverApi, DRIVER_APIS};
+pub use event::{Event, Frame, Kind, Layer, Op, Source};
+pub use live::{LiveSummary, ProcessState, Tracker};

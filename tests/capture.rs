@@ -1,0 +1,266 @@
+//! Driver-level capture end to end: real eBPF probes in this kernel, the libcuda stand-in,
+//! Python (ctypes) and C workloads, `gpuprof run` and `gpuprof attach`. Every driver call the
+//! workloads make is compared field by field with what gpuprof captured.
+
+mod support;
+
+use std::collections::{BTreeSet, HashMap};
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use gpuprof_model::event::{Event, Layer, Op};
+use support::*;
+
+fn process_events<'a>(events: &'a [Event], pid: u32) -> Vec<(Op, Option<u32>, Option<i32>)> {
+    events
+        .iter()
+        .filter(|e| e.layer == Layer::Process && e.pid == pid)
+        .map(|e| (e.op, e.ppid, e.exit_code))
+        .collect()
+}
+
+fn calls_of<'a>(captured: &[&'a Event], pid: u32) -> Vec<&'a Event> {
+    captured.iter().filter(|e| e.pid == pid).copied().collect()
+}
+
+fn expected_of(expected: &[serde_json::Value], pid: u32) -> Vec<serde_json::Value> {
+    expected.iter().filter(|e| e["pid"] == pid).cloned().collect()
+}
+
+#[test]
+fn run_captures_every_entry_point_exactly() {
+    let dir = scratch("every_entry_point");
+    let (log, out) = (dir.join("expected.jsonl"), dir.join("events.jsonl"));
+    let script = workloads().join("every_entry_point.py");
+    let output = gpuprof_run(&["--output", out.to_str().unwrap()], &[python3(), script.to_str().unwrap()], &log);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("lost 0 (ring buffer full 0, call table full 0)"), "{stderr}");
+
+    let expected = expected_calls(&read_expected(&log));
+    let events = read_events(&out);
+    let captured = driver_events(&events);
+    assert_eq!(expected.len(), 67);
+    assert_same_calls(&expected, &captured);
+
+    // The export and the import of one POSIX fd name the same kernel object.
+    let fd_events: Vec<&&Event> = captured.iter().filter(|e| e.handle_type.as_deref() == Some("posix_fd")).collect();
+    assert_eq!(fd_events.len(), 2);
+    assert!(fd_events[0].handle_object.is_some());
+    assert_eq!(fd_events[0].handle_object, fd_events[1].handle_object);
+
+    // The command's own lifecycle: exec of python, exit 0.
+    let pid = captured[0].pid;
+    let lifecycle: Vec<Op> = events.iter().filter(|e| e.layer == Layer::Process && e.pid == pid).map(|e| e.op).collect();
+    assert_eq!(lifecycle, vec![Op::Exec, Op::Exit]);
+    let exec = events.iter().find(|e| e.op == Op::Exec && e.pid == pid).unwrap();
+    assert_eq!(exec.filename.as_deref(), Some(python3()));
+    assert_eq!(events.last().unwrap().op, Op::Exit);
+    assert_eq!(events.last().unwrap().exit_code, Some(0));
+}
+
+/// The fork and spawn workers of process_tree.py, checked pid by pid.
+fn check_process_tree(events: &[Event], expected_log: &[serde_json::Value], root_is_parent: bool) {
+    let parent = pid_of_role(expected_log, "parent");
+    let forked = pid_of_role(expected_log, "fork");
+    let spawned = pid_of_role(expected_log, "spawn");
+    let expected = expected_calls(expected_log);
+    let captured = driver_events(events);
+
+    for pid in [parent, forked, spawned] {
+        assert_same_calls(&expected_of(&expected, pid), &calls_of(&captured, pid));
+    }
+    let pids: BTreeSet<u32> = captured.iter().map(|e| e.pid).collect();
+    assert_eq!(pids, BTreeSet::from([parent, forked, spawned]), "driver calls from unexpected processes");
+
+    // The spawned worker opened exactly the handle the parent exported.
+    let export = captured.iter().find(|e| e.op == Op::IpcExport).unwrap();
+    let open = captured.iter().find(|e| e.op == Op::IpcOpen).unwrap();
+    assert_eq!((export.pid, open.pid), (parent, spawned));
+    assert_eq!(export.handle.as_ref().unwrap().len(), 64);
+    assert_eq!(export.handle, open.handle);
+
+    assert_eq!(process_events(events, forked), vec![(Op::Fork, Some(parent), None), (Op::Exit, Some(parent), Some(0))]);
+    assert_eq!(
+        process_events(events, spawned),
+        vec![(Op::Fork, Some(parent), None), (Op::Exec, Some(parent), None), (Op::Exit, Some(parent), Some(0))]
+    );
+    let parent_lifecycle: Vec<Op> = process_events(events, parent).iter().map(|p| p.0).collect();
+    let expected_lifecycle = if root_is_parent { vec![Op::Exec, Op::Exit] } else { vec![Op::Exit] };
+    assert_eq!(parent_lifecycle, expected_lifecycle);
+}
+
+#[test]
+fn run_follows_fork_and_spawn_workers() {
+    let dir = scratch("run_tree");
+    let (log, out) = (dir.join("expected.jsonl"), dir.join("events.jsonl"));
+    let script = workloads().join("process_tree.py");
+    let output = gpuprof_run(&["--output", out.to_str().unwrap()], &[python3(), script.to_str().unwrap()], &log);
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    check_process_tree(&read_events(&out), &read_expected(&log), true);
+}
+
+#[test]
+fn attach_follows_a_running_process_tree() {
+    let dir = scratch("attach_tree");
+    let (log, out) = (dir.join("expected.jsonl"), dir.join("events.jsonl"));
+    let mut command = Command::new(python3());
+    command.arg(workloads().join("process_tree.py")).arg("--wait-for-go");
+    workload_env(&mut command, &log);
+    let mut workload = start_ready_workload(command);
+
+    let mut agent = Command::new(gpuprof())
+        .args(["attach", &workload.id().to_string(), "--output", out.to_str().unwrap()])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(agent.stderr.take().unwrap());
+    wait_for_stderr(&mut stderr, "capturing pid");
+    writeln!(workload.stdin.as_mut().unwrap(), "go").unwrap();
+    assert!(wait_with_limit(&mut workload, Duration::from_secs(60)).success());
+    // The agent stops by itself when its target exits.
+    assert!(wait_with_limit(&mut agent, Duration::from_secs(30)).success());
+    let rest: Vec<String> = stderr.lines().map(Result::unwrap).collect();
+    assert!(rest.iter().any(|l| l.contains("lost 0")), "{rest:?}");
+
+    let events = read_events(&out);
+    check_process_tree(&events, &read_expected(&log), false);
+    assert_eq!(events.last().unwrap().op, Op::Exit);
+    assert_eq!(events.last().unwrap().pid, workload.id());
+}
+
+#[test]
+fn c_program_legacy_ipc_handle_by_value_across_fork() {
+    let dir = scratch("c_ipc_fork");
+    let (log, out) = (dir.join("expected.jsonl"), dir.join("events.jsonl"));
+    let program = ipc_fork_program().to_str().unwrap();
+    let output = gpuprof_run(&["--output", out.to_str().unwrap()], &[program], &log);
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+
+    let expected = read_expected(&log);
+    let events = read_events(&out);
+    let captured = driver_events(&events);
+    // Ordered per process; the two processes interleave by time.
+    let mut by_pid: HashMap<u64, Vec<serde_json::Value>> = HashMap::new();
+    for line in &expected {
+        by_pid.entry(line["pid"].as_u64().unwrap()).or_default().push(line.clone());
+    }
+    assert_eq!(by_pid.len(), 2);
+    for (pid, lines) in &by_pid {
+        assert_same_calls(lines, &calls_of(&captured, *pid as u32));
+    }
+    assert_eq!(captured.len(), expected.len());
+    let open = captured.iter().find(|e| e.api == "cuIpcOpenMemHandle").unwrap();
+    assert_eq!(open.result, 0);
+    assert_eq!(open.addr, Some(0x7fa0_0000_0000));
+}
+
+#[test]
+fn attach_stops_at_the_duration_and_leaves_the_target_running() {
+    let dir = scratch("attach_duration");
+    let log = dir.join("expected.jsonl");
+    let mut command = Command::new(python3());
+    command.args(["-c", "from cuda_driver import Driver; import sys, time; Driver(); print('ready', flush=True); time.sleep(60)"]);
+    workload_env(&mut command, &log);
+    let mut workload = start_ready_workload(command);
+    let output = Command::new(gpuprof())
+        .args(["attach", &workload.id().to_string(), "--duration", "0.5", "--format", "table"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(workload.try_wait().unwrap().is_none(), "the target must outlive the capture");
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    // No event: no table header, only the (empty) summary.
+    assert!(stdout.starts_with("\nLive GPU memory at end, per process and kind:\n"), "{stdout}");
+    workload.kill().unwrap();
+    workload.wait().unwrap();
+}
+
+#[test]
+fn run_returns_the_command_exit_code() {
+    let dir = scratch("exit_codes");
+    let log = dir.join("expected.jsonl");
+    let out = dir.join("events.jsonl");
+    let output = gpuprof_run(&["--output", out.to_str().unwrap()], &["sh", "-c", "exit 7"], &log);
+    assert_eq!(output.status.code(), Some(7));
+    let exit = read_events(&out).into_iter().find(|e| e.op == Op::Exit).unwrap();
+    assert_eq!((exit.exit_code, exit.signal), (Some(7), None));
+
+    let output = gpuprof_run(&["--output", out.to_str().unwrap()], &["sh", "-c", "kill -9 $$"], &log);
+    assert_eq!(output.status.code(), Some(137));
+    let exit = read_events(&out).into_iter().find(|e| e.op == Op::Exit).unwrap();
+    assert_eq!((exit.exit_code, exit.signal), (Some(137), Some(9)));
+}
+
+#[test]
+fn table_format_sums_live_memory_per_process_and_kind() {
+    let dir = scratch("table");
+    let log = dir.join("expected.jsonl");
+    let out = dir.join("table.txt");
+    let script = "from cuda_driver import Driver\n\
+                  cuda = Driver(); cuda.init()\n\
+                  cuda.mem_alloc(3 << 20); cuda.mem_alloc(1 << 20)\n\
+                  r, a = cuda.mem_alloc(5 << 20); cuda.mem_free(a)\n\
+                  cuda.host_alloc(65536)\n\
+                  cuda.mem_alloc(1 << 50)\n";
+    let output = gpuprof_run(&["--format", "table", "--output", out.to_str().unwrap()], &[python3(), "-c", script], &log);
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    let table = std::fs::read_to_string(&out).unwrap();
+    let pid = read_expected(&log)[0]["pid"].as_u64().unwrap().to_string();
+
+    let rows: Vec<Vec<&str>> = table.lines().map(|l| l.split_whitespace().collect()).collect();
+    assert_eq!(rows[0][..4], ["TIME", "PID", "TID", "COMM"]);
+    let oom = rows.iter().find(|r| r.contains(&"OUT_OF_MEMORY")).expect("the failed call has a row");
+    assert_eq!(oom[4..7], ["cuMemAlloc_v2", "alloc", "device"]);
+    let summary_at = table.lines().position(|l| l.starts_with("Live GPU memory at end")).unwrap();
+    let summary: Vec<&Vec<&str>> = rows[summary_at + 2..].iter().filter(|r| r[0] == pid).collect();
+    // pid ppid comm state kind bytes count mapped(2 words) ipc ctx
+    assert_eq!(summary.len(), 2, "{table}");
+    assert_eq!(summary[0][3..7], ["exited(0)", "device", "4194304", "2"]);
+    assert_eq!(summary[1][3..7], ["exited(0)", "host_pinned", "65536", "1"]);
+    assert_eq!(summary[0][9..], ["0", "1"]);
+}
+
+/// A stopped agent cannot drain the ring buffer: the records that did not fit are counted, and
+/// received + counted = made.
+#[test]
+fn a_full_ring_buffer_is_counted_not_silent() {
+    let dir = scratch("ring_full");
+    let log = dir.join("expected.jsonl");
+    let out = dir.join("events.jsonl");
+    let mut command = Command::new(ipc_fork_program());
+    command.args(["loop", "20000"]);
+    workload_env(&mut command, &log);
+    let mut workload = start_ready_workload(command);
+
+    let mut agent = Command::new(gpuprof())
+        .args(["attach", &workload.id().to_string(), "--buffer-mib", "1", "--output", out.to_str().unwrap()])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(agent.stderr.take().unwrap());
+    wait_for_stderr(&mut stderr, "capturing pid");
+    // SAFETY: signals to our own children.
+    unsafe { libc::kill(agent.id() as i32, libc::SIGSTOP) };
+    writeln!(workload.stdin.as_mut().unwrap(), "go").unwrap();
+    let status = wait_with_limit(&mut workload, Duration::from_secs(120));
+    unsafe { libc::kill(agent.id() as i32, libc::SIGCONT) };
+    assert!(status.success());
+    assert!(wait_with_limit(&mut agent, Duration::from_secs(30)).success());
+    let rest: String = stderr.lines().map(Result::unwrap).collect::<Vec<_>>().join("\n");
+
+    let events = read_events(&out);
+    let calls = driver_events(&events).len() as u64;
+    let lost: u64 = rest
+        .split("ring buffer full ")
+        .nth(1)
+        .and_then(|s| s.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no drop count in {rest}"));
+    // 40,000 driver calls plus the exit record.
+    let exit_seen = u64::from(events.iter().any(|e| e.op == Op::Exit));
+    assert!(lost > 0, "a 1 MiB buffer cannot hold 40,000 records: {rest}");
+    assert_eq!(calls + exit_seen + lost, 40_001, "{rest}");
+    assert!(rest.contains(&format!("warning: {lost} events were lost; give a larger --buffer-mib")), "{rest}");
+}

@@ -1,0 +1,207 @@
+//! What every integration test needs: the gpuprof binary, fixtures built from source (the
+//! libcuda stand-in, C workloads), the Python interpreter, and readers for the event stream and
+//! the workloads' expected-event logs.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStderr, Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use gpuprof_model::event::{Event, Layer};
+use serde_json::Value;
+
+pub fn gpuprof() -> &'static str {
+    env!("CARGO_BIN_EXE_gpuprof")
+}
+
+pub fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures")
+}
+
+pub fn workloads() -> PathBuf {
+    fixtures().join("workloads")
+}
+
+/// A fresh directory for one test's files.
+pub fn scratch(name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("scratch").join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn build_dir() -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("fixtures");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Compiles a C fixture; the output is replaced atomically (a new inode), so probes that a
+/// running test holds on the old file are not disturbed.
+fn compile(source: &str, output: &Path, extra: &[&str]) {
+    let staging = output.with_extension(format!("tmp{}", std::process::id()));
+    let status = Command::new("cc")
+        .args(["-O1", "-fno-ipa-icf", "-Wall", "-Wextra", "-Werror", "-o"])
+        .arg(&staging)
+        .arg(fixtures().join(source))
+        .args(extra)
+        .status()
+        .expect("cc (gcc) must be installed to build the test fixtures");
+    assert!(status.success(), "compiling {source} failed");
+    std::fs::rename(&staging, output).unwrap();
+}
+
+/// The directory holding the libcuda stand-in as `libcuda.so.1` (for LD_LIBRARY_PATH).
+pub fn standin_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = build_dir().join("standin");
+        std::fs::create_dir_all(&dir).unwrap();
+        compile(
+            "libcuda_standin.c",
+            &dir.join("libcuda.so.1"),
+            &["-shared", "-fPIC", "-fvisibility=hidden", "-lpthread"],
+        );
+        dir
+    })
+}
+
+/// The C workload `workloads/ipc_fork.c`, built.
+pub fn ipc_fork_program() -> &'static Path {
+    static PROGRAM: OnceLock<PathBuf> = OnceLock::new();
+    PROGRAM.get_or_init(|| {
+        let output = build_dir().join("ipc_fork");
+        compile("workloads/ipc_fork.c", &output, &["-ldl"]);
+        output
+    })
+}
+
+/// The real python3 executable (not a pyenv shim, whose exec chain would add noise).
+pub fn python3() -> &'static str {
+    static PYTHON: OnceLock<String> = OnceLock::new();
+    PYTHON.get_or_init(|| {
+        let out = Command::new("python3")
+            .args(["-c", "import sys; print(sys.executable)"])
+            .output()
+            .expect("python3 must be installed for the test workloads");
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    })
+}
+
+/// A command set up to use the stand-in and log expected events to `log`.
+pub fn workload_env(command: &mut Command, log: &Path) {
+    command
+        .env("LD_LIBRARY_PATH", standin_dir())
+        .env("GPUPROF_WORKLOAD_LOG", log)
+        .env("PYTHONPATH", workloads())
+        .env("PYTHONUNBUFFERED", "1");
+}
+
+/// `gpuprof run [args] -- command…` with the workload environment; waits for it.
+pub fn gpuprof_run(args: &[&str], command: &[&str], log: &Path) -> Output {
+    let mut cmd = Command::new(gpuprof());
+    cmd.arg("run").args(args).arg("--").args(command);
+    workload_env(&mut cmd, log);
+    cmd.output().expect("gpuprof runs")
+}
+
+/// Reads a jsonl event file; every line must be a contract event.
+pub fn read_events(path: &Path) -> Vec<Event> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    text.lines()
+        .enumerate()
+        .map(|(i, line)| serde_json::from_str(line).unwrap_or_else(|e| panic!("{}:{}: {e}: {line}", path.display(), i + 1)))
+        .collect()
+}
+
+/// Reads a workload's expected-event log.
+pub fn read_expected(path: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    text.lines().map(|line| serde_json::from_str(line).unwrap()).collect()
+}
+
+/// The expected driver events (notes left out).
+pub fn expected_calls(expected: &[Value]) -> Vec<Value> {
+    expected.iter().filter(|e| e["op"] != "note").cloned().collect()
+}
+
+/// The pid a workload noted for a role ("parent", "fork", "spawn").
+pub fn pid_of_role(expected: &[Value], role: &str) -> u32 {
+    expected
+        .iter()
+        .find(|e| e["op"] == "note" && e["role"] == role)
+        .unwrap_or_else(|| panic!("workload noted no {role} pid"))["pid"]
+        .as_u64()
+        .unwrap() as u32
+}
+
+pub fn driver_events(events: &[Event]) -> Vec<&Event> {
+    events.iter().filter(|e| e.layer == Layer::Driver).collect()
+}
+
+/// Checks, call by call and in order, that the captured events are exactly the expected ones:
+/// every field the workload logged equals the event's field; nothing extra, nothing missing.
+pub fn assert_same_calls(expected: &[Value], captured: &[&Event]) {
+    for (index, (want, got)) in expected.iter().zip(captured).enumerate() {
+        let got_json = serde_json::to_value(got).unwrap();
+        for (field, value) in want.as_object().unwrap() {
+            assert_eq!(
+                &got_json[field], value,
+                "call {index} ({}): field {field} differs\n expected {want}\n captured {got_json}",
+                want["api"]
+            );
+        }
+        assert_eq!(got.source, gpuprof_model::event::Source::Ebpf);
+    }
+    assert_eq!(
+        captured.len(),
+        expected.len(),
+        "captured {} driver calls, the workload made {}",
+        captured.len(),
+        expected.len()
+    );
+}
+
+/// Starts a workload that prints "ready" when it may be attached to; returns it with stdin open.
+pub fn start_ready_workload(mut command: Command) -> Child {
+    command.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::inherit());
+    let mut child = command.spawn().expect("workload starts");
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "ready", "workload did not get ready");
+    child
+}
+
+/// Waits until gpuprof's stderr has a line containing `text`; returns the lines read.
+pub fn wait_for_stderr(stderr: &mut BufReader<ChildStderr>, text: &str) -> Vec<String> {
+    let mut lines = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut line = String::new();
+        let n = stderr.read_line(&mut line).unwrap();
+        assert!(n > 0 && Instant::now() < deadline, "gpuprof never said {text:?}; it said {lines:?}");
+        let found = line.contains(text);
+        lines.push(line);
+        if found {
+            return lines;
+        }
+    }
+}
+
+/// Waits for a child with a time limit, killing it if it overstays.
+pub fn wait_with_limit(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("process {} did not exit within {limit:?}", child.id());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
