@@ -71,6 +71,9 @@ fn check_process_tree(events: &[Event], expected_log: &[serde_json::Value], root
     for pid in [parent, forked, spawned] {
         assert_same_calls(&expected_of(&expected, pid), &calls_of(&captured, pid));
     }
+    for worker in [forked, spawned] {
+        assert!(calls_of(&captured, worker).iter().all(|e| e.ppid == Some(parent)), "worker calls name their parent");
+    }
     let pids: BTreeSet<u32> = captured.iter().map(|e| e.pid).collect();
     assert_eq!(pids, BTreeSet::from([parent, forked, spawned]), "driver calls from unexpected processes");
 
@@ -126,8 +129,8 @@ fn attach_follows_a_running_process_tree() {
 
     let events = read_events(&out);
     check_process_tree(&events, &read_expected(&log), false);
-    assert_eq!(events.last().unwrap().op, Op::Exit);
-    assert_eq!(events.last().unwrap().pid, workload.id());
+    let root_exit = events.iter().find(|e| e.op == Op::Exit && e.pid == workload.id()).expect("the target's exit");
+    assert_eq!(root_exit.exit_code, Some(0));
 }
 
 #[test]
@@ -247,8 +250,9 @@ fn a_full_ring_buffer_is_counted_not_silent() {
     let status = wait_with_limit(&mut workload, Duration::from_secs(120));
     unsafe { libc::kill(agent.id() as i32, libc::SIGCONT) };
     assert!(status.success());
-    assert!(wait_with_limit(&mut agent, Duration::from_secs(30)).success());
+    let agent_status = wait_with_limit(&mut agent, Duration::from_secs(30));
     let rest: String = stderr.lines().map(Result::unwrap).collect::<Vec<_>>().join("\n");
+    assert!(agent_status.success(), "{agent_status:?}: {rest}");
 
     let events = read_events(&out);
     let calls = driver_events(&events).len() as u64;
@@ -263,4 +267,63 @@ fn a_full_ring_buffer_is_counted_not_silent() {
     assert!(lost > 0, "a 1 MiB buffer cannot hold 40,000 records: {rest}");
     assert_eq!(calls + exit_seen + lost, 40_001, "{rest}");
     assert!(rest.contains(&format!("warning: {lost} events were lost; give a larger --buffer-mib")), "{rest}");
+}
+
+#[test]
+fn sigint_stops_attach_cleanly_and_sigterm_is_forwarded_by_run() {
+    let dir = scratch("signals");
+    let log = dir.join("expected.jsonl");
+    let mut command = Command::new(python3());
+    command.args(["-c", "from cuda_driver import Driver; import time; Driver(); print('ready', flush=True); time.sleep(60)"]);
+    workload_env(&mut command, &log);
+    let mut workload = start_ready_workload(command);
+    let mut agent = Command::new(gpuprof())
+        .args(["attach", &workload.id().to_string(), "--format", "table"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(agent.stderr.take().unwrap());
+    wait_for_stderr(&mut stderr, "capturing pid");
+    // SAFETY: a signal to our own child.
+    unsafe { libc::kill(agent.id() as i32, libc::SIGINT) };
+    assert!(wait_with_limit(&mut agent, Duration::from_secs(10)).success());
+    let mut summary = String::new();
+    std::io::Read::read_to_string(agent.stdout.as_mut().unwrap(), &mut summary).unwrap();
+    assert!(summary.contains("Live GPU memory at end"), "{summary}");
+    assert!(workload.try_wait().unwrap().is_none(), "attach must not stop the target");
+    workload.kill().unwrap();
+    workload.wait().unwrap();
+
+    let mut run = Command::new(gpuprof())
+        .args(["run", "--output", "/dev/null", "--", "sleep", "30"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(run.stderr.take().unwrap());
+    wait_for_stderr(&mut stderr, "gpuprof: ");
+    std::thread::sleep(Duration::from_millis(200));
+    unsafe { libc::kill(run.id() as i32, libc::SIGTERM) };
+    // sleep dies of the forwarded SIGTERM: 128 + 15.
+    assert_eq!(wait_with_limit(&mut run, Duration::from_secs(10)).code(), Some(143));
+}
+
+/// Kernels before 6.6 get one perf-event link per probe instead of uprobe-multi links: the same
+/// calls must come out (forced here; each of those links costs a grace period to detach).
+#[test]
+fn perf_event_links_capture_the_same_calls() {
+    let dir = scratch("perf_event_links");
+    let (log, out) = (dir.join("expected.jsonl"), dir.join("events.jsonl"));
+    let mut cmd = Command::new(gpuprof());
+    cmd.args(["run", "--output", out.to_str().unwrap(), "--"]).arg(ipc_fork_program());
+    workload_env(&mut cmd, &log);
+    let output = cmd.env("GPUPROF_PROBE_LINKS", "perf-event").output().unwrap();
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    let expected = read_expected(&log);
+    let events = read_events(&out);
+    let captured = driver_events(&events);
+    for pid in expected.iter().map(|e| e["pid"].as_u64().unwrap() as u32).collect::<BTreeSet<_>>() {
+        assert_same_calls(&expected_of(&expected, pid), &calls_of(&captured, pid));
+    }
+    assert_eq!(captured.len(), 6);
 }

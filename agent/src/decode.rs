@@ -15,9 +15,16 @@ use crate::procfs;
 
 pub struct Decoder {
     clock: Clock,
-    /// pid → its namespace pid (None when the same); read once per pid.
-    ns_pids: HashMap<u32, Option<u32>>,
-    read_ns_pids: bool,
+    /// What driver records do not carry, learned once per process: from its fork/exec records,
+    /// else from /proc the first time it is seen.
+    processes: HashMap<u32, ProcessInfo>,
+    read_procfs: bool,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct ProcessInfo {
+    ppid: Option<u32>,
+    ns_pid: Option<u32>,
 }
 
 /// Why a record could not become an event.
@@ -38,12 +45,12 @@ impl std::fmt::Display for DecodeError {
 
 impl Decoder {
     pub fn new(clock: Clock) -> Self {
-        Decoder { clock, ns_pids: HashMap::new(), read_ns_pids: true }
+        Decoder { clock, processes: HashMap::new(), read_procfs: true }
     }
 
     /// A decoder that never reads /proc (benchmarks, replay of recorded records).
     pub fn offline(clock: Clock) -> Self {
-        Decoder { clock, ns_pids: HashMap::new(), read_ns_pids: false }
+        Decoder { clock, processes: HashMap::new(), read_procfs: false }
     }
 
     pub fn decode(&mut self, record: &Record) -> Result<Event, DecodeError> {
@@ -68,26 +75,35 @@ impl Decoder {
             api,
         );
         event.comm = c_string(&record.comm);
-        event.ppid = (record.ppid != 0).then_some(record.ppid);
-        event.ns_pid = self.ns_pid(record.pid, op);
+        let info = self.process_info(record, op);
+        event.ppid = info.ppid;
+        event.ns_pid = info.ns_pid;
         match layer {
             Layer::Driver => self.fill_driver(record, &mut event),
             _ => fill_process(record, &mut event),
         }
         if op == Op::Exit {
-            self.ns_pids.remove(&record.pid);
+            self.processes.remove(&record.pid);
         }
         Ok(event)
     }
 
-    fn ns_pid(&mut self, pid: u32, op: Op) -> Option<u32> {
-        if !self.read_ns_pids {
-            return None;
+    fn process_info(&mut self, record: &Record, op: Op) -> ProcessInfo {
+        let read_procfs = self.read_procfs;
+        let pid = record.pid;
+        let reported_ppid = (record.ppid != 0).then_some(record.ppid);
+        if matches!(op, Op::Fork | Op::Exec) {
+            // A new process, or a new program in a (possibly new) namespace: learn again.
+            self.processes.remove(&pid);
         }
-        if op == Op::Exec || op == Op::Fork {
-            self.ns_pids.remove(&pid);
+        let info = self.processes.entry(pid).or_insert_with(|| ProcessInfo {
+            ppid: reported_ppid.or_else(|| read_procfs.then(|| procfs::stat(pid).map(|(_, ppid)| ppid)).flatten()),
+            ns_pid: if read_procfs { procfs::ns_pid(pid) } else { None },
+        });
+        if reported_ppid.is_some() {
+            info.ppid = reported_ppid;
         }
-        *self.ns_pids.entry(pid).or_insert_with(|| procfs::ns_pid(pid))
+        *info
     }
 
     fn fill_driver(&self, record: &Record, event: &mut Event) {
@@ -166,6 +182,13 @@ mod tests {
         let event = Decoder::offline(Clock::with_offset(1_000_000)).decode(&raw).unwrap();
         assert_eq!(event.ts, 1_005_000);
         assert_eq!((event.pid, event.tid, event.ppid), (42, 43, Some(7)));
+        // Driver records carry no parent: it comes from the process's fork or exec record.
+        let mut decoder = Decoder::offline(Clock::with_offset(0));
+        let mut fork = record(gp_record_kind::GP_RECORD_FORK);
+        fork.ppid = 9;
+        decoder.decode(&fork).unwrap();
+        raw.ppid = 0;
+        assert_eq!(decoder.decode(&raw).unwrap().ppid, Some(9));
         assert_eq!(event.comm, "python3");
         assert_eq!((event.layer, event.op, event.kind), (Layer::Driver, Op::IpcOpen, Some(Kind::Device)));
         assert_eq!(event.api, "cuIpcOpenMemHandle_v2");

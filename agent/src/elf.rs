@@ -10,7 +10,12 @@ use object::{Object, ObjectSegment, ObjectSymbol, SymbolKind};
 
 /// name → file offset of every defined, exported function.
 pub fn exported_functions(path: &Path) -> Result<HashMap<String, u64>> {
-    let data = fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let file = fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+    // Mapped, not read: libcuda is hundreds of MiB and only its headers and dynamic symbol
+    // table are needed (attach latency).
+    // SAFETY: the mapping is read-only and dropped before returning; a library being replaced
+    // under us is written to a new inode by every installer.
+    let data = unsafe { memmap2::Mmap::map(&file) }.with_context(|| format!("cannot map {}", path.display()))?;
     let file = object::File::parse(&*data)
         .with_context(|| format!("{} is not an ELF shared library", path.display()))?;
     let segments: Vec<(u64, u64, u64)> = file
@@ -52,7 +57,10 @@ mod tests {
 
     #[test]
     fn a_non_elf_file_is_a_clear_error() {
-        let err = exported_functions(Path::new("/proc/self/status")).unwrap_err();
-        assert_eq!(err.to_string(), "/proc/self/status is not an ELF shared library");
+        let path = std::env::temp_dir().join(format!("gpuprof-not-elf-{}", std::process::id()));
+        fs::write(&path, "not an ELF file").unwrap();
+        let err = exported_functions(&path).unwrap_err();
+        fs::remove_file(&path).unwrap();
+        assert_eq!(err.to_string(), format!("{} is not an ELF shared library", path.display()));
     }
 }

@@ -20,12 +20,6 @@ enum gp_shape gp_shape_values = 0;
 enum gp_record_kind gp_record_kind_values = 0;
 enum gp_counter gp_counter_values = 0;
 
-struct pending_key {
-	__u64 pid_tgid;
-	__u32 api;
-	__u32 pad;
-};
-
 struct pending_call {
 	__u64 ts_ns;
 	__u64 args[6];
@@ -34,13 +28,21 @@ struct pending_call {
 	__u8 data[GP_HANDLE_LEN]; /* bytes that exist only at entry (handles passed in) */
 };
 
-/* Keyed by thread and API so a call nested inside another entry point keeps both. LRU: a call that
- * never returns (thread killed inside the driver) cannot fill the map. */
+/* Calls in flight on one thread, entry to return. Two slots, matched by API, so a call nested
+ * inside another entry point keeps both. Task-local: no hash on the hot path, and the slots of
+ * a thread that dies inside the driver go with it. */
+#define PENDING_SLOTS 2
+
+struct pending_calls {
+	struct pending_call call[PENDING_SLOTS];
+	__u32 api_plus_one[PENDING_SLOTS]; /* 0: free */
+};
+
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 16384);
-	__type(key, struct pending_key);
-	__type(value, struct pending_call);
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct pending_calls);
 } pending SEC(".maps");
 
 static __always_inline struct gp_cookie read_cookie(void *ctx)
@@ -117,98 +119,81 @@ static __always_inline int on_entry(struct pt_regs *ctx)
 		return 0;
 
 	struct gp_cookie cookie = read_cookie(ctx);
-	struct pending_key key = { .pid_tgid = pid_tgid, .api = cookie.api };
-	struct pending_call call = {};
+	struct pending_calls *calls = bpf_task_storage_get(&pending, bpf_get_current_task_btf(), NULL,
+							   BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (!calls) {
+		count(GP_COUNTER_PENDING_FULL);
+		return 0;
+	}
+	/* A free slot, or one this API left behind (a call that never returned). */
+	__u32 slot = PENDING_SLOTS;
+	for (__u32 i = 0; i < PENDING_SLOTS; i++) {
+		if (calls->api_plus_one[i] == 0 || calls->api_plus_one[i] == cookie.api + 1u) {
+			slot = i;
+			break;
+		}
+	}
+	if (slot >= PENDING_SLOTS) {
+		count(GP_COUNTER_PENDING_FULL);
+		return 0;
+	}
+	struct pending_call *call = &calls->call[slot];
 
-	call.ts_ns = bpf_ktime_get_ns();
-	call.device = -1;
-	call.args[0] = PT_REGS_PARM1(ctx);
-	call.args[1] = PT_REGS_PARM2(ctx);
-	call.args[2] = PT_REGS_PARM3(ctx);
-	call.args[3] = PT_REGS_PARM4(ctx);
-	call.args[4] = PT_REGS_PARM5(ctx);
-	call.args[5] = PT_REGS_PARM6(ctx);
+	call->ts_ns = bpf_ktime_get_ns();
+	call->device = -1;
+	call->data_len = 0;
+	call->args[0] = PT_REGS_PARM1(ctx);
+	call->args[1] = PT_REGS_PARM2(ctx);
+	call->args[2] = PT_REGS_PARM3(ctx);
+	call->args[3] = PT_REGS_PARM4(ctx);
+	call->args[4] = PT_REGS_PARM5(ctx);
+	call->args[5] = PT_REGS_PARM6(ctx);
 
 	switch (cookie.shape) {
 	case GP_SHAPE_IPC_OPEN:
 		/* A 64-byte struct by value goes on the stack; at the first instruction the return
 		 * address is at sp, so the handle starts at sp + 8. */
-		if (bpf_probe_read_user(call.data, GP_HANDLE_LEN, (void *)(PT_REGS_SP(ctx) + 8)))
+		if (bpf_probe_read_user(call->data, GP_HANDLE_LEN, (void *)(PT_REGS_SP(ctx) + 8)))
 			count(GP_COUNTER_READ_FAILED);
 		else
-			call.data_len = GP_HANDLE_LEN;
+			call->data_len = GP_HANDLE_LEN;
 		break;
 	case GP_SHAPE_POOL_IMPORT:
-		if (bpf_probe_read_user(call.data, GP_HANDLE_LEN, (void *)call.args[2]))
+		if (bpf_probe_read_user(call->data, GP_HANDLE_LEN, (void *)call->args[2]))
 			count(GP_COUNTER_READ_FAILED);
 		else
-			call.data_len = GP_HANDLE_LEN;
+			call->data_len = GP_HANDLE_LEN;
 		break;
 	case GP_SHAPE_SHAREABLE_IMPORT:
-		if (call.args[2] == GP_HANDLE_TYPE_FABRIC) {
-			if (bpf_probe_read_user(call.data, GP_HANDLE_LEN, (void *)call.args[1]))
+		if (call->args[2] == GP_HANDLE_TYPE_FABRIC) {
+			if (bpf_probe_read_user(call->data, GP_HANDLE_LEN, (void *)call->args[1]))
 				count(GP_COUNTER_READ_FAILED);
 			else
-				call.data_len = GP_HANDLE_LEN;
+				call->data_len = GP_HANDLE_LEN;
 		} else {
 			/* fd and win32 handles are passed as the pointer value itself. */
-			__builtin_memcpy(call.data, &call.args[1], sizeof(__u64));
-			call.data_len = shareable_handle_len(call.args[2]);
+			__builtin_memcpy(call->data, &call->args[1], sizeof(__u64));
+			call->data_len = shareable_handle_len(call->args[2]);
 		}
 		break;
 	case GP_SHAPE_VMM_CREATE: {
 		/* CUmemAllocationProp: type, requestedHandleTypes, location { type, id } → id at 12. */
 		__s32 device = -1;
 
-		if (bpf_probe_read_user(&device, sizeof(device), (void *)(call.args[2] + 12)))
+		if (bpf_probe_read_user(&device, sizeof(device), (void *)(call->args[2] + 12)))
 			count(GP_COUNTER_READ_FAILED);
-		call.device = device;
+		call->device = device;
 		break;
 	}
 	default:
 		break;
 	}
-
-	if (bpf_map_update_elem(&pending, &key, &call, BPF_ANY))
-		count(GP_COUNTER_PENDING_FULL);
+	calls->api_plus_one[slot] = cookie.api + 1u;
 	return 0;
 }
 
-static __always_inline int on_return(struct pt_regs *ctx)
+static __always_inline void fill_plain(struct gp_record *rec, struct gp_cookie cookie, __u64 *args, bool ok)
 {
-	__u64 pid_tgid = bpf_get_current_pid_tgid();
-	struct gp_cookie cookie = read_cookie(ctx);
-	struct pending_key key = { .pid_tgid = pid_tgid, .api = cookie.api };
-	struct pending_call *call = bpf_map_lookup_elem(&pending, &key);
-
-	if (!call) {
-		if (is_tracked(pid_tgid >> 32))
-			count(GP_COUNTER_RETURN_UNMATCHED);
-		return 0;
-	}
-
-	struct gp_record *rec = reserve_record(GP_RECORD_DRIVER);
-	if (!rec) {
-		bpf_map_delete_elem(&pending, &key);
-		return 0;
-	}
-
-	__u64 now = bpf_ktime_get_ns();
-	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
-	__s32 result = (__s32)PT_REGS_RC(ctx);
-	bool ok = result == 0;
-	__u64 *args = call->args;
-
-	rec->ts_ns = call->ts_ns;
-	rec->duration_ns = now - call->ts_ns;
-	rec->pid = pid_tgid >> 32;
-	rec->tid = (__u32)pid_tgid;
-	rec->ppid = BPF_CORE_READ(task, real_parent, tgid);
-	rec->api = cookie.api;
-	rec->result = result;
-	rec->device = call->device;
-	bpf_get_current_comm(rec->comm, sizeof(rec->comm));
-
 	switch (cookie.shape) {
 	case GP_SHAPE_OUT_PTR_SIZE:
 	case GP_SHAPE_VMM_CREATE:
@@ -259,6 +244,48 @@ static __always_inline int on_return(struct pt_regs *ctx)
 		rec->size = args[1];
 		rec->aux = args[3];
 		break;
+	case GP_SHAPE_CTX_RETAIN:
+		rec->device = (__s32)args[1];
+		if (ok)
+			read_user_u64(rec, &rec->addr, args[0]);
+		break;
+	case GP_SHAPE_CTX_CREATE:
+		if (cookie.param == 2)
+			rec->device = (__s32)args[2];
+		else if (cookie.param == 3)
+			rec->device = (__s32)args[3];
+		else if (cookie.param == 4)
+			rec->device = (__s32)args[4];
+		if (ok)
+			read_user_u64(rec, &rec->addr, args[0]);
+		break;
+	case GP_SHAPE_DEVICE:
+		rec->device = (__s32)args[0];
+		break;
+	case GP_SHAPE_MEM_INFO:
+		if (ok) {
+			read_user_u64(rec, &rec->size, args[0]);
+			read_user_u64(rec, &rec->aux, args[1]);
+		}
+		break;
+	case GP_SHAPE_MEM_INFO32:
+		if (ok) {
+			read_user_u32(rec, &rec->size, args[0]);
+			read_user_u32(rec, &rec->aux, args[1]);
+		}
+		break;
+	default:
+		break;
+	}
+}
+
+/* IPC and shareable-handle calls: the record is GP_RECORD_HANDLE_SIZE long. */
+static __always_inline void fill_with_handle(struct gp_record *rec, struct gp_cookie cookie,
+					     struct pending_call *call, bool ok)
+{
+	__u64 *args = call->args;
+
+	switch (cookie.shape) {
 	case GP_SHAPE_IPC_GET:
 	case GP_SHAPE_POOL_EXPORT:
 		rec->addr = args[1];
@@ -297,42 +324,66 @@ static __always_inline int on_return(struct pt_regs *ctx)
 		if (ok)
 			read_user_u64(rec, &rec->addr, args[0]);
 		break;
-	case GP_SHAPE_CTX_RETAIN:
-		rec->device = (__s32)args[1];
-		if (ok)
-			read_user_u64(rec, &rec->addr, args[0]);
-		break;
-	case GP_SHAPE_CTX_CREATE:
-		if (cookie.param == 2)
-			rec->device = (__s32)args[2];
-		else if (cookie.param == 3)
-			rec->device = (__s32)args[3];
-		else if (cookie.param == 4)
-			rec->device = (__s32)args[4];
-		if (ok)
-			read_user_u64(rec, &rec->addr, args[0]);
-		break;
-	case GP_SHAPE_DEVICE:
-		rec->device = (__s32)args[0];
-		break;
-	case GP_SHAPE_MEM_INFO:
-		if (ok) {
-			read_user_u64(rec, &rec->size, args[0]);
-			read_user_u64(rec, &rec->aux, args[1]);
-		}
-		break;
-	case GP_SHAPE_MEM_INFO32:
-		if (ok) {
-			read_user_u32(rec, &rec->size, args[0]);
-			read_user_u32(rec, &rec->aux, args[1]);
-		}
-		break;
 	default:
 		break;
 	}
+}
 
-	bpf_ringbuf_submit(rec, 0);
-	bpf_map_delete_elem(&pending, &key);
+static __always_inline bool carries_handle(__u8 shape)
+{
+	return shape == GP_SHAPE_IPC_GET || shape == GP_SHAPE_IPC_OPEN || shape == GP_SHAPE_POOL_EXPORT ||
+	       shape == GP_SHAPE_POOL_IMPORT || shape == GP_SHAPE_SHAREABLE_EXPORT ||
+	       shape == GP_SHAPE_SHAREABLE_IMPORT;
+}
+
+static __always_inline int on_return(struct pt_regs *ctx)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	struct gp_cookie cookie = read_cookie(ctx);
+	struct pending_calls *calls = bpf_task_storage_get(&pending, bpf_get_current_task_btf(), NULL, 0);
+	__u32 slot = PENDING_SLOTS;
+
+	if (calls) {
+		for (__u32 i = 0; i < PENDING_SLOTS; i++) {
+			if (calls->api_plus_one[i] == cookie.api + 1u) {
+				slot = i;
+				break;
+			}
+		}
+	}
+	if (!calls || slot >= PENDING_SLOTS) {
+		if (is_tracked(pid_tgid >> 32))
+			count(GP_COUNTER_RETURN_UNMATCHED);
+		return 0;
+	}
+	struct pending_call *call = &calls->call[slot];
+
+	bool with_handle = carries_handle(cookie.shape);
+	struct gp_record *rec = with_handle ? reserve_record(GP_RECORD_DRIVER, GP_RECORD_HANDLE_SIZE)
+					    : reserve_record(GP_RECORD_DRIVER, GP_RECORD_BASE_SIZE);
+	if (!rec) {
+		calls->api_plus_one[slot] = 0;
+		return 0;
+	}
+
+	__s32 result = (__s32)PT_REGS_RC(ctx);
+	bool ok = result == 0;
+
+	rec->ts_ns = call->ts_ns;
+	rec->duration_ns = bpf_ktime_get_ns() - call->ts_ns;
+	rec->pid = pid_tgid >> 32;
+	rec->tid = (__u32)pid_tgid;
+	rec->api = cookie.api;
+	rec->result = result;
+	rec->device = call->device;
+	bpf_get_current_comm(rec->comm, sizeof(rec->comm));
+	if (with_handle)
+		fill_with_handle(rec, cookie, call, ok);
+	else
+		fill_plain(rec, cookie, call->args, ok);
+
+	submit_record(rec);
+	calls->api_plus_one[slot] = 0;
 	return 0;
 }
 

@@ -60,28 +60,38 @@ struct gp_cookie {
 	__u32 reserved;
 };
 
+/*
+ * One ring-buffer record. Records are variable-length prefixes of this struct: a driver call
+ * without handle bytes ends before `handle` (GP_RECORD_BASE_SIZE), one with handle bytes before
+ * `filename` (GP_RECORD_HANDLE_SIZE); only exec records carry the filename. Small records keep
+ * the per-event memory traffic down; user space copies what came into a zeroed full struct.
+ */
 struct gp_record {
 	__u64 ts_ns;        /* CLOCK_MONOTONIC at the call's entry (or at the tracepoint) */
 	__u64 duration_ns;  /* entry to return of a driver call */
 	__u32 kind;         /* enum gp_record_kind */
 	__u32 pid;          /* tgid */
 	__u32 tid;
-	__u32 ppid;         /* parent tgid: for fork records, and the caller's parent otherwise */
+	__u32 ppid;         /* parent tgid (process records; user space fills it for driver calls) */
 	__u16 api;          /* driver records: user space's API table index */
 	__u8 handle_type;   /* CUmemAllocationHandleType for shareable handles */
 	__u8 flags;         /* GP_FLAG_* */
-	__s32 result;       /* CUresult of a driver call; exit code for exit records */
+	__s32 result;       /* CUresult of a driver call; wait status for exit records */
 	__s32 device;       /* -1 when the call does not say */
-	__u32 handle_len;   /* valid bytes in handle */
+	__u32 handle_len;   /* valid bytes in handle (0 when the record has none) */
 	__u64 addr;
 	__u64 size;
 	__u64 aux;          /* shape-specific: pitch; VMM map: the generic handle mapped; mem info:
 			     * total bytes; shareable fd handles: the kernel file object;
 			     * IPC open: flags; pool import: the pool */
-	__u8 handle[GP_HANDLE_LEN];
 	__u8 comm[GP_COMM_LEN];
-	__u8 filename[GP_FILENAME_LEN]; /* exec records: the program that was executed */
+	__u8 handle[GP_HANDLE_LEN];     /* records of GP_RECORD_HANDLE_SIZE and longer */
+	__u8 filename[GP_FILENAME_LEN]; /* exec records only: the program that was executed */
 };
+
+#define GP_RECORD_BASE_SIZE __builtin_offsetof(struct gp_record, handle)
+#define GP_RECORD_HANDLE_SIZE __builtin_offsetof(struct gp_record, filename)
+#define GP_RECORD_FULL_SIZE sizeof(struct gp_record)
 
 /* gp_record.flags */
 #define GP_FLAG_OUT_UNREAD 1 /* the call succeeded but its out-pointer could not be read */

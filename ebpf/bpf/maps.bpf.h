@@ -34,6 +34,10 @@ struct {
 /* Set by the agent before load: record every process, not only tracked ones (node daemon). */
 const volatile bool track_all = false;
 
+/* Set by the agent before load: wake the reader only once this many bytes wait in the ring
+ * buffer (it also drains on a short timer). A wakeup per record would cost more than the record. */
+const volatile __u64 wakeup_bytes = 1 << 20;
+
 static __always_inline bool is_tracked(__u32 tgid)
 {
 	return track_all || bpf_map_lookup_elem(&tracked, &tgid) != NULL;
@@ -47,19 +51,28 @@ static __always_inline void count(__u32 counter)
 		*value += 1;
 }
 
-/* A zeroed record on the ring buffer, or NULL (counted) when it is full. */
-static __always_inline struct gp_record *reserve_record(__u32 kind)
+/* A record of `size` bytes (one of GP_RECORD_*_SIZE) on the ring buffer, its fixed fields zeroed;
+ * NULL (counted) when the buffer is full. */
+static __always_inline struct gp_record *reserve_record(__u32 kind, __u64 size)
 {
-	struct gp_record *rec = bpf_ringbuf_reserve(&events, sizeof(*rec), 0);
+	struct gp_record *rec = bpf_ringbuf_reserve(&events, size, 0);
 
 	if (!rec) {
 		count(GP_COUNTER_RINGBUF_FULL);
 		return NULL;
 	}
-	__builtin_memset(rec, 0, sizeof(*rec));
+	__builtin_memset(rec, 0, GP_RECORD_BASE_SIZE);
 	rec->kind = kind;
 	rec->device = -1;
 	return rec;
+}
+
+/* Hands a record to user space, waking the reader only when a batch has built up. */
+static __always_inline void submit_record(struct gp_record *rec)
+{
+	__u64 waiting = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA);
+
+	bpf_ringbuf_submit(rec, waiting >= wakeup_bytes ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP);
 }
 
 #endif

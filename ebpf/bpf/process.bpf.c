@@ -27,7 +27,7 @@ int BPF_PROG(on_fork, struct task_struct *parent, struct task_struct *child)
 	if (!track_all)
 		bpf_map_update_elem(&tracked, &child_tgid, &one, BPF_ANY);
 
-	struct gp_record *rec = reserve_record(GP_RECORD_FORK);
+	struct gp_record *rec = reserve_record(GP_RECORD_FORK, GP_RECORD_BASE_SIZE);
 	if (!rec)
 		return 0;
 	rec->ts_ns = bpf_ktime_get_ns();
@@ -35,7 +35,7 @@ int BPF_PROG(on_fork, struct task_struct *parent, struct task_struct *child)
 	rec->tid = child_tgid;
 	rec->ppid = parent_tgid;
 	bpf_probe_read_kernel_str(rec->comm, sizeof(rec->comm), child->comm);
-	bpf_ringbuf_submit(rec, 0);
+	submit_record(rec);
 	return 0;
 }
 
@@ -46,7 +46,7 @@ int BPF_PROG(on_exec, struct task_struct *task, pid_t old_pid, struct linux_binp
 
 	if (!is_tracked(tgid))
 		return 0;
-	struct gp_record *rec = reserve_record(GP_RECORD_EXEC);
+	struct gp_record *rec = reserve_record(GP_RECORD_EXEC, GP_RECORD_FULL_SIZE);
 	if (!rec)
 		return 0;
 	rec->ts_ns = bpf_ktime_get_ns();
@@ -55,7 +55,7 @@ int BPF_PROG(on_exec, struct task_struct *task, pid_t old_pid, struct linux_binp
 	rec->ppid = BPF_CORE_READ(task, real_parent, tgid);
 	bpf_probe_read_kernel_str(rec->comm, sizeof(rec->comm), task->comm);
 	bpf_probe_read_kernel_str(rec->filename, sizeof(rec->filename), BPF_CORE_READ(bprm, filename));
-	bpf_ringbuf_submit(rec, 0);
+	submit_record(rec);
 	return 0;
 }
 
@@ -73,7 +73,7 @@ int BPF_PROG(on_exit, struct task_struct *task)
 	if (!track_all)
 		bpf_map_delete_elem(&tracked, &tgid);
 
-	struct gp_record *rec = reserve_record(GP_RECORD_EXIT);
+	struct gp_record *rec = reserve_record(GP_RECORD_EXIT, GP_RECORD_BASE_SIZE);
 	if (!rec)
 		return 0;
 	rec->ts_ns = bpf_ktime_get_ns();
@@ -85,6 +85,6 @@ int BPF_PROG(on_exit, struct task_struct *task)
 	if (task->exit_code & 0x7f)
 		rec->flags |= GP_FLAG_EXIT_SIGNALED;
 	bpf_probe_read_kernel_str(rec->comm, sizeof(rec->comm), task->comm);
-	bpf_ringbuf_submit(rec, 0);
+	submit_record(rec);
 	return 0;
 }

@@ -65,6 +65,7 @@ pub struct ProcessMemory {
     imports: HashMap<u64, Mapping>,
     reservations: HashMap<u64, u64>,
     contexts: u32,
+    driver_calls: u64,
 }
 
 impl ProcessMemory {
@@ -81,7 +82,13 @@ impl ProcessMemory {
             imports: HashMap::new(),
             reservations: HashMap::new(),
             contexts: 0,
+            driver_calls: 0,
         }
+    }
+
+    /// Driver calls made by this process instance, failed ones included.
+    pub fn driver_calls(&self) -> u64 {
+        self.driver_calls
     }
 
     /// Live allocations, oldest first.
@@ -129,6 +136,7 @@ impl ProcessMemory {
             mapped_bytes: self.mappings.values().map(|m| m.size).sum(),
             imports: self.imports.len() as u64,
             contexts: self.contexts,
+            driver_calls: self.driver_calls,
         }
     }
 
@@ -215,6 +223,7 @@ pub struct LiveSummary {
     pub mapped_bytes: u64,
     pub imports: u64,
     pub contexts: u32,
+    pub driver_calls: u64,
 }
 
 /// Every process seen, live and closed.
@@ -252,6 +261,7 @@ impl Tracker {
             }
             _ => {
                 let process = self.process_mut(event);
+                process.driver_calls += 1;
                 if event.succeeded() {
                     process.apply_driver(event);
                 }

@@ -10,7 +10,7 @@ use std::rc::Rc;
 use std::os::fd::AsFd;
 use std::time::Duration;
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBuffer, RingBufferBuilder, UprobeMultiOpts, UprobeOpts};
 
@@ -122,6 +122,11 @@ impl Capture {
             .events
             .set_max_entries(options.ring_buffer_bytes)
             .map_err(|e| load_error("size the ring buffer", e))?;
+        // Wake the reader when an eighth of the buffer waits; it drains on its timer otherwise.
+        let wakeup_bytes = u64::from(options.ring_buffer_bytes / 8);
+        if let Some(rodata) = open_driver.maps.rodata_data.as_deref_mut() {
+            rodata.wakeup_bytes = wakeup_bytes;
+        }
         let multi = options.probe_links == ProbeLinks::Multi;
         open_driver.progs.driver_entry_multi.set_autoload(multi);
         open_driver.progs.driver_return_multi.set_autoload(multi);
@@ -132,6 +137,9 @@ impl Capture {
         let mut open_process = ProcessSkelBuilder::default()
             .open(process_object)
             .map_err(|e| load_error("open the process tracepoints", e))?;
+        if let Some(rodata) = open_process.maps.rodata_data.as_deref_mut() {
+            rodata.wakeup_bytes = wakeup_bytes;
+        }
         open_process.maps.events.reuse_fd(driver.maps.events.as_fd()).map_err(|e| load_error("share the ring buffer", e))?;
         open_process.maps.tracked.reuse_fd(driver.maps.tracked.as_fd()).map_err(|e| load_error("share the tracked map", e))?;
         open_process.maps.counters.reuse_fd(driver.maps.counters.as_fd()).map_err(|e| load_error("share the counters", e))?;
@@ -148,9 +156,8 @@ impl Capture {
         let mut builder = RingBufferBuilder::new();
         builder
             .add(&driver.maps.events, move |data: &[u8]| {
-                if let Some(record) = record_from_bytes(data) {
-                    queue.borrow_mut().push(record);
-                }
+                // A record too short to read still reaches the decoder, which counts it.
+                queue.borrow_mut().push(record_from_bytes(data).unwrap_or_default());
                 0
             })
             .map_err(|e| load_error("open the ring buffer", e))?;
@@ -249,7 +256,11 @@ impl Capture {
 
     /// Waits up to `timeout` for records, then hands every available one to `sink`, in order.
     pub fn poll(&self, timeout: Duration, sink: &mut dyn FnMut(&Record)) -> Result<()> {
-        self.ring.poll(timeout).map_err(|e| anyhow!("reading the ring buffer failed: {e}"))?;
+        // A signal (Ctrl-C, SIGCONT after a stop) interrupts the wait; what is there is still read.
+        let waited = self.ring.poll_raw(timeout);
+        if waited < 0 && waited != -libc::EINTR {
+            bail!("reading the ring buffer failed: {}", std::io::Error::from_raw_os_error(-waited));
+        }
         self.ring.consume().map_err(|e| anyhow!("reading the ring buffer failed: {e}"))?;
         let batch = std::mem::take(&mut *self.received.borrow_mut());
         for record in &batch {
@@ -280,13 +291,17 @@ impl Capture {
     }
 }
 
+/// Records are prefixes of `gp_record` (see gpuprof.h): what came is copied over a zeroed one.
 fn record_from_bytes(data: &[u8]) -> Option<Record> {
-    if data.len() < std::mem::size_of::<Record>() {
+    const BASE: usize = std::mem::offset_of!(Record, handle);
+    if data.len() < BASE {
         return None;
     }
-    // SAFETY: Record is a plain-old-data #[repr(C)] struct; the ring buffer hands out at least
-    // its size, possibly unaligned, so it is read unaligned.
-    Some(unsafe { std::ptr::read_unaligned(data.as_ptr().cast::<Record>()) })
+    let mut record = Record::default();
+    let len = data.len().min(std::mem::size_of::<Record>());
+    // SAFETY: Record is a plain-old-data #[repr(C)] struct of at least `len` bytes.
+    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), (&mut record as *mut Record).cast::<u8>(), len) };
+    Some(record)
 }
 
 fn load_error(what: &str, error: libbpf_rs::Error) -> anyhow::Error {

@@ -1,5 +1,6 @@
 //! `--format table`: a row per event as it happens, then live memory per process and kind.
 
+use std::collections::HashSet;
 use std::io::{self, Write};
 
 use gpuprof_model::driver_api::result_name;
@@ -8,14 +9,28 @@ use gpuprof_model::live::{LiveSummary, ProcessState};
 
 use super::{human_bytes, EndOfRun, EventSink};
 
+/// Rows for driver calls, and for the exit of processes that made some; the fork and exec of
+/// every helper process (shells, launchers) stay in the jsonl stream only.
 pub struct TableSink {
     writer: Box<dyn Write>,
     header_written: bool,
+    cuda_processes: HashSet<u32>,
 }
 
 impl TableSink {
     pub fn new(writer: Box<dyn Write>) -> Self {
-        TableSink { writer, header_written: false }
+        TableSink { writer, header_written: false, cuda_processes: HashSet::new() }
+    }
+
+    fn shows(&mut self, event: &Event) -> bool {
+        match (event.layer, event.op) {
+            (Layer::Process, Op::Exit) => self.cuda_processes.remove(&event.pid),
+            (Layer::Process, _) => false,
+            _ => {
+                self.cuda_processes.insert(event.pid);
+                true
+            }
+        }
     }
 }
 
@@ -45,6 +60,9 @@ fn state_text(state: ProcessState) -> String {
 
 impl EventSink for TableSink {
     fn event(&mut self, event: &Event) -> io::Result<()> {
+        if !self.shows(event) {
+            return Ok(());
+        }
         if !self.header_written {
             writeln!(
                 self.writer,
@@ -87,10 +105,15 @@ impl EventSink for TableSink {
     }
 }
 
-/// Live bytes per process and kind, plus mappings, IPC imports and contexts still open.
+/// Live bytes per process and kind, plus mappings, IPC imports and contexts still open, for every
+/// process that made a driver call.
 pub fn write_live_summary(writer: &mut dyn Write, processes: &[LiveSummary]) -> io::Result<()> {
     writeln!(writer)?;
     writeln!(writer, "Live GPU memory at end, per process and kind:")?;
+    let processes: Vec<&LiveSummary> = processes.iter().filter(|p| p.driver_calls > 0).collect();
+    if processes.is_empty() {
+        return writeln!(writer, "(no process made a CUDA driver call)");
+    }
     writeln!(
         writer,
         "{:>7} {:>7} {:<15} {:<14} {:<11} {:>14} {:>6} {:>12} {:>8} {:>5}",

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs what building and testing gpuprof needs on Debian/Ubuntu (run as root):
+# clang for the BPF programs, what the vendored libbpf/libelf/zlib build needs, gcc for the
+# test fixtures, util-linux for the privilege and namespace tests, bpftrace for the benchmark.
+set -euo pipefail
+
+packages=(clang llvm libelf-dev zlib1g-dev pkg-config autoconf autopoint automake libtool flex bison
+          gawk make gcc libc6-dev util-linux python3 bpftrace)
+missing=()
+for package in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
+done
+if ((${#missing[@]})); then
+  echo "gpuprof: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+if ! command -v cargo >/dev/null; then
+  echo "gpuprof: cargo is missing: install the Rust toolchain (https://rustup.rs) and run this again" >&2
+  exit 1
+fi
+# bpftrace (benchmark baseline) reads tracefs from its standard mount point.
+if [ ! -e /sys/kernel/tracing/uprobe_events ] && [ -d /sys/kernel/tracing ]; then
+  mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null || true
+fi
