@@ -84,7 +84,8 @@ int BPF_PROG(on_exit, struct task_struct *task)
 	rec->result = task->exit_code;
 	if (task->exit_code & 0x7f)
 		rec->flags |= GP_FLAG_EXIT_SIGNALED;
-	bpf_probe_read_kernel_str(rec->comm, sizeof(rec->comm), task->comm);
+	/* The last thread out may be a helper (CUDA's event thread): name the process by its leader. */
+	bpf_probe_read_kernel_str(rec->comm, sizeof(rec->comm), BPF_CORE_READ(task, group_leader, comm));
 	submit_record(rec);
 	return 0;
 }

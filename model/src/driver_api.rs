@@ -69,7 +69,7 @@ const fn api(name: &'static str, op: Op, kind: Option<Kind>, args: ArgLayout) ->
 use ArgLayout as A;
 use Kind as K;
 
-/// The memory entry points of `docs/cuda-api.md`. The `_v2` and legacy names are distinct
+/// The memory entry points of `docs/events.md` (captured entry points). The `_v2` and legacy names are distinct
 /// bodies in libcuda; both are captured and neither calls the other.
 pub const DRIVER_APIS: &[DriverApi] = &[
     // device

@@ -31,6 +31,20 @@ log="$out/capture.log"
   "$bin" attach "$LOOP_PID" --duration 3 --format table --output "$out/attach.txt"
   echo "exit $?"
   kill "$LOOP_PID" 2>/dev/null; wait
+  echo "# overhead on the real driver: cuMemAlloc_v2 + cuMemFree_v2 of 1 MiB, plain vs under attach"
+  loop=${GPUPROF_LOOP_BIN:-$(dirname "$bin")/ipc_fork}
+  for round in 1 2 3; do
+    echo "plain: $(echo go | "$loop" loop 3000 | tail -1)"
+    coproc ALLOC { exec "$loop" loop 3000; }
+    read -r ready <&"${ALLOC[0]}"
+    "$bin" attach "$ALLOC_PID" --output /dev/null 2> "$out/overhead.stderr" &
+    agent=$!
+    until grep -q "capturing pid" "$out/overhead.stderr"; do sleep 0.05; done
+    echo go >&"${ALLOC[1]}"
+    read -r result <&"${ALLOC[0]}"
+    echo "attached: $result ($(grep -o 'probes attached in [0-9]* ms' "$out/overhead.stderr"))"
+    wait "$agent"; tail -1 "$out/overhead.stderr"
+  done
   echo "# comparison"
   "$py" "$here/compare_capture.py" "$out"
   echo "# attach table (head)"; head -5 "$out/attach.txt"; tail -4 "$out/attach.txt"
