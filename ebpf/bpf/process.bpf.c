@@ -39,6 +39,15 @@ int BPF_PROG(on_fork, struct task_struct *parent, struct task_struct *child)
 	return 0;
 }
 
+/* Time, ids and parent of a record about `task`. */
+static __always_inline void fill_task(struct gp_record *rec, struct task_struct *task)
+{
+	rec->ts_ns = bpf_ktime_get_ns();
+	rec->pid = task->tgid;
+	rec->tid = task->pid;
+	rec->ppid = BPF_CORE_READ(task, real_parent, tgid);
+}
+
 SEC("tp_btf/sched_process_exec")
 int BPF_PROG(on_exec, struct task_struct *task, pid_t old_pid, struct linux_binprm *bprm)
 {
@@ -49,10 +58,7 @@ int BPF_PROG(on_exec, struct task_struct *task, pid_t old_pid, struct linux_binp
 	struct gp_record *rec = reserve_record(GP_RECORD_EXEC, GP_RECORD_FULL_SIZE);
 	if (!rec)
 		return 0;
-	rec->ts_ns = bpf_ktime_get_ns();
-	rec->pid = tgid;
-	rec->tid = task->pid;
-	rec->ppid = BPF_CORE_READ(task, real_parent, tgid);
+	fill_task(rec, task);
 	bpf_probe_read_kernel_str(rec->comm, sizeof(rec->comm), task->comm);
 	bpf_probe_read_kernel_str(rec->filename, sizeof(rec->filename), BPF_CORE_READ(bprm, filename));
 	submit_record(rec);
@@ -76,10 +82,7 @@ int BPF_PROG(on_exit, struct task_struct *task)
 	struct gp_record *rec = reserve_record(GP_RECORD_EXIT, GP_RECORD_BASE_SIZE);
 	if (!rec)
 		return 0;
-	rec->ts_ns = bpf_ktime_get_ns();
-	rec->pid = tgid;
-	rec->tid = task->pid;
-	rec->ppid = BPF_CORE_READ(task, real_parent, tgid);
+	fill_task(rec, task);
 	/* wait(2)-style status: exit status in bits 8..15, or the killing signal in bits 0..6. */
 	rec->result = task->exit_code;
 	if (task->exit_code & 0x7f)
