@@ -217,12 +217,19 @@ fn table_format_sums_live_memory_per_process_and_kind() {
     let oom = rows.iter().find(|r| r.contains(&"OUT_OF_MEMORY")).expect("the failed call has a row");
     assert_eq!(oom[4..7], ["cuMemAlloc_v2", "alloc", "device"]);
     let summary_at = table.lines().position(|l| l.starts_with("Live GPU memory at end")).unwrap();
-    let summary: Vec<&Vec<&str>> = rows[summary_at + 2..].iter().filter(|r| r[0] == pid).collect();
+    let summary: Vec<&Vec<&str>> = rows[summary_at + 2..].iter().filter(|r| r.first() == Some(&pid.as_str())).collect();
     // pid ppid comm state kind bytes count mapped(2 words) ipc ctx
     assert_eq!(summary.len(), 2, "{table}");
     assert_eq!(summary[0][3..7], ["exited(0)", "device", "4194304", "2"]);
     assert_eq!(summary[1][3..7], ["exited(0)", "host_pinned", "65536", "1"]);
     assert_eq!(summary[0][9..], ["0", "1"]);
+    // The process left 4 MiB of device memory behind: the findings say so, after the summary.
+    let findings_at = table.lines().position(|l| l == "Findings (2):").expect("findings listed");
+    let findings: Vec<&str> = table.lines().skip(findings_at + 1).collect();
+    assert_eq!(findings[0], format!("  oom pid {pid}: 1024.0 TiB in 1"));
+    assert!(findings[1].contains("at that moment gpuprof saw 4.0 MiB of device memory live in the processes it follows"), "{table}");
+    assert_eq!(findings[2], format!("  exit_with_live_allocations pid {pid}: 4.0 MiB in 2"));
+    assert!(findings[3].starts_with(&format!("    pid {pid} (python3) exited still holding 4.0 MiB of device memory in 2 allocations; the largest, 3.0 MiB, came from cuMemAlloc_v2 (no Python stack)")));
 }
 
 /// A stopped agent cannot drain the ring buffer: the records that did not fit are counted, and

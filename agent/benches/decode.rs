@@ -12,7 +12,7 @@ use gpuprof::clock::Clock;
 use gpuprof::decode::Decoder;
 use gpuprof_ebpf::types::gp_record_kind;
 use gpuprof_model::driver_api;
-use gpuprof_model::live::Tracker;
+use gpuprof_model::track::Tracker;
 
 const RECORDS: usize = 1_000_000;
 const ROUNDS: usize = 5;

@@ -33,6 +33,21 @@ pub enum Command {
         #[command(flatten)]
         capture: CaptureArgs,
     },
+    /// Leak findings of a recorded event file (written by `attach`/`run --format jsonl`).
+    #[command(after_help = "Example:\n  gpuprof report --input events.jsonl --format table")]
+    Report {
+        /// The event file (jsonl).
+        #[arg(long, value_name = "FILE")]
+        input: PathBuf,
+        /// Output format.
+        #[arg(long, value_enum, default_value = "json")]
+        format: ReportFormat,
+        /// Write the output here instead of stdout.
+        #[arg(long, value_name = "FILE")]
+        output: Option<PathBuf>,
+        #[command(flatten)]
+        rules: RuleArgs,
+    },
     /// Start a command and capture it and every descendant from its first CUDA call.
     #[command(after_help = "Example:\n  sudo gpuprof run --format table -- python3 train.py --epochs 1")]
     Run {
@@ -66,4 +81,44 @@ pub struct CaptureArgs {
     /// Ring buffer size in MiB (a power of two); a full buffer drops events, which are counted.
     #[arg(long, value_name = "MIB", default_value_t = 16)]
     pub buffer_mib: u32,
+    /// Also write the leak findings, as a JSON array, to this file.
+    #[arg(long, value_name = "FILE")]
+    pub findings: Option<PathBuf>,
+    #[command(flatten)]
+    pub rules: RuleArgs,
+}
+
+/// Thresholds of the leak rules, the same for live capture and `report`.
+#[derive(Debug, Args)]
+pub struct RuleArgs {
+    /// Growth: window length; live bytes of a stack are compared at each window's end.
+    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
+    pub growth_window: f64,
+    /// Growth: consecutive rising windows that make a finding.
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    pub growth_rises: u32,
+}
+
+impl RuleArgs {
+    pub fn config(&self) -> anyhow::Result<gpuprof_model::RuleConfig> {
+        if !(self.growth_window.is_finite() && self.growth_window > 0.0) {
+            anyhow::bail!("--growth-window {}: give a positive number of seconds", self.growth_window);
+        }
+        if self.growth_rises == 0 {
+            anyhow::bail!("--growth-rises 0: give at least 1");
+        }
+        Ok(gpuprof_model::RuleConfig {
+            growth_window_ns: (self.growth_window * 1e9) as u64,
+            growth_rises: self.growth_rises,
+        })
+    }
+}
+
+/// Output formats of `report`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ReportFormat {
+    /// A JSON array of findings (docs/findings.md).
+    Json,
+    /// A readable list of findings.
+    Table,
 }

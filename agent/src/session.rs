@@ -14,14 +14,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use gpuprof_model::event::{Event, Op};
-use gpuprof_model::live::Tracker;
+use gpuprof_model::{Analyzer, Finding};
 
 use crate::capture::{Capture, CaptureOptions, DropCounters, Record};
 use crate::cli::CaptureArgs;
 use crate::clock::Clock;
 use crate::decode::Decoder;
 use crate::libcuda::{self, LibraryFile};
-use crate::output::{self, EndOfRun, EventSink};
+use crate::output::{self, EndOfRun, EventSink, Format};
 use crate::{preflight, procfs, signals};
 
 const POLL_INTERVAL: Duration = Duration::from_millis(100);
@@ -33,6 +33,7 @@ const WAIT_INTERVAL: Duration = Duration::from_millis(20);
 pub fn attach(pid: u32, wait: bool, args: &CaptureArgs) -> Result<u8> {
     let started = Instant::now();
     let duration = duration_of(args)?;
+    args.rules.config()?;
     if !procfs::is_running(pid) {
         bail!("no process with pid {pid}: check the pid with `ps -p {pid}` (it may have exited)");
     }
@@ -48,7 +49,7 @@ pub fn attach(pid: u32, wait: bool, args: &CaptureArgs) -> Result<u8> {
     }
     let capture = Capture::load(capture_options(args)?)?;
     let sink = output::sink(args.format, output::open_writer(args.output.as_deref())?);
-    let mut session = Session::new(&capture, sink, pid, args.stats);
+    let mut session = Session::new(&capture, args, sink, pid)?;
     capture.track(pid)?;
     for child in procfs::descendants(pid) {
         // A descendant that exits meanwhile is simply not there to track.
@@ -89,6 +90,7 @@ pub fn attach(pid: u32, wait: bool, args: &CaptureArgs) -> Result<u8> {
 /// `gpuprof run -- CMD…`: returns CMD's exit code.
 pub fn run(command: &[OsString], args: &CaptureArgs) -> Result<u8> {
     let duration = duration_of(args)?;
+    args.rules.config()?;
     let (program, program_args) = command.split_first().ok_or_else(|| anyhow!("no command given after `--`"))?;
     let program = find_program(program)?;
     preflight::check_ebpf_capture()?;
@@ -112,7 +114,7 @@ pub fn run(command: &[OsString], args: &CaptureArgs) -> Result<u8> {
     }
 
     let mut child = spawn_tracked(&capture, &program, program_args)?;
-    let mut session = Session::new(&capture, sink, child.id(), args.stats);
+    let mut session = Session::new(&capture, args, sink, child.id())?;
     let deadline = duration.map(|d| Instant::now() + d);
     let mut forwarded_signal = false;
     let status = loop {
@@ -249,8 +251,11 @@ fn wait_for_libcuda(pid: u32) -> Result<Vec<LibraryFile>> {
 struct Session<'c> {
     capture: &'c Capture,
     decoder: Decoder,
-    tracker: Tracker,
+    analyzer: Analyzer,
+    findings: Vec<Finding>,
     sink: Box<dyn EventSink>,
+    format: Format,
+    findings_file: Option<PathBuf>,
     root: u32,
     root_exited: bool,
     /// Tracked processes believed alive: the root and the descendants seen forking.
@@ -266,13 +271,17 @@ struct Session<'c> {
 }
 
 impl<'c> Session<'c> {
-    fn new(capture: &'c Capture, sink: Box<dyn EventSink>, root: u32, print_stats: bool) -> Self {
+    fn new(capture: &'c Capture, args: &CaptureArgs, sink: Box<dyn EventSink>, root: u32) -> Result<Self> {
         let now = Instant::now();
-        Session {
+        let analyzer = Analyzer::new(args.rules.config()?);
+        Ok(Session {
             capture,
             decoder: Decoder::new(Clock::new()),
-            tracker: Tracker::new(),
+            analyzer,
+            findings: Vec::new(),
             sink,
+            format: args.format,
+            findings_file: args.findings.clone(),
             root,
             root_exited: false,
             alive: HashSet::from([root]),
@@ -280,10 +289,10 @@ impl<'c> Session<'c> {
             events: 0,
             decode_errors: 0,
             started: now,
-            print_stats,
+            print_stats: args.stats,
             last_stats: now,
             last_discovery: now,
-        }
+        })
     }
 
     fn attach(&mut self, library: &LibraryFile) -> Result<()> {
@@ -312,7 +321,7 @@ impl<'c> Session<'c> {
     }
 
     fn handle(&mut self, record: &Record) -> io::Result<()> {
-        let event = match self.decoder.decode(record) {
+        let mut event = match self.decoder.decode(record) {
             Ok(event) => event,
             Err(error) => {
                 if self.decode_errors == 0 {
@@ -323,7 +332,8 @@ impl<'c> Session<'c> {
             }
         };
         self.follow_process_tree(&event);
-        self.tracker.apply(&event);
+        let fired = self.analyzer.observe(&mut event);
+        self.findings.extend(fired);
         self.events += 1;
         self.sink.event(&event)
     }
@@ -388,7 +398,7 @@ impl<'c> Session<'c> {
             "{} events ({:.0}/s) from {} processes in {:.1} s; lost {} (ring buffer full {}, call table full {}); out-pointers unread {}, returns without entry {}, undecodable {}",
             self.events,
             self.events as f64 / seconds.max(1e-9),
-            self.tracker.processes().len(),
+            self.analyzer.tracker().processes().len(),
             seconds,
             drops.lost_events(),
             drops.ring_buffer_full,
@@ -400,10 +410,19 @@ impl<'c> Session<'c> {
     }
 
     fn finish(mut self) -> Result<()> {
-        let summaries = self.tracker.summaries();
+        let ended = self.analyzer.finish();
+        self.findings.extend(ended);
+        let summaries = self.analyzer.tracker().summaries();
         self.sink
-            .finish(&EndOfRun { processes: &summaries })
+            .finish(&EndOfRun { processes: &summaries, findings: &self.findings })
             .context("cannot write the output")?;
+        if self.format != Format::Table {
+            // The event stream stays pure jsonl; people read the findings on stderr.
+            output::findings::write_table(&mut io::stderr(), &self.findings).context("cannot write to stderr")?;
+        }
+        if let Some(path) = &self.findings_file {
+            output::findings::save_json(path, &self.findings)?;
+        }
         eprintln!("gpuprof: {}", self.stats_line());
         let drops = self.drops();
         if drops.lost_events() > 0 {

@@ -5,11 +5,14 @@
 //! Agent, `gpuprof report` and the collector all use these types and functions; none of them
 //! re-implements what lives here.
 
+pub mod bytes;
 pub mod driver_api;
 pub mod event;
+pub mod findings;
 pub mod hex;
-pub mod live;
+pub mod track;
 
 pub use driver_api::{ArgLayout, DriverApi, DRIVER_APIS};
 pub use event::{Event, Frame, Kind, Layer, Op, Source};
-pub use live::{LiveSummary, ProcessState, Tracker};
+pub use findings::{analyze, Analyzer, Finding, FindingKind, RuleConfig};
+pub use track::{LiveSummary, ProcessState, Tracker};

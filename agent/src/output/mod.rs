@@ -1,6 +1,7 @@
 //! Where captured events go: one JSON object per line, or a readable table with an end-of-run
 //! summary of live memory per process and kind.
 
+pub mod findings;
 mod jsonl;
 mod table;
 
@@ -10,10 +11,11 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use gpuprof_model::event::Event;
-use gpuprof_model::live::LiveSummary;
+use gpuprof_model::track::LiveSummary;
+use gpuprof_model::Finding;
 
 pub use jsonl::JsonlSink;
-pub use table::TableSink;
+pub use table::{write_live_summary, TableSink};
 
 /// The output formats of `attach` and `run`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -27,6 +29,7 @@ pub enum Format {
 /// What the run ended with, for sinks that print a summary.
 pub struct EndOfRun<'a> {
     pub processes: &'a [LiveSummary],
+    pub findings: &'a [Finding],
 }
 
 pub trait EventSink {
@@ -50,35 +53,5 @@ pub fn sink(format: Format, writer: Box<dyn Write>) -> Box<dyn EventSink> {
     match format {
         Format::Jsonl => Box::new(JsonlSink::new(writer)),
         Format::Table => Box::new(TableSink::new(writer)),
-    }
-}
-
-/// 1536 → "1.5 KiB".
-pub fn human_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{value:.1} {}", UNITS[unit])
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn human_sizes() {
-        assert_eq!(human_bytes(0), "0 B");
-        assert_eq!(human_bytes(1023), "1023 B");
-        assert_eq!(human_bytes(1536), "1.5 KiB");
-        assert_eq!(human_bytes(2 << 20), "2.0 MiB");
-        assert_eq!(human_bytes(80 << 30), "80.0 GiB");
     }
 }

@@ -5,9 +5,11 @@ use std::io::{self, Write};
 
 use gpuprof_model::driver_api::result_name;
 use gpuprof_model::event::{Event, Layer, Op};
-use gpuprof_model::live::{LiveSummary, ProcessState};
+use gpuprof_model::track::{LiveSummary, ProcessState};
 
-use super::{human_bytes, EndOfRun, EventSink};
+use gpuprof_model::bytes::human as human_bytes;
+
+use super::{EndOfRun, EventSink};
 
 /// Rows for driver calls, and for the exit of processes that made some; the fork and exec of
 /// every helper process (shells, launchers) stay in the jsonl stream only.
@@ -101,6 +103,7 @@ impl EventSink for TableSink {
 
     fn finish(&mut self, end: &EndOfRun<'_>) -> io::Result<()> {
         write_live_summary(&mut self.writer, end.processes)?;
+        super::findings::write_table(&mut self.writer, end.findings)?;
         self.writer.flush()
     }
 }

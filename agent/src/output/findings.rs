@@ -1,0 +1,48 @@
+//! Findings for people (a list with the sentence and the stack) and for programs (a JSON array
+//! in the contract of docs/findings.md).
+
+use std::fs::File;
+use std::io::{self, BufWriter, Write};
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use gpuprof_model::bytes::human;
+use gpuprof_model::Finding;
+
+/// The readable list.
+pub fn write_table(writer: &mut dyn Write, findings: &[Finding]) -> io::Result<()> {
+    writeln!(writer)?;
+    if findings.is_empty() {
+        return writeln!(writer, "Findings: none.");
+    }
+    writeln!(writer, "Findings ({}):", findings.len())?;
+    for finding in findings {
+        let peer = finding.peer_pid.map(|p| format!(" peer {p}")).unwrap_or_default();
+        writeln!(
+            writer,
+            "  {} pid {}{peer}: {} in {}",
+            finding.kind.as_str(),
+            finding.pid,
+            human(finding.bytes),
+            finding.count
+        )?;
+        writeln!(writer, "    {}", finding.detail)?;
+        for frame in &finding.stack {
+            writeln!(writer, "      {}:{} in {}", frame.file, frame.line, frame.function)?;
+        }
+    }
+    Ok(())
+}
+
+/// The JSON array.
+pub fn write_json(writer: &mut dyn Write, findings: &[Finding]) -> io::Result<()> {
+    serde_json::to_writer_pretty(&mut *writer, findings)?;
+    writeln!(writer)
+}
+
+/// The JSON array, to a file.
+pub fn save_json(path: &Path, findings: &[Finding]) -> Result<()> {
+    let file = File::create(path).with_context(|| format!("cannot create findings file {}", path.display()))?;
+    let mut writer = BufWriter::new(file);
+    write_json(&mut writer, findings).and_then(|_| writer.flush()).with_context(|| format!("cannot write {}", path.display()))
+}

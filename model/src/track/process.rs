@@ -1,0 +1,286 @@
+//! One process instance's table: allocations, mappings, IPC imports, contexts.
+
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashMap};
+
+use super::ipc::{Export, ExportKey, ProcessRef};
+use crate::event::{Event, Frame, Kind, Op};
+
+/// Memory a process allocated and has not released.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Allocation {
+    pub addr: u64,
+    pub size: u64,
+    pub kind: Kind,
+    pub api: Cow<'static, str>,
+    pub ts: u64,
+    pub tid: u32,
+    pub stack: Vec<Frame>,
+}
+
+impl Allocation {
+    /// Device memory (what runs a GPU out of memory), as opposed to pinned host memory.
+    pub fn is_device_memory(&self) -> bool {
+        self.kind != Kind::HostPinned
+    }
+}
+
+/// Memory made reachable in a process without being allocated by it: a VMM mapping or
+/// registered host memory.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Mapping {
+    pub addr: u64,
+    pub size: u64,
+    pub kind: Kind,
+    pub api: Cow<'static, str>,
+    pub ts: u64,
+    pub stack: Vec<Frame>,
+}
+
+/// Another process's memory opened here through an IPC handle.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Import {
+    /// `addr` is where it was mapped here; `size` is the exported allocation's, when known.
+    pub mapping: Mapping,
+    pub export: Option<ExportKey>,
+    /// The exporting process instance, when its export was seen.
+    pub exporter: Option<ProcessRef>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProcessState {
+    Running,
+    /// The process exited; `code` is its exit status or 128 + signal.
+    Exited { code: i32, signal: Option<i32>, ts: u64 },
+    /// The program was replaced by exec (or the pid forked anew); a new table follows.
+    Replaced { ts: u64 },
+}
+
+/// The address spaces allocations live in: device/host pointers and VMM handles are different
+/// namespaces even when the numbers coincide.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Space {
+    Pointer,
+    VmmHandle,
+}
+
+impl Space {
+    pub fn of(kind: Kind) -> Space {
+        if kind == Kind::Vmm {
+            Space::VmmHandle
+        } else {
+            Space::Pointer
+        }
+    }
+}
+
+/// One process instance's table.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProcessMemory {
+    pub pid: u32,
+    pub ppid: Option<u32>,
+    pub comm: String,
+    pub first_ts: u64,
+    pub last_ts: u64,
+    pub state: ProcessState,
+    allocations: HashMap<(Space, u64), Allocation>,
+    mappings: HashMap<u64, Mapping>,
+    imports: HashMap<(Space, u64), Import>,
+    reservations: HashMap<u64, u64>,
+    contexts: u32,
+    driver_calls: u64,
+}
+
+impl ProcessMemory {
+    pub(super) fn new(event: &Event) -> Self {
+        ProcessMemory {
+            pid: event.pid,
+            ppid: event.ppid,
+            comm: event.comm.clone(),
+            first_ts: event.ts,
+            last_ts: event.ts,
+            state: ProcessState::Running,
+            allocations: HashMap::new(),
+            mappings: HashMap::new(),
+            imports: HashMap::new(),
+            reservations: HashMap::new(),
+            contexts: 0,
+            driver_calls: 0,
+        }
+    }
+
+    pub fn as_ref(&self) -> ProcessRef {
+        ProcessRef { pid: self.pid, since: self.first_ts }
+    }
+
+    pub(super) fn touch(&mut self, event: &Event) {
+        self.last_ts = event.ts;
+        if !event.comm.is_empty() {
+            self.comm.clone_from(&event.comm);
+        }
+        if self.ppid.is_none() {
+            self.ppid = event.ppid;
+        }
+    }
+
+    pub(super) fn count_driver_call(&mut self) {
+        self.driver_calls += 1;
+    }
+
+    /// Driver calls made by this process instance, failed ones included.
+    pub fn driver_calls(&self) -> u64 {
+        self.driver_calls
+    }
+
+    /// The live allocation at this address, if any.
+    pub fn allocation(&self, space: Space, addr: u64) -> Option<&Allocation> {
+        self.allocations.get(&(space, addr))
+    }
+
+    /// What a successful `free`/`ipc_close`-like event releases here: an allocation, if any.
+    pub fn released_by(&self, event: &Event) -> Option<&Allocation> {
+        if event.op != Op::Free || !event.succeeded() {
+            return None;
+        }
+        self.allocation(Space::of(event.kind.unwrap_or(Kind::Device)), event.addr?)
+    }
+
+    /// Live allocations, oldest first.
+    pub fn allocations(&self) -> Vec<&Allocation> {
+        let mut live: Vec<&Allocation> = self.allocations.values().collect();
+        live.sort_by_key(|a| (a.ts, a.addr));
+        live
+    }
+
+    /// Open IPC imports, oldest first.
+    pub fn imports(&self) -> Vec<&Import> {
+        let mut open: Vec<&Import> = self.imports.values().collect();
+        open.sort_by_key(|i| (i.mapping.ts, i.mapping.addr));
+        open
+    }
+
+    /// Live mappings (VMM, registered host memory), oldest first.
+    pub fn mappings(&self) -> Vec<&Mapping> {
+        let mut live: Vec<&Mapping> = self.mappings.values().collect();
+        live.sort_by_key(|m| (m.ts, m.addr));
+        live
+    }
+
+    /// Bytes of live device memory (pinned host memory left out).
+    pub fn device_bytes(&self) -> u64 {
+        self.allocations.values().filter(|a| a.is_device_memory()).map(|a| a.size).sum()
+    }
+
+    pub fn contexts(&self) -> u32 {
+        self.contexts
+    }
+
+    pub fn summary(&self) -> LiveSummary {
+        let mut by_kind: BTreeMap<Kind, KindTotal> = BTreeMap::new();
+        for allocation in self.allocations.values() {
+            let total = by_kind.entry(allocation.kind).or_default();
+            total.bytes += allocation.size;
+            total.count += 1;
+        }
+        LiveSummary {
+            pid: self.pid,
+            ppid: self.ppid,
+            comm: self.comm.clone(),
+            state: self.state,
+            by_kind,
+            mapped_bytes: self.mappings.values().map(|m| m.size).sum(),
+            imports: self.imports.len() as u64,
+            contexts: self.contexts,
+            driver_calls: self.driver_calls,
+        }
+    }
+
+    /// Applies a successful driver call; returns the allocation it released, if any.
+    pub(super) fn apply_driver(
+        &mut self,
+        event: &Event,
+        import: Option<(ExportKey, Option<Export>)>,
+    ) -> Option<(Space, u64)> {
+        let addr = event.addr?;
+        let kind = event.kind.unwrap_or(Kind::Device);
+        let space = Space::of(kind);
+        match event.op {
+            Op::Alloc => {
+                self.allocations.insert((space, addr), allocation_of(event, addr, kind));
+            }
+            Op::Free => {
+                if self.allocations.remove(&(space, addr)).is_some() {
+                    return Some((space, addr));
+                }
+                // Imported pool pointers are released with cuMemFree(Async), imported VMM
+                // handles with cuMemRelease.
+                self.imports.remove(&(space, addr));
+            }
+            Op::Reserve => {
+                self.reservations.insert(addr, event.size);
+            }
+            Op::Unreserve => {
+                self.reservations.remove(&addr);
+            }
+            Op::Map => {
+                self.mappings.insert(addr, mapping_of(event, addr, kind, event.size));
+            }
+            Op::Unmap => {
+                self.mappings.remove(&addr);
+            }
+            Op::IpcOpen => {
+                let (export, exporter, size) = match import {
+                    Some((key, Some(export))) => (Some(key), Some(export.exporter), export.size),
+                    Some((key, None)) => (Some(key), None, event.size),
+                    None => (None, None, event.size),
+                };
+                let mapping = mapping_of(event, addr, kind, size);
+                self.imports.insert((space, addr), Import { mapping, export, exporter });
+            }
+            Op::IpcClose => {
+                self.imports.remove(&(space, addr));
+            }
+            Op::CtxCreate => self.contexts += 1,
+            Op::CtxDestroy => self.contexts = self.contexts.saturating_sub(1),
+            Op::IpcExport | Op::MemInfo | Op::Fork | Op::Exec | Op::Exit => {}
+        }
+        None
+    }
+}
+
+fn allocation_of(event: &Event, addr: u64, kind: Kind) -> Allocation {
+    Allocation {
+        addr,
+        size: event.size,
+        kind,
+        api: event.api.clone(),
+        ts: event.ts,
+        tid: event.tid,
+        stack: event.stack.clone(),
+    }
+}
+
+fn mapping_of(event: &Event, addr: u64, kind: Kind, size: u64) -> Mapping {
+    Mapping { addr, size, kind, api: event.api.clone(), ts: event.ts, stack: event.stack.clone() }
+}
+
+/// Bytes and count of live allocations of one kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KindTotal {
+    pub bytes: u64,
+    pub count: u64,
+}
+
+/// What one process holds, for tables and summaries.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LiveSummary {
+    pub pid: u32,
+    pub ppid: Option<u32>,
+    pub comm: String,
+    pub state: ProcessState,
+    pub by_kind: BTreeMap<Kind, KindTotal>,
+    pub mapped_bytes: u64,
+    pub imports: u64,
+    pub contexts: u32,
+    pub driver_calls: u64,
+}

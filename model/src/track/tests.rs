@@ -1,0 +1,95 @@
+use std::borrow::Cow;
+
+use super::*;
+use crate::event::{Event, Kind, Layer, Op, Source};
+
+fn driver(ts: u64, pid: u32, op: Op, api: &'static str, kind: Kind, addr: u64, size: u64) -> Event {
+    let mut event = Event::new(ts, pid, pid, Source::Ebpf, Layer::Driver, op, Cow::Borrowed(api));
+    event.kind = Some(kind);
+    event.addr = Some(addr);
+    event.size = size;
+    event
+}
+
+fn process(ts: u64, pid: u32, op: Op, ppid: u32) -> Event {
+    let mut event = Event::new(ts, pid, pid, Source::Ebpf, Layer::Process, op, Cow::Borrowed("sched"));
+    event.ppid = Some(ppid);
+    event
+}
+
+fn ipc(ts: u64, pid: u32, op: Op, addr: u64, handle: u8) -> Event {
+    let api = if op == Op::IpcExport { "cuIpcGetMemHandle" } else { "cuIpcOpenMemHandle_v2" };
+    let mut event = driver(ts, pid, op, api, Kind::Device, addr, 0);
+    event.handle = Some(vec![handle; 64]);
+    event
+}
+
+#[test]
+fn same_address_in_two_processes_is_two_allocations() {
+    let mut tracker = Tracker::new();
+    tracker.apply(&driver(1, 10, Op::Alloc, "cuMemAlloc_v2", Kind::Device, 0x7f00_0000_0000, 4096));
+    tracker.apply(&driver(2, 11, Op::Alloc, "cuMemAlloc_v2", Kind::Device, 0x7f00_0000_0000, 8192));
+    tracker.apply(&driver(3, 10, Op::Free, "cuMemFree_v2", Kind::Device, 0x7f00_0000_0000, 0));
+    assert_eq!(tracker.process(10).unwrap().device_bytes(), 0);
+    assert_eq!(tracker.process(11).unwrap().device_bytes(), 8192);
+}
+
+#[test]
+fn failed_calls_change_nothing_and_kinds_are_summed() {
+    let mut tracker = Tracker::new();
+    let mut failed = driver(1, 10, Op::Alloc, "cuMemAlloc_v2", Kind::Device, 0, 1 << 40);
+    failed.result = 2;
+    tracker.apply(&failed);
+    tracker.apply(&driver(2, 10, Op::Alloc, "cuMemAllocHost_v2", Kind::HostPinned, 0x5000, 100));
+    tracker.apply(&driver(3, 10, Op::Alloc, "cuMemCreate", Kind::Vmm, 0x5000, 2 << 20));
+    tracker.apply(&driver(4, 10, Op::Map, "cuMemMap", Kind::Vmm, 0x7f00_0000_0000, 2 << 20));
+    let summary = tracker.process(10).unwrap().summary();
+    assert_eq!(summary.by_kind[&Kind::HostPinned], KindTotal { bytes: 100, count: 1 });
+    assert_eq!(summary.by_kind[&Kind::Vmm], KindTotal { bytes: 2 << 20, count: 1 });
+    assert_eq!(summary.by_kind.get(&Kind::Device), None);
+    assert_eq!(summary.mapped_bytes, 2 << 20);
+    assert_eq!(summary.driver_calls, 4);
+    // The VMM handle 0x5000 and the host pointer 0x5000 are different things.
+    tracker.apply(&driver(5, 10, Op::Free, "cuMemRelease", Kind::Vmm, 0x5000, 0));
+    let summary = tracker.process(10).unwrap().summary();
+    assert_eq!(summary.by_kind[&Kind::HostPinned], KindTotal { bytes: 100, count: 1 });
+    assert_eq!(summary.by_kind.get(&Kind::Vmm), None);
+}
+
+#[test]
+fn exit_closes_the_table_and_a_reused_pid_starts_fresh() {
+    let mut tracker = Tracker::new();
+    tracker.apply(&process(1, 20, Op::Fork, 10));
+    tracker.apply(&driver(2, 20, Op::Alloc, "cuMemAlloc_v2", Kind::Device, 0x7f00_0000_0000, 4096));
+    let mut exit = process(3, 20, Op::Exit, 10);
+    exit.exit_code = Some(3);
+    tracker.apply(&exit);
+    assert!(tracker.process(20).is_none());
+    tracker.apply(&process(4, 20, Op::Fork, 10));
+    let summaries = tracker.summaries();
+    assert_eq!(summaries.len(), 2);
+    assert_eq!(summaries[0].state, ProcessState::Exited { code: 3, signal: None, ts: 3 });
+    assert_eq!(summaries[0].by_kind[&Kind::Device].bytes, 4096);
+    assert_eq!(summaries[1].state, ProcessState::Running);
+    assert!(summaries[1].by_kind.is_empty());
+}
+
+#[test]
+fn imports_find_their_exporter_by_handle_and_die_with_it() {
+    let mut tracker = Tracker::new();
+    tracker.apply(&driver(1, 10, Op::Alloc, "cuMemAlloc_v2", Kind::Device, 0x7f00_0000_0000, 1 << 20));
+    tracker.apply(&ipc(2, 10, Op::IpcExport, 0x7f00_0000_0000, 0xaa));
+    let open = ipc(3, 11, Op::IpcOpen, 0x7fa0_0000_0000, 0xaa);
+    let exporter = tracker.exporter_of(&open).unwrap().exporter;
+    assert_eq!(exporter, ProcessRef { pid: 10, since: 1 });
+    tracker.apply(&open);
+    let import = tracker.process(11).unwrap().imports()[0].clone();
+    assert_eq!(import.mapping.size, 1 << 20);
+    assert_eq!(import.exporter, Some(exporter));
+    let key = import.export.unwrap();
+    assert_eq!(tracker.importers_of(&key, exporter).len(), 1);
+    // An unknown handle has no exporter; the exporter's free retires its export.
+    assert!(tracker.exporter_of(&ipc(4, 11, Op::IpcOpen, 0, 0xbb)).is_none());
+    tracker.apply(&driver(5, 10, Op::Free, "cuMemFree_v2", Kind::Device, 0x7f00_0000_0000, 0));
+    assert!(tracker.exports_of(exporter, None).is_empty());
+}

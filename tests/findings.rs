@@ -1,0 +1,214 @@
+//! Leak findings end to end: multiprocessing workloads against the libcuda stand-in under
+//! `gpuprof run`, each rule with a case that fires and one that must not; `gpuprof report` on the
+//! same event files gives the same findings; corrupt files are refused line and all.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use gpuprof_model::{Finding, FindingKind};
+use support::*;
+
+const MIB: u64 = 1 << 20;
+
+struct Run {
+    findings: Vec<Finding>,
+    events: PathBuf,
+    expected: Vec<serde_json::Value>,
+}
+
+impl Run {
+    fn pid(&self, role: &str) -> u32 {
+        pid_of_role(&self.expected, role)
+    }
+
+    /// (kind, pid, peer_pid, bytes, count) of every finding, in the order they fired.
+    fn summary(&self) -> Vec<(FindingKind, u32, Option<u32>, u64, u64)> {
+        self.findings.iter().map(|f| (f.kind, f.pid, f.peer_pid, f.bytes, f.count)).collect()
+    }
+}
+
+fn scenario(name: &str, env: &[(&str, String)], rule_args: &[&str]) -> Run {
+    let dir = scratch(&format!("findings_{name}"));
+    let (log, events, findings) = (dir.join("expected.jsonl"), dir.join("events.jsonl"), dir.join("findings.json"));
+    let mut cmd = Command::new(gpuprof());
+    cmd.args(["run", "--output", events.to_str().unwrap(), "--findings", findings.to_str().unwrap()]);
+    cmd.args(rule_args).arg("--").arg(python3()).arg(workloads().join("leaks.py")).arg(name);
+    workload_env(&mut cmd, &log);
+    for (key, value) in env {
+        cmd.env(key, value);
+    }
+    let output = cmd.output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("lost 0 "), "{stderr}");
+    let findings: Vec<Finding> = serde_json::from_str(&std::fs::read_to_string(&findings).unwrap()).unwrap();
+
+    // The same file through `gpuprof report` gives the same findings.
+    let report = Command::new(gpuprof())
+        .args(["report", "--input", events.to_str().unwrap(), "--format", "json"])
+        .args(rule_args)
+        .output()
+        .unwrap();
+    assert_eq!(report.status.code(), Some(0), "{}", String::from_utf8_lossy(&report.stderr));
+    let reported: Vec<Finding> = serde_json::from_slice(&report.stdout).unwrap();
+    assert_eq!(reported, findings, "report and the live capture disagree");
+
+    Run { findings, events, expected: read_expected(&log) }
+}
+
+#[test]
+fn ipc_opened_and_closed_by_a_worker_is_clean() {
+    let run = scenario("ipc-closed", &[], &[]);
+    let (parent, worker) = (run.pid("parent"), run.pid("worker"));
+    // Only the worker's own context is worth a word.
+    assert_eq!(run.summary(), vec![(FindingKind::WorkerCudaContext, worker, Some(parent), 0, 1)]);
+    let detail = &run.findings[0].detail;
+    assert_eq!(
+        detail,
+        &format!("pid {worker} (python3), a child of CUDA process pid {parent} (python3), created its own CUDA context on device 0 (cuDevicePrimaryCtxRetain (no Python stack)): each context takes hundreds of MiB of device memory; keep CUDA out of workers (DataLoader workers should return CPU tensors) or share tensors from the parent.")
+    );
+}
+
+#[test]
+fn ipc_mapping_left_open_by_an_exiting_worker() {
+    let run = scenario("ipc-left-open", &[], &[]);
+    let (parent, worker) = (run.pid("parent"), run.pid("worker"));
+    assert_eq!(
+        run.summary(),
+        vec![
+            (FindingKind::WorkerCudaContext, worker, Some(parent), 0, 1),
+            (FindingKind::IpcHandleNotClosed, worker, Some(parent), 4 * MIB, 1),
+        ]
+    );
+    let finding = &run.findings[1];
+    assert_eq!(finding.api.as_deref(), Some("cuIpcOpenMemHandle_v2"));
+    assert!(finding.detail.starts_with(&format!(
+        "pid {worker} (python3) exited without closing 1 IPC mapping (4.0 MiB) of pid {parent}'s memory, opened by cuIpcOpenMemHandle_v2"
+    )));
+    // The event stream itself names the exporter of the open.
+    let events = read_events(&run.events);
+    let open = events.iter().find(|e| e.api == "cuIpcOpenMemHandle_v2").unwrap();
+    assert_eq!(open.peer_pid, Some(parent));
+}
+
+#[test]
+fn exporter_frees_while_the_worker_still_has_it_open() {
+    let run = scenario("export-freed", &[], &[]);
+    let (parent, worker) = (run.pid("parent"), run.pid("worker"));
+    assert_eq!(
+        run.summary(),
+        vec![
+            (FindingKind::WorkerCudaContext, worker, Some(parent), 0, 1),
+            (FindingKind::IpcExportFreedWhileImported, parent, Some(worker), 4 * MIB, 1),
+        ]
+    );
+    assert_eq!(run.findings[1].api.as_deref(), Some("cuMemAlloc_v2"));
+}
+
+#[test]
+fn worker_exiting_with_a_live_allocation() {
+    let run = scenario("worker-exit-live", &[], &[]);
+    let worker = run.pid("worker");
+    assert_eq!(run.summary(), vec![(FindingKind::ExitWithLiveAllocations, worker, None, 8 * MIB, 1)]);
+    assert_eq!(run.findings[0].api.as_deref(), Some("cuMemAlloc_v2"));
+}
+
+#[test]
+fn forked_worker_that_cleans_up_has_no_finding() {
+    let run = scenario("fork-clean", &[], &[]);
+    assert_eq!(run.summary(), vec![]);
+}
+
+#[test]
+fn worker_creating_its_own_context() {
+    let run = scenario("worker-context", &[], &[]);
+    assert_eq!(
+        run.summary(),
+        vec![(FindingKind::WorkerCudaContext, run.pid("worker"), Some(run.pid("parent")), 0, 1)]
+    );
+}
+
+#[test]
+fn growth_of_one_worker_not_of_the_one_that_plateaus() {
+    let run = scenario("growth", &[], &["--growth-window", "0.3", "--growth-rises", "3"]);
+    let grower = run.pid("worker");
+    let summary = run.summary();
+    assert_eq!(summary.len(), 2, "{:#?}", run.findings);
+    let (kind, pid, peer, grew, count) = summary[0];
+    assert_eq!((kind, pid, peer), (FindingKind::Growth, grower, None));
+    // At least one MiB per 0.3 s window, three windows in a row, all allocations still live.
+    assert!(grew >= 3 * MIB && grew % MIB == 0, "{grew}");
+    assert!(count * MIB >= grew, "{count}");
+    assert_eq!(summary[1], (FindingKind::ExitWithLiveAllocations, grower, None, 40 * MIB, 40));
+}
+
+#[test]
+fn out_of_memory_pictures_every_process() {
+    let dir = scratch("findings_oom_device");
+    let env = [
+        ("GPUPROF_STANDIN_DEVICE_MEMORY", (64 * MIB).to_string()),
+        ("GPUPROF_STANDIN_DEVICE_FILE", dir.join("device").to_str().unwrap().to_string()),
+    ];
+    let run = scenario("oom", &env, &[]);
+    let (parent, worker) = (run.pid("parent"), run.pid("worker"));
+    assert_eq!(
+        run.summary(),
+        vec![
+            (FindingKind::WorkerCudaContext, worker, Some(parent), 0, 1),
+            (FindingKind::Oom, parent, None, 16 * MIB, 1),
+        ]
+    );
+    let oom = &run.findings[1];
+    let picture: Vec<(u32, u64)> =
+        oom.processes.iter().map(|p| (p.pid, p.live[&gpuprof_model::Kind::Device])).collect();
+    assert_eq!(picture, vec![(worker, 40 * MIB), (parent, 16 * MIB)]);
+    assert!(oom.detail.starts_with(&format!(
+        "cuMemAlloc_v2 of 16.0 MiB failed with out of memory in pid {parent} (python3) (no Python stack); at that moment gpuprof saw 56.0 MiB of device memory live"
+    )));
+}
+
+fn report(input: &Path, format: &str) -> std::process::Output {
+    Command::new(gpuprof()).args(["report", "--input", input.to_str().unwrap(), "--format", format]).output().unwrap()
+}
+
+#[test]
+fn report_refuses_corrupt_and_truncated_files() {
+    let dir = scratch("report_bad_input");
+    let good = r#"{"ts":1,"pid":7,"tid":7,"source":"ebpf","layer":"driver","op":"alloc","api":"cuMemAlloc_v2","kind":"device","addr":"0x7f0000000000","size":4096,"result":0,"stack":[]}"#;
+
+    let truncated = dir.join("truncated.jsonl");
+    std::fs::write(&truncated, format!("{good}\n{}", &good[..good.len() / 2])).unwrap();
+    let output = report(&truncated, "json");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(stderr.starts_with(&format!("gpuprof: error: {}:2: not a gpuprof event (", truncated.display())), "{stderr}");
+    assert!(stderr.trim_end().ends_with("the file is corrupt or truncated"), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1);
+
+    let garbage = dir.join("garbage.jsonl");
+    std::fs::write(&garbage, format!("{good}\n{good}\n\u{0}\u{1}binary\n")).unwrap();
+    let stderr = String::from_utf8_lossy(&report(&garbage, "json").stderr).to_string();
+    assert!(stderr.starts_with(&format!("gpuprof: error: {}:3: not a gpuprof event", garbage.display())), "{stderr}");
+
+    let missing = dir.join("missing.jsonl");
+    let output = report(&missing, "json");
+    assert_eq!(output.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&output.stderr).trim_end(),
+        format!("gpuprof: error: cannot read {}: No such file or directory (os error 2)", missing.display())
+    );
+
+    // A good file with a process that exits holding memory: one finding, exit code 0.
+    let clean = dir.join("good.jsonl");
+    let exit = r#"{"ts":2,"pid":7,"tid":7,"source":"ebpf","layer":"process","op":"exit","api":"sched_process_exit","exit_code":0,"stack":[]}"#;
+    std::fs::write(&clean, format!("{good}\n{exit}\n")).unwrap();
+    let output = report(&clean, "json");
+    assert_eq!(output.status.code(), Some(0));
+    let findings: Vec<Finding> = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(findings.len(), 1);
+    assert_eq!((findings[0].kind, findings[0].pid, findings[0].bytes), (FindingKind::ExitWithLiveAllocations, 7, 4096));
+    let table = String::from_utf8(report(&clean, "table").stdout).unwrap();
+    assert!(table.contains("Findings (1):\n  exit_with_live_allocations pid 7: 4.0 KiB in 1\n"), "{table}");
+}
