@@ -1,5 +1,5 @@
 //! Decode throughput of the user-space pipeline on one core: ring-buffer records → contract
-//! events → tracker → jsonl bytes, per stage, against copying the records alone (the floor any
+//! events → tracker → leak rules → jsonl bytes, per stage, against copying the records alone (the floor any
 //! consumer pays) in the same run.
 //!
 //!     cargo bench -p gpuprof --bench decode
@@ -13,6 +13,7 @@ use gpuprof::decode::Decoder;
 use gpuprof_ebpf::types::gp_record_kind;
 use gpuprof_model::driver_api;
 use gpuprof_model::track::Tracker;
+use gpuprof_model::{Analyzer, RuleConfig};
 
 const RECORDS: usize = 1_000_000;
 const ROUNDS: usize = 5;
@@ -88,13 +89,23 @@ fn main() {
         black_box(tracker.processes().len());
         input.len()
     });
+    let rules = best_of(ROUNDS, || {
+        let mut decoder = Decoder::offline(clock);
+        let mut analyzer = Analyzer::new(RuleConfig::default());
+        let mut fired = 0;
+        for r in &input {
+            fired += analyzer.observe(&mut decoder.decode(r).unwrap()).len();
+        }
+        black_box(fired + analyzer.finish().len());
+        input.len()
+    });
     let jsonl = best_of(ROUNDS, || {
         let mut decoder = Decoder::offline(clock);
-        let mut tracker = Tracker::new();
+        let mut analyzer = Analyzer::new(RuleConfig::default());
         let mut out = Vec::with_capacity(400 * input.len());
         for r in &input {
-            let event = decoder.decode(r).unwrap();
-            tracker.apply(&event);
+            let mut event = decoder.decode(r).unwrap();
+            black_box(analyzer.observe(&mut event));
             serde_json::to_writer(&mut out, &event).unwrap();
             out.push(b'\n');
         }
@@ -108,7 +119,8 @@ fn main() {
         ("copy record (floor)", copy),
         ("decode", decode),
         ("decode + track", track),
-        ("decode + track + jsonl", jsonl),
+        ("decode + track + leak rules", rules),
+        ("decode + track + rules + jsonl", jsonl),
     ] {
         println!("{:<34} {:>10.1} {:>14.0} {:>9.1}x", name, ns, 1e9 / ns, ns / copy);
     }
