@@ -223,13 +223,19 @@ fn table_format_sums_live_memory_per_process_and_kind() {
     assert_eq!(summary[0][3..7], ["exited(0)", "device", "4194304", "2"]);
     assert_eq!(summary[1][3..7], ["exited(0)", "host_pinned", "65536", "1"]);
     assert_eq!(summary[0][9..], ["0", "1"]);
-    // The process left 4 MiB of device memory behind: the findings say so, after the summary.
+    // The process left 4 MiB of device memory behind: the findings say so, after the summary,
+    // each with the Python stack of its call.
     let findings_at = table.lines().position(|l| l == "Findings (2):").expect("findings listed");
     let findings: Vec<&str> = table.lines().skip(findings_at + 1).collect();
     assert_eq!(findings[0], format!("  oom pid {pid}: 1024.0 TiB in 1"));
-    assert!(findings[1].contains("at that moment gpuprof saw 4.0 MiB of device memory live in the processes it follows"), "{table}");
-    assert_eq!(findings[2], format!("  exit_with_live_allocations pid {pid}: 4.0 MiB in 2"));
-    assert!(findings[3].starts_with(&format!("    pid {pid} (python3) exited still holding 4.0 MiB of device memory in 2 allocations; the largest, 3.0 MiB, came from cuMemAlloc_v2 (no Python stack)")));
+    assert!(findings[1].contains("failed with out of memory in pid") && findings[1].contains("at that moment gpuprof saw 4.0 MiB of device memory live in the processes it follows"), "{table}");
+    assert!(findings[2].contains("cuda_driver.py:") && findings[2].ends_with(" in Driver.call"), "{table}");
+    assert!(findings[3].contains("cuda_driver.py:") && findings[3].ends_with(" in Driver.mem_alloc"), "{table}");
+    assert_eq!(findings[4], "      <string>:6 in <module>");
+    let exit_at = findings.iter().position(|l| l.starts_with("  exit_with_live_allocations")).unwrap();
+    assert_eq!(findings[exit_at], format!("  exit_with_live_allocations pid {pid}: 4.0 MiB in 2"));
+    assert!(findings[exit_at + 1].starts_with(&format!("    pid {pid} (python3) exited still holding 4.0 MiB of device memory in 2 allocations; the largest, 3.0 MiB, came from cuMemAlloc_v2 at ")), "{table}");
+    assert_eq!(findings[exit_at + 4], "      <string>:3 in <module>");
 }
 
 /// A stopped agent cannot drain the ring buffer: the records that did not fit are counted, and

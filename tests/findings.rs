@@ -7,7 +7,7 @@ mod support;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use gpuprof_model::{Finding, FindingKind};
+use gpuprof_model::{Finding, FindingKind, Frame};
 use support::*;
 
 const MIB: u64 = 1 << 20;
@@ -21,6 +21,23 @@ struct Run {
 impl Run {
     fn pid(&self, role: &str) -> u32 {
         pid_of_role(&self.expected, role)
+    }
+
+    /// The Python stack the workload saw at its `nth` call of `api` in process `pid`.
+    fn stack_of(&self, pid: u32, api: &str, nth: usize) -> Vec<Frame> {
+        let line = self
+            .expected
+            .iter()
+            .filter(|e| e["pid"] == pid && e["api"] == api)
+            .nth(nth)
+            .unwrap_or_else(|| panic!("no call {nth} of {api} in pid {pid}"));
+        serde_json::from_value(line["stack"].clone()).unwrap()
+    }
+
+    /// "at file:line in function" of the innermost frame of that call.
+    fn at(&self, pid: u32, api: &str, nth: usize) -> String {
+        let stack = self.stack_of(pid, api, nth);
+        format!("at {}:{} in {}", stack[0].file, stack[0].line, stack[0].function)
     }
 
     /// (kind, pid, peer_pid, bytes, count) of every finding, in the order they fired.
@@ -67,8 +84,9 @@ fn ipc_opened_and_closed_by_a_worker_is_clean() {
     let detail = &run.findings[0].detail;
     assert_eq!(
         detail,
-        &format!("pid {worker} (python3), a child of CUDA process pid {parent} (python3), created its own CUDA context on device 0 (cuDevicePrimaryCtxRetain (no Python stack)): each context takes hundreds of MiB of device memory; keep CUDA out of workers (DataLoader workers should return CPU tensors) or share tensors from the parent.")
+        &format!("pid {worker} (python3), a child of CUDA process pid {parent} (python3), created its own CUDA context on device 0 (cuDevicePrimaryCtxRetain {}): each context takes hundreds of MiB of device memory; keep CUDA out of workers (DataLoader workers should return CPU tensors) or share tensors from the parent.", run.at(worker, "cuDevicePrimaryCtxRetain", 0))
     );
+    assert_eq!(run.findings[0].stack, run.stack_of(worker, "cuDevicePrimaryCtxRetain", 0));
 }
 
 #[test]
@@ -85,8 +103,10 @@ fn ipc_mapping_left_open_by_an_exiting_worker() {
     let finding = &run.findings[1];
     assert_eq!(finding.api.as_deref(), Some("cuIpcOpenMemHandle_v2"));
     assert!(finding.detail.starts_with(&format!(
-        "pid {worker} (python3) exited without closing 1 IPC mapping (4.0 MiB) of pid {parent}'s memory, opened by cuIpcOpenMemHandle_v2"
-    )));
+        "pid {worker} (python3) exited without closing 1 IPC mapping (4.0 MiB) of pid {parent}'s memory, opened by cuIpcOpenMemHandle_v2 {}:",
+        run.at(worker, "cuIpcOpenMemHandle_v2", 0)
+    )), "{}", finding.detail);
+    assert_eq!(finding.stack, run.stack_of(worker, "cuIpcOpenMemHandle_v2", 0));
     // The event stream itself names the exporter of the open.
     let events = read_events(&run.events);
     let open = events.iter().find(|e| e.api == "cuIpcOpenMemHandle_v2").unwrap();
@@ -105,6 +125,9 @@ fn exporter_frees_while_the_worker_still_has_it_open() {
         ]
     );
     assert_eq!(run.findings[1].api.as_deref(), Some("cuMemAlloc_v2"));
+    // The buffer's own stack; the free's is in the sentence.
+    assert_eq!(run.findings[1].stack, run.stack_of(parent, "cuMemAlloc_v2", 0));
+    assert!(run.findings[1].detail.contains(&format!("freed (cuMemFree_v2 {})", run.at(parent, "cuMemFree_v2", 0))), "{}", run.findings[1].detail);
 }
 
 #[test]
@@ -113,6 +136,8 @@ fn worker_exiting_with_a_live_allocation() {
     let worker = run.pid("worker");
     assert_eq!(run.summary(), vec![(FindingKind::ExitWithLiveAllocations, worker, None, 8 * MIB, 1)]);
     assert_eq!(run.findings[0].api.as_deref(), Some("cuMemAlloc_v2"));
+    assert_eq!(run.findings[0].stack, run.stack_of(worker, "cuMemAlloc_v2", 0));
+    assert_eq!(run.findings[0].stack[2].function, "keeper");
 }
 
 #[test]
@@ -142,6 +167,9 @@ fn growth_of_one_worker_not_of_the_one_that_plateaus() {
     assert!(grew >= 3 * MIB && grew % MIB == 0, "{grew}");
     assert!(count * MIB >= grew, "{count}");
     assert_eq!(summary[1], (FindingKind::ExitWithLiveAllocations, grower, None, 40 * MIB, 40));
+    // Growth is of one stack: the line in `grower` that keeps allocating.
+    assert_eq!(run.findings[0].stack, run.stack_of(grower, "cuMemAlloc_v2", 0));
+    assert_eq!(run.findings[0].stack[2].function, "grower");
 }
 
 #[test]
@@ -165,8 +193,13 @@ fn out_of_memory_pictures_every_process() {
         oom.processes.iter().map(|p| (p.pid, p.live[&gpuprof_model::Kind::Device])).collect();
     assert_eq!(picture, vec![(worker, 40 * MIB), (parent, 16 * MIB)]);
     assert!(oom.detail.starts_with(&format!(
-        "cuMemAlloc_v2 of 16.0 MiB failed with out of memory in pid {parent} (python3) (no Python stack); at that moment gpuprof saw 56.0 MiB of device memory live"
-    )));
+        "cuMemAlloc_v2 of 16.0 MiB failed with out of memory in pid {parent} (python3) {}; at that moment gpuprof saw 56.0 MiB of device memory live",
+        run.at(parent, "cuMemAlloc_v2", 1)
+    )), "{}", oom.detail);
+    assert_eq!(oom.stack, run.stack_of(parent, "cuMemAlloc_v2", 1));
+    // Each process's top stack is the allocation it holds.
+    assert_eq!(oom.processes[0].top_stacks[0].stack, run.stack_of(worker, "cuMemAlloc_v2", 0));
+    assert_eq!(oom.processes[1].top_stacks[0].stack, run.stack_of(parent, "cuMemAlloc_v2", 0));
 }
 
 fn report(input: &Path, format: &str) -> std::process::Output {

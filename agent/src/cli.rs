@@ -81,6 +81,9 @@ pub struct CaptureArgs {
     /// Ring buffer size in MiB (a power of two); a full buffer drops events, which are counted.
     #[arg(long, value_name = "MIB", default_value_t = 16)]
     pub buffer_mib: u32,
+    /// Do not walk Python stacks (events get an empty `stack`).
+    #[arg(long)]
+    pub no_stacks: bool,
     /// Also write the leak findings, as a JSON array, to this file.
     #[arg(long, value_name = "FILE")]
     pub findings: Option<PathBuf>,

@@ -5,7 +5,7 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 
-use gpuprof_ebpf::types::gp_record_kind;
+use gpuprof_ebpf::types::{gp_record, gp_record_kind};
 use gpuprof_model::driver_api::{self, ArgLayout};
 use gpuprof_model::event::{Event, Layer, Op, Source};
 
@@ -54,6 +54,7 @@ impl Decoder {
     }
 
     pub fn decode(&mut self, record: &Record) -> Result<Event, DecodeError> {
+        let (full, record) = (record, &record.header);
         let kind = gp_record_kind(record.kind);
         let (layer, op, api): (Layer, Op, Cow<'static, str>) = match kind {
             gp_record_kind::GP_RECORD_DRIVER => {
@@ -79,8 +80,8 @@ impl Decoder {
         event.ppid = info.ppid;
         event.ns_pid = info.ns_pid;
         match layer {
-            Layer::Driver => self.fill_driver(record, &mut event),
-            _ => fill_process(record, &mut event),
+            Layer::Driver => self.fill_driver(full, &mut event),
+            _ => fill_process(full, &mut event),
         }
         if op == Op::Exit {
             self.processes.remove(&record.pid);
@@ -88,7 +89,7 @@ impl Decoder {
         Ok(event)
     }
 
-    fn process_info(&mut self, record: &Record, op: Op) -> ProcessInfo {
+    fn process_info(&mut self, record: &gp_record, op: Op) -> ProcessInfo {
         let read_procfs = self.read_procfs;
         let pid = record.pid;
         let reported_ppid = (record.ppid != 0).then_some(record.ppid);
@@ -106,7 +107,8 @@ impl Decoder {
         *info
     }
 
-    fn fill_driver(&self, record: &Record, event: &mut Event) {
+    fn fill_driver(&self, full: &Record, event: &mut Event) {
+        let record = &full.header;
         let api = driver_api::by_id(record.api).expect("checked by decode");
         event.kind = api.kind;
         event.result = record.result;
@@ -114,10 +116,7 @@ impl Decoder {
         event.size = record.size;
         event.device = (record.device >= 0).then_some(record.device);
         event.duration_ns = Some(record.duration_ns);
-        let handle_len = (record.handle_len as usize).min(record.handle.len());
-        if handle_len > 0 {
-            event.handle = Some(record.handle[..handle_len].to_vec());
-        }
+        event.handle = full.handle_bytes().map(<[u8]>::to_vec);
         match api.args {
             ArgLayout::OutPitch | ArgLayout::OutPitch32 if event.succeeded() => event.pitch = Some(record.aux),
             ArgLayout::VmmMap => event.vmm_handle = Some(record.aux),
@@ -131,9 +130,10 @@ impl Decoder {
     }
 }
 
-fn fill_process(record: &Record, event: &mut Event) {
+fn fill_process(full: &Record, event: &mut Event) {
+    let record = &full.header;
     match event.op {
-        Op::Exec => event.filename = Some(c_string(&record.filename)),
+        Op::Exec => event.filename = full.filename.as_ref().map(|f| c_string(f)),
         Op::Exit => {
             // wait(2) status: a signal in bits 0..6, else the exit status in bits 8..15.
             let status = record.result;
@@ -158,15 +158,17 @@ fn c_string(bytes: &[u8]) -> String {
 mod tests {
     use super::*;
     use gpuprof_model::event::Kind;
+    use crate::capture::flags;
 
     fn record(kind: gp_record_kind) -> Record {
         let mut record = Record::default();
-        record.kind = kind.0;
-        record.ts_ns = 5_000;
-        record.pid = 42;
-        record.tid = 43;
-        record.ppid = 7;
-        record.comm[..7].copy_from_slice(b"python3");
+        let header = &mut record.header;
+        header.kind = kind.0;
+        header.ts_ns = 5_000;
+        header.pid = 42;
+        header.tid = 43;
+        header.ppid = 7;
+        header.comm[..7].copy_from_slice(b"python3");
         record
     }
 
@@ -174,20 +176,23 @@ mod tests {
     fn decodes_an_ipc_open_with_its_handle() {
         let (id, _) = driver_api::by_name("cuIpcOpenMemHandle_v2").unwrap();
         let mut raw = record(gp_record_kind::GP_RECORD_DRIVER);
-        raw.api = id;
-        raw.addr = 0x7f00_0040_0000;
-        raw.handle_len = 64;
-        raw.handle[0] = 0xab;
-        raw.device = -1;
+        raw.header.api = id;
+        raw.header.addr = 0x7f00_0040_0000;
+        raw.header.handle_len = 64;
+        raw.header.flags = flags::HANDLE;
+        let mut handle = [0u8; 64];
+        handle[0] = 0xab;
+        raw.handle = Some(handle);
+        raw.header.device = -1;
         let event = Decoder::offline(Clock::with_offset(1_000_000)).decode(&raw).unwrap();
         assert_eq!(event.ts, 1_005_000);
         assert_eq!((event.pid, event.tid, event.ppid), (42, 43, Some(7)));
         // Driver records carry no parent: it comes from the process's fork or exec record.
         let mut decoder = Decoder::offline(Clock::with_offset(0));
         let mut fork = record(gp_record_kind::GP_RECORD_FORK);
-        fork.ppid = 9;
+        fork.header.ppid = 9;
         decoder.decode(&fork).unwrap();
-        raw.ppid = 0;
+        raw.header.ppid = 0;
         assert_eq!(decoder.decode(&raw).unwrap().ppid, Some(9));
         assert_eq!(event.comm, "python3");
         assert_eq!((event.layer, event.op, event.kind), (Layer::Driver, Op::IpcOpen, Some(Kind::Device)));
@@ -202,10 +207,10 @@ mod tests {
     #[test]
     fn exit_status_and_signal() {
         let mut raw = record(gp_record_kind::GP_RECORD_EXIT);
-        raw.result = 3 << 8;
+        raw.header.result = 3 << 8;
         let event = Decoder::offline(Clock::with_offset(0)).decode(&raw).unwrap();
         assert_eq!((event.exit_code, event.signal), (Some(3), None));
-        raw.result = 9;
+        raw.header.result = 9;
         let event = Decoder::offline(Clock::with_offset(0)).decode(&raw).unwrap();
         assert_eq!((event.exit_code, event.signal), (Some(137), Some(9)));
     }
@@ -213,9 +218,9 @@ mod tests {
     #[test]
     fn unknown_ids_are_errors_not_panics() {
         let mut raw = record(gp_record_kind::GP_RECORD_DRIVER);
-        raw.api = 60_000;
+        raw.header.api = 60_000;
         assert_eq!(Decoder::offline(Clock::with_offset(0)).decode(&raw), Err(DecodeError::UnknownApi(60_000)));
-        raw.kind = 99;
+        raw.header.kind = 99;
         assert_eq!(Decoder::offline(Clock::with_offset(0)).decode(&raw), Err(DecodeError::UnknownKind(99)));
     }
 }

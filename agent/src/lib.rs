@@ -1,8 +1,8 @@
 //! The gpuprof agent: eBPF capture of CUDA memory calls and process lifecycle, decoding into the
 //! event contract, tracking of live memory per process, and the local outputs.
 //!
-//! Data flows one way: `capture` (kernel) → `decode` → `gpuprof_model::Analyzer` (tracker and
-//! leak rules) → `output`; `session` runs that loop for `attach` and `run`, `report` runs the
+//! Data flows one way: `capture` (kernel) → `decode` → `python` (symbolize stacks) →
+//! `gpuprof_model::Analyzer` (tracker and leak rules) → `output`; `session` runs that loop for `attach` and `run`, `report` runs the
 //! rules over a recorded file.
 
 pub mod capture;
@@ -14,6 +14,7 @@ pub mod libcuda;
 pub mod output;
 pub mod preflight;
 pub mod procfs;
+pub mod python;
 pub mod report;
 pub mod session;
 pub mod signals;

@@ -21,6 +21,7 @@ use crate::cli::CaptureArgs;
 use crate::clock::Clock;
 use crate::decode::Decoder;
 use crate::libcuda::{self, LibraryFile};
+use crate::python::Pythons;
 use crate::output::{self, EndOfRun, EventSink, Format};
 use crate::{preflight, procfs, signals};
 
@@ -28,6 +29,9 @@ const POLL_INTERVAL: Duration = Duration::from_millis(100);
 /// How often tracked processes' maps are checked for a libcuda not probed yet.
 const DISCOVERY_INTERVAL: Duration = Duration::from_millis(200);
 const WAIT_INTERVAL: Duration = Duration::from_millis(20);
+/// Poll interval while a new program's interpreter is being looked for: it must be found before
+/// the program gets to its first CUDA call.
+const DISCOVERY_POLL: Duration = Duration::from_millis(2);
 
 /// `gpuprof attach PID`: returns the exit code of gpuprof.
 pub fn attach(pid: u32, wait: bool, args: &CaptureArgs) -> Result<u8> {
@@ -51,12 +55,15 @@ pub fn attach(pid: u32, wait: bool, args: &CaptureArgs) -> Result<u8> {
     let sink = output::sink(args.format, output::open_writer(args.output.as_deref())?);
     let mut session = Session::new(&capture, args, sink, pid)?;
     capture.track(pid)?;
+    session.python.look_for(pid);
     for child in procfs::descendants(pid) {
         // A descendant that exits meanwhile is simply not there to track.
         if capture.track(child).is_ok() {
             session.alive.insert(child);
+            session.python.look_for(child);
         }
     }
+    session.python.discover(&capture);
     if libraries.is_empty() {
         eprintln!("gpuprof: waiting for process {pid} ({}) to load libcuda.so", procfs::comm(pid));
         libraries = wait_for_libcuda(pid)?;
@@ -222,7 +229,7 @@ fn capture_options(args: &CaptureArgs) -> Result<CaptureOptions> {
     if !mib.is_power_of_two() || mib > 1024 {
         bail!("--buffer-mib {mib}: give a power of two from 1 to 1024");
     }
-    Ok(CaptureOptions { ring_buffer_bytes: mib << 20, ..CaptureOptions::default() })
+    Ok(CaptureOptions { ring_buffer_bytes: mib << 20, python_stacks: !args.no_stacks, ..CaptureOptions::default() })
 }
 
 fn target_libraries(pid: u32, args: &CaptureArgs) -> Result<Vec<LibraryFile>> {
@@ -251,6 +258,7 @@ fn wait_for_libcuda(pid: u32) -> Result<Vec<LibraryFile>> {
 struct Session<'c> {
     capture: &'c Capture,
     decoder: Decoder,
+    python: Pythons,
     analyzer: Analyzer,
     findings: Vec<Finding>,
     sink: Box<dyn EventSink>,
@@ -277,6 +285,7 @@ impl<'c> Session<'c> {
         Ok(Session {
             capture,
             decoder: Decoder::new(Clock::new()),
+            python: Pythons::default(),
             analyzer,
             findings: Vec::new(),
             sink,
@@ -308,6 +317,7 @@ impl<'c> Session<'c> {
     /// Reads what the ring buffer has (waiting up to `timeout`) through to the output.
     fn pump(&mut self, timeout: Duration) -> Result<()> {
         let capture = self.capture;
+        let timeout = if self.python.is_looking() { timeout.min(DISCOVERY_POLL) } else { timeout };
         let mut failure: Option<io::Error> = None;
         capture.poll(timeout, &mut |record| {
             if failure.is_none() {
@@ -317,10 +327,17 @@ impl<'c> Session<'c> {
         if let Some(error) = failure {
             return Err(error).context("cannot write the output");
         }
+        if self.python.is_looking() {
+            self.python.discover(capture);
+        }
         self.sink.flush().context("cannot write the output")
     }
 
     fn handle(&mut self, record: &Record) -> io::Result<()> {
+        if record.code.is_some() {
+            self.python.remember(record);
+            return Ok(());
+        }
         let mut event = match self.decoder.decode(record) {
             Ok(event) => event,
             Err(error) => {
@@ -332,6 +349,7 @@ impl<'c> Session<'c> {
             }
         };
         self.follow_process_tree(&event);
+        self.python.symbolize(record, &mut event);
         let fired = self.analyzer.observe(&mut event);
         self.findings.extend(fired);
         self.events += 1;
@@ -342,13 +360,18 @@ impl<'c> Session<'c> {
         match event.op {
             Op::Fork => {
                 self.alive.insert(event.pid);
+                if let Some(parent) = event.ppid {
+                    self.python.forked(event.pid, parent);
+                }
             }
             Op::Exec => {
                 self.probed.remove(&event.pid);
+                self.python.look_for(event.pid);
             }
             Op::Exit => {
                 self.alive.remove(&event.pid);
                 self.probed.remove(&event.pid);
+                self.python.forget(event.pid);
                 if event.pid == self.root {
                     self.root_exited = true;
                 }
@@ -395,7 +418,7 @@ impl<'c> Session<'c> {
         let drops = self.drops();
         let seconds = self.started.elapsed().as_secs_f64();
         format!(
-            "{} events ({:.0}/s) from {} processes in {:.1} s; lost {} (ring buffer full {}, call table full {}); out-pointers unread {}, returns without entry {}, undecodable {}",
+            "{} events ({:.0}/s) from {} processes in {:.1} s; lost {} (ring buffer full {}, call table full {}); out-pointers unread {}, returns without entry {}, undecodable {}; Python stacks {} from {} interpreters, unresolved {} (unreadable in the kernel {})",
             self.events,
             self.events as f64 / seconds.max(1e-9),
             self.analyzer.tracker().processes().len(),
@@ -405,7 +428,11 @@ impl<'c> Session<'c> {
             drops.pending_full,
             drops.read_failed,
             drops.return_unmatched,
-            self.decode_errors
+            self.decode_errors,
+            self.python.counts.symbolized,
+            self.python.counts.interpreters,
+            self.python.counts.unresolved,
+            drops.stack_unreadable
         )
     }
 

@@ -10,11 +10,16 @@
 #include <bpf/bpf_tracing.h>
 #include <bpf/bpf_core_read.h>
 #include "maps.bpf.h"
+#include "pystack.bpf.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 /* Exported to user space through the skeleton so both sides share one definition. */
 struct gp_record gp_record_layout = {};
+struct gp_frame gp_frame_layout = {};
+struct gp_exec_record gp_exec_record_layout = {};
+struct gp_python gp_python_layout = {};
+struct gp_code gp_code_layout = {};
 struct gp_cookie gp_cookie_layout = {};
 enum gp_shape gp_shape_values = 0;
 enum gp_record_kind gp_record_kind_values = 0;
@@ -33,9 +38,19 @@ struct pending_call {
  * a thread that dies inside the driver go with it. */
 #define PENDING_SLOTS 2
 
+/* A driver record being put together before it goes to the ring buffer: the header, then the
+ * handle (when the call carries one), then the frames right after what precedes them. */
+struct driver_record {
+	struct gp_record rec;
+	__u8 handle[GP_HANDLE_LEN];
+	struct gp_frame frames[GP_MAX_FRAMES];
+};
+
 struct pending_calls {
 	struct pending_call call[PENDING_SLOTS];
 	__u32 api_plus_one[PENDING_SLOTS]; /* 0: free */
+	struct driver_record out;
+	struct stack_scratch stack;
 };
 
 struct {
@@ -89,16 +104,16 @@ static __always_inline void read_user_u32(struct gp_record *rec, __u64 *dst, __u
 	*dst = value;
 }
 
-static __always_inline void read_user_handle(struct gp_record *rec, __u64 src, __u32 len)
+static __always_inline void read_user_handle(struct driver_record *out, __u64 src, __u32 len)
 {
 	if (len > GP_HANDLE_LEN)
 		len = GP_HANDLE_LEN;
-	if (bpf_probe_read_user(rec->handle, len, (void *)src)) {
+	if (bpf_probe_read_user(out->handle, len, (void *)src)) {
 		count(GP_COUNTER_READ_FAILED);
-		rec->flags |= GP_FLAG_OUT_UNREAD;
+		out->rec.flags |= GP_FLAG_OUT_UNREAD;
 		return;
 	}
-	rec->handle_len = len;
+	out->rec.handle_len = len;
 }
 
 /* Length of the bytes a shareable handle of this type occupies. */
@@ -279,10 +294,11 @@ static __always_inline void fill_plain(struct gp_record *rec, struct gp_cookie c
 	}
 }
 
-/* IPC and shareable-handle calls: the record is GP_RECORD_HANDLE_SIZE long. */
-static __always_inline void fill_with_handle(struct gp_record *rec, struct gp_cookie cookie,
+/* IPC and shareable-handle calls: the record carries the handle bytes. */
+static __always_inline void fill_with_handle(struct driver_record *out, struct gp_cookie cookie,
 					     struct pending_call *call, bool ok)
 {
+	struct gp_record *rec = &out->rec;
 	__u64 *args = call->args;
 
 	switch (cookie.shape) {
@@ -290,17 +306,17 @@ static __always_inline void fill_with_handle(struct gp_record *rec, struct gp_co
 	case GP_SHAPE_POOL_EXPORT:
 		rec->addr = args[1];
 		if (ok)
-			read_user_handle(rec, args[0], GP_HANDLE_LEN);
+			read_user_handle(out, args[0], GP_HANDLE_LEN);
 		break;
 	case GP_SHAPE_IPC_OPEN:
-		__builtin_memcpy(rec->handle, call->data, GP_HANDLE_LEN);
+		__builtin_memcpy(out->handle, call->data, GP_HANDLE_LEN);
 		rec->handle_len = call->data_len;
 		rec->aux = (__u32)args[1]; /* flags */
 		if (ok)
 			read_user_u64(rec, &rec->addr, args[0]);
 		break;
 	case GP_SHAPE_POOL_IMPORT:
-		__builtin_memcpy(rec->handle, call->data, GP_HANDLE_LEN);
+		__builtin_memcpy(out->handle, call->data, GP_HANDLE_LEN);
 		rec->handle_len = call->data_len;
 		rec->aux = args[1]; /* pool */
 		if (ok)
@@ -310,13 +326,13 @@ static __always_inline void fill_with_handle(struct gp_record *rec, struct gp_co
 		rec->addr = args[1];
 		rec->handle_type = (__u8)args[2];
 		if (ok) {
-			read_user_handle(rec, args[0], shareable_handle_len(args[2]));
+			read_user_handle(out, args[0], shareable_handle_len(args[2]));
 			if (args[2] == GP_HANDLE_TYPE_POSIX_FD && rec->handle_len)
-				rec->aux = fd_object_id(*(__s32 *)rec->handle);
+				rec->aux = fd_object_id(*(__s32 *)out->handle);
 		}
 		break;
 	case GP_SHAPE_SHAREABLE_IMPORT:
-		__builtin_memcpy(rec->handle, call->data, GP_HANDLE_LEN);
+		__builtin_memcpy(out->handle, call->data, GP_HANDLE_LEN);
 		rec->handle_len = call->data_len;
 		rec->handle_type = (__u8)args[2];
 		if (args[2] == GP_HANDLE_TYPE_POSIX_FD)
@@ -357,33 +373,44 @@ static __always_inline int on_return(struct pt_regs *ctx)
 		return 0;
 	}
 	struct pending_call *call = &calls->call[slot];
-
-	bool with_handle = carries_handle(cookie.shape);
-	struct gp_record *rec = with_handle ? reserve_record(GP_RECORD_DRIVER, GP_RECORD_HANDLE_SIZE)
-					    : reserve_record(GP_RECORD_DRIVER, GP_RECORD_BASE_SIZE);
-	if (!rec) {
-		calls->api_plus_one[slot] = 0;
-		return 0;
-	}
-
+	struct driver_record *out = &calls->out;
+	struct gp_record *rec = &out->rec;
 	__s32 result = (__s32)PT_REGS_RC(ctx);
 	bool ok = result == 0;
+	__u64 now = bpf_ktime_get_ns();
 
+	__builtin_memset(rec, 0, sizeof(*rec));
+	rec->kind = GP_RECORD_DRIVER;
 	rec->ts_ns = call->ts_ns;
-	rec->duration_ns = bpf_ktime_get_ns() - call->ts_ns;
+	rec->duration_ns = now - call->ts_ns;
 	rec->pid = pid_tgid >> 32;
 	rec->tid = (__u32)pid_tgid;
 	rec->api = cookie.api;
 	rec->result = result;
 	rec->device = call->device;
 	bpf_get_current_comm(rec->comm, sizeof(rec->comm));
-	if (with_handle)
-		fill_with_handle(rec, cookie, call, ok);
-	else
-		fill_plain(rec, cookie, call->args, ok);
 
-	submit_record(rec);
+	/* The frames follow the handle when there is one, the header otherwise. */
+	struct gp_frame *frames;
+	__u64 size = sizeof(struct gp_record);
+	if (carries_handle(cookie.shape)) {
+		fill_with_handle(out, cookie, call, ok);
+		rec->flags |= GP_FLAG_HANDLE;
+		size += GP_HANDLE_LEN;
+		frames = (struct gp_frame *)(out->handle + GP_HANDLE_LEN);
+	} else {
+		fill_plain(rec, cookie, call->args, ok);
+		frames = (struct gp_frame *)out->handle;
+	}
 	calls->api_plus_one[slot] = 0;
+
+	__u32 depth = walk_python_stack(rec->pid, rec->tid, frames, &calls->stack, &rec->flags);
+	rec->stack_depth = depth;
+	size += (__u64)(depth & (GP_MAX_FRAMES - 1 + GP_MAX_FRAMES)) * sizeof(struct gp_frame);
+	if (size > sizeof(*out))
+		size = sizeof(*out);
+	if (bpf_ringbuf_output(&events, out, size, wakeup_flags(now)))
+		count(GP_COUNTER_RINGBUF_FULL);
 	return 0;
 }
 

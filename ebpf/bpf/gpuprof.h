@@ -17,6 +17,7 @@ enum gp_record_kind {
 	GP_RECORD_FORK = 2,   /* a tracked process created a child process */
 	GP_RECORD_EXEC = 3,   /* a tracked process replaced its program */
 	GP_RECORD_EXIT = 4,   /* the last thread of a tracked process exited */
+	GP_RECORD_CODE = 5,   /* a Python code object, the first time a thread's stack names it */
 };
 
 /*
@@ -61,10 +62,10 @@ struct gp_cookie {
 };
 
 /*
- * One ring-buffer record. Records are variable-length prefixes of this struct: a driver call
- * without handle bytes ends before `handle` (GP_RECORD_BASE_SIZE), one with handle bytes before
- * `filename` (GP_RECORD_HANDLE_SIZE); only exec records carry the filename. Small records keep
- * the per-event memory traffic down; user space copies what came into a zeroed full struct.
+ * One ring-buffer record: this header, then (in this order, each only when present)
+ * GP_HANDLE_LEN bytes of handle (GP_FLAG_HANDLE), `stack_depth` struct gp_frame (innermost
+ * first), and GP_FILENAME_LEN bytes of filename (exec records). Records carry only what they
+ * have: most calls are the 88-byte header alone, which keeps per-event memory traffic down.
  */
 struct gp_record {
 	__u64 ts_ns;        /* CLOCK_MONOTONIC at the call's entry (or at the tracepoint) */
@@ -78,24 +79,96 @@ struct gp_record {
 	__u8 flags;         /* GP_FLAG_* */
 	__s32 result;       /* CUresult of a driver call; wait status for exit records */
 	__s32 device;       /* -1 when the call does not say */
-	__u32 handle_len;   /* valid bytes in handle (0 when the record has none) */
+	__u16 handle_len;   /* valid bytes of the handle that follows (GP_FLAG_HANDLE) */
+	__u16 stack_depth;  /* Python frames that follow */
 	__u64 addr;
 	__u64 size;
 	__u64 aux;          /* shape-specific: pitch; VMM map: the generic handle mapped; mem info:
 			     * total bytes; shareable fd handles: the kernel file object;
 			     * IPC open: flags; pool import: the pool */
 	__u8 comm[GP_COMM_LEN];
-	__u8 handle[GP_HANDLE_LEN];     /* records of GP_RECORD_HANDLE_SIZE and longer */
-	__u8 filename[GP_FILENAME_LEN]; /* exec records only: the program that was executed */
 };
 
-#define GP_RECORD_BASE_SIZE __builtin_offsetof(struct gp_record, handle)
-#define GP_RECORD_HANDLE_SIZE __builtin_offsetof(struct gp_record, filename)
-#define GP_RECORD_FULL_SIZE sizeof(struct gp_record)
+/* One Python frame as the walk found it: symbolized in user space. */
+struct gp_frame {
+	__u64 code;   /* the code object */
+	__u64 instr;  /* the frame's instruction field: f_lasti (≤ 3.10) or an instruction pointer */
+};
+
+#define GP_MAX_FRAMES 64
+
+/* An exec record: the header and the program executed. */
+struct gp_exec_record {
+	struct gp_record rec;
+	__u8 filename[GP_FILENAME_LEN];
+};
+
+/*
+ * Where a process's CPython keeps what the stack walk needs, set by user space per tgid once it
+ * found the interpreter (and copied to forked children in the kernel). Offsets are in bytes;
+ * GP_NO_OFFSET where the version has no such field.
+ */
+#define GP_NO_OFFSET 0xffff
+
+struct gp_python {
+	__u64 runtime;               /* address of _PyRuntime */
+	__u32 generation;            /* changes with every program the process runs */
+	__u16 code_filename;
+	__u16 code_name;             /* co_qualname where the version has it, else co_name */
+	__u16 code_firstlineno;
+	__u16 code_linetable;
+	__u16 unicode_state;
+	__u16 unicode_length;
+	__u16 unicode_ascii_size;    /* compact ASCII data follows the PyASCIIObject header */
+	__u16 unicode_compact_size;  /* other compact data follows the PyCompactUnicodeObject one */
+	__u16 bytes_size;
+	__u16 bytes_data;
+	__u16 interpreters_head;     /* _PyRuntimeState.interpreters.head */
+	__u16 threads_head;          /* PyInterpreterState.threads.head (tstate_head before 3.11) */
+	__u16 tstate_next;
+	__u16 tstate_thread_id;      /* pthread_t: the thread pointer (fs base) on x86-64 glibc */
+	__u16 tstate_frame;          /* frame (≤ 3.10), cframe (3.11, 3.12), current_frame (3.13) */
+	__u16 cframe_current_frame;  /* 3.11, 3.12 */
+	__u16 frame_code;
+	__u16 frame_previous;
+	__u16 frame_instr;
+	__u16 frame_owner;           /* 3.11+ */
+	__u8 skip_cstack_frames;     /* 3.12+: frames owned by the C stack are shims */
+	__u8 reserved[3];
+};
+
+#define GP_FRAME_OWNED_BY_CSTACK 3
+
+/*
+ * A code record (GP_RECORD_CODE, `addr` = the code object) carries what symbolizing needs, read
+ * while the process is alive: after the header comes this, then the function name's data, the
+ * file name's data and the line table, each cut to its cap (user space reads the rest, if it
+ * still can, when `*_chars` or `table_size` says more exists).
+ */
+#define GP_CODE_NAME_CAP 256
+#define GP_CODE_FILE_CAP 1024
+#define GP_CODE_TABLE_CAP 4096
+
+struct gp_code {
+	__s32 first_line;
+	__u8 function_kind;  /* PyUnicode kind of the data: 1, 2 or 4; 0 when unreadable */
+	__u8 file_kind;
+	__u16 reserved;
+	__u32 function_chars; /* code points in the whole string */
+	__u32 file_chars;
+	__u32 table_size;     /* bytes in the whole line table */
+	__u16 function_len;   /* bytes of data that follow, for each */
+	__u16 file_len;
+	__u16 table_len;
+	__u16 reserved2;
+};
 
 /* gp_record.flags */
-#define GP_FLAG_OUT_UNREAD 1 /* the call succeeded but its out-pointer could not be read */
-#define GP_FLAG_EXIT_SIGNALED 2 /* exit records: the process was killed by a signal */
+#define GP_FLAG_OUT_UNREAD 1      /* the call succeeded but its out-pointer could not be read */
+#define GP_FLAG_EXIT_SIGNALED 2   /* exit records: the process was killed by a signal */
+#define GP_FLAG_HANDLE 4          /* GP_HANDLE_LEN bytes of handle follow the header */
+#define GP_FLAG_STACK_TRUNCATED 8 /* the Python stack was deeper than GP_MAX_FRAMES */
+#define GP_FLAG_STACK_LOST 16     /* the thread has Python frames that could not be read */
 
 /* Counters every program bumps instead of failing silently (index into the per-CPU array). */
 enum gp_counter {
@@ -103,7 +176,8 @@ enum gp_counter {
 	GP_COUNTER_PENDING_FULL = 1,   /* an entry could not be saved for its return probe */
 	GP_COUNTER_READ_FAILED = 2,    /* an out-pointer or handle could not be read */
 	GP_COUNTER_RETURN_UNMATCHED = 3, /* a return without its entry (attached mid-call) */
-	GP_COUNTER_MAX = 4,
+	GP_COUNTER_STACK_UNREADABLE = 4, /* a Python frame chain could not be read to the end */
+	GP_COUNTER_MAX = 5,
 };
 
 #endif

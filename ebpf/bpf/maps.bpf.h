@@ -23,6 +23,22 @@ struct {
 	__type(value, __u8);
 } tracked SEC(".maps");
 
+/* tgid → where its CPython keeps its threads and frames (set by user space, copied on fork). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 8192);
+	__type(key, __u32);
+	__type(value, struct gp_python);
+} python_procs SEC(".maps");
+
+/* tid → its PyThreadState, found once by walking the interpreter's thread list. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 32768);
+	__type(key, __u32);
+	__type(value, __u64);
+} thread_states SEC(".maps");
+
 /* enum gp_counter → count, per CPU: nothing is dropped without being counted here. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -51,8 +67,27 @@ static __always_inline void count(__u32 counter)
 		*value += 1;
 }
 
-/* A record of `size` bytes (one of GP_RECORD_*_SIZE) on the ring buffer, its fixed fields zeroed;
- * NULL (counted) when the buffer is full. */
+/* Set by the agent before load: how often the reader is woken at the least, so records reach it
+ * within this delay even at low rates (symbolizing a short-lived process needs it alive). */
+const volatile __u64 wakeup_interval_ns = 10 * 1000 * 1000;
+
+/* When the reader was last woken (any CPU). */
+__u64 last_wakeup_ns = 0;
+
+/* Wake the reader once a batch has built up or the interval has passed: a wakeup per record
+ * would cost more than the record. */
+static __always_inline __u64 wakeup_flags(__u64 now)
+{
+	if (bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= wakeup_bytes ||
+	    now - last_wakeup_ns >= wakeup_interval_ns) {
+		last_wakeup_ns = now;
+		return BPF_RB_FORCE_WAKEUP;
+	}
+	return BPF_RB_NO_WAKEUP;
+}
+
+/* A header-only record on the ring buffer (or, with `size`, one with a fixed tail), fields
+ * zeroed; NULL (counted) when the buffer is full. */
 static __always_inline struct gp_record *reserve_record(__u32 kind, __u64 size)
 {
 	struct gp_record *rec = bpf_ringbuf_reserve(&events, size, 0);
@@ -61,18 +96,17 @@ static __always_inline struct gp_record *reserve_record(__u32 kind, __u64 size)
 		count(GP_COUNTER_RINGBUF_FULL);
 		return NULL;
 	}
-	__builtin_memset(rec, 0, GP_RECORD_BASE_SIZE);
+	__builtin_memset(rec, 0, sizeof(*rec));
 	rec->kind = kind;
 	rec->device = -1;
 	return rec;
 }
 
-/* Hands a record to user space, waking the reader only when a batch has built up. */
-static __always_inline void submit_record(struct gp_record *rec)
+/* Process records are rare and user space acts on them at once (new interpreters to find). */
+static __always_inline void submit_process_record(struct gp_record *rec)
 {
-	__u64 waiting = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA);
-
-	bpf_ringbuf_submit(rec, waiting >= wakeup_bytes ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP);
+	last_wakeup_ns = bpf_ktime_get_ns();
+	bpf_ringbuf_submit(rec, BPF_RB_FORCE_WAKEUP);
 }
 
 #endif

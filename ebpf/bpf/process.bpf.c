@@ -26,8 +26,12 @@ int BPF_PROG(on_fork, struct task_struct *parent, struct task_struct *child)
 		return 0;
 	if (!track_all)
 		bpf_map_update_elem(&tracked, &child_tgid, &one, BPF_ANY);
+	/* A forked child runs the parent's interpreter at the same addresses. */
+	struct gp_python *python = bpf_map_lookup_elem(&python_procs, &parent_tgid);
+	if (python)
+		bpf_map_update_elem(&python_procs, &child_tgid, python, BPF_ANY);
 
-	struct gp_record *rec = reserve_record(GP_RECORD_FORK, GP_RECORD_BASE_SIZE);
+	struct gp_record *rec = reserve_record(GP_RECORD_FORK, sizeof(struct gp_record));
 	if (!rec)
 		return 0;
 	rec->ts_ns = bpf_ktime_get_ns();
@@ -35,7 +39,7 @@ int BPF_PROG(on_fork, struct task_struct *parent, struct task_struct *child)
 	rec->tid = child_tgid;
 	rec->ppid = parent_tgid;
 	bpf_probe_read_kernel_str(rec->comm, sizeof(rec->comm), child->comm);
-	submit_record(rec);
+	submit_process_record(rec);
 	return 0;
 }
 
@@ -55,13 +59,16 @@ int BPF_PROG(on_exec, struct task_struct *task, pid_t old_pid, struct linux_binp
 
 	if (!is_tracked(tgid))
 		return 0;
-	struct gp_record *rec = reserve_record(GP_RECORD_EXEC, GP_RECORD_FULL_SIZE);
-	if (!rec)
+	/* A new program: whatever interpreter the old one ran is gone. */
+	bpf_map_delete_elem(&python_procs, &tgid);
+	struct gp_exec_record *exec = (struct gp_exec_record *)reserve_record(GP_RECORD_EXEC, sizeof(struct gp_exec_record));
+	if (!exec)
 		return 0;
+	struct gp_record *rec = &exec->rec;
 	fill_task(rec, task);
 	bpf_probe_read_kernel_str(rec->comm, sizeof(rec->comm), task->comm);
-	bpf_probe_read_kernel_str(rec->filename, sizeof(rec->filename), BPF_CORE_READ(bprm, filename));
-	submit_record(rec);
+	bpf_probe_read_kernel_str(exec->filename, sizeof(exec->filename), BPF_CORE_READ(bprm, filename));
+	submit_process_record(rec);
 	return 0;
 }
 
@@ -73,13 +80,16 @@ int BPF_PROG(on_exit, struct task_struct *task)
 
 	if (!is_tracked(tgid))
 		return 0;
+	__u32 tid = task->pid;
+	bpf_map_delete_elem(&thread_states, &tid);
 	/* signal->live is decremented before this tracepoint: zero means the last thread is leaving. */
 	if (BPF_CORE_READ(task, signal, live.counter) != 0)
 		return 0;
 	if (!track_all)
 		bpf_map_delete_elem(&tracked, &tgid);
+	bpf_map_delete_elem(&python_procs, &tgid);
 
-	struct gp_record *rec = reserve_record(GP_RECORD_EXIT, GP_RECORD_BASE_SIZE);
+	struct gp_record *rec = reserve_record(GP_RECORD_EXIT, sizeof(struct gp_record));
 	if (!rec)
 		return 0;
 	fill_task(rec, task);
@@ -89,6 +99,6 @@ int BPF_PROG(on_exit, struct task_struct *task)
 		rec->flags |= GP_FLAG_EXIT_SIGNALED;
 	/* The last thread out may be a helper (CUDA's event thread): name the process by its leader. */
 	bpf_probe_read_kernel_str(rec->comm, sizeof(rec->comm), BPF_CORE_READ(task, group_leader, comm));
-	submit_record(rec);
+	submit_process_record(rec);
 	return 0;
 }

@@ -3,6 +3,9 @@
 //! reads the drop counters. Nothing outside this module touches BPF objects.
 
 mod probes;
+mod record;
+
+pub use record::{flags, Record};
 
 use std::cell::RefCell;
 use std::mem::MaybeUninit;
@@ -16,7 +19,6 @@ use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBuffer, RingBufferBuild
 
 use gpuprof_ebpf::driver::{DriverSkel, DriverSkelBuilder};
 use gpuprof_ebpf::process::{ProcessSkel, ProcessSkelBuilder};
-pub use gpuprof_ebpf::types::gp_record as Record;
 use gpuprof_ebpf::types::gp_counter;
 
 use crate::elf;
@@ -60,11 +62,13 @@ fn kernel_version() -> (u32, u32) {
 pub struct CaptureOptions {
     pub ring_buffer_bytes: u32,
     pub probe_links: ProbeLinks,
+    /// Walk the Python stack of every call.
+    pub python_stacks: bool,
 }
 
 impl Default for CaptureOptions {
     fn default() -> Self {
-        CaptureOptions { ring_buffer_bytes: 16 << 20, probe_links: ProbeLinks::for_this_kernel() }
+        CaptureOptions { ring_buffer_bytes: 16 << 20, probe_links: ProbeLinks::for_this_kernel(), python_stacks: true }
     }
 }
 
@@ -84,6 +88,7 @@ pub struct DropCounters {
     pub pending_full: u64,
     pub read_failed: u64,
     pub return_unmatched: u64,
+    pub stack_unreadable: u64,
 }
 
 impl DropCounters {
@@ -126,6 +131,7 @@ impl Capture {
         let wakeup_bytes = u64::from(options.ring_buffer_bytes / 8);
         if let Some(rodata) = open_driver.maps.rodata_data.as_deref_mut() {
             rodata.wakeup_bytes = wakeup_bytes;
+            rodata.python_stacks = options.python_stacks;
         }
         let multi = options.probe_links == ProbeLinks::Multi;
         open_driver.progs.driver_entry_multi.set_autoload(multi);
@@ -143,6 +149,8 @@ impl Capture {
         open_process.maps.events.reuse_fd(driver.maps.events.as_fd()).map_err(|e| load_error("share the ring buffer", e))?;
         open_process.maps.tracked.reuse_fd(driver.maps.tracked.as_fd()).map_err(|e| load_error("share the tracked map", e))?;
         open_process.maps.counters.reuse_fd(driver.maps.counters.as_fd()).map_err(|e| load_error("share the counters", e))?;
+        open_process.maps.python_procs.reuse_fd(driver.maps.python_procs.as_fd()).map_err(|e| load_error("share the Python map", e))?;
+        open_process.maps.thread_states.reuse_fd(driver.maps.thread_states.as_fd()).map_err(|e| load_error("share the thread map", e))?;
         let process = open_process.load().map_err(|e| load_error("load the process tracepoints", e))?;
 
         let tracepoints = vec![
@@ -157,7 +165,7 @@ impl Capture {
         builder
             .add(&driver.maps.events, move |data: &[u8]| {
                 // A record too short to read still reaches the decoder, which counts it.
-                queue.borrow_mut().push(record_from_bytes(data).unwrap_or_default());
+                queue.borrow_mut().push(Record::parse(data).unwrap_or_default());
                 0
             })
             .map_err(|e| load_error("open the ring buffer", e))?;
@@ -182,6 +190,19 @@ impl Capture {
             .tracked
             .update(&pid.to_ne_bytes(), &[1u8], MapFlags::ANY)
             .with_context(|| format!("cannot track pid {pid}"))
+    }
+
+    /// Tells the stack walk where a process's CPython keeps its threads and frames.
+    pub fn set_python(&self, pid: u32, config: &gpuprof_ebpf::types::gp_python) -> Result<()> {
+        // SAFETY: gp_python is a plain-old-data #[repr(C)] struct.
+        let bytes = unsafe {
+            std::slice::from_raw_parts((config as *const gpuprof_ebpf::types::gp_python).cast::<u8>(), std::mem::size_of_val(config))
+        };
+        self.driver
+            .maps
+            .python_procs
+            .update(&pid.to_ne_bytes(), bytes, MapFlags::ANY)
+            .with_context(|| format!("cannot configure Python stacks of pid {pid}"))
     }
 
     /// The raw fd of the tracked-process map, for a child to add itself before exec.
@@ -283,25 +304,13 @@ impl Capture {
             pending_full: read(gp_counter::GP_COUNTER_PENDING_FULL)?,
             read_failed: read(gp_counter::GP_COUNTER_READ_FAILED)?,
             return_unmatched: read(gp_counter::GP_COUNTER_RETURN_UNMATCHED)?,
+            stack_unreadable: read(gp_counter::GP_COUNTER_STACK_UNREADABLE)?,
         })
     }
 
     pub fn attachments(&self) -> Vec<Attachment> {
         self.attached.borrow().clone()
     }
-}
-
-/// Records are prefixes of `gp_record` (see gpuprof.h): what came is copied over a zeroed one.
-fn record_from_bytes(data: &[u8]) -> Option<Record> {
-    const BASE: usize = std::mem::offset_of!(Record, handle);
-    if data.len() < BASE {
-        return None;
-    }
-    let mut record = Record::default();
-    let len = data.len().min(std::mem::size_of::<Record>());
-    // SAFETY: Record is a plain-old-data #[repr(C)] struct of at least `len` bytes.
-    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), (&mut record as *mut Record).cast::<u8>(), len) };
-    Some(record)
 }
 
 fn load_error(what: &str, error: libbpf_rs::Error) -> anyhow::Error {

@@ -1,0 +1,245 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The Python stack of the current thread, read from its CPython frame chain: (code object,
+ * instruction) pairs, innermost first, for user space to symbolize. The thread's PyThreadState is
+ * the one whose thread_id (pthread_t) equals the thread pointer; it is found once by walking the
+ * interpreter's thread list and cached by tid. A thread without one has no Python frames: an
+ * empty stack, never somebody else's.
+ */
+#ifndef GPUPROF_PYSTACK_BPF_H
+#define GPUPROF_PYSTACK_BPF_H
+
+#include "maps.bpf.h"
+
+#define GP_MAX_THREADS 64
+/* Frames looked at, C-stack shims included, to return up to GP_MAX_FRAMES Python frames. */
+#define GP_MAX_WALK 96
+/* Code objects a thread remembers having described to user space (direct-mapped). */
+#define GP_SEEN_SLOTS 256
+
+/* A code record being put together. */
+struct code_record {
+	struct gp_record rec;
+	struct gp_code code;
+	__u8 data[GP_CODE_NAME_CAP + GP_CODE_FILE_CAP + GP_CODE_TABLE_CAP];
+};
+
+/*
+ * Per-thread state of the walk, kept in the thread's task storage: which code objects it has
+ * already described (so each is sent once, while the process is alive to be read, not when user
+ * space gets to it — a short-lived worker may be gone by then), and room to build a code record.
+ */
+struct stack_scratch {
+	/* code object | generation << 48: user addresses have 47 bits, and a new program (new
+	 * generation) must describe its code objects again. */
+	__u64 seen[GP_SEEN_SLOTS];
+	struct code_record code_out;
+};
+
+/* Set by the agent before load: walk Python stacks at all (off only to measure their cost). */
+const volatile bool python_stacks = true;
+
+static __always_inline int read_ptr(__u64 *dst, __u64 addr)
+{
+	*dst = 0;
+	return bpf_probe_read_user(dst, sizeof(*dst), (void *)addr);
+}
+
+struct thread_scan {
+	const struct gp_python *py;
+	__u64 thread_pointer;
+	__u64 tstate; /* the candidate, then the match */
+	bool found;
+};
+
+static long scan_thread(__u64 index, void *ctx)
+{
+	struct thread_scan *scan = ctx;
+	__u64 id = 0;
+
+	if (!scan->tstate || read_ptr(&id, scan->tstate + scan->py->tstate_thread_id))
+		return 1;
+	if (id == scan->thread_pointer) {
+		scan->found = true;
+		return 1;
+	}
+	return read_ptr(&scan->tstate, scan->tstate + scan->py->tstate_next) ? 1 : 0;
+}
+
+/* The PyThreadState of the current thread, or 0. */
+static __always_inline __u64 current_tstate(const struct gp_python *py, __u32 tid)
+{
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct thread_scan scan = { .py = py, .thread_pointer = task->thread.fsbase };
+	__u64 *cached = bpf_map_lookup_elem(&thread_states, &tid);
+	__u64 id = 0, interp = 0;
+
+	if (cached && *cached && !read_ptr(&id, *cached + py->tstate_thread_id) && id == scan.thread_pointer)
+		return *cached;
+	if (read_ptr(&interp, py->runtime + py->interpreters_head) || !interp)
+		return 0;
+	if (read_ptr(&scan.tstate, interp + py->threads_head))
+		return 0;
+	bpf_loop(GP_MAX_THREADS, scan_thread, &scan, 0);
+	if (!scan.found)
+		return 0;
+	bpf_map_update_elem(&thread_states, &tid, &scan.tstate, BPF_ANY);
+	return scan.tstate;
+}
+
+/* Copies a compact str's data (up to `cap` bytes); returns the bytes copied. */
+static __always_inline __u32 read_py_str(const struct gp_python *py, __u64 str, __u8 *dst, __u32 cap,
+					 __u8 *kind_out, __u32 *chars_out)
+{
+	__u64 length = 0;
+	__u32 state = 0;
+
+	*kind_out = 0;
+	if (!str || read_ptr(&length, str + py->unicode_length) ||
+	    bpf_probe_read_user(&state, sizeof(state), (void *)(str + py->unicode_state)))
+		return 0;
+	__u8 kind = (state >> 2) & 7;
+	bool compact = (state >> 5) & 1, ascii = (state >> 6) & 1;
+	if (!compact || (kind != 1 && kind != 2 && kind != 4))
+		return 0;
+	__u64 data = str + (ascii ? py->unicode_ascii_size : py->unicode_compact_size);
+	__u64 len = length * kind;
+	if (len > cap)
+		len = cap;
+	len &= 0x1fff;
+	if (len > cap)
+		len = cap;
+	if (bpf_probe_read_user(dst, len, (void *)data))
+		return 0;
+	*kind_out = kind;
+	*chars_out = length;
+	return len;
+}
+
+/* Sends what symbolizing a code object needs (see struct gp_code). */
+static __always_inline void describe_code(const struct gp_python *py, struct code_record *out, __u64 code,
+					  __u32 tgid, __u32 tid)
+{
+	__u64 name = 0, file = 0, table = 0, table_size = 0;
+	struct gp_code *c = &out->code;
+
+	__builtin_memset(&out->rec, 0, sizeof(out->rec));
+	__builtin_memset(c, 0, sizeof(*c));
+	out->rec.kind = GP_RECORD_CODE;
+	out->rec.ts_ns = bpf_ktime_get_ns();
+	out->rec.pid = tgid;
+	out->rec.tid = tid;
+	out->rec.device = -1;
+	out->rec.addr = code;
+	if (bpf_probe_read_user(&c->first_line, sizeof(c->first_line), (void *)(code + py->code_firstlineno)) ||
+	    read_ptr(&name, code + py->code_name) || read_ptr(&file, code + py->code_filename) ||
+	    read_ptr(&table, code + py->code_linetable))
+		return;
+
+	__u32 name_len = read_py_str(py, name, out->data, GP_CODE_NAME_CAP, &c->function_kind, &c->function_chars);
+	if (name_len > GP_CODE_NAME_CAP)
+		return;
+	__u32 file_len = read_py_str(py, file, out->data + name_len, GP_CODE_FILE_CAP, &c->file_kind, &c->file_chars);
+	if (file_len > GP_CODE_FILE_CAP)
+		return;
+	__u32 table_len = 0;
+	if (table && !read_ptr(&table_size, table + py->bytes_size)) {
+		table_len = table_size > GP_CODE_TABLE_CAP ? GP_CODE_TABLE_CAP : table_size;
+		table_len &= 0x1fff;
+		if (table_len > GP_CODE_TABLE_CAP)
+			table_len = GP_CODE_TABLE_CAP;
+		if (bpf_probe_read_user(out->data + name_len + file_len, table_len, (void *)(table + py->bytes_data)))
+			table_len = 0;
+		c->table_size = table_size;
+	}
+	c->function_len = name_len;
+	c->file_len = file_len;
+	c->table_len = table_len;
+	__u64 size = sizeof(out->rec) + sizeof(*c) + name_len + file_len + table_len;
+	if (size > sizeof(*out))
+		size = sizeof(*out);
+	if (bpf_ringbuf_output(&events, out, size, wakeup_flags(out->rec.ts_ns)))
+		count(GP_COUNTER_RINGBUF_FULL);
+}
+
+struct frame_walk {
+	const struct gp_python *py;
+	struct gp_frame *frames;
+	struct stack_scratch *scratch;
+	__u64 frame;
+	__u32 tgid;
+	__u32 tid;
+	__u32 depth;
+	bool lost;
+	bool truncated;
+};
+
+static long walk_frame(__u64 index, void *ctx)
+{
+	struct frame_walk *walk = ctx;
+	const struct gp_python *py = walk->py;
+	__u64 frame = walk->frame, code = 0, instr = 0, previous = 0;
+	__u8 owner = 0;
+
+	if (!frame)
+		return 1;
+	if (read_ptr(&code, frame + py->frame_code) || read_ptr(&previous, frame + py->frame_previous) ||
+	    read_ptr(&instr, frame + py->frame_instr) ||
+	    (py->frame_owner != GP_NO_OFFSET &&
+	     bpf_probe_read_user(&owner, sizeof(owner), (void *)(frame + py->frame_owner)))) {
+		walk->lost = true;
+		return 1;
+	}
+	walk->frame = previous;
+	if (py->skip_cstack_frames && owner == GP_FRAME_OWNED_BY_CSTACK)
+		return 0;
+	if (walk->depth >= GP_MAX_FRAMES) {
+		walk->truncated = true;
+		return 1;
+	}
+	struct gp_frame *slot = &walk->frames[walk->depth & (GP_MAX_FRAMES - 1)];
+	slot->code = code;
+	slot->instr = instr;
+	walk->depth++;
+	__u32 seen = ((code >> 4) ^ (code >> 12)) & (GP_SEEN_SLOTS - 1);
+	__u64 tagged = code | ((__u64)py->generation << 48);
+	if (walk->scratch->seen[seen] != tagged) {
+		describe_code(py, &walk->scratch->code_out, code, walk->tgid, walk->tid);
+		walk->scratch->seen[seen] = tagged;
+	}
+	return 0;
+}
+
+/*
+ * Fills `frames` with the thread's Python frames, innermost first; returns how many and sets
+ * GP_FLAG_STACK_TRUNCATED / GP_FLAG_STACK_LOST in `flags`.
+ */
+static __always_inline __u32 walk_python_stack(__u32 tgid, __u32 tid, struct gp_frame *frames,
+						struct stack_scratch *scratch, __u8 *flags)
+{
+	if (!python_stacks)
+		return 0;
+	struct gp_python *py = bpf_map_lookup_elem(&python_procs, &tgid);
+	if (!py)
+		return 0;
+	__u64 tstate = current_tstate(py, tid);
+	struct frame_walk walk = { .py = py, .frames = frames, .scratch = scratch, .tgid = tgid, .tid = tid };
+
+
+	if (!tstate || read_ptr(&walk.frame, tstate + py->tstate_frame))
+		return 0;
+	if (py->cframe_current_frame != GP_NO_OFFSET && walk.frame &&
+	    read_ptr(&walk.frame, walk.frame + py->cframe_current_frame))
+		walk.lost = true;
+	else
+		bpf_loop(GP_MAX_WALK, walk_frame, &walk, 0);
+	if (walk.lost) {
+		count(GP_COUNTER_STACK_UNREADABLE);
+		*flags |= GP_FLAG_STACK_LOST;
+	}
+	if (walk.truncated || (!walk.lost && walk.frame))
+		*flags |= GP_FLAG_STACK_TRUNCATED;
+	return walk.depth;
+}
+
+#endif

@@ -1,0 +1,21 @@
+//! What gpuprof knows about CPython 3.8–3.13, shared by the eBPF agent (which walks frames in the
+//! kernel and symbolizes here) and the in-process shim (which walks and symbolizes here):
+//!
+//! - `offsets`: the structure layout of each version, as data (tables checked against the real
+//!   headers in the tests; `_Py_DebugOffsets` read from the interpreter itself where present);
+//! - `discovery`: which module of a process holds `_PyRuntime`, and which version it is;
+//! - `memory`: reading another process's memory (or our own);
+//! - `code` + `linetable` + `strings`: code objects to `file:line function`, with a cache per
+//!   code object.
+
+pub mod code;
+pub mod discovery;
+pub mod linetable;
+pub mod memory;
+pub mod offsets;
+pub mod strings;
+
+pub use code::Symbolizer;
+pub use discovery::{find_interpreter, Interpreter};
+pub use memory::{Memory, MemoryError, RemoteMemory};
+pub use offsets::{InstrEncoding, Layout, LineTableFormat, Offsets, Version};

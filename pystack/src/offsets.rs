@@ -1,0 +1,311 @@
+//! Structure offsets of each CPython version, as data. Derived by compiling `derive/offsets.c`
+//! against each version's headers (x86-64 release builds); the tests re-derive them from every
+//! installed interpreter and compare. From 3.13 on, the interpreter publishes them itself in
+//! `_Py_DebugOffsets` at the start of `_PyRuntime`, and those win.
+
+use thiserror::Error;
+
+/// A CPython version, major.minor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Version {
+    pub major: u8,
+    pub minor: u8,
+}
+
+impl std::fmt::Display for Version {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}", self.major, self.minor)
+    }
+}
+
+/// Byte offsets of the fields gpuprof reads. `None` where the version has no such field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Offsets {
+    pub runtime_interpreters_head: u16,
+    pub interp_threads_head: u16,
+    pub tstate_next: u16,
+    /// `pthread_t` of the thread: on x86-64 glibc, its thread pointer (the fs base).
+    pub tstate_thread_id: u16,
+    /// `frame` (≤ 3.10), `cframe` (3.11, 3.12), `current_frame` (3.13).
+    pub tstate_frame: u16,
+    /// `_PyCFrame.current_frame` (3.11, 3.12).
+    pub cframe_current_frame: Option<u16>,
+    /// `f_code` / `f_executable`.
+    pub frame_code: u16,
+    /// `f_back` (≤ 3.10) / `previous`.
+    pub frame_previous: u16,
+    /// `f_lasti` (≤ 3.10, an int) / `prev_instr` (3.11, 3.12) / `instr_ptr` (3.13).
+    pub frame_instr: u16,
+    /// `owner` (3.11+).
+    pub frame_owner: Option<u16>,
+    pub code_firstlineno: u16,
+    pub code_filename: u16,
+    pub code_name: u16,
+    pub code_qualname: Option<u16>,
+    /// `co_lnotab` (≤ 3.9) / `co_linetable`.
+    pub code_linetable: u16,
+    /// `co_code_adaptive`: the first instruction (3.11+).
+    pub code_adaptive: Option<u16>,
+    pub unicode_state: u16,
+    pub unicode_length: u16,
+    /// `sizeof(PyASCIIObject)`: compact ASCII data follows.
+    pub unicode_ascii_size: u16,
+    /// `sizeof(PyCompactUnicodeObject)`: other compact data follows.
+    pub unicode_compact_size: u16,
+    pub bytes_size: u16,
+    pub bytes_data: u16,
+}
+
+impl Offsets {
+    /// (name, value) pairs in the vocabulary of `derive/offsets.c`.
+    pub fn named(&self) -> Vec<(&'static str, Option<u16>)> {
+        vec![
+            ("runtime.interpreters_head", Some(self.runtime_interpreters_head)),
+            ("interp.threads_head", Some(self.interp_threads_head)),
+            ("tstate.next", Some(self.tstate_next)),
+            ("tstate.thread_id", Some(self.tstate_thread_id)),
+            ("tstate.frame", Some(self.tstate_frame)),
+            ("cframe.current_frame", self.cframe_current_frame),
+            ("frame.code", Some(self.frame_code)),
+            ("frame.previous", Some(self.frame_previous)),
+            ("frame.instr", Some(self.frame_instr)),
+            ("frame.owner", self.frame_owner),
+            ("code.firstlineno", Some(self.code_firstlineno)),
+            ("code.filename", Some(self.code_filename)),
+            ("code.name", Some(self.code_name)),
+            ("code.qualname", self.code_qualname),
+            ("code.linetable", Some(self.code_linetable)),
+            ("code.code_adaptive", self.code_adaptive),
+            ("unicode.state", Some(self.unicode_state)),
+            ("unicode.length", Some(self.unicode_length)),
+            ("unicode.ascii_size", Some(self.unicode_ascii_size)),
+            ("unicode.compact_size", Some(self.unicode_compact_size)),
+            ("bytes.size", Some(self.bytes_size)),
+            ("bytes.data", Some(self.bytes_data)),
+        ]
+    }
+}
+
+/// What a frame's instruction field holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InstrEncoding {
+    /// 3.8, 3.9: `f_lasti`, a byte offset into the bytecode.
+    ByteOffset,
+    /// 3.10: `f_lasti`, an index in 2-byte code units.
+    CodeUnitIndex,
+    /// 3.11+: a pointer to the instruction inside `co_code_adaptive`.
+    Pointer,
+}
+
+/// How a code object maps instructions to lines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LineTableFormat {
+    /// 3.8, 3.9: `co_lnotab` (byte increment, line increment) pairs.
+    Lnotab,
+    /// 3.10: PEP 626 `co_linetable` (byte delta, line delta) pairs.
+    Pep626,
+    /// 3.11+: the location table of varint-coded entries.
+    Locations,
+}
+
+/// Everything version-specific about one interpreter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    pub version: Version,
+    pub offsets: Offsets,
+    pub instr: InstrEncoding,
+    pub line_table: LineTableFormat,
+    /// 3.12+: frames owned by the C stack are shims between Python calls, not user frames.
+    pub has_cstack_frames: bool,
+}
+
+const UNICODE_311: (u16, u16, u16, u16) = (32, 16, 48, 72);
+const UNICODE_312: (u16, u16, u16, u16) = (32, 16, 40, 56);
+
+const fn offsets_38_to_310(frame_instr: u16) -> Offsets {
+    Offsets {
+        runtime_interpreters_head: 32,
+        interp_threads_head: 8,
+        tstate_next: 8,
+        tstate_thread_id: 176,
+        tstate_frame: 24,
+        cframe_current_frame: None,
+        frame_code: 32,
+        frame_previous: 24,
+        frame_instr,
+        frame_owner: None,
+        code_firstlineno: 40,
+        code_filename: 104,
+        code_name: 112,
+        code_qualname: None,
+        code_linetable: 120,
+        code_adaptive: None,
+        unicode_state: UNICODE_311.0,
+        unicode_length: UNICODE_311.1,
+        unicode_ascii_size: UNICODE_311.2,
+        unicode_compact_size: UNICODE_311.3,
+        bytes_size: 16,
+        bytes_data: 32,
+    }
+}
+
+const OFFSETS_311: Offsets = Offsets {
+    runtime_interpreters_head: 40,
+    interp_threads_head: 16,
+    tstate_next: 8,
+    tstate_thread_id: 152,
+    tstate_frame: 56,
+    cframe_current_frame: Some(8),
+    frame_code: 32,
+    frame_previous: 48,
+    frame_instr: 56,
+    frame_owner: Some(69),
+    code_firstlineno: 72,
+    code_filename: 112,
+    code_name: 120,
+    code_qualname: Some(128),
+    code_linetable: 136,
+    code_adaptive: Some(184),
+    unicode_state: UNICODE_311.0,
+    unicode_length: UNICODE_311.1,
+    unicode_ascii_size: UNICODE_311.2,
+    unicode_compact_size: UNICODE_311.3,
+    bytes_size: 16,
+    bytes_data: 32,
+};
+
+const OFFSETS_312: Offsets = Offsets {
+    runtime_interpreters_head: 40,
+    interp_threads_head: 72,
+    tstate_next: 8,
+    tstate_thread_id: 136,
+    tstate_frame: 56,
+    cframe_current_frame: Some(0),
+    frame_code: 0,
+    frame_previous: 8,
+    frame_instr: 56,
+    frame_owner: Some(70),
+    code_firstlineno: 68,
+    code_filename: 112,
+    code_name: 120,
+    code_qualname: Some(128),
+    code_linetable: 136,
+    code_adaptive: Some(192),
+    unicode_state: UNICODE_312.0,
+    unicode_length: UNICODE_312.1,
+    unicode_ascii_size: UNICODE_312.2,
+    unicode_compact_size: UNICODE_312.3,
+    bytes_size: 16,
+    bytes_data: 32,
+};
+
+const OFFSETS_313: Offsets = Offsets {
+    runtime_interpreters_head: 632,
+    interp_threads_head: 7344,
+    tstate_next: 8,
+    tstate_thread_id: 152,
+    tstate_frame: 72,
+    cframe_current_frame: None,
+    frame_code: 0,
+    frame_previous: 8,
+    frame_instr: 56,
+    frame_owner: Some(70),
+    code_firstlineno: 68,
+    code_filename: 112,
+    code_name: 120,
+    code_qualname: Some(128),
+    code_linetable: 136,
+    code_adaptive: Some(200),
+    unicode_state: UNICODE_312.0,
+    unicode_length: UNICODE_312.1,
+    unicode_ascii_size: UNICODE_312.2,
+    unicode_compact_size: UNICODE_312.3,
+    bytes_size: 16,
+    bytes_data: 32,
+};
+
+/// The versions gpuprof reads, oldest first.
+pub const SUPPORTED: [Version; 6] = [
+    Version { major: 3, minor: 8 },
+    Version { major: 3, minor: 9 },
+    Version { major: 3, minor: 10 },
+    Version { major: 3, minor: 11 },
+    Version { major: 3, minor: 12 },
+    Version { major: 3, minor: 13 },
+];
+
+/// The built-in layout of a version, if gpuprof knows it.
+pub fn layout_for(version: Version) -> Option<Layout> {
+    let (offsets, instr, line_table) = match (version.major, version.minor) {
+        (3, 8) | (3, 9) => (offsets_38_to_310(104), InstrEncoding::ByteOffset, LineTableFormat::Lnotab),
+        (3, 10) => (offsets_38_to_310(96), InstrEncoding::CodeUnitIndex, LineTableFormat::Pep626),
+        (3, 11) => (OFFSETS_311, InstrEncoding::Pointer, LineTableFormat::Locations),
+        (3, 12) => (OFFSETS_312, InstrEncoding::Pointer, LineTableFormat::Locations),
+        (3, 13) => (OFFSETS_313, InstrEncoding::Pointer, LineTableFormat::Locations),
+        _ => return None,
+    };
+    Some(Layout { version, offsets, instr, line_table, has_cstack_frames: version.minor >= 12 })
+}
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum DebugOffsetsError {
+    #[error("_PyRuntime does not start with the _Py_DebugOffsets cookie")]
+    NoCookie,
+    #[error("the interpreter is a free-threaded build, which gpuprof does not read yet")]
+    FreeThreaded,
+    #[error("_Py_DebugOffsets is shorter than expected")]
+    Short,
+    #[error("_Py_DebugOffsets names an offset past 64 KiB: {0}")]
+    Implausible(u64),
+}
+
+/// The size of the 3.13 `_Py_DebugOffsets` (73 words), in bytes.
+pub const DEBUG_OFFSETS_LEN: usize = 8 * 73;
+
+/// Offsets published by a 3.13+ interpreter at the start of `_PyRuntime` (`_Py_DebugOffsets`).
+/// Unicode and bytes layouts come from there too; fields it lacks come from `fallback`.
+pub fn from_debug_offsets(bytes: &[u8], fallback: &Offsets) -> Result<Offsets, DebugOffsetsError> {
+    if bytes.len() < DEBUG_OFFSETS_LEN {
+        return Err(DebugOffsetsError::Short);
+    }
+    if &bytes[..8] != b"xdebugpy" {
+        return Err(DebugOffsetsError::NoCookie);
+    }
+    let field = |index: usize| -> Result<u16, DebugOffsetsError> {
+        let value = u64::from_le_bytes(bytes[index * 8..index * 8 + 8].try_into().expect("8 bytes"));
+        u16::try_from(value).map_err(|_| DebugOffsetsError::Implausible(value))
+    };
+    // Indexes in u64 words of the 3.13 `_Py_DebugOffsets` (cookie = word 0, version = 1,
+    // free_threaded = 2, then runtime_state, interpreter_state, thread_state,
+    // interpreter_frame, code_object, pyobject, type, tuple, list, dict, float, long, bytes,
+    // unicode, gc; each struct begins with its size).
+    if field(2)? != 0 {
+        return Err(DebugOffsetsError::FreeThreaded);
+    }
+    Ok(Offsets {
+        runtime_interpreters_head: field(5)?,
+        interp_threads_head: field(9)?,
+        tstate_next: field(21)?,
+        tstate_thread_id: field(24)?,
+        tstate_frame: field(23)?,
+        cframe_current_frame: None,
+        frame_previous: field(29)?,
+        frame_code: field(30)?,
+        frame_instr: field(31)?,
+        frame_owner: Some(field(33)?),
+        code_filename: field(35)?,
+        code_name: field(36)?,
+        code_qualname: Some(field(37)?),
+        code_linetable: field(38)?,
+        code_firstlineno: field(39)?,
+        code_adaptive: Some(field(43)?),
+        bytes_size: field(65)?,
+        bytes_data: field(66)?,
+        unicode_state: field(68)?,
+        unicode_length: field(69)?,
+        unicode_ascii_size: field(70)?,
+        // Not published: sizeof(PyCompactUnicodeObject) is the ASCII header plus utf8_length
+        // and utf8, which the fallback table has.
+        unicode_compact_size: fallback.unicode_compact_size,
+    })
+}
