@@ -216,13 +216,23 @@ fn table_format_sums_live_memory_per_process_and_kind() {
     assert_eq!(rows[0][..4], ["TIME", "PID", "TID", "COMM"]);
     let oom = rows.iter().find(|r| r.contains(&"OUT_OF_MEMORY")).expect("the failed call has a row");
     assert_eq!(oom[4..7], ["cuMemAlloc_v2", "alloc", "device"]);
-    let summary_at = table.lines().position(|l| l.starts_with("Live GPU memory at end")).unwrap();
-    let summary: Vec<&Vec<&str>> = rows[summary_at + 2..].iter().filter(|r| r.first() == Some(&pid.as_str())).collect();
+    // Each row ends with the innermost Python frame of the call.
+    assert_eq!(oom[oom.len() - 2..], ["cuda_driver.py:149", "Driver.call"]);
+    let summary_at = table.lines().position(|l| l.starts_with("Live GPU memory at end, per process")).unwrap();
+    let summary: Vec<&Vec<&str>> =
+        rows[summary_at + 2..].iter().take_while(|r| !r.is_empty()).filter(|r| r.first() == Some(&pid.as_str())).collect();
     // pid ppid comm state kind bytes count mapped(2 words) ipc ctx
     assert_eq!(summary.len(), 2, "{table}");
     assert_eq!(summary[0][3..7], ["exited(0)", "device", "4194304", "2"]);
     assert_eq!(summary[1][3..7], ["exited(0)", "host_pinned", "65536", "1"]);
     assert_eq!(summary[0][9..], ["0", "1"]);
+    let by_frame_at = table.lines().position(|l| l == "Live GPU memory at end, by innermost Python frame:").unwrap();
+    let by_frame: Vec<&Vec<&str>> = rows[by_frame_at + 2..].iter().take_while(|r| !r.is_empty()).collect();
+    assert_eq!(by_frame.len(), 2, "{table}");
+    assert_eq!(by_frame[0][..4], [pid.as_str(), "device", "4194304", "2"]);
+    assert!(by_frame[0][4].ends_with("tests/fixtures/workloads/cuda_driver.py:149"), "{table}");
+    assert_eq!(by_frame[0][5..], ["in", "Driver.call"]);
+    assert_eq!(by_frame[1][..4], [pid.as_str(), "host_pinned", "65536", "1"]);
     // The process left 4 MiB of device memory behind: the findings say so, after the summary,
     // each with the Python stack of its call.
     let findings_at = table.lines().position(|l| l == "Findings (2):").expect("findings listed");

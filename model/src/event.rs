@@ -101,7 +101,7 @@ impl Op {
 }
 
 /// One Python frame.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Frame {
     pub function: String,
     pub file: String,

@@ -79,6 +79,45 @@ pub fn ipc_fork_program() -> &'static Path {
     })
 }
 
+/// The native-thread helper library (`c_thread.c`) the stack workload loads.
+pub fn c_thread_library() -> &'static Path {
+    static LIBRARY: OnceLock<PathBuf> = OnceLock::new();
+    LIBRARY.get_or_init(|| {
+        let output = build_dir().join("libc_thread.so");
+        compile("c_thread.c", &output, &["-shared", "-fPIC", "-ldl", "-lpthread"]);
+        output
+    })
+}
+
+/// The python3.X executable of every CPython the tests cover, installed by pyenv; a missing one
+/// fails the test with what to install.
+pub fn pythons() -> Vec<(String, PathBuf)> {
+    let root = Command::new("pyenv")
+        .arg("root")
+        .output()
+        .ok()
+        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()))
+        .filter(|p| p.is_dir())
+        .unwrap_or_else(|| Path::new(&std::env::var("HOME").unwrap_or_default()).join(".pyenv"));
+    ["3.8", "3.9", "3.10", "3.11", "3.12", "3.13"]
+        .iter()
+        .map(|version| {
+            let found = std::fs::read_dir(root.join("versions")).ok().and_then(|entries| {
+                entries
+                    .flatten()
+                    .map(|e| e.path())
+                    .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&format!("{version}."))))
+                    .map(|p| p.join("bin").join(format!("python{version}")))
+                    .find(|p| p.is_file())
+            });
+            let path = found.unwrap_or_else(|| {
+                panic!("CPython {version} is not installed under {}/versions: install it with `pyenv install {version}`", root.display())
+            });
+            (version.to_string(), path)
+        })
+        .collect()
+}
+
 /// The real python3 executable (not a pyenv shim, whose exec chain would add noise).
 pub fn python3() -> &'static str {
     static PYTHON: OnceLock<String> = OnceLock::new();
@@ -97,7 +136,8 @@ pub fn workload_env(command: &mut Command, log: &Path) {
         .env("LD_LIBRARY_PATH", standin_dir())
         .env("GPUPROF_WORKLOAD_LOG", log)
         .env("PYTHONPATH", workloads())
-        .env("PYTHONUNBUFFERED", "1");
+        .env("PYTHONUNBUFFERED", "1")
+        .env("GPUPROF_C_THREAD_LIB", c_thread_library());
 }
 
 /// `gpuprof run [args] -- command…` with the workload environment; waits for it.

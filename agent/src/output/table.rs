@@ -4,7 +4,7 @@ use std::collections::HashSet;
 use std::io::{self, Write};
 
 use gpuprof_model::driver_api::result_name;
-use gpuprof_model::event::{Event, Layer, Op};
+use gpuprof_model::event::{Event, Frame, Layer, Op};
 use gpuprof_model::track::{LiveSummary, ProcessState};
 
 use gpuprof_model::bytes::human as human_bytes;
@@ -43,6 +43,12 @@ fn time_of_day(ts_ns: u64) -> String {
     format!("{h:02}:{m:02}:{s:02}.{:03}", ms % 1000)
 }
 
+/// "train.py:88 forward": the file's base name, the line, the function.
+fn short_frame(frame: &Frame) -> String {
+    let file = frame.file.rsplit('/').next().unwrap_or(&frame.file);
+    format!("{file}:{} {}", frame.line, frame.function)
+}
+
 fn result_text(code: i32) -> String {
     if code == 0 {
         "ok".to_string()
@@ -68,8 +74,8 @@ impl EventSink for TableSink {
         if !self.header_written {
             writeln!(
                 self.writer,
-                "{:<12} {:>7} {:>7} {:<15} {:<30} {:<10} {:<11} {:<18} {:>10} RESULT",
-                "TIME", "PID", "TID", "COMM", "API", "OP", "KIND", "ADDR", "SIZE"
+                "{:<12} {:>7} {:>7} {:<15} {:<30} {:<10} {:<11} {:<18} {:>10} {:<20} PYTHON",
+                "TIME", "PID", "TID", "COMM", "API", "OP", "KIND", "ADDR", "SIZE", "RESULT"
             )?;
             self.header_written = true;
         }
@@ -81,9 +87,10 @@ impl EventSink for TableSink {
             (Layer::Process, Op::Exit) => (String::new(), format!("exit {}", event.exit_code.unwrap_or(0))),
             _ => (human_bytes(event.size), result_text(event.result)),
         };
+        let python = event.stack.first().map(short_frame).unwrap_or_default();
         writeln!(
             self.writer,
-            "{:<12} {:>7} {:>7} {:<15} {:<30} {:<10} {:<11} {:<18} {:>10} {}",
+            "{:<12} {:>7} {:>7} {:<15} {:<30} {:<10} {:<11} {:<18} {:>10} {:<20} {}",
             time_of_day(event.ts),
             event.pid,
             event.tid,
@@ -93,7 +100,8 @@ impl EventSink for TableSink {
             kind,
             addr,
             size,
-            result
+            result,
+            python
         )
     }
 
@@ -122,7 +130,7 @@ pub fn write_live_summary(writer: &mut dyn Write, processes: &[LiveSummary]) -> 
         "{:>7} {:>7} {:<15} {:<14} {:<11} {:>14} {:>6} {:>12} {:>8} {:>5}",
         "PID", "PPID", "COMM", "STATE", "KIND", "LIVE BYTES", "COUNT", "MAPPED", "IPC OPEN", "CTX"
     )?;
-    for process in processes {
+    for process in &processes {
         let head = |writer: &mut dyn Write| {
             write!(
                 writer,
@@ -146,6 +154,42 @@ pub fn write_live_summary(writer: &mut dyn Write, processes: &[LiveSummary]) -> 
         for (kind, total) in &process.by_kind {
             head(writer)?;
             writeln!(writer, " {:<11} {:>14} {:>6} {tail}", kind.as_str(), total.bytes, total.count)?;
+        }
+    }
+    write_live_by_frame(writer, &processes)
+}
+
+/// Frames per process shown in the summary; the rest are summed in one line.
+const FRAMES_SHOWN: usize = 10;
+
+/// Live bytes grouped by the innermost Python frame of the allocating call.
+fn write_live_by_frame(writer: &mut dyn Write, processes: &[&LiveSummary]) -> io::Result<()> {
+    if processes.iter().all(|p| p.by_frame.is_empty()) {
+        return Ok(());
+    }
+    writeln!(writer)?;
+    writeln!(writer, "Live GPU memory at end, by innermost Python frame:")?;
+    writeln!(writer, "{:>7} {:<11} {:>14} {:>6}  FRAME", "PID", "KIND", "LIVE BYTES", "COUNT")?;
+    for process in processes {
+        for entry in process.by_frame.iter().take(FRAMES_SHOWN) {
+            let frame = match &entry.frame {
+                Some(frame) => format!("{}:{} in {}", frame.file, frame.line, frame.function),
+                None => "(no Python stack)".to_string(),
+            };
+            writeln!(
+                writer,
+                "{:>7} {:<11} {:>14} {:>6}  {frame}",
+                process.pid,
+                entry.kind.as_str(),
+                entry.total.bytes,
+                entry.total.count
+            )?;
+        }
+        let rest: Vec<_> = process.by_frame.iter().skip(FRAMES_SHOWN).collect();
+        if !rest.is_empty() {
+            let bytes: u64 = rest.iter().map(|e| e.total.bytes).sum();
+            let count: u64 = rest.iter().map(|e| e.total.count).sum();
+            writeln!(writer, "{:>7} {:<11} {:>14} {:>6}  ({} more frames)", process.pid, "", bytes, count, rest.len())?;
         }
     }
     Ok(())

@@ -12,7 +12,7 @@ mod process;
 use std::collections::HashMap;
 
 pub use ipc::{Export, ExportKey, ProcessRef};
-pub use process::{Allocation, Import, KindTotal, LiveSummary, Mapping, ProcessMemory, ProcessState, Space};
+pub use process::{Allocation, FrameTotal, Import, KindTotal, LiveSummary, Mapping, ProcessMemory, ProcessState, Space};
 
 use crate::event::{Event, Layer, Op};
 

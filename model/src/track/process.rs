@@ -182,7 +182,19 @@ impl ProcessMemory {
             total.bytes += allocation.size;
             total.count += 1;
         }
+        let mut frames: BTreeMap<(Option<&Frame>, Kind), KindTotal> = BTreeMap::new();
+        for allocation in self.allocations.values() {
+            let total = frames.entry((allocation.stack.first(), allocation.kind)).or_default();
+            total.bytes += allocation.size;
+            total.count += 1;
+        }
+        let mut by_frame: Vec<FrameTotal> = frames
+            .into_iter()
+            .map(|((frame, kind), total)| FrameTotal { frame: frame.cloned(), kind, total })
+            .collect();
+        by_frame.sort_by(|a, b| b.total.bytes.cmp(&a.total.bytes).then_with(|| a.frame.cmp(&b.frame)));
         LiveSummary {
+            by_frame,
             pid: self.pid,
             ppid: self.ppid,
             comm: self.comm.clone(),
@@ -271,9 +283,19 @@ pub struct KindTotal {
     pub count: u64,
 }
 
+/// Live allocations of one kind whose innermost Python frame is `frame` (None: no Python stack).
+#[derive(Debug, Clone, PartialEq)]
+pub struct FrameTotal {
+    pub frame: Option<Frame>,
+    pub kind: Kind,
+    pub total: KindTotal,
+}
+
 /// What one process holds, for tables and summaries.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LiveSummary {
+    /// Live bytes by innermost Python frame and kind, largest first.
+    pub by_frame: Vec<FrameTotal>,
     pub pid: u32,
     pub ppid: Option<u32>,
     pub comm: String,
