@@ -65,13 +65,38 @@ pub fn walk_config(interpreter: &Interpreter, generation: u32) -> gp_python {
         tstate_thread_id: o.tstate_thread_id,
         tstate_frame: o.tstate_frame,
         cframe_current_frame: o.cframe_current_frame.unwrap_or(NO_OFFSET),
+        tstate_datastack_chunk: o.tstate_datastack_chunk.unwrap_or(NO_OFFSET),
+        tstate_datastack_top: o.tstate_datastack_top.unwrap_or(NO_OFFSET),
+        chunk_data: o.chunk_data.unwrap_or(NO_OFFSET),
         frame_code: o.frame_code,
         frame_previous: o.frame_previous,
         frame_instr: o.frame_instr,
         frame_owner: o.frame_owner.unwrap_or(NO_OFFSET),
+        frame_read_len: frame_read_len(o),
+        tstate_read_start: tstate_read(o).0,
+        tstate_read_len: tstate_read(o).1,
         skip_cstack_frames: u8::from(interpreter.layout.has_cstack_frames),
-        reserved: [0; 3],
+        reserved: [0; 7],
     }
+}
+
+/// The bytes from a frame's start that hold code, previous, instruction and owner: the walk
+/// reads them at once. Fields are read as 8 bytes.
+fn frame_read_len(o: &gpuprof_pystack::Offsets) -> u16 {
+    let last = [Some(o.frame_code), Some(o.frame_previous), Some(o.frame_instr), o.frame_owner]
+        .into_iter()
+        .flatten()
+        .max()
+        .unwrap_or(0);
+    last + 8
+}
+
+/// (start, length) of the thread-state bytes that hold every field the walk reads.
+fn tstate_read(o: &gpuprof_pystack::Offsets) -> (u16, u16) {
+    let fields = [Some(o.tstate_thread_id), Some(o.tstate_frame), o.tstate_datastack_chunk, o.tstate_datastack_top];
+    let start = fields.iter().flatten().copied().min().unwrap_or(0);
+    let end = fields.iter().flatten().copied().max().unwrap_or(0) + 8;
+    (start, end - start)
 }
 
 impl Pythons {

@@ -52,6 +52,7 @@ pub fn attach(pid: u32, wait: bool, args: &CaptureArgs) -> Result<u8> {
         );
     }
     let capture = Capture::load(capture_options(args)?)?;
+    tracing::debug!(elapsed_ms = started.elapsed().as_millis() as u64, "probes loaded");
     let sink = output::sink(args.format, output::open_writer(args.output.as_deref())?);
     let mut session = Session::new(&capture, args, sink, pid)?;
     capture.track(pid)?;
@@ -64,6 +65,7 @@ pub fn attach(pid: u32, wait: bool, args: &CaptureArgs) -> Result<u8> {
         }
     }
     session.python.discover(&capture);
+    tracing::debug!(elapsed_ms = started.elapsed().as_millis() as u64, "processes tracked, interpreters found");
     if libraries.is_empty() {
         eprintln!("gpuprof: waiting for process {pid} ({}) to load libcuda.so", procfs::comm(pid));
         libraries = wait_for_libcuda(pid)?;

@@ -129,13 +129,24 @@ struct gp_python {
 	__u16 tstate_thread_id;      /* pthread_t: the thread pointer (fs base) on x86-64 glibc */
 	__u16 tstate_frame;          /* frame (≤ 3.10), cframe (3.11, 3.12), current_frame (3.13) */
 	__u16 cframe_current_frame;  /* 3.11, 3.12 */
+	__u16 tstate_datastack_chunk; /* 3.11+: frames live in the thread's data stack, read at once */
+	__u16 tstate_datastack_top;
+	__u16 chunk_data;
 	__u16 frame_code;
 	__u16 frame_previous;
 	__u16 frame_instr;
 	__u16 frame_owner;           /* 3.11+ */
+	__u16 frame_read_len;        /* bytes from a frame's start that cover every field above */
+	__u16 tstate_read_start;     /* the thread state's fields above lie in [start, start + len) */
+	__u16 tstate_read_len;
 	__u8 skip_cstack_frames;     /* 3.12+: frames owned by the C stack are shims */
-	__u8 reserved[3];
+	__u8 reserved[7];
 };
+
+/* The most frame_read_len can be: one read per frame brings every field the walk needs. */
+#define GP_FRAME_READ_MAX 128
+/* The most tstate_read_len can be: one read of the thread state per event. */
+#define GP_TSTATE_READ_MAX 512
 
 #define GP_FRAME_OWNED_BY_CSTACK 3
 

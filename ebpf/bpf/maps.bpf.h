@@ -74,12 +74,17 @@ const volatile __u64 wakeup_interval_ns = 10 * 1000 * 1000;
 /* When the reader was last woken (any CPU). */
 __u64 last_wakeup_ns = 0;
 
-/* Wake the reader once a batch has built up or the interval has passed: a wakeup per record
- * would cost more than the record. */
+/* A reader that is behind gets no more than one wakeup per this long: it is awake anyway, and
+ * a wakeup costs the traced thread more than its record. */
+#define GP_WAKEUP_MIN_GAP_NS (1000 * 1000)
+
+/* Wake the reader once a batch has built up or the interval has passed. */
 static __always_inline __u64 wakeup_flags(__u64 now)
 {
-	if (bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= wakeup_bytes ||
-	    now - last_wakeup_ns >= wakeup_interval_ns) {
+	__u64 since = now - last_wakeup_ns;
+
+	if (since >= wakeup_interval_ns ||
+	    (since >= GP_WAKEUP_MIN_GAP_NS && bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= wakeup_bytes)) {
 		last_wakeup_ns = now;
 		return BPF_RB_FORCE_WAKEUP;
 	}

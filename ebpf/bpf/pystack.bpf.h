@@ -16,6 +16,11 @@
 #define GP_MAX_WALK 96
 /* Code objects a thread remembers having described to user space (direct-mapped). */
 #define GP_SEEN_SLOTS 256
+/* The top of a thread's data stack read at once (3.11+): the frames in it need no read each,
+ * and a read costs more than copying a few KiB. */
+#define GP_STACK_BUF 16384
+/* New code objects described per event (as many as frames kept). */
+#define GP_DESCRIBE_MAX 64
 
 /* A code record being put together. */
 struct code_record {
@@ -33,6 +38,18 @@ struct stack_scratch {
 	/* code object | generation << 48: user addresses have 47 bits, and a new program (new
 	 * generation) must describe its code objects again. */
 	__u64 seen[GP_SEEN_SLOTS];
+	/* One frame's fields, read at once (frames outside the data stack copy). */
+	__u8 frame[GP_FRAME_READ_MAX];
+	/* The thread state's fields, read at once. */
+	__u8 tstate[GP_TSTATE_READ_MAX];
+	__u32 depth;
+	__u32 reserved;
+	/* The top of the thread's data stack. */
+	__u8 stack[GP_STACK_BUF];
+	/* Code objects of this walk to describe after it. */
+	__u64 to_describe[GP_DESCRIBE_MAX];
+	__u32 describe_count;
+	__u32 reserved2;
 	struct code_record code_out;
 };
 
@@ -66,22 +83,43 @@ static long scan_thread(__u64 index, void *ctx)
 	return read_ptr(&scan->tstate, scan->tstate + scan->py->tstate_next) ? 1 : 0;
 }
 
-/* The PyThreadState of the current thread, or 0. */
-static __always_inline __u64 current_tstate(const struct gp_python *py, __u32 tid)
+/* A field of the thread state copy in scratch->tstate. */
+static __always_inline __u64 tstate_field(const struct stack_scratch *scratch, const struct gp_python *py, __u16 offset)
+{
+	__u16 at = offset - py->tstate_read_start;
+
+	if (offset < py->tstate_read_start || at > GP_TSTATE_READ_MAX - sizeof(__u64))
+		return 0;
+	return *(const __u64 *)(scratch->tstate + (at & (GP_TSTATE_READ_MAX - 8)));
+}
+
+/* Copies the fields the walk needs of a thread state into scratch->tstate (one read). */
+static __always_inline int read_tstate(struct stack_scratch *scratch, const struct gp_python *py, __u64 tstate)
+{
+	__u32 len = py->tstate_read_len;
+
+	if (len > GP_TSTATE_READ_MAX)
+		len = GP_TSTATE_READ_MAX;
+	return bpf_probe_read_user(scratch->tstate, len, (void *)(tstate + py->tstate_read_start));
+}
+
+/* The PyThreadState of the current thread, its fields copied into scratch->tstate; or 0. */
+static __always_inline __u64 current_tstate(const struct gp_python *py, __u32 tid, struct stack_scratch *scratch)
 {
 	struct task_struct *task = bpf_get_current_task_btf();
 	struct thread_scan scan = { .py = py, .thread_pointer = task->thread.fsbase };
 	__u64 *cached = bpf_map_lookup_elem(&thread_states, &tid);
-	__u64 id = 0, interp = 0;
+	__u64 interp = 0;
 
-	if (cached && *cached && !read_ptr(&id, *cached + py->tstate_thread_id) && id == scan.thread_pointer)
+	if (cached && *cached && !read_tstate(scratch, py, *cached) &&
+	    tstate_field(scratch, py, py->tstate_thread_id) == scan.thread_pointer)
 		return *cached;
 	if (read_ptr(&interp, py->runtime + py->interpreters_head) || !interp)
 		return 0;
 	if (read_ptr(&scan.tstate, interp + py->threads_head))
 		return 0;
 	bpf_loop(GP_MAX_THREADS, scan_thread, &scan, 0);
-	if (!scan.found)
+	if (!scan.found || read_tstate(scratch, py, scan.tstate))
 		return 0;
 	bpf_map_update_elem(&thread_states, &tid, &scan.tstate, BPF_ANY);
 	return scan.tstate;
@@ -167,6 +205,8 @@ struct frame_walk {
 	struct gp_frame *frames;
 	struct stack_scratch *scratch;
 	__u64 frame;
+	__u64 stack_base;  /* the data stack copy covers [stack_base, stack_base + stack_len) */
+	__u64 stack_len;
 	__u32 tgid;
 	__u32 tid;
 	__u32 depth;
@@ -174,39 +214,73 @@ struct frame_walk {
 	bool truncated;
 };
 
+/* A pointer-sized field of a frame copy (fields are 8-byte aligned; offsets were checked by user
+ * space to lie within frame_read_len). */
+static __always_inline __u64 frame_field(const __u8 *frame, __u16 offset)
+{
+	if (offset > GP_FRAME_READ_MAX - sizeof(__u64))
+		return 0;
+	return *(const __u64 *)(frame + (offset & (GP_FRAME_READ_MAX - 8)));
+}
+
+/* One frame of the walk (a bpf_loop callback): 1 when the walk is over. */
 static long walk_frame(__u64 index, void *ctx)
 {
 	struct frame_walk *walk = ctx;
 	const struct gp_python *py = walk->py;
-	__u64 frame = walk->frame, code = 0, instr = 0, previous = 0;
-	__u8 owner = 0;
+	struct stack_scratch *scratch = walk->scratch;
+	__u64 frame = walk->frame;
+	__u32 len = py->frame_read_len;
 
 	if (!frame)
 		return 1;
-	if (read_ptr(&code, frame + py->frame_code) || read_ptr(&previous, frame + py->frame_previous) ||
-	    read_ptr(&instr, frame + py->frame_instr) ||
-	    (py->frame_owner != GP_NO_OFFSET &&
-	     bpf_probe_read_user(&owner, sizeof(owner), (void *)(frame + py->frame_owner)))) {
+	if (len > GP_FRAME_READ_MAX)
+		len = GP_FRAME_READ_MAX;
+	const __u8 *copy;
+	__u64 at = frame - walk->stack_base;
+	if (frame >= walk->stack_base && at + len <= walk->stack_len && at <= GP_STACK_BUF - GP_FRAME_READ_MAX &&
+	    (at & 7) == 0) {
+		copy = scratch->stack + (at & (GP_STACK_BUF - 8));
+	} else if (!bpf_probe_read_user(scratch->frame, len, (void *)frame)) {
+		copy = scratch->frame;
+	} else {
 		walk->lost = true;
 		return 1;
 	}
-	walk->frame = previous;
+	__u64 code = frame_field(copy, py->frame_code);
+	__u64 instr = frame_field(copy, py->frame_instr);
+	__u8 owner = py->frame_owner > GP_FRAME_READ_MAX - 1 ? 0 : copy[py->frame_owner & (GP_FRAME_READ_MAX - 1)];
+	walk->frame = frame_field(copy, py->frame_previous);
 	if (py->skip_cstack_frames && owner == GP_FRAME_OWNED_BY_CSTACK)
 		return 0;
-	if (walk->depth >= GP_MAX_FRAMES) {
+	/* Kept in the map value, not a register: the verifier need not follow every depth. */
+	__u32 depth = scratch->depth;
+	if (depth >= GP_MAX_FRAMES) {
 		walk->truncated = true;
 		return 1;
 	}
-	struct gp_frame *slot = &walk->frames[walk->depth & (GP_MAX_FRAMES - 1)];
+	struct gp_frame *slot = &walk->frames[depth & (GP_MAX_FRAMES - 1)];
 	slot->code = code;
 	slot->instr = instr;
-	walk->depth++;
+	scratch->depth = depth + 1;
 	__u32 seen = ((code >> 4) ^ (code >> 12)) & (GP_SEEN_SLOTS - 1);
 	__u64 tagged = code | ((__u64)py->generation << 48);
-	if (walk->scratch->seen[seen] != tagged) {
-		describe_code(py, &walk->scratch->code_out, code, walk->tgid, walk->tid);
-		walk->scratch->seen[seen] = tagged;
+	__u32 n = scratch->describe_count;
+	if (scratch->seen[seen] != tagged && n < GP_DESCRIBE_MAX) {
+		scratch->to_describe[n & (GP_DESCRIBE_MAX - 1)] = code;
+		scratch->describe_count = n + 1;
+		scratch->seen[seen] = tagged;
 	}
+	return 0;
+}
+
+static long describe_one(__u64 index, void *ctx)
+{
+	struct frame_walk *walk = ctx;
+	struct stack_scratch *scratch = walk->scratch;
+
+	describe_code(walk->py, &scratch->code_out, scratch->to_describe[index & (GP_DESCRIBE_MAX - 1)], walk->tgid,
+		      walk->tid);
 	return 0;
 }
 
@@ -222,17 +296,43 @@ static __always_inline __u32 walk_python_stack(__u32 tgid, __u32 tid, struct gp_
 	struct gp_python *py = bpf_map_lookup_elem(&python_procs, &tgid);
 	if (!py)
 		return 0;
-	__u64 tstate = current_tstate(py, tid);
+	__u64 tstate = current_tstate(py, tid, scratch);
 	struct frame_walk walk = { .py = py, .frames = frames, .scratch = scratch, .tgid = tgid, .tid = tid };
 
-
-	if (!tstate || read_ptr(&walk.frame, tstate + py->tstate_frame))
+	if (!tstate)
 		return 0;
+	walk.frame = tstate_field(scratch, py, py->tstate_frame);
+	if (py->tstate_datastack_chunk != GP_NO_OFFSET) {
+		/* One read for the frames at the top of the data stack (the usual whole stack). */
+		__u64 chunk = tstate_field(scratch, py, py->tstate_datastack_chunk);
+		__u64 top = tstate_field(scratch, py, py->tstate_datastack_top);
+
+		if (chunk && top > chunk + py->chunk_data) {
+			__u64 base = chunk + py->chunk_data;
+			__u64 len = top - base;
+
+			if (len > GP_STACK_BUF) {
+				base = top - GP_STACK_BUF;
+				len = GP_STACK_BUF;
+			}
+			len &= (GP_STACK_BUF * 2 - 1);
+			if (len <= GP_STACK_BUF && !bpf_probe_read_user(scratch->stack, len, (void *)base)) {
+				walk.stack_base = base;
+				walk.stack_len = len;
+			}
+		}
+	}
 	if (py->cframe_current_frame != GP_NO_OFFSET && walk.frame &&
 	    read_ptr(&walk.frame, walk.frame + py->cframe_current_frame))
 		walk.lost = true;
-	else
+	else {
+		scratch->depth = 0;
+		scratch->describe_count = 0;
 		bpf_loop(GP_MAX_WALK, walk_frame, &walk, 0);
+		/* Described before the record that names them goes out: user space meets them first. */
+		bpf_loop(scratch->describe_count, describe_one, &walk, 0);
+	}
+	walk.depth = scratch->depth;
 	if (walk.lost) {
 		count(GP_COUNTER_STACK_UNREADABLE);
 		*flags |= GP_FLAG_STACK_LOST;

@@ -38,6 +38,9 @@ int main(void) {
   P("tstate.thread_id", offsetof(PyThreadState, thread_id));
 #if PY_MINOR_VERSION >= 11
   P("tstate.native_thread_id", offsetof(PyThreadState, native_thread_id));
+  P("tstate.datastack_chunk", offsetof(PyThreadState, datastack_chunk));
+  P("tstate.datastack_top", offsetof(PyThreadState, datastack_top));
+  P("chunk.data", offsetof(_PyStackChunk, data));
 #endif
 #if PY_MINOR_VERSION >= 13
   P("tstate.frame", offsetof(PyThreadState, current_frame));

@@ -37,16 +37,20 @@ impl CodeInfo {
     }
 }
 
+/// Resolved frames kept per process: hot loops hit the same (code, instruction) pairs.
+const FRAME_CACHE_LIMIT: usize = 1 << 16;
+
 /// Symbolizes the frames of one process; its cache lives as long as the process's image.
 #[derive(Debug)]
 pub struct Symbolizer {
     layout: Layout,
     codes: HashMap<u64, Arc<CodeInfo>>,
+    frames: HashMap<(u64, u64), Frame>,
 }
 
 impl Symbolizer {
     pub fn new(layout: Layout) -> Self {
-        Symbolizer { layout, codes: HashMap::new() }
+        Symbolizer { layout, codes: HashMap::new(), frames: HashMap::new() }
     }
 
     pub fn layout(&self) -> &Layout {
@@ -57,6 +61,8 @@ impl Symbolizer {
     /// process was alive to be read).
     pub fn insert(&mut self, code: u64, info: CodeInfo) {
         self.codes.insert(code, Arc::new(info));
+        // A code object at a reused address: its resolved lines are stale.
+        self.frames.retain(|(c, _), _| *c != code);
     }
 
     /// Code objects cached so far.
@@ -66,6 +72,9 @@ impl Symbolizer {
 
     /// One frame: `instr` is what the frame's instruction field held (see [`InstrEncoding`]).
     pub fn frame(&mut self, memory: &dyn Memory, code: u64, instr: u64) -> Result<Frame, MemoryError> {
+        if let Some(frame) = self.frames.get(&(code, instr)) {
+            return Ok(frame.clone());
+        }
         let info = match self.codes.get(&code) {
             Some(info) => Arc::clone(info),
             None => {
@@ -77,7 +86,12 @@ impl Symbolizer {
         let offset = self.instruction_offset(code, instr);
         let line = linetable::line_for(self.layout.line_table, &info.line_table, info.first_line, offset)
             .unwrap_or(info.first_line.max(0) as u32);
-        Ok(Frame { function: info.function.clone(), file: info.file.clone(), line })
+        let frame = Frame { function: info.function.clone(), file: info.file.clone(), line };
+        if self.frames.len() >= FRAME_CACHE_LIMIT {
+            self.frames.clear();
+        }
+        self.frames.insert((code, instr), frame.clone());
+        Ok(frame)
     }
 
     /// The instruction's position in the unit its line table counts in.

@@ -30,6 +30,12 @@ pub struct Offsets {
     pub tstate_frame: u16,
     /// `_PyCFrame.current_frame` (3.11, 3.12).
     pub cframe_current_frame: Option<u16>,
+    /// `datastack_chunk` (3.11+): the chunk of the thread's frame stack in use.
+    pub tstate_datastack_chunk: Option<u16>,
+    /// `datastack_top` (3.11+): the end of the frames in that chunk.
+    pub tstate_datastack_top: Option<u16>,
+    /// `_PyStackChunk.data` (3.11+): where a chunk's frames start.
+    pub chunk_data: Option<u16>,
     /// `f_code` / `f_executable`.
     pub frame_code: u16,
     /// `f_back` (≤ 3.10) / `previous`.
@@ -66,6 +72,9 @@ impl Offsets {
             ("tstate.thread_id", Some(self.tstate_thread_id)),
             ("tstate.frame", Some(self.tstate_frame)),
             ("cframe.current_frame", self.cframe_current_frame),
+            ("tstate.datastack_chunk", self.tstate_datastack_chunk),
+            ("tstate.datastack_top", self.tstate_datastack_top),
+            ("chunk.data", self.chunk_data),
             ("frame.code", Some(self.frame_code)),
             ("frame.previous", Some(self.frame_previous)),
             ("frame.instr", Some(self.frame_instr)),
@@ -130,6 +139,9 @@ const fn offsets_38_to_310(frame_instr: u16) -> Offsets {
         tstate_thread_id: 176,
         tstate_frame: 24,
         cframe_current_frame: None,
+        tstate_datastack_chunk: None,
+        tstate_datastack_top: None,
+        chunk_data: None,
         frame_code: 32,
         frame_previous: 24,
         frame_instr,
@@ -156,6 +168,9 @@ const OFFSETS_311: Offsets = Offsets {
     tstate_thread_id: 152,
     tstate_frame: 56,
     cframe_current_frame: Some(8),
+    tstate_datastack_chunk: Some(296),
+    tstate_datastack_top: Some(304),
+    chunk_data: Some(24),
     frame_code: 32,
     frame_previous: 48,
     frame_instr: 56,
@@ -181,6 +196,9 @@ const OFFSETS_312: Offsets = Offsets {
     tstate_thread_id: 136,
     tstate_frame: 56,
     cframe_current_frame: Some(0),
+    tstate_datastack_chunk: Some(232),
+    tstate_datastack_top: Some(240),
+    chunk_data: Some(24),
     frame_code: 0,
     frame_previous: 8,
     frame_instr: 56,
@@ -206,6 +224,9 @@ const OFFSETS_313: Offsets = Offsets {
     tstate_thread_id: 152,
     tstate_frame: 72,
     cframe_current_frame: None,
+    tstate_datastack_chunk: Some(232),
+    tstate_datastack_top: Some(240),
+    chunk_data: Some(24),
     frame_code: 0,
     frame_previous: 8,
     frame_instr: 56,
@@ -289,6 +310,11 @@ pub fn from_debug_offsets(bytes: &[u8], fallback: &Offsets) -> Result<Offsets, D
         tstate_thread_id: field(24)?,
         tstate_frame: field(23)?,
         cframe_current_frame: None,
+        tstate_datastack_chunk: Some(field(26)?),
+        // datastack_top follows datastack_chunk in PyThreadState; chunks start with
+        // (previous, size, top) before their data. Neither is published.
+        tstate_datastack_top: Some(field(26)? + 8),
+        chunk_data: fallback.chunk_data,
         frame_previous: field(29)?,
         frame_code: field(30)?,
         frame_instr: field(31)?,
