@@ -90,12 +90,21 @@ fn wait_gives_up_when_the_process_exits_first() {
 
 #[test]
 fn missing_privileges_name_the_capabilities() {
+    // A copy an unprivileged user can run, wherever the checkout lives.
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!("gpuprof-unprivileged-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let binary = dir.join("gpuprof");
+    std::fs::copy(gpuprof(), &binary).unwrap();
+    std::fs::set_permissions(&binary, std::fs::Permissions::from_mode(0o755)).unwrap();
     let output = Command::new("setpriv")
         .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"])
-        .arg(gpuprof())
+        .arg(&binary)
         .args(["run", "--", "true"])
         .output()
         .expect("setpriv (util-linux) is installed");
+    std::fs::remove_dir_all(&dir).unwrap();
     assert_one_line_error(&output, "missing privileges CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE: ");
     assert!(String::from_utf8_lossy(&output.stderr).contains("setcap cap_bpf,cap_perfmon,cap_sys_ptrace+ep"));
 }
