@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use gpuprof_ebpf::types::{gp_record, gp_record_kind};
 use gpuprof_model::driver_api::{self, ArgLayout};
-use gpuprof_model::event::{Event, Layer, Op, Source};
+use gpuprof_model::event::{Event, Kind, Layer, Op, Source, PYTORCH_ALLOCATOR_API};
 
 use crate::capture::Record;
 use crate::clock::Clock;
@@ -64,6 +64,10 @@ impl Decoder {
             gp_record_kind::GP_RECORD_FORK => (Layer::Process, Op::Fork, Cow::Borrowed("sched_process_fork")),
             gp_record_kind::GP_RECORD_EXEC => (Layer::Process, Op::Exec, Cow::Borrowed("sched_process_exec")),
             gp_record_kind::GP_RECORD_EXIT => (Layer::Process, Op::Exit, Cow::Borrowed("sched_process_exit")),
+            gp_record_kind::GP_RECORD_ALLOCATOR => {
+                let op = if (record.aux as i64) < 0 { Op::Free } else { Op::Alloc };
+                (Layer::Allocator, op, Cow::Borrowed(PYTORCH_ALLOCATOR_API))
+            }
             _ => return Err(DecodeError::UnknownKind(record.kind)),
         };
         let mut event = Event::new(
@@ -81,7 +85,8 @@ impl Decoder {
         event.ns_pid = info.ns_pid;
         match layer {
             Layer::Driver => self.fill_driver(full, &mut event),
-            _ => fill_process(full, &mut event),
+            Layer::Allocator => fill_allocator(full, &mut event),
+            Layer::Process => fill_process(full, &mut event),
         }
         if op == Op::Exit {
             self.processes.remove(&record.pid);
@@ -130,6 +135,18 @@ impl Decoder {
     }
 }
 
+fn fill_allocator(full: &Record, event: &mut Event) {
+    let record = &full.header;
+    event.kind = Some(Kind::Device);
+    event.device = Some(record.device);
+    event.addr = Some(record.addr);
+    event.size = record.size;
+    if let Some(totals) = full.totals {
+        event.allocated = Some(totals.allocated);
+        event.reserved = Some(totals.reserved);
+    }
+}
+
 fn fill_process(full: &Record, event: &mut Event) {
     let record = &full.header;
     match event.op {
@@ -157,7 +174,6 @@ fn c_string(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpuprof_model::event::Kind;
     use crate::capture::flags;
 
     fn record(kind: gp_record_kind) -> Record {

@@ -36,11 +36,21 @@ pub fn is_libcuda(path: &str) -> bool {
     name == "libcuda.so" || name.starts_with("libcuda.so.")
 }
 
+/// True for PyTorch's core library, which holds the allocator report: libc10.so.
+pub fn is_libc10(path: &str) -> bool {
+    path.rsplit('/').next() == Some("libc10.so")
+}
+
 /// Every libcuda file mapped by a process, opened through its root so containers work.
 pub fn mapped_by(pid: u32) -> Result<Vec<LibraryFile>> {
+    mapped_matching(pid, is_libcuda)
+}
+
+/// Every file a process maps whose path passes `wanted`, opened through the process's root.
+pub fn mapped_matching(pid: u32, wanted: fn(&str) -> bool) -> Result<Vec<LibraryFile>> {
     let files = procfs::mapped_files(pid).with_context(|| format!("cannot read /proc/{pid}/maps"))?;
     let mut found: Vec<LibraryFile> = Vec::new();
-    for file in files.iter().filter(|f| is_libcuda(&f.path)) {
+    for file in files.iter().filter(|f| wanted(&f.path)) {
         let path = file.path.strip_suffix(" (deleted)").unwrap_or(&file.path);
         let Ok(library) = LibraryFile::open(procfs::path_in_root(pid, path)) else { continue };
         if !found.iter().any(|f| f.identity == library.identity) {

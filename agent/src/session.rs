@@ -3,7 +3,7 @@
 //! pick up libcuda files that tracked processes load later, and stop when the target ends, the
 //! duration passes or a signal arrives.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
 use std::io;
 use std::os::unix::fs::PermissionsExt;
@@ -65,6 +65,7 @@ pub fn attach(pid: u32, wait: bool, args: &CaptureArgs) -> Result<u8> {
         }
     }
     session.python.discover(&capture);
+    session.discover_libraries();
     tracing::debug!(elapsed_ms = started.elapsed().as_millis() as u64, "processes tracked, interpreters found");
     if libraries.is_empty() {
         eprintln!("gpuprof: waiting for process {pid} ({}) to load libcuda.so", procfs::comm(pid));
@@ -257,6 +258,19 @@ fn wait_for_libcuda(pid: u32) -> Result<Vec<LibraryFile>> {
     }
 }
 
+/// Which libraries of one process are probed.
+#[derive(Debug, Default, Clone, Copy)]
+struct Probed {
+    libcuda: bool,
+    libc10: bool,
+}
+
+impl Probed {
+    fn both(&self) -> bool {
+        self.libcuda && self.libc10
+    }
+}
+
 struct Session<'c> {
     capture: &'c Capture,
     decoder: Decoder,
@@ -270,8 +284,9 @@ struct Session<'c> {
     root_exited: bool,
     /// Tracked processes believed alive: the root and the descendants seen forking.
     alive: HashSet<u32>,
-    /// Processes whose libcuda is probed already (their maps need no more scans).
-    probed: HashSet<u32>,
+    /// Processes whose libcuda (and libc10, once a process has loaded PyTorch) are probed: their
+    /// maps need no more scans for that library.
+    probed: HashMap<u32, Probed>,
     events: u64,
     decode_errors: u64,
     started: Instant,
@@ -296,7 +311,7 @@ impl<'c> Session<'c> {
             root,
             root_exited: false,
             alive: HashSet::from([root]),
-            probed: HashSet::new(),
+            probed: HashMap::new(),
             events: 0,
             decode_errors: 0,
             started: now,
@@ -331,6 +346,8 @@ impl<'c> Session<'c> {
         }
         if self.python.is_looking() {
             self.python.discover(capture);
+            // A new program maps its libraries now: probe them before its first calls.
+            self.discover_libraries();
         }
         self.sink.flush().context("cannot write the output")
     }
@@ -397,19 +414,39 @@ impl<'c> Session<'c> {
     /// A tracked process may load a libcuda other than the one probed (another path, a
     /// container's copy): probe it as soon as it appears in the process's maps.
     fn discover_libraries(&mut self) {
-        let unprobed: Vec<u32> = self.alive.difference(&self.probed).copied().collect();
-        for pid in unprobed {
-            let Ok(libraries) = libcuda::mapped_by(pid) else { continue };
-            if libraries.is_empty() {
-                continue;
-            }
-            for library in &libraries {
-                if let Err(error) = self.attach(library) {
-                    eprintln!("gpuprof: warning: {error:#}");
+        let pending: Vec<u32> =
+            self.alive.iter().copied().filter(|pid| !self.probed.get(pid).is_some_and(Probed::both)).collect();
+        for pid in pending {
+            let mut probed = self.probed.get(&pid).copied().unwrap_or_default();
+            if !probed.libcuda {
+                let Ok(libraries) = libcuda::mapped_by(pid) else { continue };
+                for library in &libraries {
+                    if let Err(error) = self.attach(library) {
+                        eprintln!("gpuprof: warning: {error:#}");
+                    }
                 }
+                probed.libcuda = !libraries.is_empty();
             }
-            self.probed.insert(pid);
+            if !probed.libc10 {
+                let Ok(libraries) = libcuda::mapped_matching(pid, libcuda::is_libc10) else { continue };
+                for library in &libraries {
+                    if let Err(error) = self.attach_allocator(library) {
+                        eprintln!("gpuprof: warning: {error:#}");
+                    }
+                }
+                probed.libc10 = !libraries.is_empty();
+            }
+            self.probed.insert(pid, probed);
         }
+    }
+
+    fn attach_allocator(&mut self, library: &LibraryFile) -> Result<()> {
+        if self.capture.is_attached(library) {
+            return Ok(());
+        }
+        self.capture.attach_allocator(library)?;
+        eprintln!("gpuprof: probing c10::reportMemoryUsageToProfiler of {}", library.path.display());
+        Ok(())
     }
 
     fn drops(&self) -> DropCounters {
@@ -420,7 +457,7 @@ impl<'c> Session<'c> {
         let drops = self.drops();
         let seconds = self.started.elapsed().as_secs_f64();
         format!(
-            "{} events ({:.0}/s) from {} processes in {:.1} s; lost {} (ring buffer full {}, call table full {}); out-pointers unread {}, returns without entry {}, undecodable {}; Python stacks {} from {} interpreters, unresolved {} (unreadable in the kernel {})",
+            "{} events ({:.0}/s) from {} processes in {:.1} s; lost {} (ring buffer full {}, call table full {}); out-pointers unread {}, returns without entry {}, undecodable {}; Python stacks {} from {} interpreters, unresolved {} (unreadable in the kernel {}); allocator reports of other devices {}",
             self.events,
             self.events as f64 / seconds.max(1e-9),
             self.analyzer.tracker().processes().len(),
@@ -434,7 +471,8 @@ impl<'c> Session<'c> {
             self.python.counts.symbolized,
             self.python.counts.interpreters,
             self.python.counts.unresolved,
-            drops.stack_unreadable
+            drops.stack_unreadable,
+            drops.allocator_other_device
         )
     }
 

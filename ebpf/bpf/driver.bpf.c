@@ -20,6 +20,7 @@ struct gp_frame gp_frame_layout = {};
 struct gp_exec_record gp_exec_record_layout = {};
 struct gp_python gp_python_layout = {};
 struct gp_code gp_code_layout = {};
+struct gp_allocator gp_allocator_layout = {};
 struct gp_cookie gp_cookie_layout = {};
 enum gp_shape gp_shape_values = 0;
 enum gp_record_kind gp_record_kind_values = 0;

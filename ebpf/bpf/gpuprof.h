@@ -18,7 +18,20 @@ enum gp_record_kind {
 	GP_RECORD_EXEC = 3,   /* a tracked process replaced its program */
 	GP_RECORD_EXIT = 4,   /* the last thread of a tracked process exited */
 	GP_RECORD_CODE = 5,   /* a Python code object, the first time a thread's stack names it */
+	GP_RECORD_ALLOCATOR = 6, /* a framework allocator's block alloc/free (PyTorch's caching allocator) */
 };
+
+/*
+ * An allocator record: the header (addr = the block, size = its size, aux = the signed size as
+ * reported: negative for a free, device = the CUDA device), then this, then the Python frames.
+ */
+struct gp_allocator {
+	__u64 allocated; /* the allocator's total of live blocks on that device, after the call */
+	__u64 reserved;  /* the allocator's total of segments held on that device */
+};
+
+/* c10::DeviceType::CUDA: the only device whose blocks are recorded. */
+#define GP_C10_DEVICE_CUDA 1
 
 /*
  * How an entry point passes its arguments (x86-64 SysV), i.e. where the address, size, device and
@@ -188,7 +201,8 @@ enum gp_counter {
 	GP_COUNTER_READ_FAILED = 2,    /* an out-pointer or handle could not be read */
 	GP_COUNTER_RETURN_UNMATCHED = 3, /* a return without its entry (attached mid-call) */
 	GP_COUNTER_STACK_UNREADABLE = 4, /* a Python frame chain could not be read to the end */
-	GP_COUNTER_MAX = 5,
+	GP_COUNTER_ALLOCATOR_OTHER_DEVICE = 5, /* allocator reports for non-CUDA devices, not recorded */
+	GP_COUNTER_MAX = 6,
 };
 
 #endif

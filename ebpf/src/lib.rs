@@ -2,11 +2,17 @@
 //! `bpf/gpuprof.h`, the one contract between kernel and user space.
 //!
 //! - `driver`: entry/return probes shared by every libcuda memory entry point.
+//! - `allocator`: the entry probe on PyTorch's c10::reportMemoryUsageToProfiler (tensor blocks).
 //! - `process`: fork/exec/exit tracepoints that follow the tracked process tree.
 
 #[allow(clippy::all, non_camel_case_types, non_upper_case_globals, dead_code, missing_docs)]
 pub mod driver {
     include!(concat!(env!("OUT_DIR"), "/driver.skel.rs"));
+}
+
+#[allow(clippy::all, non_camel_case_types, non_upper_case_globals, dead_code, missing_docs)]
+pub mod allocator {
+    include!(concat!(env!("OUT_DIR"), "/allocator.skel.rs"));
 }
 
 #[allow(clippy::all, non_camel_case_types, non_upper_case_globals, dead_code, missing_docs)]

@@ -168,6 +168,15 @@ pub struct Event {
     /// `mem_info`: the device's total memory (`size` is the free memory).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub total: Option<u64>,
+    /// Allocator events: the allocator's live-block total on the device after the call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocated: Option<u64>,
+    /// Allocator events: the allocator's reserved (segment) total on the device.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reserved: Option<u64>,
+    /// Allocator events: the driver segment (allocation or VMM mapping) the block lies in.
+    #[serde(default, with = "serde_addr", skip_serializing_if = "Option::is_none")]
+    pub segment: Option<u64>,
     /// Time spent inside the driver call.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub duration_ns: Option<u64>,
@@ -213,6 +222,9 @@ impl Event {
             vmm_handle: None,
             pitch: None,
             total: None,
+            allocated: None,
+            reserved: None,
+            segment: None,
             duration_ns: None,
             exit_code: None,
             signal: None,
@@ -227,6 +239,9 @@ impl Event {
         self.result == 0
     }
 }
+
+/// The `api` of allocator-level events from PyTorch.
+pub const PYTORCH_ALLOCATOR_API: &str = "c10::reportMemoryUsageToProfiler";
 
 /// `CUDA_ERROR_OUT_OF_MEMORY`.
 pub const CUDA_ERROR_OUT_OF_MEMORY: i32 = 2;

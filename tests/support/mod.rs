@@ -118,6 +118,23 @@ pub fn pythons() -> Vec<(String, PathBuf)> {
         .collect()
 }
 
+/// The directory holding the libc10 stand-in as `libc10.so`.
+pub fn libc10_standin() -> &'static Path {
+    static LIBRARY: OnceLock<PathBuf> = OnceLock::new();
+    LIBRARY.get_or_init(|| {
+        let dir = build_dir().join("torch_lib");
+        std::fs::create_dir_all(&dir).unwrap();
+        let output = dir.join("libc10.so");
+        compile("libc10_standin.c", &output, &["-shared", "-fPIC", "-fvisibility=hidden"]);
+        output
+    })
+}
+
+/// Calls and allocator blocks (every event but process transitions), in capture order.
+pub fn memory_events(events: &[Event]) -> Vec<&Event> {
+    events.iter().filter(|e| e.layer != Layer::Process).collect()
+}
+
 /// The real python3 executable (not a pyenv shim, whose exec chain would add noise).
 pub fn python3() -> &'static str {
     static PYTHON: OnceLock<String> = OnceLock::new();
@@ -137,7 +154,8 @@ pub fn workload_env(command: &mut Command, log: &Path) {
         .env("GPUPROF_WORKLOAD_LOG", log)
         .env("PYTHONPATH", workloads())
         .env("PYTHONUNBUFFERED", "1")
-        .env("GPUPROF_C_THREAD_LIB", c_thread_library());
+        .env("GPUPROF_C_THREAD_LIB", c_thread_library())
+        .env("GPUPROF_LIBC10", libc10_standin());
 }
 
 /// `gpuprof run [args] -- command…` with the workload environment; waits for it.

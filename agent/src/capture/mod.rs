@@ -17,6 +17,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBuffer, RingBufferBuilder, UprobeMultiOpts, UprobeOpts};
 
+use gpuprof_ebpf::allocator::{AllocatorSkel, AllocatorSkelBuilder};
 use gpuprof_ebpf::driver::{DriverSkel, DriverSkelBuilder};
 use gpuprof_ebpf::process::{ProcessSkel, ProcessSkelBuilder};
 use gpuprof_ebpf::types::gp_counter;
@@ -72,6 +73,9 @@ impl Default for CaptureOptions {
     }
 }
 
+/// The exported name of PyTorch's allocator report (libc10.so).
+pub const ALLOCATOR_SYMBOL: &str = "_ZN3c1027reportMemoryUsageToProfilerEPvlmmNS_6DeviceE";
+
 /// What attaching to one library did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Attachment {
@@ -89,6 +93,7 @@ pub struct DropCounters {
     pub read_failed: u64,
     pub return_unmatched: u64,
     pub stack_unreadable: u64,
+    pub allocator_other_device: u64,
 }
 
 impl DropCounters {
@@ -100,6 +105,7 @@ impl DropCounters {
 
 pub struct Capture {
     driver: DriverSkel<'static>,
+    allocator: AllocatorSkel<'static>,
     /// Kept alive with the driver object: its programs write to the shared maps.
     _process: ProcessSkel<'static>,
     _tracepoints: Vec<Link>,
@@ -153,6 +159,24 @@ impl Capture {
         open_process.maps.thread_states.reuse_fd(driver.maps.thread_states.as_fd()).map_err(|e| load_error("share the thread map", e))?;
         let process = open_process.load().map_err(|e| load_error("load the process tracepoints", e))?;
 
+        let allocator_object: &'static mut MaybeUninit<OpenObject> = Box::leak(Box::new(MaybeUninit::uninit()));
+        let mut open_allocator = AllocatorSkelBuilder::default()
+            .open(allocator_object)
+            .map_err(|e| load_error("open the allocator probe", e))?;
+        if let Some(rodata) = open_allocator.maps.rodata_data.as_deref_mut() {
+            rodata.wakeup_bytes = wakeup_bytes;
+            rodata.python_stacks = options.python_stacks;
+        }
+        open_allocator.progs.allocator_report_multi.set_autoload(multi);
+        open_allocator.progs.allocator_report.set_autoload(!multi);
+        let shared = |e| load_error("share maps with the allocator probe", e);
+        open_allocator.maps.events.reuse_fd(driver.maps.events.as_fd()).map_err(shared)?;
+        open_allocator.maps.tracked.reuse_fd(driver.maps.tracked.as_fd()).map_err(shared)?;
+        open_allocator.maps.counters.reuse_fd(driver.maps.counters.as_fd()).map_err(shared)?;
+        open_allocator.maps.python_procs.reuse_fd(driver.maps.python_procs.as_fd()).map_err(shared)?;
+        open_allocator.maps.thread_states.reuse_fd(driver.maps.thread_states.as_fd()).map_err(shared)?;
+        let allocator = open_allocator.load().map_err(|e| load_error("load the allocator probe", e))?;
+
         let tracepoints = vec![
             process.progs.on_fork.attach().map_err(|e| load_error("attach sched_process_fork", e))?,
             process.progs.on_exec.attach().map_err(|e| load_error("attach sched_process_exec", e))?,
@@ -173,6 +197,7 @@ impl Capture {
 
         Ok(Capture {
             driver,
+            allocator,
             _process: process,
             _tracepoints: tracepoints,
             probe_links: options.probe_links,
@@ -214,6 +239,26 @@ impl Capture {
     /// True when probes are already on this file.
     pub fn is_attached(&self, library: &LibraryFile) -> bool {
         self.attached.borrow().iter().any(|a| a.library.identity == library.identity)
+    }
+
+    /// Puts the allocator-report probe on a libc10 file.
+    pub fn attach_allocator(&self, library: &LibraryFile) -> Result<Attachment> {
+        let functions = elf::exported_functions(&library.path)?;
+        let offset = *functions.get(ALLOCATOR_SYMBOL).ok_or_else(|| {
+            anyhow!("{} does not export c10::reportMemoryUsageToProfiler: no tensor-level events from it", library.path.display())
+        })? as usize;
+        let link = match self.probe_links {
+            ProbeLinks::Multi => {
+                let opts = UprobeMultiOpts { offsets: vec![offset], cookies: vec![0], ..Default::default() };
+                self.allocator.progs.allocator_report_multi.attach_uprobe_multi_with_opts(-1, &library.path, "", opts)
+            }
+            ProbeLinks::PerfEvent => self.allocator.progs.allocator_report.attach_uprobe(false, -1, &library.path, offset),
+        }
+        .with_context(|| format!("cannot attach a uprobe to c10::reportMemoryUsageToProfiler in {}", library.path.display()))?;
+        let attachment = Attachment { library: library.clone(), probes: 1, missing: Vec::new() };
+        self.uprobes.borrow_mut().push(link);
+        self.attached.borrow_mut().push(attachment.clone());
+        Ok(attachment)
     }
 
     /// Puts an entry and a return probe on every table entry point the library exports.
@@ -305,6 +350,7 @@ impl Capture {
             read_failed: read(gp_counter::GP_COUNTER_READ_FAILED)?,
             return_unmatched: read(gp_counter::GP_COUNTER_RETURN_UNMATCHED)?,
             stack_unreadable: read(gp_counter::GP_COUNTER_STACK_UNREADABLE)?,
+            allocator_other_device: read(gp_counter::GP_COUNTER_ALLOCATOR_OTHER_DEVICE)?,
         })
     }
 

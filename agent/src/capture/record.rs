@@ -2,7 +2,7 @@
 //! the handle (GP_FLAG_HANDLE), the Python frames (`stack_depth` of them), and for exec records
 //! the filename.
 
-use gpuprof_ebpf::types::{gp_code, gp_frame, gp_record, gp_record_kind};
+use gpuprof_ebpf::types::{gp_allocator, gp_code, gp_frame, gp_record, gp_record_kind};
 
 /// `GP_FLAG_*` of gpuprof.h (macros do not reach the generated types).
 pub mod flags {
@@ -28,6 +28,8 @@ pub struct Record {
     pub filename: Option<[u8; FILENAME_LEN]>,
     /// Code records: the description and its data (function name, file name, line table).
     pub code: Option<(gp_code, Vec<u8>)>,
+    /// Allocator records: the allocator's totals after the call.
+    pub totals: Option<gp_allocator>,
 }
 
 impl Record {
@@ -39,6 +41,10 @@ impl Record {
         if header.flags & flags::HANDLE != 0 {
             record.handle = Some(data.get(at..at + HANDLE_LEN)?.try_into().ok()?);
             at += HANDLE_LEN;
+        }
+        if header.kind == gp_record_kind::GP_RECORD_ALLOCATOR.0 {
+            record.totals = Some(read(data, at)?);
+            at += std::mem::size_of::<gp_allocator>();
         }
         let depth = usize::from(header.stack_depth);
         let frames = data.get(at..at + depth * FRAME_LEN)?;

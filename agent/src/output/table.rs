@@ -156,7 +156,33 @@ pub fn write_live_summary(writer: &mut dyn Write, processes: &[LiveSummary]) -> 
             writeln!(writer, " {:<11} {:>14} {:>6} {tail}", kind.as_str(), total.bytes, total.count)?;
         }
     }
+    write_allocator_totals(writer, &processes)?;
     write_live_by_frame(writer, &processes)
+}
+
+/// The two curves people poll by hand — allocated (tensors) and reserved (the allocator's
+/// segments) — and their gap, the cache, as the allocator last reported them.
+fn write_allocator_totals(writer: &mut dyn Write, processes: &[&LiveSummary]) -> io::Result<()> {
+    let reporting: Vec<&&LiveSummary> = processes.iter().filter(|p| p.allocator.is_some()).collect();
+    if reporting.is_empty() {
+        return Ok(());
+    }
+    writeln!(writer)?;
+    writeln!(writer, "PyTorch caching allocator at end (its own totals):")?;
+    writeln!(writer, "{:>7} {:>14} {:>14} {:>14} {:>7}", "PID", "ALLOCATED", "RESERVED", "CACHED (GAP)", "BLOCKS")?;
+    for process in reporting {
+        let totals = process.allocator.expect("filtered");
+        writeln!(
+            writer,
+            "{:>7} {:>14} {:>14} {:>14} {:>7}",
+            process.pid,
+            totals.allocated,
+            totals.reserved,
+            totals.reserved.saturating_sub(totals.allocated),
+            process.blocks.count
+        )?;
+    }
+    Ok(())
 }
 
 /// Frames per process shown in the summary; the rest are summed in one line.

@@ -1,6 +1,7 @@
 //! `growth`: live device memory attributed to one stack (in one process) rose at the end of
 //! each of N consecutive windows, never coming back. A warm-up that plateaus, or churn that
-//! frees what it allocates, stops the streak.
+//! frees what it allocates, stops the streak. Driver allocations and a framework allocator's
+//! blocks (tensors) are followed apart: a leaking tensor shows in blocks long before segments.
 
 use std::collections::HashMap;
 
@@ -8,7 +9,7 @@ use super::{wording, Finding, FindingKind, RuleConfig};
 use crate::event::{Event, Frame, Layer, Op};
 use crate::track::{ProcessRef, Space, Tracker};
 
-type Key = (ProcessRef, Vec<Frame>);
+type Key = (ProcessRef, Layer, Vec<Frame>);
 
 #[derive(Debug, Default)]
 struct Series {
@@ -42,10 +43,15 @@ impl Rule {
     pub fn before(&mut self, event: &Event, world: &Tracker) -> Vec<Finding> {
         let found = self.close_windows(event.ts);
         self.releasing = None;
-        if event.layer == Layer::Driver && event.op == Op::Free && event.succeeded() {
+        if event.op == Op::Free && event.succeeded() {
             if let Some(process) = world.process(event.pid) {
-                if let Some(allocation) = process.released_by(event).filter(|a| a.is_device_memory()) {
-                    self.releasing = Some(((process.as_ref(), allocation.stack.clone()), allocation.size));
+                let released = match event.layer {
+                    Layer::Driver => process.released_by(event).filter(|a| a.is_device_memory()),
+                    Layer::Allocator => event.addr.and_then(|addr| process.block(addr)),
+                    Layer::Process => None,
+                };
+                if let Some(allocation) = released {
+                    self.releasing = Some(((process.as_ref(), event.layer, allocation.stack.clone()), allocation.size));
                 }
             }
         }
@@ -62,23 +68,25 @@ impl Rule {
             return;
         }
         match (event.layer, event.op) {
-            (Layer::Driver, Op::Alloc) if event.succeeded() => {
+            (Layer::Driver | Layer::Allocator, Op::Alloc) if event.succeeded() => {
                 let Some(process) = world.process(event.pid) else { return };
                 let Some(kind) = event.kind else { return };
-                let is_device = process
-                    .allocation(Space::of(kind), event.addr.unwrap_or(0))
-                    .is_some_and(|a| a.is_device_memory());
+                let addr = event.addr.unwrap_or(0);
+                let is_device = match event.layer {
+                    Layer::Driver => process.allocation(Space::of(kind), addr).is_some_and(|a| a.is_device_memory()),
+                    _ => process.block(addr).is_some(),
+                };
                 if !is_device {
                     return;
                 }
-                let series = self.series.entry((process.as_ref(), event.stack.clone())).or_default();
+                let series = self.series.entry((process.as_ref(), event.layer, event.stack.clone())).or_default();
                 series.live += event.size;
                 series.count += 1;
                 series.comm.clone_from(&process.comm);
                 series.api = event.api.to_string();
             }
             (Layer::Process, Op::Exit | Op::Exec | Op::Fork) => {
-                self.series.retain(|(process, _), _| process.pid != event.pid);
+                self.series.retain(|(process, _, _), _| process.pid != event.pid);
             }
             _ => {}
         }
@@ -109,7 +117,7 @@ impl Rule {
     fn judge(&mut self, window_end: u64) -> Vec<Finding> {
         let window = self.config.growth_window_ns.max(1);
         let mut found = Vec::new();
-        for ((process, stack), series) in &mut self.series {
+        for ((process, layer, stack), series) in &mut self.series {
             if series.live > series.sampled {
                 if series.rises == 0 {
                     series.streak_bytes = series.sampled;
@@ -122,7 +130,7 @@ impl Rule {
             series.sampled = series.live;
             if series.rises >= self.config.growth_rises && !series.reported {
                 series.reported = true;
-                found.push(finding(*process, stack, series, window_end, window));
+                found.push(finding(*process, *layer, stack, series, window_end, window));
             }
         }
         found.sort_by_key(|f| (f.pid, f.first_ts));
@@ -130,8 +138,9 @@ impl Rule {
     }
 }
 
-fn finding(process: ProcessRef, stack: &[Frame], series: &Series, window_end: u64, window: u64) -> Finding {
+fn finding(process: ProcessRef, layer: Layer, stack: &[Frame], series: &Series, window_end: u64, window: u64) -> Finding {
     let grew = series.live - series.streak_bytes;
+    let what = if layer == Layer::Allocator { "tensor memory (allocator blocks)" } else { "device memory" };
     Finding {
         kind: FindingKind::Growth,
         pid: process.pid,
@@ -143,7 +152,7 @@ fn finding(process: ProcessRef, stack: &[Frame], series: &Series, window_end: u6
         last_ts: window_end,
         stack: stack.to_vec(),
         detail: format!(
-            "live device memory allocated {} in {} grew by {} over {} consecutive {:.1} s windows without coming back, to {} in {}: something keeps these allocations alive (a growing list or cache, a retained autograd graph).",
+            "live {what} allocated {} in {} grew by {} over {} consecutive {:.1} s windows without coming back, to {} in {}: something keeps these allocations alive (a growing list or cache, a retained autograd graph).",
             wording::at(stack),
             wording::process(process.pid, &series.comm),
             wording::bytes(grew),

@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::event::{Event, Frame, Kind, Op};
+use crate::event::{Event, Frame, Kind, Layer, Op};
 use crate::track::Tracker;
 
 /// The finding kinds of the contract.
@@ -128,6 +128,10 @@ impl Analyzer {
     pub fn observe(&mut self, event: &mut Event) -> Vec<Finding> {
         if event.op == Op::IpcOpen && event.peer_pid.is_none() {
             event.peer_pid = self.tracker.exporter_of(event).map(|e| e.exporter.pid);
+        }
+        if event.layer == Layer::Allocator && event.segment.is_none() {
+            event.segment =
+                event.addr.and_then(|addr| self.tracker.process(event.pid).and_then(|p| p.segment_of(addr)));
         }
         self.last_ts = self.last_ts.max(event.ts);
         let world = &self.tracker;

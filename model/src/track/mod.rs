@@ -12,7 +12,9 @@ mod process;
 use std::collections::HashMap;
 
 pub use ipc::{Export, ExportKey, ProcessRef};
-pub use process::{Allocation, FrameTotal, Import, KindTotal, LiveSummary, Mapping, ProcessMemory, ProcessState, Space};
+pub use process::{
+    Allocation, AllocatorTotals, FrameTotal, Import, KindTotal, LiveSummary, Mapping, ProcessMemory, ProcessState, Space,
+};
 
 use crate::event::{Event, Layer, Op};
 
@@ -45,6 +47,9 @@ impl Tracker {
                     ts: event.ts,
                 };
                 self.close(event.pid, state);
+            }
+            (Layer::Allocator, _) => {
+                self.process_mut(event).apply_allocator(event);
             }
             _ => {
                 let import = self.import_of(event);

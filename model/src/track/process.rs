@@ -87,8 +87,25 @@ pub struct ProcessMemory {
     mappings: HashMap<u64, Mapping>,
     imports: HashMap<(Space, u64), Import>,
     reservations: HashMap<u64, u64>,
+    /// Where device memory lies (start → size): driver allocations and VMM mappings, the
+    /// segments a framework allocator carves its blocks from.
+    segments: BTreeMap<u64, u64>,
+    /// A framework allocator's live blocks (tensors).
+    blocks: HashMap<u64, Allocation>,
+    /// The allocator's own totals per device, as last reported.
+    allocator_totals: BTreeMap<i32, AllocatorTotals>,
     contexts: u32,
     driver_calls: u64,
+}
+
+/// A framework allocator's view of one device.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AllocatorTotals {
+    /// Bytes in live blocks (tensors).
+    pub allocated: u64,
+    /// Bytes in segments the allocator holds (its cache included).
+    pub reserved: u64,
+    pub ts: u64,
 }
 
 impl ProcessMemory {
@@ -104,8 +121,52 @@ impl ProcessMemory {
             mappings: HashMap::new(),
             imports: HashMap::new(),
             reservations: HashMap::new(),
+            segments: BTreeMap::new(),
+            blocks: HashMap::new(),
+            allocator_totals: BTreeMap::new(),
             contexts: 0,
             driver_calls: 0,
+        }
+    }
+
+    /// The segment (driver allocation or VMM mapping) containing `addr`, by its start.
+    pub fn segment_of(&self, addr: u64) -> Option<u64> {
+        let (&start, &size) = self.segments.range(..=addr).next_back()?;
+        (addr < start.saturating_add(size)).then_some(start)
+    }
+
+    /// The live allocator block at `addr`.
+    pub fn block(&self, addr: u64) -> Option<&Allocation> {
+        self.blocks.get(&addr)
+    }
+
+    /// Live allocator blocks, oldest first.
+    pub fn blocks(&self) -> Vec<&Allocation> {
+        let mut live: Vec<&Allocation> = self.blocks.values().collect();
+        live.sort_by_key(|a| (a.ts, a.addr));
+        live
+    }
+
+    /// The allocator's last reported totals, per device.
+    pub fn allocator_totals(&self) -> &BTreeMap<i32, AllocatorTotals> {
+        &self.allocator_totals
+    }
+
+    /// Applies a framework allocator's block event.
+    pub(super) fn apply_allocator(&mut self, event: &Event) {
+        let Some(addr) = event.addr else { return };
+        match event.op {
+            Op::Alloc => {
+                self.blocks.insert(addr, allocation_of(event, addr, Kind::Device));
+            }
+            Op::Free => {
+                self.blocks.remove(&addr);
+            }
+            _ => {}
+        }
+        if let (Some(allocated), Some(reserved)) = (event.allocated, event.reserved) {
+            let device = event.device.unwrap_or(0);
+            self.allocator_totals.insert(device, AllocatorTotals { allocated, reserved, ts: event.ts });
         }
     }
 
@@ -193,8 +254,16 @@ impl ProcessMemory {
             .map(|((frame, kind), total)| FrameTotal { frame: frame.cloned(), kind, total })
             .collect();
         by_frame.sort_by(|a, b| b.total.bytes.cmp(&a.total.bytes).then_with(|| a.frame.cmp(&b.frame)));
+        let blocks = KindTotal { bytes: self.blocks.values().map(|b| b.size).sum(), count: self.blocks.len() as u64 };
+        let allocator = (!self.allocator_totals.is_empty()).then(|| AllocatorTotals {
+            allocated: self.allocator_totals.values().map(|t| t.allocated).sum(),
+            reserved: self.allocator_totals.values().map(|t| t.reserved).sum(),
+            ts: self.allocator_totals.values().map(|t| t.ts).max().unwrap_or(0),
+        });
         LiveSummary {
             by_frame,
+            blocks,
+            allocator,
             pid: self.pid,
             ppid: self.ppid,
             comm: self.comm.clone(),
@@ -218,10 +287,16 @@ impl ProcessMemory {
         let space = Space::of(kind);
         match event.op {
             Op::Alloc => {
+                if space == Space::Pointer && kind != Kind::HostPinned {
+                    self.segments.insert(addr, event.size);
+                }
                 self.allocations.insert((space, addr), allocation_of(event, addr, kind));
             }
             Op::Free => {
                 if self.allocations.remove(&(space, addr)).is_some() {
+                    if space == Space::Pointer {
+                        self.segments.remove(&addr);
+                    }
                     return Some((space, addr));
                 }
                 // Imported pool pointers are released with cuMemFree(Async), imported VMM
@@ -235,10 +310,15 @@ impl ProcessMemory {
                 self.reservations.remove(&addr);
             }
             Op::Map => {
+                if kind == Kind::Vmm {
+                    self.segments.insert(addr, event.size);
+                }
                 self.mappings.insert(addr, mapping_of(event, addr, kind, event.size));
             }
             Op::Unmap => {
-                self.mappings.remove(&addr);
+                if self.mappings.remove(&addr).is_some_and(|m| m.kind == Kind::Vmm) {
+                    self.segments.remove(&addr);
+                }
             }
             Op::IpcOpen => {
                 let (export, exporter, size) = match import {
@@ -296,6 +376,11 @@ pub struct FrameTotal {
 pub struct LiveSummary {
     /// Live bytes by innermost Python frame and kind, largest first.
     pub by_frame: Vec<FrameTotal>,
+    /// A framework allocator's live blocks as gpuprof saw them.
+    pub blocks: KindTotal,
+    /// The allocator's own totals (all devices), when it reported any: allocated vs reserved,
+    /// whose gap is its cache.
+    pub allocator: Option<AllocatorTotals>,
     pub pid: u32,
     pub ppid: Option<u32>,
     pub comm: String,

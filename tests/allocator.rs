@@ -1,0 +1,67 @@
+//! Tensor-level events from outside: PyTorch's c10::reportMemoryUsageToProfiler, probed in a
+//! libc10 stand-in (same mangled name, same ABI: c10::Device in one register), driven by a toy
+//! caching allocator in Python over the libcuda stand-in. Every block, its totals, its segment
+//! and its stack are compared with what the workload did.
+
+mod support;
+
+use std::process::Command;
+
+use gpuprof_model::event::{Layer, Op};
+use support::*;
+
+#[test]
+fn blocks_totals_segments_and_stacks() {
+    let dir = scratch("allocator");
+    let (log, out) = (dir.join("expected.jsonl"), dir.join("events.jsonl"));
+    let script = workloads().join("tensors.py");
+    let output = gpuprof_run(
+        &["--output", out.to_str().unwrap(), "--format", "jsonl"],
+        &[python3(), script.to_str().unwrap()],
+        &log,
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("probing c10::reportMemoryUsageToProfiler of "), "{stderr}");
+    // The one CPU report is counted, not recorded.
+    assert!(stderr.contains("allocator reports of other devices 1"), "{stderr}");
+
+    let expected = expected_calls(&read_expected(&log));
+    let events = read_events(&out);
+    let captured = memory_events(&events);
+    assert_same_calls(&expected, &captured);
+
+    let blocks: Vec<_> = captured.iter().filter(|e| e.layer == Layer::Allocator).collect();
+    assert_eq!(blocks.len(), 2 + 4 * 4 + 4 * 3 + 2 + 4);
+    assert_eq!(blocks.iter().filter(|e| e.op == Op::Alloc).count(), blocks.iter().filter(|e| e.op == Op::Free).count());
+    // The last free leaves nothing allocated; segments are returned afterwards by empty_cache.
+    assert_eq!(blocks.last().unwrap().allocated, Some(0));
+    // Every block lies in a segment the process allocated from the driver.
+    let segments: Vec<u64> = captured.iter().filter(|e| e.api == "cuMemAlloc_v2").map(|e| e.addr.unwrap()).collect();
+    assert!(blocks.iter().all(|b| segments.contains(&b.segment.unwrap())));
+}
+
+#[test]
+fn table_shows_the_allocator_curves_at_the_end() {
+    let dir = scratch("allocator_table");
+    let (log, out) = (dir.join("expected.jsonl"), dir.join("table.txt"));
+    let script = workloads().join("tensors.py");
+    // Every block is freed at the end; the allocator's last report still counts its segments as
+    // reserved (emptying the cache reports nothing): the gap is the cache.
+    let mut cmd = Command::new(gpuprof());
+    cmd.args(["run", "--format", "table", "--output", out.to_str().unwrap(), "--"])
+        .arg(python3())
+        .arg(&script)
+        .args(["--hold", "0.6"]);
+    workload_env(&mut cmd, &log);
+    let output = cmd.output().unwrap();
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    let table = std::fs::read_to_string(&out).unwrap();
+    let expected = read_expected(&log);
+    let pid = pid_of_role(&expected, "parent");
+    let last = expected.iter().rev().find(|e| e["layer"] == "allocator").unwrap();
+    let at = table.lines().position(|l| l == "PyTorch caching allocator at end (its own totals):").expect("allocator section");
+    let row: Vec<&str> = table.lines().nth(at + 2).unwrap().split_whitespace().collect();
+    let (allocated, reserved) = (last["allocated"].as_u64().unwrap(), last["reserved"].as_u64().unwrap());
+    assert_eq!(row, [pid.to_string(), allocated.to_string(), reserved.to_string(), (reserved - allocated).to_string(), "0".to_string()]);
+}
