@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::export::{ExportFormat, StackLayer};
 use crate::output::Format;
 
 #[derive(Debug, Parser)]
@@ -47,6 +48,30 @@ pub enum Command {
         output: Option<PathBuf>,
         #[command(flatten)]
         rules: RuleArgs,
+    },
+    /// Views of a recorded event file: folded stacks, a flame graph, or a PyTorch memory_viz snapshot.
+    #[command(after_help = "Examples:\n  gpuprof export --input events.jsonl --format flamegraph --output live.svg\n  gpuprof export --input events.jsonl --format memory-viz --output snap.pickle\n  gpuprof export --input events.jsonl --format folded --oom 1")]
+    Export {
+        /// The event file (jsonl).
+        #[arg(long, value_name = "FILE")]
+        input: PathBuf,
+        #[arg(long, value_enum)]
+        format: ExportFormat,
+        /// Write the output here instead of stdout.
+        #[arg(long, value_name = "FILE")]
+        output: Option<PathBuf>,
+        /// memory-viz: the process to snapshot (default: the one with the most tensor events).
+        #[arg(long, value_name = "PID")]
+        pid: Option<u32>,
+        /// Take the view this many seconds after the first event instead of at the end.
+        #[arg(long, value_name = "SECS", conflicts_with = "oom")]
+        at: Option<f64>,
+        /// Take the view at the N-th out-of-memory failure (1 = the first).
+        #[arg(long, value_name = "N")]
+        oom: Option<usize>,
+        /// Folded/flamegraph: count tensors (allocator blocks), driver allocations, or pick per process.
+        #[arg(long, value_enum, default_value = "auto")]
+        layer: StackLayer,
     },
     /// Start a command and capture it and every descendant from its first CUDA call.
     #[command(after_help = "Example:\n  sudo gpuprof run --format table -- python3 train.py --epochs 1")]

@@ -10,6 +10,8 @@ pub mod cli;
 pub mod clock;
 pub mod decode;
 pub mod elf;
+pub mod export;
+pub mod input;
 pub mod libcuda;
 pub mod output;
 pub mod preflight;

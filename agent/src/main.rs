@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use gpuprof::cli::{Cli, Command};
-use gpuprof::{report, session};
+use gpuprof::{export, report, session};
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
@@ -17,6 +17,14 @@ fn main() -> ExitCode {
         Command::Attach { pid, wait, capture } => session::attach(pid, wait, &capture),
         Command::Run { capture, command } => session::run(&command, &capture),
         Command::Report { input, format, output, rules } => report::run(&input, format, output.as_deref(), &rules),
+        Command::Export { input, format, output, pid, at, oom, layer } => {
+            let moment = match (at, oom) {
+                (Some(secs), _) => export::Moment::At(secs),
+                (None, Some(n)) => export::Moment::Oom(n),
+                (None, None) => export::Moment::End,
+            };
+            export::run(&export::ExportRequest { input: &input, format, output, pid, moment, layer })
+        }
     };
     match outcome {
         Ok(code) => ExitCode::from(code),

@@ -135,6 +135,20 @@ impl ProcessMemory {
         (addr < start.saturating_add(size)).then_some(start)
     }
 
+    /// Where device memory lies now (start, size), by address: driver allocations and VMM
+    /// mappings.
+    pub fn segments(&self) -> Vec<(u64, u64)> {
+        self.segments.iter().map(|(&start, &size)| (start, size)).collect()
+    }
+
+    /// The driver allocation or VMM mapping that starts at `start`, for its API and stack.
+    pub fn segment_origin(&self, start: u64) -> Option<(&str, &[Frame])> {
+        if let Some(a) = self.allocations.get(&(Space::Pointer, start)) {
+            return Some((&a.api, &a.stack));
+        }
+        self.mappings.get(&start).map(|m| (&*m.api, &m.stack[..]))
+    }
+
     /// The live allocator block at `addr`.
     pub fn block(&self, addr: u64) -> Option<&Allocation> {
         self.blocks.get(&addr)
