@@ -14,6 +14,7 @@ pub mod export;
 pub mod input;
 pub mod libcuda;
 pub mod output;
+pub mod pipeline;
 pub mod preflight;
 pub mod procfs;
 pub mod python;

@@ -3,7 +3,6 @@
 //! pick up libcuda files that tracked processes load later, and stop when the target ends, the
 //! duration passes or a signal arrives.
 
-use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
 use std::io;
 use std::os::unix::fs::PermissionsExt;
@@ -13,25 +12,16 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use gpuprof_model::event::{Event, Op};
-use gpuprof_model::{Analyzer, Finding};
 
-use crate::capture::{Capture, CaptureOptions, DropCounters, Record};
+use crate::capture::{Capture, CaptureOptions};
 use crate::cli::CaptureArgs;
-use crate::clock::Clock;
-use crate::decode::Decoder;
 use crate::libcuda::{self, LibraryFile};
-use crate::python::Pythons;
-use crate::output::{self, EndOfRun, EventSink, Format};
+use crate::output;
+use crate::pipeline::{Pipeline, PipelineOptions};
 use crate::{preflight, procfs, signals};
 
 const POLL_INTERVAL: Duration = Duration::from_millis(100);
-/// How often tracked processes' maps are checked for a libcuda not probed yet.
-const DISCOVERY_INTERVAL: Duration = Duration::from_millis(200);
 const WAIT_INTERVAL: Duration = Duration::from_millis(20);
-/// Poll interval while a new program's interpreter is being looked for: it must be found before
-/// the program gets to its first CUDA call.
-const DISCOVERY_POLL: Duration = Duration::from_millis(2);
 
 /// `gpuprof attach PID`: returns the exit code of gpuprof.
 pub fn attach(pid: u32, wait: bool, args: &CaptureArgs) -> Result<u8> {
@@ -54,15 +44,11 @@ pub fn attach(pid: u32, wait: bool, args: &CaptureArgs) -> Result<u8> {
     let capture = Capture::load(capture_options(args)?)?;
     tracing::debug!(elapsed_ms = started.elapsed().as_millis() as u64, "probes loaded");
     let sink = output::sink(args.format, output::open_writer(args.output.as_deref())?);
-    let mut session = Session::new(&capture, args, sink, pid)?;
-    capture.track(pid)?;
-    session.python.look_for(pid);
+    let mut session = Pipeline::new(&capture, pipeline_options(args)?, sink, Some(pid));
+    session.add_process(pid)?;
     for child in procfs::descendants(pid) {
         // A descendant that exits meanwhile is simply not there to track.
-        if capture.track(child).is_ok() {
-            session.alive.insert(child);
-            session.python.look_for(child);
-        }
+        let _ = session.add_process(child);
     }
     session.python.discover(&capture);
     session.discover_libraries();
@@ -77,7 +63,7 @@ pub fn attach(pid: u32, wait: bool, args: &CaptureArgs) -> Result<u8> {
     eprintln!(
         "gpuprof: capturing pid {pid} ({}) and {} descendant(s); probes attached in {} ms",
         procfs::comm(pid),
-        session.alive.len() - 1,
+        session.alive().len() - 1,
         started.elapsed().as_millis()
     );
 
@@ -124,7 +110,7 @@ pub fn run(command: &[OsString], args: &CaptureArgs) -> Result<u8> {
     }
 
     let mut child = spawn_tracked(&capture, &program, program_args)?;
-    let mut session = Session::new(&capture, args, sink, child.id())?;
+    let mut session = Pipeline::new(&capture, pipeline_options(args)?, sink, Some(child.id()));
     let deadline = duration.map(|d| Instant::now() + d);
     let mut forwarded_signal = false;
     let status = loop {
@@ -227,6 +213,16 @@ fn duration_of(args: &CaptureArgs) -> Result<Option<Duration>> {
         .transpose()
 }
 
+fn pipeline_options(args: &CaptureArgs) -> Result<PipelineOptions> {
+    Ok(PipelineOptions {
+        rules: args.rules.config()?,
+        format: args.format,
+        findings_file: args.findings.clone(),
+        print_stats: args.stats,
+        notices: true,
+    })
+}
+
 fn capture_options(args: &CaptureArgs) -> Result<CaptureOptions> {
     let mib = args.buffer_mib;
     if !mib.is_power_of_two() || mib > 1024 {
@@ -258,248 +254,3 @@ fn wait_for_libcuda(pid: u32) -> Result<Vec<LibraryFile>> {
     }
 }
 
-/// Which libraries of one process are probed.
-#[derive(Debug, Default, Clone, Copy)]
-struct Probed {
-    libcuda: bool,
-    libc10: bool,
-}
-
-impl Probed {
-    fn both(&self) -> bool {
-        self.libcuda && self.libc10
-    }
-}
-
-struct Session<'c> {
-    capture: &'c Capture,
-    decoder: Decoder,
-    python: Pythons,
-    analyzer: Analyzer,
-    findings: Vec<Finding>,
-    sink: Box<dyn EventSink>,
-    format: Format,
-    findings_file: Option<PathBuf>,
-    root: u32,
-    root_exited: bool,
-    /// Tracked processes believed alive: the root and the descendants seen forking.
-    alive: HashSet<u32>,
-    /// Processes whose libcuda (and libc10, once a process has loaded PyTorch) are probed: their
-    /// maps need no more scans for that library.
-    probed: HashMap<u32, Probed>,
-    events: u64,
-    decode_errors: u64,
-    started: Instant,
-    print_stats: bool,
-    last_stats: Instant,
-    last_discovery: Instant,
-}
-
-impl<'c> Session<'c> {
-    fn new(capture: &'c Capture, args: &CaptureArgs, sink: Box<dyn EventSink>, root: u32) -> Result<Self> {
-        let now = Instant::now();
-        let analyzer = Analyzer::new(args.rules.config()?);
-        Ok(Session {
-            capture,
-            decoder: Decoder::new(Clock::new()),
-            python: Pythons::default(),
-            analyzer,
-            findings: Vec::new(),
-            sink,
-            format: args.format,
-            findings_file: args.findings.clone(),
-            root,
-            root_exited: false,
-            alive: HashSet::from([root]),
-            probed: HashMap::new(),
-            events: 0,
-            decode_errors: 0,
-            started: now,
-            print_stats: args.stats,
-            last_stats: now,
-            last_discovery: now,
-        })
-    }
-
-    fn attach(&mut self, library: &LibraryFile) -> Result<()> {
-        if self.capture.is_attached(library) {
-            return Ok(());
-        }
-        let attachment = self.capture.attach_library(library)?;
-        tracing::debug!(missing = ?attachment.missing, "entry points this libcuda does not export");
-        eprintln!("gpuprof: probing {} entry points of {}", attachment.probes, library.path.display());
-        Ok(())
-    }
-
-    /// Reads what the ring buffer has (waiting up to `timeout`) through to the output.
-    fn pump(&mut self, timeout: Duration) -> Result<()> {
-        let capture = self.capture;
-        let timeout = if self.python.is_looking() { timeout.min(DISCOVERY_POLL) } else { timeout };
-        let mut failure: Option<io::Error> = None;
-        capture.poll(timeout, &mut |record| {
-            if failure.is_none() {
-                failure = self.handle(record).err();
-            }
-        })?;
-        if let Some(error) = failure {
-            return Err(error).context("cannot write the output");
-        }
-        if self.python.is_looking() {
-            self.python.discover(capture);
-            // A new program maps its libraries now: probe them before its first calls.
-            self.discover_libraries();
-        }
-        self.sink.flush().context("cannot write the output")
-    }
-
-    fn handle(&mut self, record: &Record) -> io::Result<()> {
-        if record.code.is_some() {
-            self.python.remember(record);
-            return Ok(());
-        }
-        let mut event = match self.decoder.decode(record) {
-            Ok(event) => event,
-            Err(error) => {
-                if self.decode_errors == 0 {
-                    tracing::warn!("skipping an undecodable record: {error}");
-                }
-                self.decode_errors += 1;
-                return Ok(());
-            }
-        };
-        self.follow_process_tree(&event);
-        self.python.symbolize(record, &mut event);
-        let fired = self.analyzer.observe(&mut event);
-        self.findings.extend(fired);
-        self.events += 1;
-        self.sink.event(&event)
-    }
-
-    fn follow_process_tree(&mut self, event: &Event) {
-        match event.op {
-            Op::Fork => {
-                self.alive.insert(event.pid);
-                if let Some(parent) = event.ppid {
-                    self.python.forked(event.pid, parent);
-                }
-            }
-            Op::Exec => {
-                self.probed.remove(&event.pid);
-                self.python.look_for(event.pid);
-            }
-            Op::Exit => {
-                self.alive.remove(&event.pid);
-                self.probed.remove(&event.pid);
-                self.python.forget(event.pid);
-                if event.pid == self.root {
-                    self.root_exited = true;
-                }
-            }
-            _ => {}
-        }
-    }
-
-    /// Periodic work between polls: new libcuda files, statistics.
-    fn tick(&mut self) {
-        if self.last_discovery.elapsed() >= DISCOVERY_INTERVAL {
-            self.last_discovery = Instant::now();
-            self.discover_libraries();
-        }
-        if self.print_stats && self.last_stats.elapsed() >= Duration::from_secs(1) {
-            self.last_stats = Instant::now();
-            eprintln!("gpuprof: {}", self.stats_line());
-        }
-    }
-
-    /// A tracked process may load a libcuda other than the one probed (another path, a
-    /// container's copy): probe it as soon as it appears in the process's maps.
-    fn discover_libraries(&mut self) {
-        let pending: Vec<u32> =
-            self.alive.iter().copied().filter(|pid| !self.probed.get(pid).is_some_and(Probed::both)).collect();
-        for pid in pending {
-            let mut probed = self.probed.get(&pid).copied().unwrap_or_default();
-            if !probed.libcuda {
-                let Ok(libraries) = libcuda::mapped_by(pid) else { continue };
-                for library in &libraries {
-                    if let Err(error) = self.attach(library) {
-                        eprintln!("gpuprof: warning: {error:#}");
-                    }
-                }
-                probed.libcuda = !libraries.is_empty();
-            }
-            if !probed.libc10 {
-                let Ok(libraries) = libcuda::mapped_matching(pid, libcuda::is_libc10) else { continue };
-                for library in &libraries {
-                    if let Err(error) = self.attach_allocator(library) {
-                        eprintln!("gpuprof: warning: {error:#}");
-                    }
-                }
-                probed.libc10 = !libraries.is_empty();
-            }
-            self.probed.insert(pid, probed);
-        }
-    }
-
-    fn attach_allocator(&mut self, library: &LibraryFile) -> Result<()> {
-        if self.capture.is_attached(library) {
-            return Ok(());
-        }
-        self.capture.attach_allocator(library)?;
-        eprintln!("gpuprof: probing c10::reportMemoryUsageToProfiler of {}", library.path.display());
-        Ok(())
-    }
-
-    fn drops(&self) -> DropCounters {
-        self.capture.drop_counters().unwrap_or_default()
-    }
-
-    fn stats_line(&self) -> String {
-        let drops = self.drops();
-        let seconds = self.started.elapsed().as_secs_f64();
-        format!(
-            "{} events ({:.0}/s) from {} processes in {:.1} s; lost {} (ring buffer full {}, call table full {}); out-pointers unread {}, returns without entry {}, undecodable {}; Python stacks {} from {} interpreters, unresolved {} (unreadable in the kernel {}); allocator reports of other devices {}",
-            self.events,
-            self.events as f64 / seconds.max(1e-9),
-            self.analyzer.tracker().processes().len(),
-            seconds,
-            drops.lost_events(),
-            drops.ring_buffer_full,
-            drops.pending_full,
-            drops.read_failed,
-            drops.return_unmatched,
-            self.decode_errors,
-            self.python.counts.symbolized,
-            self.python.counts.interpreters,
-            self.python.counts.unresolved,
-            drops.stack_unreadable,
-            drops.allocator_other_device
-        )
-    }
-
-    fn finish(mut self) -> Result<()> {
-        let ended = self.analyzer.finish();
-        self.findings.extend(ended);
-        let summaries = self.analyzer.tracker().summaries();
-        self.sink
-            .finish(&EndOfRun { processes: &summaries, findings: &self.findings })
-            .context("cannot write the output")?;
-        if self.format != Format::Table {
-            // The event stream stays pure jsonl; people read the findings on stderr.
-            output::findings::write_table(&mut io::stderr(), &self.findings).context("cannot write to stderr")?;
-        }
-        if let Some(path) = &self.findings_file {
-            output::findings::save_json(path, &self.findings)?;
-        }
-        eprintln!("gpuprof: {}", self.stats_line());
-        let drops = self.drops();
-        if drops.lost_events() > 0 {
-            eprintln!(
-                "gpuprof: warning: {} events were lost; give a larger --buffer-mib (ring buffer full {}, call table full {})",
-                drops.lost_events(),
-                drops.ring_buffer_full,
-                drops.pending_full
-            );
-        }
-        Ok(())
-    }
-}

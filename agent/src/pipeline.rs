@@ -1,0 +1,317 @@
+//! The live path of a capture, shared by `attach`, `run` and `top`: records from the ring buffer
+//! are decoded, given their Python stacks, folded into the tracker and the leak rules, and
+//! written out; between polls, the processes followed are searched for libraries to probe
+//! (libcuda, libc10) and interpreters to read.
+
+use std::collections::{HashMap, HashSet};
+use std::io;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use gpuprof_model::event::{Event, Op};
+use gpuprof_model::{Analyzer, Finding, RuleConfig};
+
+use crate::capture::{Capture, DropCounters, Record};
+use crate::clock::Clock;
+use crate::decode::Decoder;
+use crate::libcuda::{self, LibraryFile};
+use crate::output::{self, EndOfRun, EventSink, Format};
+use crate::python::Pythons;
+
+/// How often followed processes' maps are checked for a library not probed yet.
+const DISCOVERY_INTERVAL: Duration = Duration::from_millis(200);
+/// Poll interval while a new program's interpreter is being looked for: it must be found before
+/// the program gets to its first CUDA call.
+const DISCOVERY_POLL: Duration = Duration::from_millis(2);
+
+/// What a pipeline does besides capturing.
+pub struct PipelineOptions {
+    pub rules: RuleConfig,
+    pub format: Format,
+    pub findings_file: Option<PathBuf>,
+    pub print_stats: bool,
+    /// Say on stderr which libraries are probed (off under a full-screen view).
+    pub notices: bool,
+}
+
+/// Which libraries of one process are probed.
+#[derive(Debug, Default, Clone, Copy)]
+struct Probed {
+    libcuda: bool,
+    libc10: bool,
+}
+
+impl Probed {
+    fn both(&self) -> bool {
+        self.libcuda && self.libc10
+    }
+}
+
+/// The live path of a capture: ring buffer → decode → Python stacks → tracker and leak rules
+/// → output, and the discovery of libraries and interpreters in the processes it follows.
+pub struct Pipeline<'c> {
+    capture: &'c Capture,
+    decoder: Decoder,
+    pub(crate) python: Pythons,
+    analyzer: Analyzer,
+    findings: Vec<Finding>,
+    sink: Box<dyn EventSink>,
+    format: Format,
+    findings_file: Option<PathBuf>,
+    notices: bool,
+    root: Option<u32>,
+    pub(crate) root_exited: bool,
+    /// Tracked processes believed alive: the root and the descendants seen forking.
+    alive: HashSet<u32>,
+    /// Processes whose libcuda (and libc10, once a process has loaded PyTorch) are probed: their
+    /// maps need no more scans for that library.
+    probed: HashMap<u32, Probed>,
+    events: u64,
+    decode_errors: u64,
+    started: Instant,
+    print_stats: bool,
+    last_stats: Instant,
+    last_discovery: Instant,
+}
+
+impl<'c> Pipeline<'c> {
+    /// `root`: the process whose exit ends an `attach` (none for `top`).
+    pub fn new(capture: &'c Capture, options: PipelineOptions, sink: Box<dyn EventSink>, root: Option<u32>) -> Self {
+        let now = Instant::now();
+        Pipeline {
+            capture,
+            decoder: Decoder::new(Clock::new()),
+            python: Pythons::default(),
+            analyzer: Analyzer::new(options.rules),
+            findings: Vec::new(),
+            sink,
+            format: options.format,
+            findings_file: options.findings_file,
+            notices: options.notices,
+            root,
+            root_exited: false,
+            alive: root.into_iter().collect(),
+            probed: HashMap::new(),
+            events: 0,
+            decode_errors: 0,
+            started: now,
+            print_stats: options.print_stats,
+            last_stats: now,
+            last_discovery: now,
+        }
+    }
+
+    /// Follows one more process (and, by fork, its future children).
+    pub fn add_process(&mut self, pid: u32) -> Result<()> {
+        self.capture.track(pid)?;
+        self.alive.insert(pid);
+        self.python.look_for(pid);
+        Ok(())
+    }
+
+    /// Processes followed and believed alive.
+    pub fn alive(&self) -> &HashSet<u32> {
+        &self.alive
+    }
+
+    pub fn analyzer(&self) -> &Analyzer {
+        &self.analyzer
+    }
+
+    /// Findings so far, in the order they fired.
+    pub fn findings(&self) -> &[Finding] {
+        &self.findings
+    }
+
+    /// A line for the person at the terminal (quiet while a full-screen view owns it).
+    fn notice(&self, text: String) {
+        if self.notices {
+            eprintln!("gpuprof: {text}");
+        } else {
+            tracing::info!("{text}");
+        }
+    }
+
+    pub fn attach(&mut self, library: &LibraryFile) -> Result<()> {
+        if self.capture.is_attached(library) {
+            return Ok(());
+        }
+        let attachment = self.capture.attach_library(library)?;
+        tracing::debug!(missing = ?attachment.missing, "entry points this libcuda does not export");
+        self.notice(format!("probing {} entry points of {}", attachment.probes, library.path.display()));
+        Ok(())
+    }
+
+    /// Reads what the ring buffer has (waiting up to `timeout`) through to the output.
+    pub fn pump(&mut self, timeout: Duration) -> Result<()> {
+        let capture = self.capture;
+        let timeout = if self.python.is_looking() { timeout.min(DISCOVERY_POLL) } else { timeout };
+        let mut failure: Option<io::Error> = None;
+        capture.poll(timeout, &mut |record| {
+            if failure.is_none() {
+                failure = self.handle(record).err();
+            }
+        })?;
+        if let Some(error) = failure {
+            return Err(error).context("cannot write the output");
+        }
+        if self.python.is_looking() {
+            self.python.discover(capture);
+            // A new program maps its libraries now: probe them before its first calls.
+            self.discover_libraries();
+        }
+        self.sink.flush().context("cannot write the output")
+    }
+
+    fn handle(&mut self, record: &Record) -> io::Result<()> {
+        if record.code.is_some() {
+            self.python.remember(record);
+            return Ok(());
+        }
+        let mut event = match self.decoder.decode(record) {
+            Ok(event) => event,
+            Err(error) => {
+                if self.decode_errors == 0 {
+                    tracing::warn!("skipping an undecodable record: {error}");
+                }
+                self.decode_errors += 1;
+                return Ok(());
+            }
+        };
+        self.follow_process_tree(&event);
+        self.python.symbolize(record, &mut event);
+        let fired = self.analyzer.observe(&mut event);
+        self.findings.extend(fired);
+        self.events += 1;
+        self.sink.event(&event)
+    }
+
+    fn follow_process_tree(&mut self, event: &Event) {
+        match event.op {
+            Op::Fork => {
+                self.alive.insert(event.pid);
+                if let Some(parent) = event.ppid {
+                    self.python.forked(event.pid, parent);
+                }
+            }
+            Op::Exec => {
+                self.probed.remove(&event.pid);
+                self.python.look_for(event.pid);
+            }
+            Op::Exit => {
+                self.alive.remove(&event.pid);
+                self.probed.remove(&event.pid);
+                self.python.forget(event.pid);
+                if Some(event.pid) == self.root {
+                    self.root_exited = true;
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Periodic work between polls: new libcuda files, statistics.
+    pub fn tick(&mut self) {
+        if self.last_discovery.elapsed() >= DISCOVERY_INTERVAL {
+            self.last_discovery = Instant::now();
+            self.discover_libraries();
+        }
+        if self.print_stats && self.last_stats.elapsed() >= Duration::from_secs(1) {
+            self.last_stats = Instant::now();
+            eprintln!("gpuprof: {}", self.stats_line());
+        }
+    }
+
+    /// A tracked process may load a libcuda other than the one probed (another path, a
+    /// container's copy): probe it as soon as it appears in the process's maps.
+    pub fn discover_libraries(&mut self) {
+        let pending: Vec<u32> =
+            self.alive.iter().copied().filter(|pid| !self.probed.get(pid).is_some_and(Probed::both)).collect();
+        for pid in pending {
+            let mut probed = self.probed.get(&pid).copied().unwrap_or_default();
+            if !probed.libcuda {
+                let Ok(libraries) = libcuda::mapped_by(pid) else { continue };
+                for library in &libraries {
+                    if let Err(error) = self.attach(library) {
+                        self.notice(format!("warning: {error:#}"));
+                    }
+                }
+                probed.libcuda = !libraries.is_empty();
+            }
+            if !probed.libc10 {
+                let Ok(libraries) = libcuda::mapped_matching(pid, libcuda::is_libc10) else { continue };
+                for library in &libraries {
+                    if let Err(error) = self.attach_allocator(library) {
+                        self.notice(format!("warning: {error:#}"));
+                    }
+                }
+                probed.libc10 = !libraries.is_empty();
+            }
+            self.probed.insert(pid, probed);
+        }
+    }
+
+    fn attach_allocator(&mut self, library: &LibraryFile) -> Result<()> {
+        if self.capture.is_attached(library) {
+            return Ok(());
+        }
+        self.capture.attach_allocator(library)?;
+        self.notice(format!("probing c10::reportMemoryUsageToProfiler of {}", library.path.display()));
+        Ok(())
+    }
+
+    pub fn drops(&self) -> DropCounters {
+        self.capture.drop_counters().unwrap_or_default()
+    }
+
+    pub fn stats_line(&self) -> String {
+        let drops = self.drops();
+        let seconds = self.started.elapsed().as_secs_f64();
+        format!(
+            "{} events ({:.0}/s) from {} processes in {:.1} s; lost {} (ring buffer full {}, call table full {}); out-pointers unread {}, returns without entry {}, undecodable {}; Python stacks {} from {} interpreters, unresolved {} (unreadable in the kernel {}); allocator reports of other devices {}",
+            self.events,
+            self.events as f64 / seconds.max(1e-9),
+            self.analyzer.tracker().processes().len(),
+            seconds,
+            drops.lost_events(),
+            drops.ring_buffer_full,
+            drops.pending_full,
+            drops.read_failed,
+            drops.return_unmatched,
+            self.decode_errors,
+            self.python.counts.symbolized,
+            self.python.counts.interpreters,
+            self.python.counts.unresolved,
+            drops.stack_unreadable,
+            drops.allocator_other_device
+        )
+    }
+
+    pub fn finish(mut self) -> Result<()> {
+        let ended = self.analyzer.finish();
+        self.findings.extend(ended);
+        let summaries = self.analyzer.tracker().summaries();
+        self.sink
+            .finish(&EndOfRun { processes: &summaries, findings: &self.findings })
+            .context("cannot write the output")?;
+        if self.format != Format::Table {
+            // The event stream stays pure jsonl; people read the findings on stderr.
+            output::findings::write_table(&mut io::stderr(), &self.findings).context("cannot write to stderr")?;
+        }
+        if let Some(path) = &self.findings_file {
+            output::findings::save_json(path, &self.findings)?;
+        }
+        eprintln!("gpuprof: {}", self.stats_line());
+        let drops = self.drops();
+        if drops.lost_events() > 0 {
+            eprintln!(
+                "gpuprof: warning: {} events were lost; give a larger --buffer-mib (ring buffer full {}, call table full {})",
+                drops.lost_events(),
+                drops.ring_buffer_full,
+                drops.pending_full
+            );
+        }
+        Ok(())
+    }
+}
