@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Installs what building and testing gpuprof needs on Debian/Ubuntu (run as root):
 # clang for the BPF programs, what the vendored libbpf/libelf/zlib build needs, gcc for the
-# test fixtures, util-linux for the privilege and namespace tests, bpftrace for the benchmark.
+# test fixtures, util-linux for the privilege and namespace tests, tmux for the terminal view's
+# test, bpftrace for the benchmark.
 set -euo pipefail
 
 packages=(clang llvm libelf-dev zlib1g-dev pkg-config autoconf autopoint automake libtool flex bison
-          gawk make gcc libc6-dev util-linux python3 bpftrace)
+          gawk make gcc libc6-dev util-linux python3 bpftrace tmux)
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")

@@ -49,6 +49,16 @@ pub enum Command {
         #[command(flatten)]
         rules: RuleArgs,
     },
+    /// A live view of every CUDA process on the machine (or one process tree).
+    #[command(after_help = "Keys: q quit, ↑/↓ select a process, s change the sort.\nExample:\n  sudo gpuprof top")]
+    Top {
+        /// Only this process and its descendants.
+        #[arg(long, value_name = "PID")]
+        pid: Option<u32>,
+        /// Seconds between redraws.
+        #[arg(long, value_name = "SECS", default_value_t = 0.5)]
+        interval: f64,
+    },
     /// Views of a recorded event file: folded stacks, a flame graph, or a PyTorch memory_viz snapshot.
     #[command(after_help = "Examples:\n  gpuprof export --input events.jsonl --format flamegraph --output live.svg\n  gpuprof export --input events.jsonl --format memory-viz --output snap.pickle\n  gpuprof export --input events.jsonl --format folded --oom 1")]
     Export {

@@ -21,3 +21,4 @@ pub mod python;
 pub mod report;
 pub mod session;
 pub mod signals;
+pub mod top;

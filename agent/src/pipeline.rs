@@ -110,6 +110,11 @@ impl<'c> Pipeline<'c> {
         Ok(())
     }
 
+    /// Events captured so far.
+    pub fn events(&self) -> u64 {
+        self.events
+    }
+
     /// Processes followed and believed alive.
     pub fn alive(&self) -> &HashSet<u32> {
         &self.alive

@@ -50,14 +50,16 @@ pub fn ns_pid(pid: u32) -> Option<u32> {
     (innermost != pid).then_some(innermost)
 }
 
+/// Every process on the machine now.
+pub fn all_pids() -> Vec<u32> {
+    let Ok(entries) = fs::read_dir("/proc") else { return Vec::new() };
+    entries.flatten().filter_map(|e| e.file_name().to_str().and_then(|n| n.parse().ok())).collect()
+}
+
 /// Every descendant of `root` alive now (children, grandchildren, …), in no particular order.
 pub fn descendants(root: u32) -> Vec<u32> {
     let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
-    let Ok(entries) = fs::read_dir("/proc") else { return Vec::new() };
-    for entry in entries.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|name| name.parse::<u32>().ok()) else {
-            continue;
-        };
+    for pid in all_pids() {
         if let Some((_, ppid)) = stat(pid) {
             children.entry(ppid).or_default().push(pid);
         }

@@ -39,6 +39,23 @@ pub trait EventSink {
     fn finish(&mut self, end: &EndOfRun<'_>) -> io::Result<()>;
 }
 
+/// Discards events (views that keep only the tracker's state, like `top`).
+pub struct NullSink;
+
+impl EventSink for NullSink {
+    fn event(&mut self, _event: &Event) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn finish(&mut self, _end: &EndOfRun<'_>) -> io::Result<()> {
+        Ok(())
+    }
+}
+
 /// Stdout, or the file named by `--output` (created or truncated).
 pub fn open_writer(output: Option<&Path>) -> Result<Box<dyn Write>> {
     Ok(match output {

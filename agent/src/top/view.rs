@@ -1,0 +1,193 @@
+//! What `gpuprof top` draws: a snapshot of the pipeline's state (the model) and the widgets.
+
+use gpuprof_model::bytes::human;
+use gpuprof_model::track::{LiveSummary, ProcessState};
+use gpuprof_model::Finding;
+use ratatui::layout::{Constraint, Direction, Layout};
+use ratatui::style::{Modifier, Style};
+use ratatui::text::Line;
+use ratatui::widgets::{Block, Borders, Cell, Paragraph, Row, Table, TableState, Wrap};
+use ratatui::Frame;
+
+use crate::pipeline::Pipeline;
+
+/// The columns the process table can be sorted by.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum SortKey {
+    #[default]
+    Driver,
+    Allocated,
+    Reserved,
+    Pid,
+}
+
+impl SortKey {
+    fn next(self) -> Self {
+        match self {
+            SortKey::Driver => SortKey::Allocated,
+            SortKey::Allocated => SortKey::Reserved,
+            SortKey::Reserved => SortKey::Pid,
+            SortKey::Pid => SortKey::Driver,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            SortKey::Driver => "driver bytes",
+            SortKey::Allocated => "allocated",
+            SortKey::Reserved => "reserved",
+            SortKey::Pid => "pid",
+        }
+    }
+}
+
+/// What the person did: the selected row, the sort.
+#[derive(Debug, Default)]
+pub struct ViewState {
+    table: TableState,
+    sort: SortKey,
+    rows: usize,
+}
+
+impl ViewState {
+    pub fn select_next(&mut self) {
+        let next = self.table.selected().map_or(0, |i| (i + 1).min(self.rows.saturating_sub(1)));
+        self.table.select(Some(next));
+    }
+
+    pub fn select_previous(&mut self) {
+        let previous = self.table.selected().map_or(0, |i| i.saturating_sub(1));
+        self.table.select(Some(previous));
+    }
+
+    pub fn next_sort(&mut self) {
+        self.sort = self.sort.next();
+    }
+}
+
+/// One redraw's worth of state, taken from the pipeline.
+pub struct Model {
+    processes: Vec<LiveSummary>,
+    findings: Vec<Finding>,
+    events: u64,
+}
+
+impl Model {
+    pub fn from_pipeline(pipeline: &Pipeline<'_>) -> Model {
+        let processes = pipeline
+            .analyzer()
+            .tracker()
+            .live_processes()
+            .into_iter()
+            .map(|p| p.summary())
+            .filter(|s| s.driver_calls > 0 || s.allocator.is_some())
+            .collect();
+        Model { processes, findings: pipeline.findings().to_vec(), events: pipeline.events() }
+    }
+}
+
+fn device_bytes(process: &LiveSummary) -> u64 {
+    process.by_kind.iter().filter(|(kind, _)| kind.as_str() != "host_pinned").map(|(_, t)| t.bytes).sum()
+}
+
+pub fn draw(frame: &mut Frame<'_>, model: &Model, state: &mut ViewState) {
+    let mut processes: Vec<&LiveSummary> = model.processes.iter().collect();
+    match state.sort {
+        SortKey::Driver => processes.sort_by_key(|p| std::cmp::Reverse(device_bytes(p))),
+        SortKey::Allocated => processes.sort_by_key(|p| std::cmp::Reverse(p.allocator.map_or(0, |a| a.allocated))),
+        SortKey::Reserved => processes.sort_by_key(|p| std::cmp::Reverse(p.allocator.map_or(0, |a| a.reserved))),
+        SortKey::Pid => processes.sort_by_key(|p| p.pid),
+    }
+    state.rows = processes.len();
+    if state.table.selected().is_none_or(|i| i >= processes.len()) {
+        state.table.select((!processes.is_empty()).then_some(0));
+    }
+
+    let areas = Layout::default()
+        .direction(Direction::Vertical)
+        .constraints([Constraint::Length(1), Constraint::Percentage(50), Constraint::Min(6)])
+        .split(frame.area());
+    let header = format!(
+        "gpuprof top — {} CUDA processes, {} events, {} findings — sorted by {} — q quit, ↑/↓ select, s sort",
+        processes.len(),
+        model.events,
+        model.findings.len(),
+        state.sort.name()
+    );
+    frame.render_widget(Paragraph::new(header), areas[0]);
+
+    let rows = processes.iter().map(|p| {
+        let state_text = match p.state {
+            ProcessState::Running => "running".to_string(),
+            ProcessState::Exited { code, .. } => format!("exited({code})"),
+            ProcessState::Replaced { .. } => "exec'd".to_string(),
+        };
+        let (allocated, reserved) = p.allocator.map_or((String::from("-"), String::from("-")), |a| (human(a.allocated), human(a.reserved)));
+        Row::new(vec![
+            Cell::from(p.pid.to_string()),
+            Cell::from(p.comm.clone()),
+            Cell::from(state_text),
+            Cell::from(human(device_bytes(p))),
+            Cell::from(allocated),
+            Cell::from(reserved),
+            Cell::from(p.imports.to_string()),
+            Cell::from(p.contexts.to_string()),
+            Cell::from(p.driver_calls.to_string()),
+        ])
+    });
+    let table = Table::new(
+        rows,
+        [
+            Constraint::Length(8),
+            Constraint::Length(16),
+            Constraint::Length(10),
+            Constraint::Length(12),
+            Constraint::Length(12),
+            Constraint::Length(12),
+            Constraint::Length(9),
+            Constraint::Length(4),
+            Constraint::Length(8),
+        ],
+    )
+    .header(
+        Row::new(["PID", "COMM", "STATE", "DRIVER", "ALLOCATED", "RESERVED", "IPC OPEN", "CTX", "CALLS"])
+            .style(Style::default().add_modifier(Modifier::BOLD)),
+    )
+    .row_highlight_style(Style::default().add_modifier(Modifier::REVERSED))
+    .block(Block::default().borders(Borders::ALL).title("Processes"));
+    frame.render_stateful_widget(table, areas[1], &mut state.table);
+
+    let bottom = Layout::default()
+        .direction(Direction::Horizontal)
+        .constraints([Constraint::Percentage(50), Constraint::Percentage(50)])
+        .split(areas[2]);
+    let selected = state.table.selected().and_then(|i| processes.get(i));
+    let stacks: Vec<Line> = match selected {
+        Some(p) => p
+            .by_frame
+            .iter()
+            .take(20)
+            .map(|entry| {
+                let frame = entry.frame.as_ref().map_or("(no Python stack)".to_string(), |f| {
+                    format!("{}:{} {}", f.file.rsplit('/').next().unwrap_or(&f.file), f.line, f.function)
+                });
+                Line::from(format!("{:>10} {:<11} {frame}", human(entry.total.bytes), entry.kind.as_str()))
+            })
+            .collect(),
+        None => vec![Line::from("no CUDA process yet")],
+    };
+    let title = selected.map_or("Stacks".to_string(), |p| format!("Live bytes by innermost frame — pid {}", p.pid));
+    frame.render_widget(Paragraph::new(stacks).block(Block::default().borders(Borders::ALL).title(title)), bottom[0]);
+
+    let findings: Vec<Line> = model
+        .findings
+        .iter()
+        .rev()
+        .take(20)
+        .map(|f| Line::from(format!("{} pid {} {}: {}", f.kind.as_str(), f.pid, human(f.bytes), f.detail)))
+        .collect();
+    frame.render_widget(
+        Paragraph::new(findings).wrap(Wrap { trim: true }).block(Block::default().borders(Borders::ALL).title("Findings")),
+        bottom[1],
+    );
+}
