@@ -46,8 +46,8 @@ fn table_shows_the_allocator_curves_at_the_end() {
     let dir = scratch("allocator_table");
     let (log, out) = (dir.join("expected.jsonl"), dir.join("table.txt"));
     let script = workloads().join("tensors.py");
-    // Every block is freed at the end; the allocator's last report still counts its segments as
-    // reserved (emptying the cache reports nothing): the gap is the cache.
+    // Every block is freed at the end, then empty_cache returns the segments: the allocator never
+    // reports that, gpuprof takes it from the driver frees.
     let mut cmd = Command::new(gpuprof());
     cmd.args(["run", "--format", "table", "--output", out.to_str().unwrap(), "--"])
         .arg(python3())
@@ -60,8 +60,30 @@ fn table_shows_the_allocator_curves_at_the_end() {
     let expected = read_expected(&log);
     let pid = pid_of_role(&expected, "parent");
     let last = expected.iter().rev().find(|e| e["layer"] == "allocator").unwrap();
-    let at = table.lines().position(|l| l == "PyTorch caching allocator at end (its own totals):").expect("allocator section");
+    assert!(last["reserved"].as_u64().unwrap() > 0);
+    let at = table.lines().position(|l| l == "PyTorch caching allocator at end:").expect("allocator section");
     let row: Vec<&str> = table.lines().nth(at + 2).unwrap().split_whitespace().collect();
-    let (allocated, reserved) = (last["allocated"].as_u64().unwrap(), last["reserved"].as_u64().unwrap());
-    assert_eq!(row, [pid.to_string(), allocated.to_string(), reserved.to_string(), (reserved - allocated).to_string(), "0".to_string()]);
+    assert_eq!(row, [pid.to_string(), "0".into(), "0".into(), "0".into(), "0".into()]);
+}
+
+#[test]
+fn emptying_the_cache_lowers_reserved_on_the_driver_free() {
+    let dir = scratch("allocator_empty_cache");
+    let (log, out) = (dir.join("expected.jsonl"), dir.join("events.jsonl"));
+    let script = workloads().join("tensors.py");
+    let output = gpuprof_run(&["--output", out.to_str().unwrap()], &[python3(), script.to_str().unwrap()], &log);
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    let events = read_events(&out);
+    let last_block = events.iter().rposition(|e| e.layer == Layer::Allocator).unwrap();
+    let reported = events[last_block].reserved.unwrap();
+    // empty_cache returns every segment to the driver after the last block report: each
+    // cuMemFree_v2 carries the allocator's reserved total, lowered by that segment's size.
+    let frees: Vec<&gpuprof_model::Event> = events[last_block..].iter().filter(|e| e.api == "cuMemFree_v2").collect();
+    assert_eq!(frees.len(), 3);
+    let mut reserved = reported;
+    for free in &frees {
+        reserved -= events.iter().find(|e| e.api == "cuMemAlloc_v2" && e.addr == free.addr).unwrap().size;
+        assert_eq!((free.reserved, free.allocated), (Some(reserved), Some(0)));
+    }
+    assert_eq!(reserved, 0);
 }

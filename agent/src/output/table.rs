@@ -168,7 +168,7 @@ fn write_allocator_totals(writer: &mut dyn Write, processes: &[&LiveSummary]) ->
         return Ok(());
     }
     writeln!(writer)?;
-    writeln!(writer, "PyTorch caching allocator at end (its own totals):")?;
+    writeln!(writer, "PyTorch caching allocator at end:")?;
     writeln!(writer, "{:>7} {:>14} {:>14} {:>14} {:>7}", "PID", "ALLOCATED", "RESERVED", "CACHED (GAP)", "BLOCKS")?;
     for process in reporting {
         let totals = process.allocator.expect("filtered");

@@ -142,6 +142,16 @@ impl Analyzer {
         found.extend(oom::check(event, world));
         found.extend(self.worker_context.check(event, world));
         self.tracker.apply(event);
+        if event.layer == Layer::Driver && matches!(event.op, Op::Free | Op::Unmap) {
+            // The allocator's curves move when it returns a segment (empty_cache): say so on the
+            // event, since the allocator itself reports nothing then.
+            let process = self.tracker.process(event.pid);
+            let changed = process.and_then(|p| p.allocator_totals().values().find(|t| t.ts == event.ts).copied());
+            if let Some(totals) = changed {
+                event.allocated = Some(totals.allocated);
+                event.reserved = Some(totals.reserved);
+            }
+        }
         self.growth.after(event, &self.tracker);
         found
     }

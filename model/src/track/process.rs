@@ -92,8 +92,12 @@ pub struct ProcessMemory {
     segments: BTreeMap<u64, u64>,
     /// A framework allocator's live blocks (tensors).
     blocks: HashMap<u64, Allocation>,
-    /// The allocator's own totals per device, as last reported.
+    /// The allocator's own totals per device: as last reported, less the segments it returned
+    /// to the driver since (emptying its cache reports nothing).
     allocator_totals: BTreeMap<i32, AllocatorTotals>,
+    /// Segments a block was carved from: the allocator's, whose return to the driver shrinks
+    /// its reserved total.
+    allocator_segments: HashMap<u64, i32>,
     contexts: u32,
     driver_calls: u64,
 }
@@ -124,6 +128,7 @@ impl ProcessMemory {
             segments: BTreeMap::new(),
             blocks: HashMap::new(),
             allocator_totals: BTreeMap::new(),
+            allocator_segments: HashMap::new(),
             contexts: 0,
             driver_calls: 0,
         }
@@ -133,6 +138,16 @@ impl ProcessMemory {
     pub fn segment_of(&self, addr: u64) -> Option<u64> {
         let (&start, &size) = self.segments.range(..=addr).next_back()?;
         (addr < start.saturating_add(size)).then_some(start)
+    }
+
+    /// A segment went back to the driver: if it was the allocator's, it is no longer reserved.
+    fn segment_returned(&mut self, start: u64, size: u64, ts: u64) {
+        if let Some(device) = self.allocator_segments.remove(&start) {
+            if let Some(totals) = self.allocator_totals.get_mut(&device) {
+                totals.reserved = totals.reserved.saturating_sub(size);
+                totals.ts = ts;
+            }
+        }
     }
 
     /// Where device memory lies now (start, size), by address: driver allocations and VMM
@@ -171,6 +186,9 @@ impl ProcessMemory {
         let Some(addr) = event.addr else { return };
         match event.op {
             Op::Alloc => {
+                if let Some(segment) = self.segment_of(addr) {
+                    self.allocator_segments.insert(segment, event.device.unwrap_or(0));
+                }
                 self.blocks.insert(addr, allocation_of(event, addr, Kind::Device));
             }
             Op::Free => {
@@ -307,10 +325,11 @@ impl ProcessMemory {
                 self.allocations.insert((space, addr), allocation_of(event, addr, kind));
             }
             Op::Free => {
-                if self.allocations.remove(&(space, addr)).is_some() {
+                if let Some(freed) = self.allocations.remove(&(space, addr)) {
                     if space == Space::Pointer {
                         self.segments.remove(&addr);
                     }
+                    self.segment_returned(addr, freed.size, event.ts);
                     return Some((space, addr));
                 }
                 // Imported pool pointers are released with cuMemFree(Async), imported VMM
@@ -330,8 +349,9 @@ impl ProcessMemory {
                 self.mappings.insert(addr, mapping_of(event, addr, kind, event.size));
             }
             Op::Unmap => {
-                if self.mappings.remove(&addr).is_some_and(|m| m.kind == Kind::Vmm) {
+                if let Some(unmapped) = self.mappings.remove(&addr).filter(|m| m.kind == Kind::Vmm) {
                     self.segments.remove(&addr);
+                    self.segment_returned(addr, unmapped.size, event.ts);
                 }
             }
             Op::IpcOpen => {
