@@ -4,12 +4,7 @@
 # memory_viz snapshot rendered by PyTorch's own torch.cuda._memory_viz, and the cost benchmark.
 #
 #   GPUPROF_BIN=path/to/gpuprof OUT=/tmp/out tests/gpu/validate_allocator.sh
-set -u
-here=$(cd "$(dirname "$0")" && pwd)
-bin=${GPUPROF_BIN:?set GPUPROF_BIN to the gpuprof binary}
-out=${OUT:?set OUT to a directory for the results}
-py=${PYTHON:-python3}
-mkdir -p "$out"
+source "$(dirname "$0")/env.sh"
 {
   "$bin" run --output "$out/allocator.jsonl" -- "$py" "$here/torch_allocator.py" > "$out/allocator.facts.json"
   echo "exit $?"

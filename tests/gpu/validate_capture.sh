@@ -5,12 +5,7 @@
 # event files, gpuprof's stderr and a comparison with torch.cuda.memory_stats() to $OUT.
 #
 #   GPUPROF_BIN=path/to/gpuprof OUT=/tmp/out tests/gpu/validate_capture.sh
-set -u
-here=$(cd "$(dirname "$0")" && pwd)
-bin=${GPUPROF_BIN:?set GPUPROF_BIN to the gpuprof binary}
-out=${OUT:?set OUT to a directory for the results}
-py=${PYTHON:-python3}
-mkdir -p "$out"
+source "$(dirname "$0")/env.sh"
 log="$out/capture.log"
 {
   echo "# machine"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; uname -r

@@ -4,12 +4,7 @@
 # workers touch CUDA. Writes gpuprof's findings next to what PyTorch printed, to $OUT.
 #
 #   GPUPROF_BIN=path/to/gpuprof OUT=/tmp/out tests/gpu/validate_findings.sh
-set -u
-here=$(cd "$(dirname "$0")" && pwd)
-bin=${GPUPROF_BIN:?set GPUPROF_BIN to the gpuprof binary}
-out=${OUT:?set OUT to a directory for the results}
-py=${PYTHON:-python3}
-mkdir -p "$out"
+source "$(dirname "$0")/env.sh"
 {
   for workload in torch_ipc torch_dataloader; do
     echo "# $workload"

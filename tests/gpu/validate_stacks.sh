@@ -4,12 +4,7 @@
 # under `gpuprof run` (discovery after exec) and `gpuprof attach` (a running process).
 #
 #   GPUPROF_BIN=path/to/gpuprof OUT=/tmp/out tests/gpu/validate_stacks.sh
-set -u
-here=$(cd "$(dirname "$0")" && pwd)
-bin=${GPUPROF_BIN:?set GPUPROF_BIN to the gpuprof binary}
-out=${OUT:?set OUT to a directory for the results}
-py=${PYTHON:-python3}
-mkdir -p "$out"
+source "$(dirname "$0")/env.sh"
 {
   echo "# interpreter: $(readlink -f "$(command -v "$py")") ($("$py" -c 'import sys; print(sys.version.split()[0])'))"
   "$bin" run --output "$out/stacks.jsonl" -- "$py" "$here/torch_stacks.py" > "$out/stacks.facts.json"

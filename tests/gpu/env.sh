@@ -1,0 +1,7 @@
+# Sourced by the validate_*.sh scripts: where gpuprof, the results and python are.
+set -u
+here=$(cd "$(dirname "${BASH_SOURCE[1]}")" && pwd)
+bin=${GPUPROF_BIN:?set GPUPROF_BIN to the gpuprof binary}
+out=${OUT:?set OUT to a directory for the results}
+py=${PYTHON:-python3}
+mkdir -p "$out"
