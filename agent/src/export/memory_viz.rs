@@ -3,6 +3,8 @@
 //! `segments` (each with its blocks tiling it, live ones `active_allocated`, the rest `inactive`)
 //! and `device_traces` (the alloc/free and segment events that led there, with Python frames).
 
+use std::collections::{HashMap, HashSet};
+
 use anyhow::{bail, Result};
 use gpuprof_model::event::{Event, Frame, Kind, Layer, Op, CUDA_ERROR_OUT_OF_MEMORY};
 use gpuprof_model::track::{ProcessMemory, Tracker};
@@ -10,15 +12,51 @@ use serde_json::{json, Value};
 
 pub fn snapshot(events: &[Event], tracker: &Tracker, pid: Option<u32>, at_end: bool) -> Result<Value> {
     let process = choose_process(events, tracker, pid, at_end)?;
+    let own: Vec<&Event> = events.iter().filter(|e| e.pid == process.pid && e.ts >= process.first_ts).collect();
+    // PyTorch's snapshot shows the allocator's segments, not every driver allocation (cuBLAS's
+    // workspace, say): where the process reported blocks, a segment is one that held a block.
+    let allocator_segments: HashSet<u64> = own.iter().filter(|e| e.layer == Layer::Allocator).filter_map(|e| e.segment).collect();
+    let is_ours = |start: u64| allocator_segments.is_empty() || allocator_segments.contains(&start);
     let device_count = events.iter().filter_map(|e| e.device).max().unwrap_or(0).max(0) as usize + 1;
     let mut traces: Vec<Vec<Value>> = vec![Vec::new(); device_count];
-    for event in events.iter().filter(|e| e.pid == process.pid && e.ts >= process.first_ts) {
-        let device = event.device.unwrap_or(0).max(0) as usize;
-        for entry in trace_entries(event) {
-            traces[device.min(device_count - 1)].push(entry);
-        }
+    let mut segment_sizes: HashMap<u64, u64> = HashMap::new();
+    for event in own {
+        let device = (event.device.unwrap_or(0).max(0) as usize).min(device_count - 1);
+        let entry = match (event.layer, event.op) {
+            (Layer::Driver, Op::Alloc | Op::Map) if event.succeeded() && is_segment(event) => {
+                let start = event.addr.unwrap_or(0);
+                if !is_ours(start) {
+                    continue;
+                }
+                segment_sizes.insert(start, event.size);
+                trace_entry(event, if event.op == Op::Map { "segment_map" } else { "segment_alloc" }, event.size)
+            }
+            // A free carries no size: the segment's is the one it was allocated with.
+            (Layer::Driver, Op::Free | Op::Unmap) if event.succeeded() => {
+                let Some(size) = event.addr.and_then(|a| segment_sizes.remove(&a)) else { continue };
+                trace_entry(event, if event.op == Op::Unmap { "segment_unmap" } else { "segment_free" }, size)
+            }
+            (Layer::Driver, Op::Alloc) if event.result == CUDA_ERROR_OUT_OF_MEMORY => {
+                let mut oom = trace_entry(event, "oom", event.size);
+                oom["device_free"] = json!(0);
+                oom
+            }
+            (Layer::Allocator, Op::Alloc) => trace_entry(event, "alloc", event.size),
+            (Layer::Allocator, Op::Free) => {
+                // PyTorch records a free as requested, then completed once the stream is done.
+                traces[device].push(trace_entry(event, "free_requested", event.size));
+                trace_entry(event, "free_completed", event.size)
+            }
+            _ => continue,
+        };
+        traces[device].push(entry);
     }
-    let segments: Vec<Value> = process.segments().into_iter().map(|(start, size)| segment(process, start, size)).collect();
+    let segments: Vec<Value> = process
+        .segments()
+        .into_iter()
+        .filter(|(start, _)| is_ours(*start))
+        .map(|(start, size)| segment(process, start, size))
+        .collect();
     Ok(json!({
         "segments": segments,
         "device_traces": traces,
@@ -50,37 +88,24 @@ fn frames(stack: &[Frame]) -> Vec<Value> {
     stack.iter().map(|f| json!({"filename": f.file, "line": f.line, "name": f.function})).collect()
 }
 
-fn trace_entries(event: &Event) -> Vec<Value> {
-    let base = |action: &str| {
-        json!({
-            "action": action,
-            "addr": event.addr.unwrap_or(0),
-            "size": event.size,
-            "stream": 0,
-            "time_us": event.ts / 1000,
-            "frames": frames(&event.stack),
-        })
-    };
-    match (event.layer, event.op) {
-        (Layer::Allocator, Op::Alloc) => vec![base("alloc")],
-        // PyTorch records a free as requested, then completed once the stream is done with it.
-        (Layer::Allocator, Op::Free) => vec![base("free_requested"), base("free_completed")],
-        (Layer::Driver, Op::Alloc) if event.result == CUDA_ERROR_OUT_OF_MEMORY => {
-            let mut oom = base("oom");
-            oom["device_free"] = json!(0);
-            vec![oom]
-        }
-        (Layer::Driver, Op::Alloc) if event.succeeded() && is_segment(event) => vec![base("segment_alloc")],
-        (Layer::Driver, Op::Free) if event.succeeded() && is_segment(event) => vec![base("segment_free")],
-        (Layer::Driver, Op::Map) if event.succeeded() && event.kind == Some(Kind::Vmm) => vec![base("segment_map")],
-        (Layer::Driver, Op::Unmap) if event.succeeded() && event.kind == Some(Kind::Vmm) => vec![base("segment_unmap")],
-        _ => Vec::new(),
-    }
+fn trace_entry(event: &Event, action: &str, size: u64) -> Value {
+    json!({
+        "action": action,
+        "addr": event.addr.unwrap_or(0),
+        "size": size,
+        "stream": 0,
+        "time_us": event.ts / 1000,
+        "frames": frames(&event.stack),
+    })
 }
 
-/// Device memory that a caching allocator could carve blocks from.
+/// Device memory that a caching allocator could carve blocks from: driver allocations, and VMM
+/// mappings (expandable segments).
 fn is_segment(event: &Event) -> bool {
-    matches!(event.kind, Some(Kind::Device | Kind::Managed | Kind::Pool))
+    match event.op {
+        Op::Map => event.kind == Some(Kind::Vmm),
+        _ => matches!(event.kind, Some(Kind::Device | Kind::Managed | Kind::Pool)),
+    }
 }
 
 /// One segment with blocks tiling it: live blocks in address order, gaps between them inactive.
