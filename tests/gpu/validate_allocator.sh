@@ -4,6 +4,7 @@
 # memory_viz snapshot rendered by PyTorch's own torch.cuda._memory_viz, and the cost benchmark.
 #
 #   GPUPROF_BIN=path/to/gpuprof OUT=/tmp/out tests/gpu/validate_allocator.sh
+#   SKIP_BENCH=1 leaves the benchmark out (validation and views only).
 source "$(dirname "$0")/env.sh"
 {
   "$bin" run --output "$out/allocator.jsonl" -- "$py" "$here/torch_allocator.py" > "$out/allocator.facts.json"
@@ -26,7 +27,9 @@ sample = next(s for s in facts['samples'] if s['label'] == 'after 64 MiB tensor'
 print((sample['ts'] - first) / 1e9)" "$out/allocator.facts.json" "$out/allocator.jsonl")
   "$bin" export --input "$out/allocator.jsonl" --format flamegraph --layer allocator --at "$at" --output "$out/tensors.svg"
   "$bin" export --input "$out/allocator.jsonl" --format folded --layer allocator --at "$at" | sort -t' ' -k2 -n | tail -3 | cut -c1-240
-  echo "# benchmark"
-  "$py" "$here/bench_allocator.py" "$bin" --rounds 3 --steps 300
+  if [ -z "${SKIP_BENCH:-}" ]; then
+    echo "# benchmark"
+    "$py" "$here/bench_allocator.py" "$bin" --rounds 3 --steps 300
+  fi
 } > "$out/allocator.log" 2>&1
 cat "$out/allocator.log"
