@@ -10,6 +10,7 @@ pub mod driver_api;
 pub mod event;
 pub mod findings;
 pub mod hex;
+pub mod otel;
 pub mod track;
 
 pub use driver_api::{ArgLayout, DriverApi, DRIVER_APIS};

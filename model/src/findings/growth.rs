@@ -11,7 +11,7 @@ use crate::track::{ProcessRef, Space, Tracker};
 
 type Key = (ProcessRef, Layer, Vec<Frame>);
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
 struct Series {
     live: u64,
     count: u64,
@@ -25,7 +25,7 @@ struct Series {
     api: String,
 }
 
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub struct Rule {
     config: RuleConfig,
     window_end: Option<u64>,

@@ -90,7 +90,7 @@ pub struct Finding {
 }
 
 /// Thresholds of the rules that need them.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct RuleConfig {
     /// Growth: length of one window.
     pub growth_window_ns: u64,
@@ -105,7 +105,7 @@ impl Default for RuleConfig {
 }
 
 /// Runs every rule over an event stream, incrementally.
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub struct Analyzer {
     tracker: Tracker,
     worker_context: worker_cuda_context::Rule,

@@ -243,3 +243,34 @@ fn growth_fires_for_a_growing_stack_not_for_a_plateau() {
     assert_eq!((f.bytes, f.count), (6 * MIB, 6));
     assert_eq!((f.first_ts, f.last_ts), (1_000 + 1_000, 1_000 + 1_000 + 300_000));
 }
+
+#[test]
+fn an_analyzer_saved_and_restored_mid_stream_fires_the_same_findings() {
+    // Growth half-way through its streak, an export with an importer, a worker context: every
+    // piece of rule state is in flight at the cut.
+    let config = RuleConfig { growth_window_ns: 100_000, growth_rises: 3 };
+    let mut s = parent_and_worker();
+    s.ipc(11, Op::IpcOpen, 0xB000, 0xAA).context(11);
+    for step in 0..12u64 {
+        s.at(10_000 + step * 50_000);
+        s.alloc(40, 0x10_0000 + step, MIB, &frame("leak", 10));
+    }
+    s.free(10, 0xA000).process(11, Op::Exit, 10).process(40, Op::Exit, 1);
+    let whole = s.findings(config);
+    assert_eq!(whole.len(), 5, "{whole:#?}");
+
+    for cut in [3, s.events.len() / 2, s.events.len() - 2] {
+        let mut first = Analyzer::new(config);
+        let mut found: Vec<Finding> = Vec::new();
+        for event in &s.events[..cut] {
+            found.extend(first.observe(&mut event.clone()));
+        }
+        let saved = postcard::to_stdvec(&first).unwrap();
+        let mut restored: Analyzer = postcard::from_bytes(&saved).unwrap();
+        for event in &s.events[cut..] {
+            found.extend(restored.observe(&mut event.clone()));
+        }
+        found.extend(restored.finish());
+        assert_eq!(found, whole, "cut at {cut}");
+    }
+}

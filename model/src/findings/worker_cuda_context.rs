@@ -8,7 +8,7 @@ use super::{wording, Finding, FindingKind};
 use crate::event::{Event, Op};
 use crate::track::{ProcessRef, Tracker};
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct Rule {
     /// Children already reported: one finding per process instance.
     reported: HashSet<ProcessRef>,

@@ -5,7 +5,7 @@
 use super::Space;
 use crate::event::{Event, Kind, Op};
 
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum ExportKey {
     /// `cuIpcGetMemHandle` / `cuIpcOpenMemHandle`: the 64-byte handle.
     Legacy(Vec<u8>),
@@ -33,14 +33,14 @@ impl ExportKey {
 }
 
 /// One process instance: a pid and when that instance was first seen (pids are reused).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct ProcessRef {
     pub pid: u32,
     pub since: u64,
 }
 
 /// Memory a process made available to others.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Export {
     pub exporter: ProcessRef,
     /// The exported allocation: a device pointer, or a VMM handle.

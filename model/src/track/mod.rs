@@ -19,7 +19,7 @@ pub use process::{
 use crate::event::{Event, Layer, Op};
 
 /// Every process seen, live and closed, and the IPC exports still standing.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct Tracker {
     live: HashMap<u32, ProcessMemory>,
     closed: Vec<ProcessMemory>,
@@ -148,6 +148,18 @@ impl Tracker {
         let mut all: Vec<&ProcessMemory> = self.closed.iter().chain(self.live.values()).collect();
         all.sort_by_key(|p| (p.first_ts, p.pid));
         all
+    }
+
+    /// Drops the tables of processes that ended before `ts`, returning how many: a long-running
+    /// consumer (the collector) keeps its memory bounded under process churn. Findings about
+    /// them fired when they ended; an IPC import of theirs that outlives this loses its peer.
+    pub fn forget_closed_before(&mut self, ts: u64) -> usize {
+        let before = self.closed.len();
+        self.closed.retain(|p| match p.state {
+            ProcessState::Exited { ts: ended, .. } | ProcessState::Replaced { ts: ended } => ended >= ts,
+            ProcessState::Running => true,
+        });
+        before - self.closed.len()
     }
 
     /// One summary per process instance, in order of first appearance.

@@ -7,7 +7,7 @@ use super::ipc::{Export, ExportKey, ProcessRef};
 use crate::event::{Event, Frame, Kind, Op};
 
 /// Memory a process allocated and has not released.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Allocation {
     pub addr: u64,
     pub size: u64,
@@ -27,7 +27,7 @@ impl Allocation {
 
 /// Memory made reachable in a process without being allocated by it: a VMM mapping or
 /// registered host memory.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Mapping {
     pub addr: u64,
     pub size: u64,
@@ -38,7 +38,7 @@ pub struct Mapping {
 }
 
 /// Another process's memory opened here through an IPC handle.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Import {
     /// `addr` is where it was mapped here; `size` is the exported allocation's, when known.
     pub mapping: Mapping,
@@ -47,7 +47,7 @@ pub struct Import {
     pub exporter: Option<ProcessRef>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum ProcessState {
     Running,
     /// The process exited; `code` is its exit status or 128 + signal.
@@ -58,7 +58,7 @@ pub enum ProcessState {
 
 /// The address spaces allocations live in: device/host pointers and VMM handles are different
 /// namespaces even when the numbers coincide.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Space {
     Pointer,
     VmmHandle,
@@ -75,7 +75,7 @@ impl Space {
 }
 
 /// One process instance's table.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ProcessMemory {
     pub pid: u32,
     pub ppid: Option<u32>,
@@ -103,7 +103,7 @@ pub struct ProcessMemory {
 }
 
 /// A framework allocator's view of one device.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct AllocatorTotals {
     /// Bytes in live blocks (tensors).
     pub allocated: u64,

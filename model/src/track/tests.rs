@@ -93,3 +93,19 @@ fn imports_find_their_exporter_by_handle_and_die_with_it() {
     tracker.apply(&driver(5, 10, Op::Free, "cuMemFree_v2", Kind::Device, 0x7f00_0000_0000, 0));
     assert!(tracker.exports_of(exporter, None).is_empty());
 }
+
+#[test]
+fn closed_tables_are_forgotten_after_they_ended_and_live_ones_kept() {
+    let mut tracker = Tracker::new();
+    tracker.apply(&process(1, 20, Op::Fork, 10));
+    tracker.apply(&process(2, 21, Op::Fork, 10));
+    tracker.apply(&process(5, 20, Op::Exit, 10));
+    tracker.apply(&process(9, 21, Op::Exec, 10));
+    tracker.apply(&driver(10, 22, Op::Alloc, "cuMemAlloc_v2", Kind::Device, 0x7f00_0000_0000, 4096));
+    assert_eq!(tracker.forget_closed_before(5), 0);
+    assert_eq!(tracker.forget_closed_before(6), 1);
+    let left: Vec<(u32, u64)> = tracker.processes().iter().map(|p| (p.pid, p.first_ts)).collect();
+    assert_eq!(left, vec![(21, 2), (21, 9), (22, 10)]);
+    assert_eq!(tracker.forget_closed_before(100), 1);
+    assert_eq!(tracker.processes().len(), 2);
+}

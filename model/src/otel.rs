@@ -1,0 +1,81 @@
+//! The names gpuprof's OpenTelemetry output uses — resource, span, span-event, log and metric
+//! attributes — in one place, so the agent that writes them and the collector that reads them
+//! cannot drift apart. OpenTelemetry's semantic conventions are used where one exists
+//! (`host.name`, `process.pid`, `code.*`, `k8s.*`); the rest live under `gpu.memory.*` and
+//! `gpuprof.*`. docs/otlp.md documents each one.
+
+/// The instrumentation scope of everything gpuprof emits.
+pub const SCOPE: &str = "gpuprof";
+
+pub mod resource {
+    pub const HOST_NAME: &str = "host.name";
+    pub const PROCESS_PID: &str = "process.pid";
+    pub const PROCESS_PARENT_PID: &str = "process.parent_pid";
+    pub const PROCESS_COMMAND_LINE: &str = "process.command_line";
+    pub const PROCESS_EXECUTABLE_NAME: &str = "process.executable.name";
+    pub const CONTAINER_ID: &str = "container.id";
+    pub const K8S_POD_UID: &str = "k8s.pod.uid";
+    pub const K8S_POD_NAME: &str = "k8s.pod.name";
+    pub const K8S_NAMESPACE_NAME: &str = "k8s.namespace.name";
+    pub const K8S_NODE_NAME: &str = "k8s.node.name";
+    pub const K8S_CONTAINER_NAME: &str = "k8s.container.name";
+    /// The UUIDs of the node's GPUs (`GPU-…`), as the driver lists them.
+    pub const GPU_UUIDS: &str = "gpu.uuids";
+    pub const SERVICE_NAME: &str = "service.name";
+}
+
+/// Attributes of an allocation-lifetime span and of a finding span.
+pub mod span {
+    pub const ADDR: &str = "gpu.memory.addr";
+    pub const SIZE: &str = "gpu.memory.size";
+    pub const KIND: &str = "gpu.memory.kind";
+    pub const LAYER: &str = "gpu.memory.layer";
+    pub const API: &str = "gpu.memory.api";
+    pub const DEVICE: &str = "gpu.device.index";
+    /// The entry point that released it (`cuMemFree_v2`), when it was released.
+    pub const FREE_API: &str = "gpu.memory.free_api";
+    /// True when the span ended because the process exited (or exec'd) still holding it.
+    pub const LEAKED: &str = "gpu.memory.leaked";
+    pub const THREAD_ID: &str = "thread.id";
+    pub const CODE_FUNCTION: &str = "code.function.name";
+    pub const CODE_FILE: &str = "code.file.path";
+    pub const CODE_LINE: &str = "code.line.number";
+    /// The whole Python stack, innermost first, one `file:line in function` per line.
+    pub const CODE_STACKTRACE: &str = "code.stacktrace";
+    pub const HANDLE: &str = "gpu.memory.ipc.handle";
+    pub const PEER_PID: &str = "gpu.memory.ipc.peer_pid";
+    pub const MAPPED_ADDR: &str = "gpu.memory.mapped_addr";
+
+    pub const FINDING_KIND: &str = "gpuprof.finding.kind";
+    pub const FINDING_BYTES: &str = "gpuprof.finding.bytes";
+    pub const FINDING_COUNT: &str = "gpuprof.finding.count";
+    pub const FINDING_DETAIL: &str = "gpuprof.finding.detail";
+}
+
+/// Names of the span events on an allocation's span.
+pub mod span_event {
+    pub const IPC_EXPORT: &str = "gpu.memory.ipc_export";
+    pub const IPC_OPEN: &str = "gpu.memory.ipc_open";
+    pub const IPC_CLOSE: &str = "gpu.memory.ipc_close";
+    pub const MAP: &str = "gpu.memory.map";
+    pub const UNMAP: &str = "gpu.memory.unmap";
+}
+
+/// The event stream as OTLP log records (OpenTelemetry events): one record per captured event,
+/// its body the event of docs/events.md as a key-value map.
+pub mod log {
+    /// `event_name` of a record: this prefix and the event's `op` (`gpuprof.alloc`).
+    pub const EVENT_NAME_PREFIX: &str = "gpuprof.";
+}
+
+pub mod metric {
+    /// Live bytes of a process, per device, layer and kind (gauge).
+    pub const LIVE_BYTES: &str = "gpuprof.memory.live";
+    /// A framework allocator's bytes in live blocks, per device (gauge).
+    pub const ALLOCATOR_ALLOCATED: &str = "gpuprof.allocator.allocated";
+    /// A framework allocator's bytes in segments, cache included, per device (gauge).
+    pub const ALLOCATOR_RESERVED: &str = "gpuprof.allocator.reserved";
+    pub const ATTR_DEVICE: &str = "gpu.device.index";
+    pub const ATTR_KIND: &str = "gpu.memory.kind";
+    pub const ATTR_LAYER: &str = "gpu.memory.layer";
+}
