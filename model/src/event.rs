@@ -28,6 +28,16 @@ pub enum Layer {
     Process,
 }
 
+impl Layer {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Layer::Driver => "driver",
+            Layer::Allocator => "allocator",
+            Layer::Process => "process",
+        }
+    }
+}
+
 /// What the call or transition did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

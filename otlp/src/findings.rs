@@ -1,0 +1,44 @@
+//! A finding as a span: it covers the finding's time range, sits in the trace of the process it
+//! is about (next to that process's allocation spans), and carries an error status so trace
+//! views flag it.
+
+use gpuprof_model::otel::span as attr;
+use gpuprof_model::Finding;
+use opentelemetry_proto::tonic::trace::v1::{span, status, Span, Status};
+
+use crate::ids::{process_trace_id, span_id};
+use crate::lifetimes::code_attributes;
+use crate::{kv_int, kv_str};
+
+/// `since`: when the process instance the finding is about was first seen; `n`: a number unique
+/// among this process's findings.
+pub fn span_of(finding: &Finding, host: &str, since: u64, n: u64) -> Span {
+    let trace = process_trace_id(host, finding.pid, since);
+    // Far from the allocation spans' numbers, which count up from 1.
+    let id = span_id(&trace, u64::MAX - n);
+    let mut attributes = vec![
+        kv_str(attr::FINDING_KIND, finding.kind.as_str()),
+        kv_int(gpuprof_model::otel::resource::PROCESS_PID, i64::from(finding.pid)),
+        kv_int(attr::FINDING_BYTES, finding.bytes as i64),
+        kv_int(attr::FINDING_COUNT, finding.count as i64),
+        kv_str(attr::FINDING_DETAIL, &finding.detail),
+    ];
+    if let Some(peer) = finding.peer_pid {
+        attributes.push(kv_int(attr::PEER_PID, i64::from(peer)));
+    }
+    if let Some(api) = &finding.api {
+        attributes.push(kv_str(attr::API, api));
+    }
+    attributes.extend(code_attributes(&finding.stack));
+    Span {
+        trace_id: trace.to_vec(),
+        span_id: id.to_vec(),
+        name: format!("gpuprof.finding.{}", finding.kind.as_str()),
+        kind: span::SpanKind::Internal as i32,
+        start_time_unix_nano: finding.first_ts,
+        end_time_unix_nano: finding.last_ts.max(finding.first_ts),
+        attributes,
+        status: Some(Status { message: finding.detail.clone(), code: status::StatusCode::Error as i32 }),
+        ..Default::default()
+    }
+}

@@ -1,0 +1,80 @@
+//! The event stream as OTLP log records (OpenTelemetry events): one record per captured event,
+//! `event_name` `gpuprof.<op>`, the body the event itself as a key-value map. The collector reads
+//! the body back into the very event the agent captured, so the leak rules there see what the
+//! agent saw.
+
+use gpuprof_model::otel::log::EVENT_NAME_PREFIX;
+use gpuprof_model::Event;
+use opentelemetry_proto::tonic::logs::v1::{LogRecord, SeverityNumber};
+
+use crate::value::{any_of_json, json_of_any};
+
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    #[error("log record has no body")]
+    NoBody,
+    #[error("log record body is not a gpuprof event: {0}")]
+    NotAnEvent(serde_json::Error),
+}
+
+pub fn record_of(event: &Event) -> LogRecord {
+    let body = serde_json::to_value(event).expect("an event always serializes");
+    let op = body.get("op").and_then(|op| op.as_str()).unwrap_or("event");
+    let event_name = format!("{EVENT_NAME_PREFIX}{op}");
+    LogRecord {
+        time_unix_nano: event.ts,
+        observed_time_unix_nano: event.ts,
+        // A failed call is worth a look; everything else is routine.
+        severity_number: if event.succeeded() { SeverityNumber::Info } else { SeverityNumber::Warn } as i32,
+        event_name,
+        body: Some(any_of_json(&body)),
+        ..Default::default()
+    }
+}
+
+pub fn event_of(record: &LogRecord) -> Result<Event, DecodeError> {
+    let body = record.body.as_ref().ok_or(DecodeError::NoBody)?;
+    serde_json::from_value(json_of_any(body)).map_err(DecodeError::NotAnEvent)
+}
+
+/// Whether a record claims to be one of gpuprof's events (other producers' logs are not).
+pub fn is_gpuprof_event(record: &LogRecord) -> bool {
+    record.event_name.starts_with(EVENT_NAME_PREFIX)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::borrow::Cow;
+
+    use gpuprof_model::{Frame, Kind, Layer, Op, Source};
+
+    use super::*;
+
+    #[test]
+    fn an_event_survives_the_round_trip_field_for_field() {
+        let mut event = Event::new(1_700_000_000_123_456_789, 41, 42, Source::Ebpf, Layer::Driver, Op::IpcOpen, Cow::Borrowed("cuIpcOpenMemHandle_v2"));
+        event.kind = Some(Kind::Device);
+        event.addr = Some(0x7f12_3400_0000);
+        event.handle = Some((0..64).collect());
+        event.peer_pid = Some(40);
+        event.result = 0;
+        event.comm = "python3".into();
+        event.stack = vec![Frame { function: "rebuild".into(), file: "/w/données.py".into(), line: 180 }];
+        let record = record_of(&event);
+        assert_eq!(record.event_name, "gpuprof.ipc_open");
+        assert_eq!(record.time_unix_nano, 1_700_000_000_123_456_789);
+        assert_eq!(record.severity_number, SeverityNumber::Info as i32);
+        assert_eq!(event_of(&record).unwrap(), event);
+
+        event.result = 2;
+        assert_eq!(record_of(&event).severity_number, SeverityNumber::Warn as i32);
+    }
+
+    #[test]
+    fn a_record_that_is_not_an_event_is_an_error() {
+        assert!(matches!(event_of(&LogRecord::default()), Err(DecodeError::NoBody)));
+        let mut record = LogRecord::default();
+        record.body = Some(any_of_json(&serde_json::json!({"ts": "soon"})));
+        assert!(event_of(&record).unwrap_err().to_string().starts_with("log record body is not a gpuprof event"));
+    }
+}
