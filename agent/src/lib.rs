@@ -21,4 +21,5 @@ pub mod python;
 pub mod report;
 pub mod session;
 pub mod signals;
+pub mod telemetry;
 pub mod top;

@@ -18,6 +18,7 @@ use crate::decode::Decoder;
 use crate::libcuda::{self, LibraryFile};
 use crate::output::{self, EndOfRun, EventSink, Format};
 use crate::python::Pythons;
+use crate::telemetry::Telemetry;
 
 /// How often followed processes' maps are checked for a library not probed yet.
 const DISCOVERY_INTERVAL: Duration = Duration::from_millis(200);
@@ -57,6 +58,8 @@ pub struct Pipeline<'c> {
     analyzer: Analyzer,
     findings: Vec<Finding>,
     sink: Box<dyn EventSink>,
+    /// OTLP export, when `--otlp-endpoint` names a collector.
+    telemetry: Option<Telemetry>,
     format: Format,
     findings_file: Option<PathBuf>,
     notices: bool,
@@ -86,6 +89,7 @@ impl<'c> Pipeline<'c> {
             analyzer: Analyzer::new(options.rules),
             findings: Vec::new(),
             sink,
+            telemetry: None,
             format: options.format,
             findings_file: options.findings_file,
             notices: options.notices,
@@ -100,6 +104,12 @@ impl<'c> Pipeline<'c> {
             last_stats: now,
             last_discovery: now,
         }
+    }
+
+    /// Also sends everything over OTLP.
+    pub fn with_telemetry(mut self, telemetry: Option<Telemetry>) -> Self {
+        self.telemetry = telemetry;
+        self
     }
 
     /// Follows one more process (and, by fork, its future children).
@@ -166,6 +176,9 @@ impl<'c> Pipeline<'c> {
             // A new program maps its libraries now: probe them before its first calls.
             self.discover_libraries();
         }
+        if let Some(telemetry) = &mut self.telemetry {
+            telemetry.flush(self.analyzer.tracker());
+        }
         self.sink.flush().context("cannot write the output")
     }
 
@@ -186,7 +199,13 @@ impl<'c> Pipeline<'c> {
         };
         self.follow_process_tree(&event);
         self.python.symbolize(record, &mut event);
+        if let Some(telemetry) = &mut self.telemetry {
+            telemetry.before(&event, self.analyzer.tracker());
+        }
         let fired = self.analyzer.observe(&mut event);
+        if let Some(telemetry) = &mut self.telemetry {
+            telemetry.after(&event);
+        }
         self.findings.extend(fired);
         self.events += 1;
         self.sink.event(&event)
@@ -308,6 +327,9 @@ impl<'c> Pipeline<'c> {
             output::findings::save_json(path, &self.findings)?;
         }
         eprintln!("gpuprof: {}", self.stats_line());
+        if let Some(telemetry) = self.telemetry.take() {
+            eprintln!("gpuprof: {}", telemetry.finish(self.analyzer.tracker()));
+        }
         let drops = self.drops();
         if drops.lost_events() > 0 {
             eprintln!(

@@ -44,7 +44,7 @@ pub fn attach(pid: u32, wait: bool, args: &CaptureArgs) -> Result<u8> {
     let capture = Capture::load(capture_options(args)?)?;
     tracing::debug!(elapsed_ms = started.elapsed().as_millis() as u64, "probes loaded");
     let sink = output::sink(args.format, output::open_writer(args.output.as_deref())?);
-    let mut session = Pipeline::new(&capture, pipeline_options(args)?, sink, Some(pid));
+    let mut session = Pipeline::new(&capture, pipeline_options(args)?, sink, Some(pid)).with_telemetry(args.otlp.start()?);
     session.add_process(pid)?;
     for child in procfs::descendants(pid) {
         // A descendant that exits meanwhile is simply not there to track.
@@ -110,7 +110,7 @@ pub fn run(command: &[OsString], args: &CaptureArgs) -> Result<u8> {
     }
 
     let mut child = spawn_tracked(&capture, &program, program_args)?;
-    let mut session = Pipeline::new(&capture, pipeline_options(args)?, sink, Some(child.id()));
+    let mut session = Pipeline::new(&capture, pipeline_options(args)?, sink, Some(child.id())).with_telemetry(args.otlp.start()?);
     let deadline = duration.map(|d| Instant::now() + d);
     let mut forwarded_signal = false;
     let status = loop {

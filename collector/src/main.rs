@@ -1,1 +1,119 @@
-fn main() {}
+//! gpuprof-collector: OTLP in (gRPC and HTTP), per-node leak findings out (HTTP API,
+//! Prometheus, OTLP spans to a trace backend), state in an embedded database.
+
+mod api;
+mod collector;
+mod config;
+mod forward;
+mod prometheus;
+mod receive;
+mod state;
+mod store;
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+
+use crate::collector::Collector;
+use crate::config::{Args, Config};
+use crate::forward::Forwarder;
+use crate::state::State;
+use crate::store::Store;
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("GPUPROF_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    match args.config().and_then(run) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("gpuprof-collector: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(config: Config) -> Result<()> {
+    let (store, loaded) = Store::open(&config.db)?;
+    let state = State::new(config.rules, loaded.nodes, loaded.findings);
+    let forwarder = config.forward_endpoint.as_deref().map(Forwarder::start);
+    let collector = Arc::new(Collector::new(config.clone(), state, store, forwarder));
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the runtime")?;
+    runtime.block_on(serve(collector.clone()))?;
+    collector.checkpoint().context("cannot save the state at shutdown")?;
+    eprintln!("gpuprof-collector: state saved to {}", config.db.display());
+    Ok(())
+}
+
+async fn serve(collector: Arc<Collector>) -> Result<()> {
+    let config = &collector.config;
+    let http_listener = tokio::net::TcpListener::bind(config.http_listen)
+        .await
+        .with_context(|| format!("--http-listen {}: cannot listen there", config.http_listen))?;
+    let grpc_listener = tokio::net::TcpListener::bind(config.grpc_listen)
+        .await
+        .with_context(|| format!("--grpc-listen {}: cannot listen there", config.grpc_listen))?;
+    eprintln!(
+        "gpuprof-collector: OTLP/gRPC on {}, OTLP/HTTP + API + /metrics on {}, state in {}",
+        grpc_listener.local_addr()?,
+        http_listener.local_addr()?,
+        config.db.display()
+    );
+    let (stop, _) = tokio::sync::broadcast::channel::<()>(1);
+    let app = receive::http::routes(collector.clone()).merge(api::routes(collector.clone()));
+    let mut http_stop = stop.subscribe();
+    let http = axum::serve(http_listener, app.into_make_service_with_connect_info::<SocketAddr>())
+        .with_graceful_shutdown(async move {
+            let _ = http_stop.recv().await;
+        });
+    let (logs, traces, metrics) = receive::grpc::services(collector.clone());
+    let mut grpc_stop = stop.subscribe();
+    let grpc = tonic::transport::Server::builder()
+        .add_service(logs)
+        .add_service(traces)
+        .add_service(metrics)
+        .serve_with_incoming_shutdown(tonic::transport::server::TcpIncoming::from(grpc_listener), async move {
+            let _ = grpc_stop.recv().await;
+        });
+    let checkpoints = {
+        let collector = collector.clone();
+        let every = config.checkpoint_every;
+        tokio::spawn(async move {
+            let mut ticker = tokio::time::interval(every);
+            ticker.tick().await;
+            loop {
+                ticker.tick().await;
+                let collector = collector.clone();
+                let saved = tokio::task::spawn_blocking(move || collector.checkpoint()).await;
+                if let Ok(Err(error)) = saved {
+                    tracing::error!("checkpoint: {error:#}");
+                }
+            }
+        })
+    };
+    let signals = async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        anyhow::Ok(())
+    };
+    let servers = async { tokio::try_join!(async { http.await.context("HTTP server") }, async { grpc.await.context("gRPC server") }) };
+    tokio::pin!(servers);
+    tokio::select! {
+        result = &mut servers => { result?; }
+        result = signals => {
+            result.context("cannot wait for signals")?;
+            let _ = stop.send(());
+            servers.await?;
+        }
+    }
+    checkpoints.abort();
+    Ok(())
+}

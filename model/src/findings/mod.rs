@@ -163,6 +163,11 @@ impl Analyzer {
         found
     }
 
+    /// See `Tracker::forget_closed_before`.
+    pub fn forget_closed_before(&mut self, ts: u64) -> usize {
+        self.tracker.forget_closed_before(ts)
+    }
+
     pub fn tracker(&self) -> &Tracker {
         &self.tracker
     }

@@ -1,0 +1,136 @@
+//! Who a process is, for the OTLP resource: the node, its command line, and where it runs in
+//! Kubernetes — the pod and container from its cgroup path, the pod's name and namespace from
+//! the downward-API variables in its environment — and the node's GPUs.
+
+use std::fs;
+
+use gpuprof_otlp::resource::ProcessIdentity;
+
+/// The node's name: `--node-name`, else `K8S_NODE_NAME` (the downward API in a DaemonSet), else
+/// the kernel's host name.
+pub fn node_name(given: Option<&str>) -> String {
+    if let Some(name) = given {
+        return name.to_string();
+    }
+    if let Ok(name) = std::env::var("K8S_NODE_NAME") {
+        if !name.is_empty() {
+            return name;
+        }
+    }
+    fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).unwrap_or_else(|_| "unknown".into())
+}
+
+/// The UUIDs of the NVIDIA GPUs the driver lists, in bus order.
+pub fn gpu_uuids() -> Vec<String> {
+    let Ok(entries) = fs::read_dir("/proc/driver/nvidia/gpus") else { return Vec::new() };
+    let mut buses: Vec<_> = entries.flatten().map(|e| e.path()).collect();
+    buses.sort();
+    buses
+        .iter()
+        .filter_map(|bus| fs::read_to_string(bus.join("information")).ok())
+        .filter_map(|info| info.lines().find_map(|l| l.strip_prefix("GPU UUID:")).map(|u| u.trim().to_string()))
+        .collect()
+}
+
+/// What /proc says of a live process (fields stay empty for one that is gone).
+pub fn of_process(pid: u32, node: &str, gpus: &[String], comm: &str, parent_pid: Option<u32>) -> ProcessIdentity {
+    let cmdline = fs::read(format!("/proc/{pid}/cmdline")).ok().map(|raw| command_line(&raw)).filter(|c| !c.is_empty());
+    let cgroup = fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+    let (container_id, pod_uid) = kubernetes_of_cgroup(&cgroup);
+    let environ = fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+    let env = |names: &[&str]| names.iter().find_map(|n| variable(&environ, n));
+    ProcessIdentity {
+        host_name: node.to_string(),
+        pid,
+        parent_pid,
+        executable: comm.to_string(),
+        command_line: cmdline,
+        container_id,
+        k8s_pod_uid: pod_uid,
+        k8s_pod_name: env(&["K8S_POD_NAME", "POD_NAME"]),
+        k8s_namespace: env(&["K8S_NAMESPACE", "POD_NAMESPACE"]),
+        k8s_node_name: std::env::var("K8S_NODE_NAME").ok().filter(|n| !n.is_empty()),
+        k8s_container_name: env(&["K8S_CONTAINER_NAME", "CONTAINER_NAME"]),
+        gpu_uuids: gpus.to_vec(),
+    }
+}
+
+/// NUL-separated arguments joined by spaces.
+fn command_line(raw: &[u8]) -> String {
+    raw.split(|b| *b == 0).filter(|a| !a.is_empty()).map(String::from_utf8_lossy).collect::<Vec<_>>().join(" ")
+}
+
+fn variable(environ: &[u8], name: &str) -> Option<String> {
+    environ.split(|b| *b == 0).find_map(|entry| {
+        let entry = std::str::from_utf8(entry).ok()?;
+        let value = entry.strip_prefix(name)?.strip_prefix('=')?;
+        (!value.is_empty()).then(|| value.to_string())
+    })
+}
+
+/// (container id, pod uid) from /proc/PID/cgroup, for the layouts the kubelet and container
+/// runtimes write: cgroupfs (`/kubepods/burstable/pod<uid>/<id>`) and systemd
+/// (`…-pod<uid_with_underscores>.slice/cri-containerd-<id>.scope`), docker and cri-o alike.
+pub fn kubernetes_of_cgroup(cgroup: &str) -> (Option<String>, Option<String>) {
+    let mut container = None;
+    let mut pod = None;
+    for line in cgroup.lines() {
+        let path = line.splitn(3, ':').nth(2).unwrap_or("");
+        for segment in path.split('/') {
+            if let Some(uid) = pod_uid(segment) {
+                pod = Some(uid);
+            }
+            if let Some(id) = container_id(segment) {
+                container = Some(id);
+            }
+        }
+    }
+    (container, pod)
+}
+
+fn pod_uid(segment: &str) -> Option<String> {
+    let at = segment.find("pod")?;
+    let uid: String = segment[at + 3..].chars().take(36).collect();
+    let looks_like_uid = uid.len() == 36 && uid.chars().all(|c| c.is_ascii_hexdigit() || c == '-' || c == '_');
+    looks_like_uid.then(|| uid.replace('_', "-"))
+}
+
+fn container_id(segment: &str) -> Option<String> {
+    let name = segment.strip_suffix(".scope").unwrap_or(segment);
+    let id = name.rsplit(['-', ':']).next().unwrap_or(name);
+    (id.len() == 64 && id.chars().all(|c| c.is_ascii_hexdigit())).then(|| id.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ID: &str = "4f8e5a6b7c8d9e0f1a2b3c4d5e6f7a8b9c0d1e2f3a4b5c6d7e8f9a0b1c2d3e4f";
+
+    #[test]
+    fn pod_and_container_from_systemd_and_cgroupfs_layouts() {
+        let systemd = format!(
+            "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod5f1c0e1e_0000_4000_8000_000000000001.slice/cri-containerd-{ID}.scope\n"
+        );
+        assert_eq!(
+            kubernetes_of_cgroup(&systemd),
+            (Some(ID.to_string()), Some("5f1c0e1e-0000-4000-8000-000000000001".to_string()))
+        );
+        let cgroupfs = format!("12:memory:/kubepods/burstable/pod5f1c0e1e-0000-4000-8000-000000000002/{ID}\n");
+        assert_eq!(
+            kubernetes_of_cgroup(&cgroupfs),
+            (Some(ID.to_string()), Some("5f1c0e1e-0000-4000-8000-000000000002".to_string()))
+        );
+        assert_eq!(kubernetes_of_cgroup(&format!("0::/system.slice/docker-{ID}.scope\n")), (Some(ID.to_string()), None));
+        assert_eq!(kubernetes_of_cgroup("0::/user.slice/user-0.slice/session-1.scope\n"), (None, None));
+    }
+
+    #[test]
+    fn downward_api_variables_and_command_line() {
+        let environ = b"PATH=/bin\0POD_NAME=trainer-0\0POD_NAMESPACE=\0K8S_NAMESPACE=ml\0";
+        assert_eq!(variable(environ, "POD_NAME").as_deref(), Some("trainer-0"));
+        assert_eq!(variable(environ, "POD_NAMESPACE"), None);
+        assert_eq!(variable(environ, "K8S_NAMESPACE").as_deref(), Some("ml"));
+        assert_eq!(command_line(b"python3\0train.py\0--epochs\x003\0"), "python3 train.py --epochs 3");
+    }
+}

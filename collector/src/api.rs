@@ -1,0 +1,53 @@
+//! The read side: `GET /api/v1/findings` (filters node, pid, kind, since, until),
+//! `GET /api/v1/processes` (node, detail), Prometheus `GET /metrics`, and `GET /healthz`.
+
+use std::sync::Arc;
+
+use axum::extract::{Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use serde::Deserialize;
+
+use crate::collector::Collector;
+use crate::state::FindingFilter;
+
+pub fn routes(collector: Arc<Collector>) -> Router {
+    Router::new()
+        .route("/api/v1/findings", get(findings))
+        .route("/api/v1/processes", get(processes))
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .with_state(collector)
+}
+
+async fn findings(State(collector): State<Arc<Collector>>, filter: Result<Query<FindingFilter>, axum::extract::rejection::QueryRejection>) -> Response {
+    let Query(filter) = match filter {
+        Ok(filter) => filter,
+        Err(rejection) => return (StatusCode::BAD_REQUEST, format!("{}\n", rejection.body_text())).into_response(),
+    };
+    let state = collector.state.lock().expect("state lock");
+    Json(state.findings(&filter)).into_response()
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct ProcessQuery {
+    node: Option<String>,
+    #[serde(default)]
+    detail: bool,
+}
+
+async fn processes(State(collector): State<Arc<Collector>>, query: Result<Query<ProcessQuery>, axum::extract::rejection::QueryRejection>) -> Response {
+    let Query(query) = match query {
+        Ok(query) => query,
+        Err(rejection) => return (StatusCode::BAD_REQUEST, format!("{}\n", rejection.body_text())).into_response(),
+    };
+    let state = collector.state.lock().expect("state lock");
+    Json(state.processes(query.node.as_deref(), query.detail)).into_response()
+}
+
+async fn metrics(State(collector): State<Arc<Collector>>) -> Response {
+    let text = crate::prometheus::render(&collector);
+    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text).into_response()
+}

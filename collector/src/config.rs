@@ -1,0 +1,128 @@
+//! The collector's one typed configuration: flags, each with an environment variable, and
+//! defaults that run with nothing set (loopback only, state in the working directory).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use gpuprof_model::RuleConfig;
+
+#[derive(Debug, Parser)]
+#[command(name = "gpuprof-collector", version, about = "Receives OTLP from gpuprof agents, flags GPU memory leaks per node, serves findings")]
+pub struct Args {
+    /// OTLP/gRPC listen address.
+    #[arg(long, env = "GPUPROF_COLLECTOR_GRPC", default_value = "127.0.0.1:4317")]
+    pub grpc_listen: SocketAddr,
+    /// OTLP/HTTP, findings API and Prometheus /metrics listen address.
+    #[arg(long, env = "GPUPROF_COLLECTOR_HTTP", default_value = "127.0.0.1:4318")]
+    pub http_listen: SocketAddr,
+    /// The embedded database (created if missing): findings and each node's open allocations.
+    #[arg(long, env = "GPUPROF_COLLECTOR_DB", default_value = "gpuprof-collector.redb")]
+    pub db: PathBuf,
+    /// Bearer token agents must send. Required unless both listen addresses are loopback.
+    #[arg(long, env = "GPUPROF_COLLECTOR_TOKEN", hide_env_values = true, conflicts_with = "token_file")]
+    pub token: Option<String>,
+    /// Read the bearer token from this file (a mounted secret).
+    #[arg(long, env = "GPUPROF_COLLECTOR_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Largest OTLP request accepted, in MiB (larger: HTTP 413 / gRPC RESOURCE_EXHAUSTED).
+    #[arg(long, env = "GPUPROF_COLLECTOR_MAX_REQUEST_MIB", default_value_t = 16)]
+    pub max_request_mib: usize,
+    /// OTLP requests per second one connection may make (burst: twice that); beyond it,
+    /// HTTP 429 / gRPC RESOURCE_EXHAUSTED, which agents retry.
+    #[arg(long, env = "GPUPROF_COLLECTOR_RATE_LIMIT", default_value_t = 1000.0)]
+    pub rate_limit: f64,
+    /// Forward spans (the agents' and one per finding) over OTLP/HTTP to this endpoint: Jaeger,
+    /// Tempo or an OpenTelemetry Collector, e.g. http://jaeger:4318.
+    #[arg(long, env = "GPUPROF_COLLECTOR_FORWARD")]
+    pub forward_endpoint: Option<String>,
+    /// Keep findings and exited processes this many hours.
+    #[arg(long, env = "GPUPROF_COLLECTOR_RETENTION_HOURS", default_value_t = 168.0)]
+    pub retention_hours: f64,
+    /// Keep at most this many findings (the oldest go first).
+    #[arg(long, env = "GPUPROF_COLLECTOR_MAX_FINDINGS", default_value_t = 100_000)]
+    pub max_findings: usize,
+    /// Save each node's state to the database this often (and at shutdown).
+    #[arg(long, env = "GPUPROF_COLLECTOR_CHECKPOINT_SECS", default_value_t = 5.0)]
+    pub checkpoint_secs: f64,
+    /// Growth rule: window length in seconds.
+    #[arg(long, env = "GPUPROF_COLLECTOR_GROWTH_WINDOW", default_value_t = 10.0)]
+    pub growth_window: f64,
+    /// Growth rule: consecutive rising windows that make a finding.
+    #[arg(long, env = "GPUPROF_COLLECTOR_GROWTH_RISES", default_value_t = 3)]
+    pub growth_rises: u32,
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub grpc_listen: SocketAddr,
+    pub http_listen: SocketAddr,
+    pub db: PathBuf,
+    pub token: Option<String>,
+    pub max_request_bytes: usize,
+    pub rate_limit: f64,
+    pub forward_endpoint: Option<String>,
+    pub retention: Duration,
+    pub max_findings: usize,
+    pub checkpoint_every: Duration,
+    pub rules: RuleConfig,
+}
+
+impl Args {
+    pub fn config(self) -> Result<Config> {
+        let token = match (&self.token, &self.token_file) {
+            (Some(token), _) => Some(token.clone()),
+            (None, Some(path)) => Some(
+                std::fs::read_to_string(path)
+                    .with_context(|| format!("--token-file {}: cannot read it", path.display()))?
+                    .trim()
+                    .to_string(),
+            ),
+            (None, None) => None,
+        };
+        if token.as_deref() == Some("") {
+            bail!("the bearer token is empty: give a non-empty --token or --token-file");
+        }
+        for (flag, addr) in [("--grpc-listen", self.grpc_listen), ("--http-listen", self.http_listen)] {
+            if token.is_none() && !addr.ip().is_loopback() {
+                bail!("{flag} {addr} is reachable from other machines but no token is set: give --token-file (or GPUPROF_COLLECTOR_TOKEN), or listen on 127.0.0.1");
+            }
+        }
+        if let Some(endpoint) = &self.forward_endpoint {
+            if !endpoint.starts_with("http://") {
+                bail!("--forward-endpoint {endpoint}: give an http:// OTLP/HTTP endpoint such as http://jaeger:4318");
+            }
+        }
+        let positive = |flag: &str, value: f64| {
+            if value.is_finite() && value > 0.0 {
+                Ok(value)
+            } else {
+                bail!("{flag} {value}: give a positive number")
+            }
+        };
+        if self.max_request_mib == 0 {
+            bail!("--max-request-mib 0: give at least 1");
+        }
+        if self.growth_rises == 0 {
+            bail!("--growth-rises 0: give at least 1");
+        }
+        Ok(Config {
+            grpc_listen: self.grpc_listen,
+            http_listen: self.http_listen,
+            db: self.db,
+            token,
+            max_request_bytes: self.max_request_mib << 20,
+            rate_limit: positive("--rate-limit", self.rate_limit)?,
+            forward_endpoint: self.forward_endpoint,
+            retention: Duration::from_secs_f64(positive("--retention-hours", self.retention_hours)? * 3600.0),
+            max_findings: self.max_findings.max(1),
+            checkpoint_every: Duration::from_secs_f64(positive("--checkpoint-secs", self.checkpoint_secs)?),
+            rules: RuleConfig {
+                growth_window_ns: (positive("--growth-window", self.growth_window)? * 1e9) as u64,
+                growth_rises: self.growth_rises,
+            },
+        })
+    }
+}

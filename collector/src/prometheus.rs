@@ -1,0 +1,113 @@
+//! Prometheus exposition: live bytes per node, process and kind, a framework allocator's
+//! allocated/reserved per device, findings by kind, and the collector's own ingest, refusal and
+//! forwarding counters. Built fresh at each scrape from the state, so gone processes vanish.
+
+use std::sync::atomic::Ordering;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use crate::collector::{Collector, Refusal};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LiveLabels {
+    node: String,
+    pid: String,
+    comm: String,
+    kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DeviceLabels {
+    node: String,
+    pid: String,
+    comm: String,
+    device: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FindingLabels {
+    node: String,
+    kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SignalLabels {
+    signal: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: String,
+}
+
+pub fn render(collector: &Collector) -> String {
+    let mut registry = Registry::default();
+    let live = Family::<LiveLabels, Gauge>::default();
+    let allocated = Family::<DeviceLabels, Gauge>::default();
+    let reserved = Family::<DeviceLabels, Gauge>::default();
+    let findings = Family::<FindingLabels, Gauge>::default();
+    {
+        let state = collector.state.lock().expect("state lock");
+        for (node, process) in state.live() {
+            let summary = process.summary();
+            for (kind, total) in &summary.by_kind {
+                let labels = LiveLabels { node: node.to_string(), pid: process.pid.to_string(), comm: process.comm.clone(), kind: kind.as_str().into() };
+                live.get_or_create(&labels).set(total.bytes as i64);
+            }
+            for (device, totals) in process.allocator_totals() {
+                let labels = DeviceLabels { node: node.to_string(), pid: process.pid.to_string(), comm: process.comm.clone(), device: device.to_string() };
+                allocated.get_or_create(&labels).set(totals.allocated as i64);
+                reserved.get_or_create(&labels).set(totals.reserved as i64);
+            }
+        }
+        for ((node, kind), count) in state.findings_by_kind() {
+            findings.get_or_create(&FindingLabels { node, kind: kind.as_str().into() }).set(count as i64);
+        }
+    }
+    registry.register("gpuprof_live_bytes", "Device memory a process holds now, by kind (driver level)", live);
+    registry.register("gpuprof_allocator_allocated_bytes", "Bytes in a framework allocator's live blocks (tensors), per device", allocated);
+    registry.register("gpuprof_allocator_reserved_bytes", "Bytes a framework allocator holds in segments, its cache included, per device", reserved);
+    registry.register("gpuprof_findings", "Findings held, by node and kind", findings);
+
+    let stats = &collector.stats;
+    let received = Family::<SignalLabels, Counter>::default();
+    for (signal, value) in [
+        ("log_records", &stats.log_records),
+        ("spans", &stats.spans),
+        ("metric_points", &stats.metric_points),
+    ] {
+        received.get_or_create(&SignalLabels { signal: signal.into() }).inc_by(value.load(Ordering::Relaxed));
+    }
+    registry.register("gpuprof_collector_received", "OTLP items received, by signal", received);
+    let rejected = Counter::<u64>::default();
+    rejected.inc_by(stats.rejected_log_records.load(Ordering::Relaxed));
+    registry.register("gpuprof_collector_rejected_log_records", "Log records that claimed to be gpuprof events but did not decode", rejected);
+    let refused = Family::<ReasonLabels, Counter>::default();
+    let refusals = stats.refusals();
+    for reason in Refusal::ALL {
+        refused.get_or_create(&ReasonLabels { reason: reason.as_str().into() }).inc_by(refusals.get(&reason).copied().unwrap_or(0));
+    }
+    registry.register("gpuprof_collector_refused_requests", "OTLP requests turned away, by reason", refused);
+    let fired = Counter::<u64>::default();
+    fired.inc_by(stats.findings_fired.load(Ordering::Relaxed));
+    registry.register("gpuprof_collector_findings_fired", "Findings fired since the collector started", fired);
+    let store_errors = Counter::<u64>::default();
+    store_errors.inc_by(stats.store_errors.load(Ordering::Relaxed));
+    registry.register("gpuprof_collector_store_errors", "Failed writes to the embedded database", store_errors);
+    if let Some(forwarder) = &collector.forwarder {
+        let forwarded = Counter::<u64>::default();
+        forwarded.inc_by(forwarder.stats.forwarded.load(Ordering::Relaxed));
+        registry.register("gpuprof_collector_forwarded_spans", "Spans forwarded to the trace backend", forwarded);
+        let dropped = Counter::<u64>::default();
+        dropped.inc_by(forwarder.stats.dropped.load(Ordering::Relaxed));
+        registry.register("gpuprof_collector_forward_dropped_spans", "Spans the trace backend did not take (queue full or unreachable)", dropped);
+    }
+    let mut text = String::new();
+    encode(&mut text, &registry).expect("writing to a String cannot fail");
+    text
+}

@@ -1,0 +1,78 @@
+//! OTLP/gRPC: the three export services, behind an interceptor that checks the token and the
+//! connection's rate; tonic enforces the request size (RESOURCE_EXHAUSTED beyond it).
+
+use std::sync::Arc;
+
+use gpuprof_otlp::proto::collector::logs::v1::logs_service_server::{LogsService, LogsServiceServer};
+use gpuprof_otlp::proto::collector::logs::v1::{ExportLogsServiceRequest, ExportLogsServiceResponse};
+use gpuprof_otlp::proto::collector::metrics::v1::metrics_service_server::{MetricsService, MetricsServiceServer};
+use gpuprof_otlp::proto::collector::metrics::v1::{ExportMetricsServiceRequest, ExportMetricsServiceResponse};
+use gpuprof_otlp::proto::collector::trace::v1::trace_service_server::{TraceService, TraceServiceServer};
+use gpuprof_otlp::proto::collector::trace::v1::{ExportTraceServiceRequest, ExportTraceServiceResponse};
+use tonic::service::interceptor::InterceptedService;
+use tonic::{Request, Response, Status};
+
+use crate::collector::{Collector, Refusal};
+
+#[derive(Clone)]
+pub struct Receiver(Arc<Collector>);
+
+#[derive(Clone)]
+pub struct Gate(Arc<Collector>);
+
+impl tonic::service::Interceptor for Gate {
+    fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
+        let collector = &self.0;
+        if let Some(peer) = request.remote_addr() {
+            if !collector.admit(peer) {
+                collector.stats.refused(Refusal::RateLimited);
+                return Err(Status::resource_exhausted("too many requests on this connection; retry later"));
+            }
+        }
+        let token = request.metadata().get("authorization").map(|v| v.as_bytes());
+        if !collector.authorized(token) {
+            collector.stats.refused(Refusal::Unauthenticated);
+            return Err(Status::unauthenticated("missing or wrong bearer token"));
+        }
+        Ok(request)
+    }
+}
+
+#[tonic::async_trait]
+impl LogsService for Receiver {
+    async fn export(&self, request: Request<ExportLogsServiceRequest>) -> Result<Response<ExportLogsServiceResponse>, Status> {
+        let collector = self.0.clone();
+        Ok(Response::new(tokio::task::block_in_place(move || collector.logs(request.into_inner()))))
+    }
+}
+
+#[tonic::async_trait]
+impl TraceService for Receiver {
+    async fn export(&self, request: Request<ExportTraceServiceRequest>) -> Result<Response<ExportTraceServiceResponse>, Status> {
+        Ok(Response::new(self.0.traces(request.into_inner())))
+    }
+}
+
+#[tonic::async_trait]
+impl MetricsService for Receiver {
+    async fn export(&self, request: Request<ExportMetricsServiceRequest>) -> Result<Response<ExportMetricsServiceResponse>, Status> {
+        Ok(Response::new(self.0.metrics(request.into_inner())))
+    }
+}
+
+pub type Services = (
+    InterceptedService<LogsServiceServer<Receiver>, Gate>,
+    InterceptedService<TraceServiceServer<Receiver>, Gate>,
+    InterceptedService<MetricsServiceServer<Receiver>, Gate>,
+);
+
+pub fn services(collector: Arc<Collector>) -> Services {
+    let limit = collector.config.max_request_bytes;
+    let receiver = Receiver(collector.clone());
+    let gate = Gate(collector);
+    (
+        InterceptedService::new(LogsServiceServer::new(receiver.clone()).max_decoding_message_size(limit), gate.clone()),
+        InterceptedService::new(TraceServiceServer::new(receiver.clone()).max_decoding_message_size(limit), gate.clone()),
+        InterceptedService::new(MetricsServiceServer::new(receiver).max_decoding_message_size(limit), gate),
+    )
+}
