@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use axum::extract::{Query, State};
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
@@ -47,7 +47,13 @@ async fn processes(State(collector): State<Arc<Collector>>, query: Result<Query<
     Json(state.processes(query.node.as_deref(), query.detail)).into_response()
 }
 
-async fn metrics(State(collector): State<Arc<Collector>>) -> Response {
+/// OpenMetrics to a scraper that asks for it (Prometheus does), the classic text format otherwise.
+async fn metrics(State(collector): State<Arc<Collector>>, headers: HeaderMap) -> Response {
     let text = crate::prometheus::render(&collector);
-    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text).into_response()
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or("");
+    if accept.contains("application/openmetrics-text") {
+        ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text).into_response()
+    } else {
+        ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], crate::prometheus::classic(&text)).into_response()
+    }
 }

@@ -111,3 +111,47 @@ pub fn render(collector: &Collector) -> String {
     encode(&mut text, &registry).expect("writing to a String cannot fail");
     text
 }
+
+/// OpenMetrics text as the classic Prometheus text format (0.0.4): a counter's HELP and TYPE
+/// name its `_total` sample, and there is no `# EOF`.
+pub fn classic(openmetrics: &str) -> String {
+    let counters: std::collections::HashSet<&str> = openmetrics
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(openmetrics.len());
+    for line in openmetrics.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let meta = ["# HELP ", "# TYPE "].into_iter().find_map(|p| line.strip_prefix(p).map(|rest| (p, rest)));
+        match meta {
+            Some((prefix, rest)) => {
+                let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+                if counters.contains(name) {
+                    out.push_str(&format!("{prefix}{name}_total {tail}\n"));
+                } else {
+                    out.push_str(line);
+                    out.push('\n');
+                }
+            }
+            None => {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn counters_are_named_by_their_total_in_the_classic_format() {
+        let openmetrics = "# HELP a_requests Requests.\n# TYPE a_requests counter\na_requests_total 3\n# HELP b Live.\n# TYPE b gauge\nb 7\n# EOF\n";
+        assert_eq!(
+            super::classic(openmetrics),
+            "# HELP a_requests_total Requests.\n# TYPE a_requests_total counter\na_requests_total 3\n# HELP b Live.\n# TYPE b gauge\nb 7\n"
+        );
+    }
+}

@@ -89,7 +89,8 @@ pub fn kubernetes_of_cgroup(cgroup: &str) -> (Option<String>, Option<String>) {
 }
 
 fn pod_uid(segment: &str) -> Option<String> {
-    let at = segment.find("pod")?;
+    // The last "pod": "kubepods-burstable-pod<uid>" names the pod after the class.
+    let at = segment.rfind("pod")?;
     let uid: String = segment[at + 3..].chars().take(36).collect();
     let looks_like_uid = uid.len() == 36 && uid.chars().all(|c| c.is_ascii_hexdigit() || c == '-' || c == '_');
     looks_like_uid.then(|| uid.replace('_', "-"))

@@ -1,0 +1,386 @@
+//! gpuprof-collector end to end: agents send OTLP (gRPC and HTTP) from multiprocessing/IPC
+//! workloads on the libcuda stand-in, and the collector's findings, processes and metrics are
+//! checked exactly against what the agent itself found; bad input gets the right status while
+//! the collector keeps serving; a restart keeps findings and open allocations; Prometheus'
+//! promtool accepts /metrics.
+
+mod support;
+
+use std::borrow::Cow;
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use gpuprof_model::{Event, Finding, FindingKind, Kind, Layer, Op, Source};
+use gpuprof_otlp::proto::collector::logs::v1::ExportLogsServiceRequest;
+use gpuprof_otlp::proto::logs::v1::{ResourceLogs, ScopeLogs};
+use gpuprof_otlp::resource::ProcessIdentity;
+use prost::Message;
+use serde_json::Value;
+use support::*;
+
+const MIB: u64 = 1 << 20;
+
+/// The collector binary, next to gpuprof's: brought up to date first, since this package's
+/// tests do not rebuild another package's binary (a no-op under `cargo test --workspace`).
+pub fn collector_bin() -> &'static Path {
+    static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        let status = Command::new(env!("CARGO")).args(["build", "--quiet", "-p", "gpuprof-collector"]).status().unwrap();
+        assert!(status.success(), "cannot build gpuprof-collector");
+        let path = Path::new(gpuprof()).with_file_name("gpuprof-collector");
+        assert!(path.exists(), "{} missing", path.display());
+        path
+    })
+}
+
+struct Collector {
+    child: Child,
+    grpc: String,
+    http: String,
+    agent: ureq::Agent,
+}
+
+impl Collector {
+    fn start(db: &Path, args: &[&str]) -> Collector {
+        let mut child = Command::new(collector_bin())
+            .args(["--db", db.to_str().unwrap(), "--grpc-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"])
+            .args(args)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stderr = BufReader::new(child.stderr.take().unwrap());
+        let mut line = String::new();
+        stderr.read_line(&mut line).unwrap();
+        // "gpuprof-collector: OTLP/gRPC on A, OTLP/HTTP + API + /metrics on B, state in C"
+        let addr = |after: &str| line.split(after).nth(1).unwrap_or_else(|| panic!("{line}")).split(',').next().unwrap().to_string();
+        let (grpc, http) = (addr("OTLP/gRPC on "), addr("/metrics on "));
+        std::thread::spawn(move || {
+            let mut rest = String::new();
+            let _ = stderr.read_to_string(&mut rest);
+            eprint!("{rest}");
+        });
+        let agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+        Collector { child, grpc: format!("http://{grpc}"), http: format!("http://{http}"), agent }
+    }
+
+    fn get(&self, path: &str) -> (u16, String) {
+        let mut response = self.agent.get(&format!("{}{path}", self.http)).call().unwrap();
+        (response.status().as_u16(), response.body_mut().read_to_string().unwrap())
+    }
+
+    fn post(&self, path: &str, content_type: &str, body: &[u8], token: Option<&str>) -> (u16, String) {
+        let mut request = self.agent.post(&format!("{}{path}", self.http)).header("content-type", content_type);
+        if let Some(token) = token {
+            request = request.header("authorization", &format!("Bearer {token}"));
+        }
+        match request.send(body) {
+            Ok(mut response) => (response.status().as_u16(), response.body_mut().read_to_string().unwrap_or_default()),
+            // The collector may answer 413 and close before the whole body is sent.
+            Err(error) => (0, error.to_string()),
+        }
+    }
+
+    fn findings(&self, query: &str) -> Vec<Value> {
+        let (status, body) = self.get(&format!("/api/v1/findings{query}"));
+        assert_eq!(status, 200, "{body}");
+        serde_json::from_str(&body).unwrap()
+    }
+
+    fn metric(&self, name_and_labels: &str) -> u64 {
+        let (_, text) = self.get("/metrics");
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(name_and_labels) && l[name_and_labels.len()..].starts_with(' '))
+            .unwrap_or_else(|| panic!("no {name_and_labels} in\n{text}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    }
+
+    /// SIGTERM: the collector saves its state and exits 0.
+    fn stop(mut self) {
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let status = wait_with_limit(&mut self.child, Duration::from_secs(10));
+        assert_eq!(status.code(), Some(0));
+    }
+}
+
+impl Drop for Collector {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The contract fields of a finding from the API (without the collector's id, node and trace
+/// anchor), to compare with the agent's own.
+fn contract(value: &Value) -> Finding {
+    let mut value = value.clone();
+    let object = value.as_object_mut().unwrap();
+    object.remove("id");
+    object.remove("node");
+    object.remove("process_since");
+    serde_json::from_value(value).unwrap()
+}
+
+struct AgentRun {
+    findings: Vec<Finding>,
+    events: Vec<Event>,
+    expected: Vec<Value>,
+    stderr: String,
+}
+
+fn run_agent(name: &str, scenario: &str, otlp: &[&str]) -> AgentRun {
+    let dir = scratch(&format!("collector_{name}"));
+    let (log, events, findings) = (dir.join("expected.jsonl"), dir.join("events.jsonl"), dir.join("findings.json"));
+    let mut cmd = Command::new(gpuprof());
+    cmd.args(["run", "--output", events.to_str().unwrap(), "--findings", findings.to_str().unwrap()]);
+    cmd.args(otlp).arg("--").arg(python3()).arg(workloads().join("leaks.py")).arg(scenario);
+    workload_env(&mut cmd, &log);
+    let output = cmd.output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).to_string();
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    AgentRun {
+        findings: serde_json::from_str(&std::fs::read_to_string(&findings).unwrap()).unwrap(),
+        events: read_events(&events),
+        expected: read_expected(&log),
+        stderr,
+    }
+}
+
+/// Allocations that make a span: successful allocs at either layer.
+fn allocations(events: &[Event]) -> u64 {
+    events
+        .iter()
+        .filter(|e| e.op == Op::Alloc && e.succeeded() && e.addr.is_some() && e.kind.is_some())
+        .filter(|e| matches!(e.layer, Layer::Driver | Layer::Allocator))
+        .count() as u64
+}
+
+#[test]
+fn agents_over_grpc_and_http_give_the_collector_the_agents_own_findings() {
+    let dir = scratch("collector_e2e");
+    let collector = Collector::start(&dir.join("c.redb"), &[]);
+    let grpc = run_agent("grpc", "ipc-left-open", &["--otlp-endpoint", &collector.grpc, "--node-name", "node-a"]);
+    let http = run_agent(
+        "http",
+        "export-freed",
+        &["--otlp-endpoint", &collector.http, "--otlp-protocol", "http", "--node-name", "node-b"],
+    );
+    for run in [&grpc, &http] {
+        let sent = format!("sent {} log records, {} spans", run.events.len(), allocations(&run.events));
+        assert!(run.stderr.contains(&sent), "{sent}\n{}", run.stderr);
+        assert!(run.stderr.contains("dropped 0 (queue full 0, delivery failed 0); rejected by the collector 0"), "{}", run.stderr);
+    }
+
+    // Node a: the worker left the parent's IPC mapping open.
+    let (parent, worker) = (pid_of_role(&grpc.expected, "parent"), pid_of_role(&grpc.expected, "worker"));
+    let a = collector.findings("?node=node-a");
+    let summary: Vec<(String, u64, Option<u64>, u64)> = a
+        .iter()
+        .map(|f| (f["kind"].as_str().unwrap().to_string(), f["pid"].as_u64().unwrap(), f["peer_pid"].as_u64(), f["bytes"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(
+        summary,
+        vec![
+            ("worker_cuda_context".to_string(), u64::from(worker), Some(u64::from(parent)), 0),
+            ("ipc_handle_not_closed".to_string(), u64::from(worker), Some(u64::from(parent)), 4 * MIB),
+        ]
+    );
+    assert_eq!(a.iter().map(contract).collect::<Vec<_>>(), grpc.findings);
+    assert!(a.iter().all(|f| f["node"] == "node-a"));
+
+    let a_worker = worker;
+
+    // Node b: the exporter freed a buffer its worker still had open.
+    let (parent, worker) = (pid_of_role(&http.expected, "parent"), pid_of_role(&http.expected, "worker"));
+    let b = collector.findings("?node=node-b");
+    assert_eq!(b.iter().map(contract).collect::<Vec<_>>(), http.findings);
+    assert_eq!(b[1]["kind"], "ipc_export_freed_while_imported");
+    assert_eq!((b[1]["pid"].as_u64(), b[1]["peer_pid"].as_u64()), (Some(u64::from(parent)), Some(u64::from(worker))));
+
+    // Filters.
+    assert_eq!(collector.findings("").len(), 4);
+    assert_eq!(collector.findings(&format!("?kind=worker_cuda_context&pid={worker}")).len(), 1);
+    let after = b[1]["last_ts"].as_u64().unwrap() + 1;
+    assert_eq!(collector.findings(&format!("?since={after}")).len(), 0);
+    let (status, body) = collector.get("/api/v1/findings?kind=nonsense");
+    assert_eq!(status, 400, "{body}");
+
+    // Every event arrived; one span per allocation lifetime.
+    let events = (grpc.events.len() + http.events.len()) as u64;
+    assert_eq!(collector.metric("gpuprof_collector_received_total{signal=\"log_records\"}"), events);
+    assert_eq!(collector.metric("gpuprof_collector_received_total{signal=\"spans\"}"), allocations(&grpc.events) + allocations(&http.events));
+    assert_eq!(collector.metric("gpuprof_findings{node=\"node-b\",kind=\"ipc_export_freed_while_imported\"}"), 1);
+
+    // The processes of a node, closed out at exit.
+    let (status, body) = collector.get("/api/v1/processes?node=node-a");
+    assert_eq!(status, 200);
+    let processes: Vec<Value> = serde_json::from_str(&body).unwrap();
+    let worker_view = processes.iter().find(|p| p["pid"] == a_worker && p["contexts"] == 1).unwrap_or_else(|| panic!("{body}"));
+    assert_eq!(worker_view["state"], "exited");
+    assert_eq!(worker_view["ipc_imports"], 1);
+    collector.stop();
+}
+
+fn synthetic(ts: u64, pid: u32, op: Op, api: &'static str, addr: u64, size: u64) -> Event {
+    let mut event = Event::new(ts, pid, pid, Source::Ebpf, Layer::Driver, op, Cow::Borrowed(api));
+    event.kind = Some(Kind::Device);
+    event.addr = Some(addr);
+    event.size = size;
+    event.comm = "trainer".into();
+    event.stack = vec![gpuprof_model::Frame { function: "step".into(), file: "/srv/train.py".into(), line: 42 }];
+    event
+}
+
+fn logs_request(node: &str, pid: u32, events: &[Event]) -> Vec<u8> {
+    let identity = ProcessIdentity { host_name: node.into(), pid, executable: "trainer".into(), ..Default::default() };
+    ExportLogsServiceRequest {
+        resource_logs: vec![ResourceLogs {
+            resource: Some(identity.resource()),
+            scope_logs: vec![ScopeLogs {
+                scope: Some(gpuprof_otlp::scope()),
+                log_records: events.iter().map(gpuprof_otlp::logs::record_of).collect(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+    }
+    .encode_to_vec()
+}
+
+#[test]
+fn a_restart_keeps_findings_and_open_allocations() {
+    let dir = scratch("collector_restart");
+    let db = dir.join("c.redb");
+    let base = 1_800_000_000_000_000_000u64;
+    let collector = Collector::start(&db, &[]);
+    // Process 500 allocates 8 MiB and 2 MiB, frees the 2 MiB; process 501 exits holding 1 MiB.
+    let first = [
+        synthetic(base, 500, Op::Alloc, "cuMemAlloc_v2", 0x7000_0000, 8 * MIB),
+        synthetic(base + 1, 500, Op::Alloc, "cuMemAlloc_v2", 0x7100_0000, 2 * MIB),
+        synthetic(base + 2, 500, Op::Free, "cuMemFree_v2", 0x7100_0000, 0),
+        synthetic(base + 3, 501, Op::Alloc, "cuMemAlloc_v2", 0x7000_0000, MIB),
+        Event::new(base + 4, 501, 501, Source::Ebpf, Layer::Process, Op::Exit, Cow::Borrowed("sched_process_exit")),
+    ];
+    let (status, body) = collector.post("/v1/logs", "application/x-protobuf", &logs_request("node-r", 500, &first), None);
+    assert_eq!(status, 200, "{body}");
+    let before = collector.findings("");
+    assert_eq!(before.len(), 1);
+    assert_eq!((before[0]["kind"].as_str(), before[0]["pid"].as_u64(), before[0]["bytes"].as_u64()), (Some("exit_with_live_allocations"), Some(501), Some(MIB)));
+    let (_, processes_before) = collector.get("/api/v1/processes?node=node-r&detail=true");
+    collector.stop();
+
+    let collector = Collector::start(&db, &[]);
+    assert_eq!(collector.findings(""), before);
+    let (_, processes_after) = collector.get("/api/v1/processes?node=node-r&detail=true");
+    assert_eq!(processes_after, processes_before);
+    let processes: Vec<Value> = serde_json::from_str(&processes_after).unwrap();
+    let live = processes.iter().find(|p| p["pid"] == 500).unwrap();
+    assert_eq!(live["live_bytes"]["device"], 8 * MIB);
+    assert_eq!(live["allocations"][0]["addr"], "0x70000000");
+    assert_eq!(live["allocations"][0]["stack"][0]["line"], 42);
+    // The restored tracker still knows the 8 MiB: its owner's exit now fires a finding about it.
+    let exit = [Event::new(base + 10, 500, 500, Source::Ebpf, Layer::Process, Op::Exit, Cow::Borrowed("sched_process_exit"))];
+    let (status, _) = collector.post("/v1/logs", "application/x-protobuf", &logs_request("node-r", 500, &exit), None);
+    assert_eq!(status, 200);
+    let after = collector.findings("?pid=500");
+    assert_eq!(after.len(), 1);
+    assert_eq!((after[0]["kind"].as_str(), after[0]["bytes"].as_u64(), after[0]["id"].as_u64()), (Some("exit_with_live_allocations"), Some(8 * MIB), Some(2)));
+    collector.stop();
+}
+
+#[test]
+fn bad_input_gets_the_right_status_and_the_collector_keeps_serving() {
+    let dir = scratch("collector_bad_input");
+    let collector = Collector::start(&dir.join("c.redb"), &["--token", "s3cret", "--max-request-mib", "4"]);
+    let good = logs_request("node-x", 600, &[synthetic(1, 600, Op::Alloc, "cuMemAlloc_v2", 0x1000, 4096)]);
+    let protobuf = "application/x-protobuf";
+
+    assert_eq!(collector.post("/v1/logs", protobuf, &good, None).0, 401);
+    assert_eq!(collector.post("/v1/logs", protobuf, &good, Some("wrong")).0, 401);
+    let (status, body) = collector.post("/v1/logs", "text/plain", &good, Some("s3cret"));
+    assert_eq!(status, 415, "{body}");
+    let (status, body) = collector.post("/v1/logs", protobuf, &good[..good.len() / 2], Some("s3cret"));
+    assert_eq!(status, 400, "{body}");
+    assert!(body.starts_with("malformed OTLP protobuf"), "{body}");
+    let (status, body) = collector.post("/v1/traces", "application/json", b"{\"resourceSpans\": [", Some("s3cret"));
+    assert_eq!(status, 400, "{body}");
+    let huge = vec![0u8; 100 << 20];
+    let (status, body) = collector.post("/v1/logs", protobuf, &huge, Some("s3cret"));
+    assert!(status == 413 || status == 0, "{status} {body}");
+
+    // A record that claims to be an event but is not: partial success, the rest taken.
+    let mut request = ExportLogsServiceRequest::decode(good.as_slice()).unwrap();
+    let mut bad = request.resource_logs[0].scope_logs[0].log_records[0].clone();
+    bad.body = None;
+    request.resource_logs[0].scope_logs[0].log_records.push(bad);
+    let (status, body) = collector.post("/v1/logs", protobuf, &request.encode_to_vec(), Some("s3cret"));
+    assert_eq!(status, 200, "{body}");
+    let response = gpuprof_otlp::proto::collector::logs::v1::ExportLogsServiceResponse::decode(body.as_bytes()).unwrap();
+    let partial = response.partial_success.unwrap();
+    assert_eq!((partial.rejected_log_records, partial.error_message.as_str()), (1, "log record has no body"));
+
+    // gRPC without the token: the agent is told UNAUTHENTICATED and counts what it lost.
+    let run = run_agent("bad_token", "fork-clean", &["--otlp-endpoint", &collector.grpc]);
+    assert!(run.stderr.contains("last error: gRPC Unauthenticated: missing or wrong bearer token"), "{}", run.stderr);
+    assert!(run.stderr.contains(&format!("sent 0 log records, 0 spans")), "{}", run.stderr);
+
+    // Still serving: the good request goes through, and every refusal was counted.
+    assert_eq!(collector.post("/v1/logs", protobuf, &good, Some("s3cret")).0, 200);
+    assert_eq!(collector.get("/healthz"), (200, "ok\n".to_string()));
+    assert!(collector.metric("gpuprof_collector_refused_requests_total{reason=\"unauthenticated\"}") >= 3);
+    assert_eq!(collector.metric("gpuprof_collector_refused_requests_total{reason=\"unsupported_media_type\"}"), 1);
+    assert_eq!(collector.metric("gpuprof_collector_refused_requests_total{reason=\"malformed\"}"), 2);
+    assert_eq!(collector.metric("gpuprof_collector_rejected_log_records_total"), 1);
+    let (_, processes) = collector.get("/api/v1/processes?node=node-x");
+    assert!(processes.contains("\"open_allocations\":1"), "{processes}");
+    collector.stop();
+}
+
+#[test]
+fn refuses_to_start_unsafely_or_on_a_corrupt_database() {
+    let dir = scratch("collector_refusals");
+    let output = Command::new(collector_bin())
+        .args(["--db", dir.join("c.redb").to_str().unwrap(), "--grpc-listen", "0.0.0.0:0", "--http-listen", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&output.stderr),
+        "gpuprof-collector: --grpc-listen 0.0.0.0:0 is reachable from other machines but no token is set: give --token-file (or GPUPROF_COLLECTOR_TOKEN), or listen on 127.0.0.1\n"
+    );
+    let corrupt = dir.join("corrupt.redb");
+    std::fs::write(&corrupt, vec![0x5a; 8192]).unwrap();
+    let output = Command::new(collector_bin()).args(["--db", corrupt.to_str().unwrap()]).output().unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.starts_with(&format!("gpuprof-collector: --db {}: cannot open it as a gpuprof-collector database", corrupt.display())), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+}
+
+#[test]
+fn promtool_accepts_the_metrics_and_the_values_are_the_live_bytes() {
+    let dir = scratch("collector_promtool");
+    let collector = Collector::start(&dir.join("c.redb"), &[]);
+    let events = [
+        synthetic(10, 700, Op::Alloc, "cuMemAlloc_v2", 0x1000_0000, 3 * MIB),
+        synthetic(11, 700, Op::Alloc, "cuMemAlloc_v2", 0x2000_0000, 5 * MIB),
+    ];
+    assert_eq!(collector.post("/v1/logs", "application/x-protobuf", &logs_request("node-p", 700, &events), None).0, 200);
+    let (_, text) = collector.get("/metrics");
+    assert_eq!(collector.metric("gpuprof_live_bytes{node=\"node-p\",pid=\"700\",comm=\"trainer\",kind=\"device\"}"), 8 * MIB);
+    let started = Instant::now();
+    let mut promtool = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool (Debian package prometheus) must be installed: scripts/install-prerequisites.sh");
+    std::io::Write::write_all(&mut promtool.stdin.take().unwrap(), text.as_bytes()).unwrap();
+    let output = promtool.wait_with_output().unwrap();
+    assert!(output.status.success(), "{}{}\n{text}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(started.elapsed() < Duration::from_secs(30));
+    collector.stop();
+}
