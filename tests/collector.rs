@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gpuprof_model::{Event, Finding, FindingKind, Kind, Layer, Op, Source};
+use gpuprof_model::{Event, Finding, Kind, Layer, Op, Source};
 use gpuprof_otlp::proto::collector::logs::v1::ExportLogsServiceRequest;
 use gpuprof_otlp::proto::logs::v1::{ResourceLogs, ScopeLogs};
 use gpuprof_otlp::resource::ProcessIdentity;
@@ -382,5 +382,100 @@ fn promtool_accepts_the_metrics_and_the_values_are_the_live_bytes() {
     let output = promtool.wait_with_output().unwrap();
     assert!(output.status.success(), "{}{}\n{text}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
     assert!(started.elapsed() < Duration::from_secs(30));
+    collector.stop();
+}
+
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The spans the stand-in trace backend decoded, once there are at least `count`.
+fn wait_for_spans(path: &Path, count: usize) -> Vec<Value> {
+    let started = Instant::now();
+    loop {
+        let spans: Vec<Value> = std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        if spans.len() >= count || started.elapsed() > Duration::from_secs(15) {
+            return spans;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn the_python_sdk_is_accepted_and_forwarded_spans_decode_with_opentelemetry_proto() {
+    let dir = scratch("collector_peer_sink");
+    let received = dir.join("forwarded.jsonl");
+    let mut sink = KillOnDrop(Command::new(python3())
+        .arg(fixtures().join("otlp/sink.py"))
+        .arg(&received)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap());
+    let mut ready = String::new();
+    BufReader::new(sink.0.stdout.take().unwrap()).read_line(&mut ready).unwrap();
+    let port = ready.trim().strip_prefix("listening ").unwrap_or_else(|| panic!("sink said {ready:?}"));
+    let collector = Collector::start(&dir.join("c.redb"), &["--forward-endpoint", &format!("http://127.0.0.1:{port}")]);
+
+    // The OpenTelemetry Python SDK, over OTLP/HTTP.
+    let sdk = Command::new(python3()).arg(fixtures().join("otlp/sdk_spans.py")).arg(&collector.http).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&sdk.stdout), "SUCCESS SUCCESS SUCCESS\n", "{}", String::from_utf8_lossy(&sdk.stderr));
+    assert_eq!(sdk.status.code(), Some(0));
+
+    // An agent whose worker leaves an IPC mapping open.
+    let run = run_agent("peers", "ipc-left-open", &["--otlp-endpoint", &collector.grpc, "--node-name", "node-f"]);
+    let allocation_spans = allocations(&run.events) as usize;
+    let spans = wait_for_spans(&received, 3 + allocation_spans + 2);
+    assert_eq!(spans.len(), 3 + allocation_spans + 2, "{}\n{spans:#?}", collector.get("/metrics").1);
+    drop(sink);
+
+    let peer: Vec<&Value> = spans.iter().filter(|s| s["resource"]["service.name"] == "python-peer").collect();
+    let names: Vec<&str> = peer.iter().map(|s| s["name"].as_str().unwrap()).collect();
+    assert_eq!(names, vec!["step", "load", "save"]);
+    assert_eq!(peer[0]["parent_span_id"], peer[1]["span_id"]);
+    assert_eq!(peer[0]["attributes"]["batch"], 7);
+
+    let (parent, worker) = (pid_of_role(&run.expected, "parent"), pid_of_role(&run.expected, "worker"));
+    // The exported buffer's span tells its IPC story.
+    let buffer = spans
+        .iter()
+        .find(|s| s["resource"]["process.pid"] == parent && s["attributes"]["gpu.memory.size"] == 4 * MIB)
+        .unwrap_or_else(|| panic!("{spans:#?}"));
+    assert_eq!(buffer["name"], "cuMemAlloc_v2");
+    assert_eq!(buffer["resource"]["host.name"], "node-f");
+    let events: Vec<&str> = buffer["events"].as_array().unwrap().iter().map(|e| e["name"].as_str().unwrap()).collect();
+    assert_eq!(events, vec!["gpu.memory.ipc_export", "gpu.memory.ipc_open"]);
+    assert_eq!(buffer["events"][1]["attributes"]["gpu.memory.ipc.peer_pid"], worker);
+
+    // One span per finding, in the trace of the process it is about, flagged as an error.
+    let api = collector.findings("?node=node-f");
+    let findings: Vec<&Value> = spans.iter().filter(|s| s["name"].as_str().unwrap().starts_with("gpuprof.finding.")).collect();
+    let summary: Vec<(&str, &Value, &Value, i64)> = findings
+        .iter()
+        .map(|s| (s["name"].as_str().unwrap(), &s["attributes"]["process.pid"], &s["attributes"]["gpuprof.finding.bytes"], s["status_code"].as_i64().unwrap()))
+        .collect();
+    let (w, four) = (Value::from(worker), Value::from(4 * MIB));
+    assert_eq!(
+        summary,
+        vec![
+            ("gpuprof.finding.worker_cuda_context", &w, &Value::from(0), 2),
+            ("gpuprof.finding.ipc_handle_not_closed", &w, &four, 2),
+        ]
+    );
+    for (span, finding) in findings.iter().zip(&api) {
+        let since = finding["process_since"].as_u64().unwrap();
+        let trace = gpuprof_otlp::ids::process_trace_id("node-f", worker, since);
+        assert_eq!(span["trace_id"], gpuprof_model::hex::format_bytes(&trace).trim_start_matches("0x"));
+        assert_eq!(span["attributes"]["gpuprof.finding.detail"], finding["detail"]);
+    }
+    assert_eq!(collector.metric("gpuprof_collector_forwarded_spans_total"), (3 + allocation_spans + 2) as u64);
     collector.stop();
 }
