@@ -26,24 +26,24 @@ fn records() -> Vec<Record> {
     (0..RECORDS)
         .map(|i| {
             let mut r = Record::default();
-            r.kind = gp_record_kind::GP_RECORD_DRIVER.0;
-            r.ts_ns = 1_000_000 + i as u64 * 1000;
-            r.duration_ns = 90_000;
-            r.pid = 1000 + (i % 8) as u32;
-            r.tid = r.pid;
-            r.ppid = 1;
-            r.device = -1;
-            r.comm[..7].copy_from_slice(b"python3");
-            r.addr = 0x7f00_0000_0000 + ((i / 2) as u64 % 4096) * (2 << 20);
+            r.header.kind = gp_record_kind::GP_RECORD_DRIVER.0;
+            r.header.ts_ns = 1_000_000 + i as u64 * 1000;
+            r.header.duration_ns = 90_000;
+            r.header.pid = 1000 + (i % 8) as u32;
+            r.header.tid = r.header.pid;
+            r.header.ppid = 1;
+            r.header.device = -1;
+            r.header.comm[..7].copy_from_slice(b"python3");
+            r.header.addr = 0x7f00_0000_0000 + ((i / 2) as u64 % 4096) * (2 << 20);
             if i % 50 == 49 {
-                r.api = open;
-                r.handle_len = 64;
-                r.handle = [0xab; 64];
+                r.header.api = open;
+                r.header.handle_len = 64;
+                r.handle = Some([0xab; 64]);
             } else if i % 2 == 0 {
-                r.api = alloc;
-                r.size = 2 << 20;
+                r.header.api = alloc;
+                r.header.size = 2 << 20;
             } else {
-                r.api = free;
+                r.header.api = free;
             }
             r
         })
@@ -67,7 +67,8 @@ fn main() {
     let copy = best_of(ROUNDS, || {
         let mut sink = 0u64;
         for r in &input {
-            let copied: Record = black_box(*r);
+            // The fixed-size header is what the ring buffer hands over for most records.
+            let copied = black_box(r.header);
             sink = sink.wrapping_add(copied.addr);
         }
         black_box(sink);

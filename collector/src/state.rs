@@ -212,7 +212,7 @@ fn view(node: &str, p: &ProcessMemory, detail: bool) -> ProcessView {
                 kind: a.kind.as_str(),
                 api: a.api.to_string(),
                 ts: a.ts,
-                stack: a.stack.clone(),
+                stack: a.stack.to_vec(),
             })
             .collect()
     });

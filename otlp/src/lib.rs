@@ -9,7 +9,6 @@ pub mod lifetimes;
 pub mod logs;
 pub mod metrics;
 pub mod resource;
-pub mod value;
 
 pub use opentelemetry_proto::tonic as proto;
 

@@ -25,7 +25,7 @@ pub fn check(event: &Event, world: &Tracker) -> Option<Finding> {
         peer_pid: None,
         first_ts: live.iter().map(|a| a.ts).min().unwrap_or(event.ts),
         last_ts: event.ts,
-        stack: largest.stack.clone(),
+        stack: largest.stack.to_vec(),
         detail: format!(
             "{} {how} still holding {} of device memory in {}; the largest, {}, came from {} {}: release it once it is no longer needed (drop the tensor, torch.cuda.empty_cache()) instead of leaving it to the end of the process.",
             wording::process(process.pid, &process.comm),

@@ -7,9 +7,9 @@ use std::collections::HashMap;
 
 use super::{wording, Finding, FindingKind, RuleConfig};
 use crate::event::{Event, Frame, Layer, Op};
-use crate::track::{ProcessRef, Space, Tracker};
+use crate::track::{ProcessRef, Space, Stack, Tracker};
 
-type Key = (ProcessRef, Layer, Vec<Frame>);
+type Key = (ProcessRef, Layer, Stack);
 
 #[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
 struct Series {
@@ -72,14 +72,12 @@ impl Rule {
                 let Some(process) = world.process(event.pid) else { return };
                 let Some(kind) = event.kind else { return };
                 let addr = event.addr.unwrap_or(0);
-                let is_device = match event.layer {
-                    Layer::Driver => process.allocation(Space::of(kind), addr).is_some_and(|a| a.is_device_memory()),
-                    _ => process.block(addr).is_some(),
+                let allocation = match event.layer {
+                    Layer::Driver => process.allocation(Space::of(kind), addr).filter(|a| a.is_device_memory()),
+                    _ => process.block(addr),
                 };
-                if !is_device {
-                    return;
-                }
-                let series = self.series.entry((process.as_ref(), event.layer, event.stack.clone())).or_default();
+                let Some(allocation) = allocation else { return };
+                let series = self.series.entry((process.as_ref(), event.layer, allocation.stack.clone())).or_default();
                 series.live += event.size;
                 series.count += 1;
                 series.comm.clone_from(&process.comm);

@@ -43,7 +43,7 @@ fn finding(exporter: &ProcessMemory, export: &Export, importer: &ProcessMemory, 
         peer_pid: Some(importer.pid),
         first_ts: export.ts,
         last_ts: event.ts,
-        stack: allocation.map(|a| a.stack.clone()).unwrap_or_default(),
+        stack: allocation.map(|a| a.stack.to_vec()).unwrap_or_default(),
         detail: format!(
             "{} {how} {} at {:#x} that it had exported to {}, which still had it open: the importer now uses freed memory; keep the buffer until every importer has closed it.",
             wording::process(exporter.pid, &exporter.comm),

@@ -51,7 +51,7 @@ fn unclosed(process: &ProcessMemory, ts: u64, what: &str) -> Vec<Finding> {
                 peer_pid: exporter,
                 first_ts: first.mapping.ts,
                 last_ts: ts,
-                stack: first.mapping.stack.clone(),
+                stack: first.mapping.stack.to_vec(),
                 detail: format!(
                     "{} {what} {} ({}) of {whose}, opened by {} {}: close it (cuIpcCloseMemHandle; in PyTorch, drop the shared tensor in the worker) so the exporter can release the memory.",
                     wording::process(process.pid, &process.comm),

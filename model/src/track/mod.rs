@@ -12,7 +12,7 @@ mod process;
 use std::collections::HashMap;
 
 pub use ipc::{Export, ExportKey, ProcessRef};
-pub use process::{
+pub use process::{Stack, 
     Allocation, AllocatorTotals, FrameTotal, Import, KindTotal, LiveSummary, Mapping, ProcessMemory, ProcessState, Space,
 };
 

@@ -1,10 +1,15 @@
 //! One process instance's table: allocations, mappings, IPC imports, contexts.
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
 
 use super::ipc::{Export, ExportKey, ProcessRef};
 use crate::event::{Event, Frame, Kind, Op};
+
+/// A Python stack shared by every allocation made from it: a process makes thousands of
+/// allocations from a handful of lines, and a collector holds them all.
+pub type Stack = Arc<[Frame]>;
 
 /// Memory a process allocated and has not released.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -15,7 +20,7 @@ pub struct Allocation {
     pub api: Cow<'static, str>,
     pub ts: u64,
     pub tid: u32,
-    pub stack: Vec<Frame>,
+    pub stack: Stack,
 }
 
 impl Allocation {
@@ -34,7 +39,7 @@ pub struct Mapping {
     pub kind: Kind,
     pub api: Cow<'static, str>,
     pub ts: u64,
-    pub stack: Vec<Frame>,
+    pub stack: Stack,
 }
 
 /// Another process's memory opened here through an IPC handle.
@@ -100,6 +105,8 @@ pub struct ProcessMemory {
     allocator_segments: HashMap<u64, i32>,
     contexts: u32,
     driver_calls: u64,
+    /// Each distinct stack once.
+    stacks: HashSet<Stack>,
 }
 
 /// A framework allocator's view of one device.
@@ -131,6 +138,7 @@ impl ProcessMemory {
             allocator_segments: HashMap::new(),
             contexts: 0,
             driver_calls: 0,
+            stacks: HashSet::new(),
         }
     }
 
@@ -182,6 +190,15 @@ impl ProcessMemory {
     }
 
     /// Applies a framework allocator's block event.
+    fn intern(&mut self, frames: &[Frame]) -> Stack {
+        if let Some(stack) = self.stacks.get(frames) {
+            return stack.clone();
+        }
+        let stack: Stack = frames.into();
+        self.stacks.insert(stack.clone());
+        stack
+    }
+
     pub(super) fn apply_allocator(&mut self, event: &Event) {
         let Some(addr) = event.addr else { return };
         match event.op {
@@ -189,7 +206,8 @@ impl ProcessMemory {
                 if let Some(segment) = self.segment_of(addr) {
                     self.allocator_segments.insert(segment, event.device.unwrap_or(0));
                 }
-                self.blocks.insert(addr, allocation_of(event, addr, Kind::Device));
+                let stack = self.intern(&event.stack);
+                self.blocks.insert(addr, allocation_of(event, addr, Kind::Device, stack));
             }
             Op::Free => {
                 self.blocks.remove(&addr);
@@ -322,7 +340,8 @@ impl ProcessMemory {
                 if space == Space::Pointer && kind != Kind::HostPinned {
                     self.segments.insert(addr, event.size);
                 }
-                self.allocations.insert((space, addr), allocation_of(event, addr, kind));
+                let stack = self.intern(&event.stack);
+                self.allocations.insert((space, addr), allocation_of(event, addr, kind, stack));
             }
             Op::Free => {
                 if let Some(freed) = self.allocations.remove(&(space, addr)) {
@@ -346,7 +365,8 @@ impl ProcessMemory {
                 if kind == Kind::Vmm {
                     self.segments.insert(addr, event.size);
                 }
-                self.mappings.insert(addr, mapping_of(event, addr, kind, event.size));
+                let stack = self.intern(&event.stack);
+                self.mappings.insert(addr, mapping_of(event, addr, kind, event.size, stack));
             }
             Op::Unmap => {
                 if let Some(unmapped) = self.mappings.remove(&addr).filter(|m| m.kind == Kind::Vmm) {
@@ -360,7 +380,7 @@ impl ProcessMemory {
                     Some((key, None)) => (Some(key), None, event.size),
                     None => (None, None, event.size),
                 };
-                let mapping = mapping_of(event, addr, kind, size);
+                let mapping = mapping_of(event, addr, kind, size, self.intern(&event.stack));
                 self.imports.insert((space, addr), Import { mapping, export, exporter });
             }
             Op::IpcClose => {
@@ -374,20 +394,34 @@ impl ProcessMemory {
     }
 }
 
-fn allocation_of(event: &Event, addr: u64, kind: Kind) -> Allocation {
+/// The entry point's name without a copy of its text, for names gpuprof knows (events read back
+/// from a file or OTLP own theirs).
+fn api_name(api: &Cow<'static, str>) -> Cow<'static, str> {
+    if let Cow::Owned(name) = api {
+        if name == crate::event::PYTORCH_ALLOCATOR_API {
+            return Cow::Borrowed(crate::event::PYTORCH_ALLOCATOR_API);
+        }
+        if let Some((_, known)) = crate::driver_api::by_name(name) {
+            return Cow::Borrowed(known.name);
+        }
+    }
+    api.clone()
+}
+
+fn allocation_of(event: &Event, addr: u64, kind: Kind, stack: Stack) -> Allocation {
     Allocation {
         addr,
         size: event.size,
         kind,
-        api: event.api.clone(),
+        api: api_name(&event.api),
         ts: event.ts,
         tid: event.tid,
-        stack: event.stack.clone(),
+        stack,
     }
 }
 
-fn mapping_of(event: &Event, addr: u64, kind: Kind, size: u64) -> Mapping {
-    Mapping { addr, size, kind, api: event.api.clone(), ts: event.ts, stack: event.stack.clone() }
+fn mapping_of(event: &Event, addr: u64, kind: Kind, size: u64, stack: Stack) -> Mapping {
+    Mapping { addr, size, kind, api: api_name(&event.api), ts: event.ts, stack }
 }
 
 /// Bytes and count of live allocations of one kind.
