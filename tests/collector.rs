@@ -479,3 +479,21 @@ fn the_python_sdk_is_accepted_and_forwarded_spans_decode_with_opentelemetry_prot
     assert_eq!(collector.metric("gpuprof_collector_forwarded_spans_total"), (3 + allocation_spans + 2) as u64);
     collector.stop();
 }
+
+#[test]
+fn a_collector_that_is_away_costs_counted_drops_not_a_stalled_capture() {
+    // A port nobody listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let started = Instant::now();
+    let run = run_agent("outage", "fork-clean", &["--otlp-endpoint", &format!("http://127.0.0.1:{port}"), "--otlp-protocol", "http"]);
+    let records = run.events.len();
+    let spans = allocations(&run.events);
+    assert!(
+        run.stderr.contains(&format!("sent 0 log records, 0 spans, 0 metric points; dropped {} (queue full 0, delivery failed {})", records as u64 + spans, records as u64 + spans)),
+        "{}",
+        run.stderr
+    );
+    assert!(run.stderr.contains("last error: POST http://127.0.0.1:"), "{}", run.stderr);
+    // Retries stop at the end of the capture: at most the 5 s drain, not a hang.
+    assert!(started.elapsed() < Duration::from_secs(20), "{:?}", started.elapsed());
+}

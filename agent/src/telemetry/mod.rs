@@ -47,6 +47,8 @@ pub struct OtlpOptions {
 
 #[derive(Debug, Default)]
 struct Counters {
+    /// Items handed to the sender: each ends sent, failed or rejected.
+    enqueued: AtomicU64,
     sent_records: AtomicU64,
     sent_spans: AtomicU64,
     sent_points: AtomicU64,
@@ -223,8 +225,11 @@ impl Telemetry {
 
     fn enqueue(&mut self, batch: Batch) {
         let Some(queue) = &self.queue else { return };
+        let items = batch.items;
         match queue.try_send(batch) {
-            Ok(()) => {}
+            Ok(()) => {
+                self.counters.enqueued.fetch_add(items, Ordering::Relaxed);
+            }
             Err(TrySendError::Full(batch) | TrySendError::Disconnected(batch)) => {
                 self.counters.dropped_queue_full.fetch_add(batch.items, Ordering::Relaxed);
             }
@@ -246,10 +251,19 @@ impl Telemetry {
             if sender.is_finished() {
                 let _ = sender.join();
             } else {
-                // A request stuck in a timeout: what it carried is counted as failed.
                 self.stop_now.store(true, Ordering::Relaxed);
             }
         }
+        // What the sender had not settled by now (a request stuck in a timeout, batches behind
+        // it) is lost to the collector: count it as failed.
+        let c = &self.counters;
+        let settled = c.sent_records.load(Ordering::Relaxed)
+            + c.sent_spans.load(Ordering::Relaxed)
+            + c.sent_points.load(Ordering::Relaxed)
+            + c.dropped_send_failed.load(Ordering::Relaxed)
+            + c.rejected.load(Ordering::Relaxed);
+        let unsettled = c.enqueued.load(Ordering::Relaxed).saturating_sub(settled);
+        c.dropped_send_failed.fetch_add(unsettled, Ordering::Relaxed);
         self.summary()
     }
 
