@@ -497,3 +497,45 @@ fn a_collector_that_is_away_costs_counted_drops_not_a_stalled_capture() {
     // Retries stop at the end of the capture: at most the 5 s drain, not a hang.
     assert!(started.elapsed() < Duration::from_secs(20), "{:?}", started.elapsed());
 }
+
+#[test]
+fn grpc_refuses_oversized_and_unauthenticated_requests_and_keeps_serving() {
+    use gpuprof_otlp::proto::collector::logs::v1::logs_service_client::LogsServiceClient;
+    let dir = scratch("collector_grpc_bad_input");
+    let collector = Collector::start(&dir.join("c.redb"), &["--token", "s3cret", "--max-request-mib", "1"]);
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let endpoint = collector.grpc.clone();
+    let codes = runtime.block_on(async move {
+        let mut client = LogsServiceClient::connect(endpoint).await.unwrap();
+        let with_token = |request: ExportLogsServiceRequest, token: Option<&str>| {
+            let mut request = tonic::Request::new(request);
+            if let Some(token) = token {
+                request.metadata_mut().insert("authorization", format!("Bearer {token}").parse().unwrap());
+            }
+            request
+        };
+        let good = ExportLogsServiceRequest::decode(
+            logs_request("node-g", 800, &[synthetic(1, 800, Op::Alloc, "cuMemAlloc_v2", 0x1000, 4096)]).as_slice(),
+        )
+        .unwrap();
+        let mut big = good.clone();
+        let record = big.resource_logs[0].scope_logs[0].log_records[0].clone();
+        big.resource_logs[0].scope_logs[0].log_records = vec![record; 8000];
+        assert!(big.encoded_len() > 1 << 20);
+        let mut codes = Vec::new();
+        for (request, token) in [(good.clone(), None), (good.clone(), Some("wrong")), (big, Some("s3cret")), (good, Some("s3cret"))] {
+            codes.push(match client.export(with_token(request, token)).await {
+                Ok(_) => tonic::Code::Ok,
+                Err(status) => status.code(),
+            });
+        }
+        codes
+    });
+    assert_eq!(
+        codes,
+        vec![tonic::Code::Unauthenticated, tonic::Code::Unauthenticated, tonic::Code::OutOfRange, tonic::Code::Ok]
+    );
+    let (_, processes) = collector.get("/api/v1/processes?node=node-g");
+    assert!(processes.contains("\"open_allocations\":1"), "{processes}");
+    collector.stop();
+}

@@ -27,7 +27,7 @@ pub struct Args {
     /// Read the bearer token from this file (a mounted secret).
     #[arg(long, env = "GPUPROF_COLLECTOR_TOKEN_FILE")]
     pub token_file: Option<PathBuf>,
-    /// Largest OTLP request accepted, in MiB (larger: HTTP 413 / gRPC RESOURCE_EXHAUSTED).
+    /// Largest OTLP request accepted, in MiB (larger: HTTP 413 / gRPC OUT_OF_RANGE).
     #[arg(long, env = "GPUPROF_COLLECTOR_MAX_REQUEST_MIB", default_value_t = 16)]
     pub max_request_mib: usize,
     /// OTLP requests per second one connection may make (burst: twice that); beyond it,

@@ -23,6 +23,9 @@ use crate::forward::Forwarder;
 use crate::state::State;
 use crate::store::Store;
 
+/// How long a shutdown waits for requests in flight.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("GPUPROF_LOG").unwrap_or_else(|_| "warn".into()))
@@ -111,7 +114,11 @@ async fn serve(collector: Arc<Collector>) -> Result<()> {
         result = signals => {
             result.context("cannot wait for signals")?;
             let _ = stop.send(());
-            servers.await?;
+            // Connected agents keep their connections open: give requests in flight a moment,
+            // then save the state regardless.
+            if let Ok(result) = tokio::time::timeout(SHUTDOWN_GRACE, &mut servers).await {
+                result?;
+            }
         }
     }
     checkpoints.abort();

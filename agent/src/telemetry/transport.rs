@@ -138,7 +138,8 @@ async fn send_grpc(channel: tonic::transport::Channel, request: Request, token: 
         let why = format!("gRPC {:?}: {}", status.code(), status.message());
         use tonic::Code::*;
         match status.code() {
-            Unavailable | ResourceExhausted | DeadlineExceeded | Aborted | Cancelled | OutOfRange | DataLoss => {
+            // OUT_OF_RANGE is a message over the receiver's size limit: retrying cannot help.
+            Unavailable | ResourceExhausted | DeadlineExceeded | Aborted | Cancelled => {
                 SendError::Retryable(why)
             }
             _ => SendError::Refused(why),

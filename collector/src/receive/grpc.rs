@@ -1,5 +1,5 @@
 //! OTLP/gRPC: the three export services, behind an interceptor that checks the token and the
-//! connection's rate; tonic enforces the request size (RESOURCE_EXHAUSTED beyond it).
+//! connection's rate; tonic enforces the request size (OUT_OF_RANGE beyond it).
 
 use std::sync::Arc;
 
