@@ -131,21 +131,8 @@ struct AgentRun {
 }
 
 fn run_agent(name: &str, scenario: &str, otlp: &[&str]) -> AgentRun {
-    let dir = scratch(&format!("collector_{name}"));
-    let (log, events, findings) = (dir.join("expected.jsonl"), dir.join("events.jsonl"), dir.join("findings.json"));
-    let mut cmd = Command::new(gpuprof());
-    cmd.args(["run", "--output", events.to_str().unwrap(), "--findings", findings.to_str().unwrap()]);
-    cmd.args(otlp).arg("--").arg(python3()).arg(workloads().join("leaks.py")).arg(scenario);
-    workload_env(&mut cmd, &log);
-    let output = cmd.output().unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr).to_string();
-    assert_eq!(output.status.code(), Some(0), "{stderr}");
-    AgentRun {
-        findings: serde_json::from_str(&std::fs::read_to_string(&findings).unwrap()).unwrap(),
-        events: read_events(&events),
-        expected: read_expected(&log),
-        stderr,
-    }
+    let run = run_leaks(&format!("collector_{name}"), scenario, &[], otlp);
+    AgentRun { findings: run.findings, events: read_events(&run.events), expected: run.expected, stderr: run.stderr }
 }
 
 /// Allocations that make a span: successful allocs at either layer.

@@ -47,20 +47,8 @@ impl Run {
 }
 
 fn scenario(name: &str, env: &[(&str, String)], rule_args: &[&str]) -> Run {
-    let dir = scratch(&format!("findings_{name}"));
-    let (log, events, findings) = (dir.join("expected.jsonl"), dir.join("events.jsonl"), dir.join("findings.json"));
-    let mut cmd = Command::new(gpuprof());
-    cmd.args(["run", "--output", events.to_str().unwrap(), "--findings", findings.to_str().unwrap()]);
-    cmd.args(rule_args).arg("--").arg(python3()).arg(workloads().join("leaks.py")).arg(name);
-    workload_env(&mut cmd, &log);
-    for (key, value) in env {
-        cmd.env(key, value);
-    }
-    let output = cmd.output().unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    let LeaksRun { findings, events, expected, stderr } = run_leaks(&format!("findings_{name}"), name, env, rule_args);
     assert!(stderr.contains("lost 0 "), "{stderr}");
-    let findings: Vec<Finding> = serde_json::from_str(&std::fs::read_to_string(&findings).unwrap()).unwrap();
 
     // The same file through `gpuprof report` gives the same findings.
     let report = Command::new(gpuprof())
@@ -72,7 +60,7 @@ fn scenario(name: &str, env: &[(&str, String)], rule_args: &[&str]) -> Run {
     let reported: Vec<Finding> = serde_json::from_slice(&report.stdout).unwrap();
     assert_eq!(reported, findings, "report and the live capture disagree");
 
-    Run { findings, events, expected: read_expected(&log) }
+    Run { findings, events, expected }
 }
 
 #[test]

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use gpuprof_model::Event;
 use gpuprof_otlp::proto::collector::logs::v1::{ExportLogsPartialSuccess, ExportLogsServiceRequest, ExportLogsServiceResponse};
@@ -223,7 +223,7 @@ impl Collector {
 
     /// Saves what changed and applies retention.
     pub fn checkpoint(&self) -> anyhow::Result<()> {
-        let horizon = now_ns().saturating_sub(self.config.retention.as_nanos() as u64);
+        let horizon = gpuprof_model::event::wall_clock_ns().saturating_sub(self.config.retention.as_nanos() as u64);
         let (nodes, dropped) = {
             let mut state = self.state.lock().expect("state lock");
             let dropped = state.prune(horizon, self.config.max_findings);
@@ -240,8 +240,4 @@ fn node_of(resource: Option<&gpuprof_otlp::proto::resource::v1::Resource>) -> St
     } else {
         name
     }
-}
-
-pub fn now_ns() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
 }

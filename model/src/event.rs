@@ -251,6 +251,11 @@ impl Event {
 }
 
 /// The `api` of allocator-level events from PyTorch.
+/// Now, in the events' clock: wall-clock nanoseconds since the Unix epoch.
+pub fn wall_clock_ns() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+}
+
 pub const PYTORCH_ALLOCATOR_API: &str = "c10::reportMemoryUsageToProfiler";
 
 /// `CUDA_ERROR_OUT_OF_MEMORY`.

@@ -16,6 +16,8 @@ use crate::ids::{process_trace_id, span_id};
 use crate::{kv, kv_int, kv_str};
 
 type SpanKey = (u32, Layer, Space, u64);
+/// A span's key within its process.
+type LocalKey = (Layer, Space, u64);
 
 struct OpenSpan {
     trace: [u8; 16],
@@ -32,7 +34,8 @@ struct Trace {
 /// Folds events into finished spans; call `observe` before the tracker applies each event.
 pub struct Lifetimes {
     host: String,
-    open: HashMap<SpanKey, OpenSpan>,
+    /// Open spans by process, so an exit ends its own without a look at anyone else's.
+    open: HashMap<u32, HashMap<LocalKey, OpenSpan>>,
     traces: HashMap<u32, Trace>,
     /// An importer's mapping (pid, address) → the exporter's allocation.
     imports: HashMap<(u32, u64), SpanKey>,
@@ -55,7 +58,7 @@ impl Lifetimes {
 
     /// Allocations whose span has not ended yet.
     pub fn open(&self) -> usize {
-        self.open.len()
+        self.open.values().map(HashMap::len).sum()
     }
 
     /// Spans that ended since the last call, with the pid of their process.
@@ -82,7 +85,7 @@ impl Lifetimes {
                 let trace = self.traces.entry(pid).or_insert_with(|| Trace { id: process_trace_id(host, pid, since), spans: 0 });
                 trace.spans += 1;
                 let open = OpenSpan { trace: trace.id, id: span_id(&trace.id, trace.spans), start: event.clone(), events: Vec::new() };
-                if let Some(replaced) = self.open.insert((pid, event.layer, Space::of(kind), addr), open) {
+                if let Some(replaced) = self.open.entry(pid).or_default().insert((event.layer, Space::of(kind), addr), open) {
                     // The free was never seen (lost, or made by a path not probed).
                     self.finish(pid, replaced, event.ts, None);
                 }
@@ -91,13 +94,13 @@ impl Lifetimes {
                 let Some(addr) = event.addr else { return };
                 let kind = tracker.process(pid).and_then(|p| p.released_by(event)).map(|a| a.kind);
                 let space = Space::of(kind.or(event.kind).unwrap_or(Kind::Device));
-                if let Some(open) = self.open.remove(&(pid, Layer::Driver, space, addr)) {
+                if let Some(open) = self.take(&(pid, Layer::Driver, space, addr)) {
                     self.finish(pid, open, event.ts, Some(&event.api));
                 }
             }
             (Layer::Allocator, Op::Free) => {
                 let Some(addr) = event.addr else { return };
-                if let Some(open) = self.open.remove(&(pid, Layer::Allocator, Space::Pointer, addr)) {
+                if let Some(open) = self.take(&(pid, Layer::Allocator, Space::Pointer, addr)) {
                     self.finish(pid, open, event.ts, Some(&event.api));
                 }
             }
@@ -143,16 +146,21 @@ impl Lifetimes {
         }
     }
 
+    fn take(&mut self, key: &SpanKey) -> Option<OpenSpan> {
+        let (pid, layer, space, addr) = *key;
+        self.open.get_mut(&pid)?.remove(&(layer, space, addr))
+    }
+
     fn add_event(&mut self, key: &SpanKey, event: &Event, name: &str, attributes: Vec<KeyValue>) {
-        if let Some(open) = self.open.get_mut(key) {
+        let (pid, layer, space, addr) = *key;
+        if let Some(open) = self.open.get_mut(&pid).and_then(|spans| spans.get_mut(&(layer, space, addr))) {
             open.events.push(span::Event { time_unix_nano: event.ts, name: name.to_string(), attributes, dropped_attributes_count: 0 });
         }
     }
 
     /// The process exited or exec'd: what it still held ends here, leaked.
     fn end_process(&mut self, pid: u32, ts: u64) {
-        let keys: Vec<SpanKey> = self.open.keys().filter(|k| k.0 == pid).copied().collect();
-        let mut ending: Vec<OpenSpan> = keys.iter().filter_map(|k| self.open.remove(k)).collect();
+        let mut ending: Vec<OpenSpan> = self.open.remove(&pid).map(|spans| spans.into_values().collect()).unwrap_or_default();
         ending.sort_by_key(|o| o.start.ts);
         for open in ending {
             self.finish(pid, open, ts, None);

@@ -263,3 +263,35 @@ pub fn wait_with_limit(child: &mut Child, limit: Duration) -> std::process::Exit
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// What one `gpuprof run` of a leaks.py scenario left behind.
+pub struct LeaksRun {
+    pub findings: Vec<gpuprof_model::Finding>,
+    /// The jsonl event file.
+    pub events: PathBuf,
+    pub expected: Vec<Value>,
+    pub stderr: String,
+}
+
+/// `gpuprof run --output … --findings … [args] -- python leaks.py SCENARIO` in a scratch
+/// directory of its own, with `env` added; the run must exit 0.
+pub fn run_leaks(dir_name: &str, scenario: &str, env: &[(&str, String)], args: &[&str]) -> LeaksRun {
+    let dir = scratch(dir_name);
+    let (log, events, findings) = (dir.join("expected.jsonl"), dir.join("events.jsonl"), dir.join("findings.json"));
+    let mut cmd = Command::new(gpuprof());
+    cmd.args(["run", "--output", events.to_str().unwrap(), "--findings", findings.to_str().unwrap()]);
+    cmd.args(args).arg("--").arg(python3()).arg(workloads().join("leaks.py")).arg(scenario);
+    workload_env(&mut cmd, &log);
+    for (key, value) in env {
+        cmd.env(key, value);
+    }
+    let output = cmd.output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).to_string();
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    LeaksRun {
+        findings: serde_json::from_str(&std::fs::read_to_string(&findings).unwrap()).unwrap(),
+        events,
+        expected: read_expected(&log),
+        stderr,
+    }
+}

@@ -168,7 +168,7 @@ impl Telemetry {
     }
 
     fn send_metrics(&mut self, tracker: &Tracker) {
-        let now = wall_clock_now();
+        let now = gpuprof_model::event::wall_clock_ns();
         let resource_metrics: Vec<ResourceMetrics> = tracker
             .live_processes()
             .into_iter()
@@ -294,10 +294,6 @@ impl Telemetry {
             + c.dropped_send_failed.load(Ordering::Relaxed)
             + c.rejected.load(Ordering::Relaxed)
     }
-}
-
-fn wall_clock_now() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
 }
 
 fn logs_of(identity: ProcessIdentity, log_records: Vec<LogRecord>) -> ResourceLogs {
