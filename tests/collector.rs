@@ -7,8 +7,8 @@
 mod support;
 
 use std::borrow::Cow;
-use std::io::{BufRead, BufReader, Read};
-use std::path::{Path, PathBuf};
+use std::io::{BufRead, BufReader};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -18,99 +18,10 @@ use gpuprof_otlp::proto::logs::v1::{ResourceLogs, ScopeLogs};
 use gpuprof_otlp::resource::ProcessIdentity;
 use prost::Message;
 use serde_json::Value;
+use support::collector::{collector_bin, Collector};
 use support::*;
 
 const MIB: u64 = 1 << 20;
-
-/// The collector binary, next to gpuprof's: brought up to date first, since this package's
-/// tests do not rebuild another package's binary (a no-op under `cargo test --workspace`).
-pub fn collector_bin() -> &'static Path {
-    static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    BIN.get_or_init(|| {
-        let status = Command::new(env!("CARGO")).args(["build", "--quiet", "-p", "gpuprof-collector"]).status().unwrap();
-        assert!(status.success(), "cannot build gpuprof-collector");
-        let path = Path::new(gpuprof()).with_file_name("gpuprof-collector");
-        assert!(path.exists(), "{} missing", path.display());
-        path
-    })
-}
-
-struct Collector {
-    child: Child,
-    grpc: String,
-    http: String,
-    agent: ureq::Agent,
-}
-
-impl Collector {
-    fn start(db: &Path, args: &[&str]) -> Collector {
-        let mut child = Command::new(collector_bin())
-            .args(["--db", db.to_str().unwrap(), "--grpc-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"])
-            .args(args)
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut stderr = BufReader::new(child.stderr.take().unwrap());
-        let mut line = String::new();
-        stderr.read_line(&mut line).unwrap();
-        // "gpuprof-collector: OTLP/gRPC on A, OTLP/HTTP + API + /metrics on B, state in C"
-        let addr = |after: &str| line.split(after).nth(1).unwrap_or_else(|| panic!("{line}")).split(',').next().unwrap().to_string();
-        let (grpc, http) = (addr("OTLP/gRPC on "), addr("/metrics on "));
-        std::thread::spawn(move || {
-            let mut rest = String::new();
-            let _ = stderr.read_to_string(&mut rest);
-            eprint!("{rest}");
-        });
-        let agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
-        Collector { child, grpc: format!("http://{grpc}"), http: format!("http://{http}"), agent }
-    }
-
-    fn get(&self, path: &str) -> (u16, String) {
-        let mut response = self.agent.get(&format!("{}{path}", self.http)).call().unwrap();
-        (response.status().as_u16(), response.body_mut().read_to_string().unwrap())
-    }
-
-    fn post(&self, path: &str, content_type: &str, body: &[u8], token: Option<&str>) -> (u16, String) {
-        let mut request = self.agent.post(&format!("{}{path}", self.http)).header("content-type", content_type);
-        if let Some(token) = token {
-            request = request.header("authorization", &format!("Bearer {token}"));
-        }
-        match request.send(body) {
-            Ok(mut response) => (response.status().as_u16(), response.body_mut().read_to_string().unwrap_or_default()),
-            // The collector may answer 413 and close before the whole body is sent.
-            Err(error) => (0, error.to_string()),
-        }
-    }
-
-    fn findings(&self, query: &str) -> Vec<Value> {
-        let (status, body) = self.get(&format!("/api/v1/findings{query}"));
-        assert_eq!(status, 200, "{body}");
-        serde_json::from_str(&body).unwrap()
-    }
-
-    fn metric(&self, name_and_labels: &str) -> u64 {
-        let (_, text) = self.get("/metrics");
-        let line = text
-            .lines()
-            .find(|l| l.starts_with(name_and_labels) && l[name_and_labels.len()..].starts_with(' '))
-            .unwrap_or_else(|| panic!("no {name_and_labels} in\n{text}"));
-        line.rsplit(' ').next().unwrap().parse().unwrap()
-    }
-
-    /// SIGTERM: the collector saves its state and exits 0.
-    fn stop(mut self) {
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let status = wait_with_limit(&mut self.child, Duration::from_secs(10));
-        assert_eq!(status.code(), Some(0));
-    }
-}
-
-impl Drop for Collector {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// The contract fields of a finding from the API (without the collector's id, node and trace
 /// anchor), to compare with the agent's own.
@@ -221,7 +132,10 @@ fn synthetic(ts: u64, pid: u32, op: Op, api: &'static str, addr: u64, size: u64)
 }
 
 fn logs_request(node: &str, pid: u32, events: &[Event]) -> Vec<u8> {
-    let identity = ProcessIdentity { host_name: node.into(), pid, executable: "trainer".into(), ..Default::default() };
+    logs_request_of(&ProcessIdentity { host_name: node.into(), pid, executable: "trainer".into(), ..Default::default() }, events)
+}
+
+fn logs_request_of(identity: &ProcessIdentity, events: &[Event]) -> Vec<u8> {
     ExportLogsServiceRequest {
         resource_logs: vec![ResourceLogs {
             resource: Some(identity.resource()),
@@ -350,13 +264,37 @@ fn refuses_to_start_unsafely_or_on_a_corrupt_database() {
 fn promtool_accepts_the_metrics_and_the_values_are_the_live_bytes() {
     let dir = scratch("collector_promtool");
     let collector = Collector::start(&dir.join("c.redb"), &[]);
-    let events = [
-        synthetic(10, 700, Op::Alloc, "cuMemAlloc_v2", 0x1000_0000, 3 * MIB),
-        synthetic(11, 700, Op::Alloc, "cuMemAlloc_v2", 0x2000_0000, 5 * MIB),
+    let base = 1_800_000_000_000_000_000u64;
+    let mut second = synthetic(base + 1, 700, Op::Alloc, "cuMemAlloc_v2", 0x2000_0000, 5 * MIB);
+    second.stack[0].line = 43;
+    let events = [synthetic(base, 700, Op::Alloc, "cuMemAlloc_v2", 0x1000_0000, 3 * MIB), second];
+    let pod = ProcessIdentity {
+        host_name: "node-p".into(),
+        pid: 700,
+        executable: "trainer".into(),
+        k8s_namespace: Some("ml".into()),
+        k8s_pod_name: Some("trainer-0".into()),
+        k8s_container_name: Some("main".into()),
+        ..Default::default()
+    };
+    assert_eq!(collector.post("/v1/logs", "application/x-protobuf", &logs_request_of(&pod, &events), None).0, 200);
+    // A process outside Kubernetes exits holding 1 MiB: the most recent finding.
+    let exit = [
+        synthetic(base + 2, 701, Op::Alloc, "cuMemAlloc_v2", 0x3000_0000, MIB),
+        Event::new(base + 3, 701, 701, Source::Ebpf, Layer::Process, Op::Exit, Cow::Borrowed("sched_process_exit")),
     ];
-    assert_eq!(collector.post("/v1/logs", "application/x-protobuf", &logs_request("node-p", 700, &events), None).0, 200);
+    assert_eq!(collector.post("/v1/logs", "application/x-protobuf", &logs_request("node-p", 701, &exit), None).0, 200);
     let (_, text) = collector.get("/metrics");
-    assert_eq!(collector.metric("gpuprof_live_bytes{node=\"node-p\",pid=\"700\",comm=\"trainer\",kind=\"device\"}"), 8 * MIB);
+    let process = "node=\"node-p\",namespace=\"ml\",pod=\"trainer-0\",container=\"main\",pid=\"700\",comm=\"trainer\"";
+    assert_eq!(collector.metric(&format!("gpuprof_live_bytes{{{process},kind=\"device\"}}")), 8 * MIB);
+    let stack = "node=\"node-p\",namespace=\"ml\",pod=\"trainer-0\",pid=\"700\",comm=\"trainer\",layer=\"driver\"";
+    assert_eq!(collector.metric(&format!("gpuprof_top_stack_live_bytes{{{stack},rank=\"1\",stack=\"step (/srv/train.py:43)\"}}")), 5 * MIB);
+    assert_eq!(collector.metric(&format!("gpuprof_top_stack_live_bytes{{{stack},rank=\"2\",stack=\"step (/srv/train.py:42)\"}}")), 3 * MIB);
+    assert_eq!(
+        collector.metric("gpuprof_recent_finding_bytes{id=\"1\",node=\"node-p\",namespace=\"\",pod=\"\",pid=\"701\",comm=\"trainer\",kind=\"exit_with_live_allocations\",stack=\"step (/srv/train.py:42)\"}"),
+        MIB
+    );
+    assert_eq!(collector.metric("gpuprof_findings{node=\"node-p\",kind=\"exit_with_live_allocations\"}"), 1);
     let started = Instant::now();
     let mut promtool = Command::new("promtool")
         .args(["check", "metrics"])

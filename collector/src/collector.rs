@@ -18,7 +18,7 @@ use gpuprof_otlp::resource::ProcessIdentity;
 
 use crate::config::Config;
 use crate::forward::Forwarder;
-use crate::state::{State, StoredFinding};
+use crate::state::{State, StoredFinding, Workload};
 use crate::store::Store;
 
 /// Why a request was turned away, for the counters.
@@ -121,8 +121,20 @@ impl Collector {
         let mut by_node: HashMap<String, Vec<Event>> = HashMap::new();
         let (mut received, mut rejected, mut foreign) = (0u64, 0u64, 0u64);
         let mut first_error = None;
+        let mut workloads: Vec<(String, u32, Workload)> = Vec::new();
         for resource_logs in request.resource_logs {
             let node = node_of(resource_logs.resource.as_ref());
+            if let Some(resource) = &resource_logs.resource {
+                let identity = ProcessIdentity::of_resource(resource);
+                if let Some(pod) = identity.k8s_pod_name {
+                    let workload = Workload {
+                        namespace: identity.k8s_namespace.unwrap_or_default(),
+                        pod,
+                        container: identity.k8s_container_name.unwrap_or_default(),
+                    };
+                    workloads.push((node.clone(), identity.pid, workload));
+                }
+            }
             let events = by_node.entry(node).or_default();
             for record in resource_logs.scope_logs.into_iter().flat_map(|s| s.log_records) {
                 received += 1;
@@ -149,6 +161,9 @@ impl Collector {
                 // Batches group events by process; the rules want the node's capture order back.
                 events.sort_by_key(|e| e.ts);
                 fired.extend(state.ingest(&node, events));
+            }
+            for (node, pid, workload) in workloads {
+                state.note_workload(&node, pid, workload);
             }
         }
         self.fired(&fired);

@@ -1,6 +1,7 @@
-//! Prometheus exposition: live bytes per node, process and kind, a framework allocator's
-//! allocated/reserved per device, findings by kind, and the collector's own ingest, refusal and
-//! forwarding counters. Built fresh at each scrape from the state, so gone processes vanish.
+//! Prometheus exposition: live bytes per node, pod, process and kind, a framework allocator's
+//! allocated/reserved per device, the stacks holding the most per process, findings by kind and
+//! the most recent ones, and the collector's own ingest, refusal and forwarding counters. Built
+//! fresh at each scrape from the state, so gone processes vanish.
 
 use std::sync::atomic::Ordering;
 
@@ -12,10 +13,21 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use crate::collector::{Collector, Refusal};
+use crate::state::Workload;
+
+/// Stacks per live process in `gpuprof_top_stack_live_bytes`.
+const TOP_STACKS: usize = 5;
+/// Frames of a stack in its label, innermost first.
+const STACK_LABEL_FRAMES: usize = 3;
+/// Findings in `gpuprof_recent_finding_bytes`.
+const RECENT_FINDINGS: usize = 100;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct LiveLabels {
     node: String,
+    namespace: String,
+    pod: String,
+    container: String,
     pid: String,
     comm: String,
     kind: String,
@@ -24,9 +36,36 @@ struct LiveLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DeviceLabels {
     node: String,
+    namespace: String,
+    pod: String,
+    container: String,
     pid: String,
     comm: String,
     device: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StackLabels {
+    node: String,
+    namespace: String,
+    pod: String,
+    pid: String,
+    comm: String,
+    layer: String,
+    rank: String,
+    stack: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RecentFindingLabels {
+    id: String,
+    node: String,
+    namespace: String,
+    pod: String,
+    pid: String,
+    comm: String,
+    kind: String,
+    stack: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -45,34 +84,97 @@ struct ReasonLabels {
     reason: String,
 }
 
+/// "function (file:line) < caller (file:line) < …", innermost first, a few frames.
+fn stack_label(stack: &[gpuprof_model::Frame]) -> String {
+    if stack.is_empty() {
+        return "(no Python stack)".into();
+    }
+    let frames: Vec<String> =
+        stack.iter().take(STACK_LABEL_FRAMES).map(|f| format!("{} ({}:{})", f.function, f.file, f.line)).collect();
+    let more = if stack.len() > STACK_LABEL_FRAMES { " < …" } else { "" };
+    format!("{}{more}", frames.join(" < "))
+}
+
 pub fn render(collector: &Collector) -> String {
     let mut registry = Registry::default();
     let live = Family::<LiveLabels, Gauge>::default();
     let allocated = Family::<DeviceLabels, Gauge>::default();
     let reserved = Family::<DeviceLabels, Gauge>::default();
     let findings = Family::<FindingLabels, Gauge>::default();
+    let stacks = Family::<StackLabels, Gauge>::default();
+    let recent = Family::<RecentFindingLabels, Gauge>::default();
     {
         let state = collector.state.lock().expect("state lock");
+        let no_workload = Workload::default();
         for (node, process) in state.live() {
+            let workload = state.workload(node, process.pid).unwrap_or(&no_workload);
             let summary = process.summary();
             for (kind, total) in &summary.by_kind {
-                let labels = LiveLabels { node: node.to_string(), pid: process.pid.to_string(), comm: process.comm.clone(), kind: kind.as_str().into() };
+                let labels = LiveLabels {
+                    node: node.to_string(),
+                    namespace: workload.namespace.clone(),
+                    pod: workload.pod.clone(),
+                    container: workload.container.clone(),
+                    pid: process.pid.to_string(),
+                    comm: process.comm.clone(),
+                    kind: kind.as_str().into(),
+                };
                 live.get_or_create(&labels).set(total.bytes as i64);
             }
             for (device, totals) in process.allocator_totals() {
-                let labels = DeviceLabels { node: node.to_string(), pid: process.pid.to_string(), comm: process.comm.clone(), device: device.to_string() };
+                let labels = DeviceLabels {
+                    node: node.to_string(),
+                    namespace: workload.namespace.clone(),
+                    pod: workload.pod.clone(),
+                    container: workload.container.clone(),
+                    pid: process.pid.to_string(),
+                    comm: process.comm.clone(),
+                    device: device.to_string(),
+                };
                 allocated.get_or_create(&labels).set(totals.allocated as i64);
                 reserved.get_or_create(&labels).set(totals.reserved as i64);
+            }
+            // Tensors where the process has a framework allocator, else driver allocations.
+            let tensors = process.has_blocks();
+            for (rank, top) in process.top_stacks(TOP_STACKS, tensors).into_iter().enumerate() {
+                let labels = StackLabels {
+                    node: node.to_string(),
+                    namespace: workload.namespace.clone(),
+                    pod: workload.pod.clone(),
+                    pid: process.pid.to_string(),
+                    comm: process.comm.clone(),
+                    layer: if tensors { "allocator" } else { "driver" }.into(),
+                    rank: (rank + 1).to_string(),
+                    stack: stack_label(top.stack),
+                };
+                stacks.get_or_create(&labels).set(top.total.bytes as i64);
             }
         }
         for ((node, kind), count) in state.findings_by_kind() {
             findings.get_or_create(&FindingLabels { node, kind: kind.as_str().into() }).set(count as i64);
+        }
+        for stored in state.recent_findings(RECENT_FINDINGS) {
+            let finding = &stored.finding;
+            let workload = state.workload(&stored.node, finding.pid).unwrap_or(&no_workload);
+            let labels = RecentFindingLabels {
+                id: stored.id.to_string(),
+                node: stored.node.clone(),
+                namespace: workload.namespace.clone(),
+                pod: workload.pod.clone(),
+                pid: finding.pid.to_string(),
+                comm: finding.comm.clone(),
+                kind: finding.kind.as_str().into(),
+                stack: stack_label(&finding.stack),
+            };
+            recent.get_or_create(&labels).set(finding.bytes as i64);
         }
     }
     registry.register("gpuprof_live_bytes", "Device memory a process holds now, by kind (driver level)", live);
     registry.register("gpuprof_allocator_allocated_bytes", "Bytes in a framework allocator's live blocks (tensors), per device", allocated);
     registry.register("gpuprof_allocator_reserved_bytes", "Bytes a framework allocator holds in segments, its cache included, per device", reserved);
     registry.register("gpuprof_findings", "Findings held, by node and kind", findings);
+    registry.register("gpuprof_top_stack_live_bytes", "Live bytes of the stacks holding the most, per live process (tensors where PyTorch's allocator reports, else driver allocations)", stacks);
+    registry.register("gpuprof_recent_finding_bytes", "The most recent findings, one series each, valued at the bytes involved", recent);
 
     let stats = &collector.stats;
     let received = Family::<SignalLabels, Counter>::default();

@@ -2,7 +2,7 @@
 //! code `gpuprof report` and the agent run) fed with that node's events in capture order, and
 //! the findings it fired. Nodes are independent: correlation never crosses a node.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use gpuprof_model::track::{ProcessMemory, ProcessState, Tracker};
 use gpuprof_model::{Analyzer, Event, Finding, FindingKind, RuleConfig};
@@ -24,6 +24,23 @@ struct Node {
     analyzer: Analyzer,
     /// Changed since the last checkpoint.
     dirty: bool,
+    /// Where each process runs, from the resource of its batches (every batch carries it, so
+    /// this is not checkpointed: it is back with a process's next batch after a restart).
+    workloads: HashMap<u32, Workload>,
+}
+
+impl Node {
+    fn new(analyzer: Analyzer) -> Node {
+        Node { analyzer, dirty: false, workloads: HashMap::new() }
+    }
+}
+
+/// The Kubernetes pod a process runs in (empty strings outside Kubernetes).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Workload {
+    pub namespace: String,
+    pub pod: String,
+    pub container: String,
 }
 
 pub struct State {
@@ -89,7 +106,7 @@ impl State {
         let next_finding = findings.iter().map(|f| f.id + 1).max().unwrap_or(1);
         State {
             rules,
-            nodes: nodes.into_iter().map(|(name, analyzer)| (name, Node { analyzer, dirty: false })).collect(),
+            nodes: nodes.into_iter().map(|(name, analyzer)| (name, Node::new(analyzer))).collect(),
             findings: findings.into(),
             next_finding,
         }
@@ -101,7 +118,7 @@ impl State {
         let node = self
             .nodes
             .entry(node_name.to_string())
-            .or_insert_with(|| Node { analyzer: Analyzer::new(rules), dirty: false });
+            .or_insert_with(|| Node::new(Analyzer::new(rules)));
         node.dirty = true;
         let mut fired = Vec::new();
         for mut event in events {
@@ -145,12 +162,29 @@ impl State {
             .collect()
     }
 
+    /// Records where a process of a node runs.
+    pub fn note_workload(&mut self, node_name: &str, pid: u32, workload: Workload) {
+        if let Some(node) = self.nodes.get_mut(node_name) {
+            node.workloads.insert(pid, workload);
+        }
+    }
+
+    /// Where a process of a node runs, if it came from Kubernetes.
+    pub fn workload(&self, node_name: &str, pid: u32) -> Option<&Workload> {
+        self.nodes.get(node_name)?.workloads.get(&pid)
+    }
+
     /// Live processes of every node, for the metrics.
     pub fn live(&self) -> Vec<(&str, &ProcessMemory)> {
         self.nodes
             .iter()
             .flat_map(|(name, n)| n.analyzer.tracker().live_processes().into_iter().map(move |p| (name.as_str(), p)))
             .collect()
+    }
+
+    /// The `n` most recent findings, newest first.
+    pub fn recent_findings(&self, n: usize) -> impl Iterator<Item = &StoredFinding> {
+        self.findings.iter().rev().take(n)
     }
 
     /// Nodes changed since the last call, serialized for the store.
@@ -171,6 +205,9 @@ impl State {
         for node in self.nodes.values_mut() {
             if node.analyzer.forget_closed_before(horizon) > 0 {
                 node.dirty = true;
+                let tracker = node.analyzer.tracker();
+                let kept: std::collections::HashSet<u32> = tracker.processes().iter().map(|p| p.pid).collect();
+                node.workloads.retain(|pid, _| kept.contains(pid));
             }
         }
         let mut dropped = Vec::new();

@@ -2,10 +2,10 @@
 //! the failing call and its stack, and for every process seen, live bytes by kind and the
 //! stacks holding the most.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use super::{wording, Finding, FindingKind, ProcessSnapshot, StackBytes};
-use crate::event::{Event, Frame, Kind, Op, CUDA_ERROR_OUT_OF_MEMORY};
+use crate::event::{Event, Kind, Op, CUDA_ERROR_OUT_OF_MEMORY};
 use crate::track::{ProcessMemory, Tracker};
 
 /// Stacks listed per process.
@@ -60,18 +60,13 @@ fn device_bytes(snapshot: &ProcessSnapshot) -> u64 {
 
 fn snapshot(process: &ProcessMemory) -> ProcessSnapshot {
     let mut live: BTreeMap<_, u64> = BTreeMap::new();
-    let mut by_stack: HashMap<&[Frame], (u64, u64)> = HashMap::new();
     for allocation in process.allocations() {
         *live.entry(allocation.kind).or_default() += allocation.size;
-        let entry = by_stack.entry(&allocation.stack).or_default();
-        entry.0 += allocation.size;
-        entry.1 += 1;
     }
-    let mut top_stacks: Vec<StackBytes> = by_stack
+    let top_stacks = process
+        .top_stacks(TOP_STACKS, false)
         .into_iter()
-        .map(|(stack, (bytes, count))| StackBytes { stack: stack.to_vec(), bytes, count })
+        .map(|top| StackBytes { stack: top.stack.to_vec(), bytes: top.total.bytes, count: top.total.count })
         .collect();
-    top_stacks.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.stack.len().cmp(&b.stack.len())));
-    top_stacks.truncate(TOP_STACKS);
     ProcessSnapshot { pid: process.pid, comm: process.comm.clone(), live, top_stacks }
 }

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 
 pub use ipc::{Export, ExportKey, ProcessRef};
 pub use process::{Stack, 
-    Allocation, AllocatorTotals, FrameTotal, Import, KindTotal, LiveSummary, Mapping, ProcessMemory, ProcessState, Space,
+    Allocation, AllocatorTotals, FrameTotal, Import, KindTotal, LiveSummary, Mapping, ProcessMemory, ProcessState, Space, StackTotal,
 };
 
 use crate::event::{Event, Layer, Op};

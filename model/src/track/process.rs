@@ -184,6 +184,28 @@ impl ProcessMemory {
         live
     }
 
+    /// The `n` stacks holding the most live bytes, largest first (ties: the shorter stack
+    /// first): over the allocator's blocks when `tensors`, else over driver allocations.
+    pub fn top_stacks(&self, n: usize, tensors: bool) -> Vec<StackTotal<'_>> {
+        let live: Box<dyn Iterator<Item = &Allocation>> =
+            if tensors { Box::new(self.blocks.values()) } else { Box::new(self.allocations.values()) };
+        let mut by_stack: std::collections::HashMap<&[Frame], KindTotal> = std::collections::HashMap::new();
+        for allocation in live {
+            let total = by_stack.entry(&allocation.stack).or_default();
+            total.bytes += allocation.size;
+            total.count += 1;
+        }
+        let mut top: Vec<StackTotal<'_>> = by_stack.into_iter().map(|(stack, total)| StackTotal { stack, total }).collect();
+        top.sort_by(|a, b| b.total.bytes.cmp(&a.total.bytes).then_with(|| a.stack.len().cmp(&b.stack.len())).then_with(|| a.stack.cmp(b.stack)));
+        top.truncate(n);
+        top
+    }
+
+    /// True when a framework allocator reported blocks (a PyTorch process).
+    pub fn has_blocks(&self) -> bool {
+        !self.blocks.is_empty()
+    }
+
     /// The allocator's last reported totals, per device.
     pub fn allocator_totals(&self) -> &BTreeMap<i32, AllocatorTotals> {
         &self.allocator_totals
@@ -436,6 +458,13 @@ pub struct KindTotal {
 pub struct FrameTotal {
     pub frame: Option<Frame>,
     pub kind: Kind,
+    pub total: KindTotal,
+}
+
+/// Live bytes held by one stack.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StackTotal<'a> {
+    pub stack: &'a [Frame],
     pub total: KindTotal,
 }
 

@@ -1,0 +1,102 @@
+//! A gpuprof-collector started for a test on loopback ports it picks itself, with helpers for
+//! its HTTP API and metrics.
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::{gpuprof, wait_with_limit};
+
+/// The collector binary, next to gpuprof's: brought up to date first, since this package's
+/// tests do not rebuild another package's binary (a no-op under `cargo test --workspace`).
+pub fn collector_bin() -> &'static Path {
+    static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        let status = Command::new(env!("CARGO")).args(["build", "--quiet", "-p", "gpuprof-collector"]).status().unwrap();
+        assert!(status.success(), "cannot build gpuprof-collector");
+        let path = Path::new(gpuprof()).with_file_name("gpuprof-collector");
+        assert!(path.exists(), "{} missing", path.display());
+        path
+    })
+}
+
+pub struct Collector {
+    pub child: Child,
+    pub grpc: String,
+    pub http: String,
+    agent: ureq::Agent,
+}
+
+impl Collector {
+    pub fn start(db: &Path, args: &[&str]) -> Collector {
+        let mut child = Command::new(collector_bin())
+            .args(["--db", db.to_str().unwrap(), "--grpc-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"])
+            .args(args)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stderr = BufReader::new(child.stderr.take().unwrap());
+        let mut line = String::new();
+        stderr.read_line(&mut line).unwrap();
+        // "gpuprof-collector: OTLP/gRPC on A, OTLP/HTTP + API + /metrics on B, state in C"
+        let addr = |after: &str| line.split(after).nth(1).unwrap_or_else(|| panic!("{line}")).split(',').next().unwrap().to_string();
+        let (grpc, http) = (addr("OTLP/gRPC on "), addr("/metrics on "));
+        std::thread::spawn(move || {
+            let mut rest = String::new();
+            let _ = stderr.read_to_string(&mut rest);
+            eprint!("{rest}");
+        });
+        let agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+        Collector { child, grpc: format!("http://{grpc}"), http: format!("http://{http}"), agent }
+    }
+
+    pub fn get(&self, path: &str) -> (u16, String) {
+        let mut response = self.agent.get(&format!("{}{path}", self.http)).call().unwrap();
+        (response.status().as_u16(), response.body_mut().read_to_string().unwrap())
+    }
+
+    pub fn post(&self, path: &str, content_type: &str, body: &[u8], token: Option<&str>) -> (u16, String) {
+        let mut request = self.agent.post(&format!("{}{path}", self.http)).header("content-type", content_type);
+        if let Some(token) = token {
+            request = request.header("authorization", &format!("Bearer {token}"));
+        }
+        match request.send(body) {
+            Ok(mut response) => (response.status().as_u16(), response.body_mut().read_to_string().unwrap_or_default()),
+            // The collector may answer 413 and close before the whole body is sent.
+            Err(error) => (0, error.to_string()),
+        }
+    }
+
+    pub fn findings(&self, query: &str) -> Vec<Value> {
+        let (status, body) = self.get(&format!("/api/v1/findings{query}"));
+        assert_eq!(status, 200, "{body}");
+        serde_json::from_str(&body).unwrap()
+    }
+
+    pub fn metric(&self, name_and_labels: &str) -> u64 {
+        let (_, text) = self.get("/metrics");
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(name_and_labels) && l[name_and_labels.len()..].starts_with(' '))
+            .unwrap_or_else(|| panic!("no {name_and_labels} in\n{text}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    }
+
+    /// SIGTERM: the collector saves its state and exits 0.
+    pub fn stop(mut self) {
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let status = wait_with_limit(&mut self.child, Duration::from_secs(10));
+        assert_eq!(status.code(), Some(0));
+    }
+}
+
+impl Drop for Collector {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
