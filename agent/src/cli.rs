@@ -83,6 +83,12 @@ pub enum Command {
         #[arg(long, value_enum, default_value = "auto")]
         layer: StackLayer,
     },
+    /// Capture every CUDA process of this node, for as long as it runs (the Kubernetes DaemonSet).
+    #[command(after_help = "Settings come from flags, then GPUPROF_* environment variables, then the --config TOML file.\nExamples:\n  sudo gpuprof daemon --otlp-endpoint http://gpuprof-collector:4317\n  sudo gpuprof daemon --config /etc/gpuprof/daemon.toml")]
+    Daemon {
+        #[command(flatten)]
+        daemon: crate::daemon::DaemonArgs,
+    },
     /// Start a command and capture it and every descendant from its first CUDA call.
     #[command(after_help = "Example:\n  sudo gpuprof run --format table -- python3 train.py --epochs 1")]
     Run {

@@ -2,12 +2,13 @@
 //! event contract, tracking of live memory per process, and the local outputs.
 //!
 //! Data flows one way: `capture` (kernel) → `decode` → `python` (symbolize stacks) →
-//! `gpuprof_model::Analyzer` (tracker and leak rules) → `output`; `session` runs that loop for `attach` and `run`, `report` runs the
-//! rules over a recorded file.
+//! `gpuprof_model::Analyzer` (tracker and leak rules) → `output`; `session` runs that loop for `attach` and `run`, `daemon` for every
+//! CUDA process of a node, `report` runs the rules over a recorded file.
 
 pub mod capture;
 pub mod cli;
 pub mod clock;
+pub mod daemon;
 pub mod decode;
 pub mod elf;
 pub mod export;

@@ -41,6 +41,21 @@ pub fn is_libc10(path: &str) -> bool {
     path.rsplit('/').next() == Some("libc10.so")
 }
 
+/// Every process on the machine, but this one and those in `skip`, that maps libcuda or libc10:
+/// the CUDA processes a node-wide view (`top`, the daemon) has not picked up yet.
+pub fn cuda_processes_on_node(skip: &std::collections::HashSet<u32>) -> Vec<u32> {
+    let me = std::process::id();
+    procfs::all_pids()
+        .into_iter()
+        .filter(|pid| *pid != me && !skip.contains(pid))
+        .filter(|pid| {
+            procfs::mapped_files(*pid)
+                .map(|files| files.iter().any(|f| is_libcuda(&f.path) || is_libc10(&f.path)))
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
 /// Every libcuda file mapped by a process, opened through its root so containers work.
 pub fn mapped_by(pid: u32) -> Result<Vec<LibraryFile>> {
     mapped_matching(pid, is_libcuda)

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use gpuprof::cli::{Cli, Command};
-use gpuprof::{export, report, session, top};
+use gpuprof::{daemon, export, report, session, top};
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
@@ -16,6 +16,7 @@ fn main() -> ExitCode {
     let outcome = match cli.command {
         Command::Attach { pid, wait, capture } => session::attach(pid, wait, &capture),
         Command::Run { capture, command } => session::run(&command, &capture),
+        Command::Daemon { daemon: args } => daemon::run(&args),
         Command::Top { pid, interval } => top::run(&top::TopArgs { pid, interval }),
         Command::Report { input, format, output, rules } => report::run(&input, format, output.as_deref(), &rules),
         Command::Export { input, format, output, pid, at, oom, layer } => {

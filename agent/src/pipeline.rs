@@ -34,6 +34,9 @@ pub struct PipelineOptions {
     pub print_stats: bool,
     /// Say on stderr which libraries are probed (off under a full-screen view).
     pub notices: bool,
+    /// Keep every finding for the end of the run. A daemon runs for months: it logs each one
+    /// as it fires and keeps only the count.
+    pub keep_findings: bool,
 }
 
 /// Which libraries of one process are probed.
@@ -57,6 +60,8 @@ pub struct Pipeline<'c> {
     pub(crate) python: Pythons,
     analyzer: Analyzer,
     findings: Vec<Finding>,
+    keep_findings: bool,
+    findings_fired: u64,
     sink: Box<dyn EventSink>,
     /// OTLP export, when `--otlp-endpoint` names a collector.
     telemetry: Option<Telemetry>,
@@ -70,6 +75,10 @@ pub struct Pipeline<'c> {
     /// Processes whose libcuda (and libc10, once a process has loaded PyTorch) are probed: their
     /// maps need no more scans for that library.
     probed: HashMap<u32, Probed>,
+    /// Processes ever followed (given, forked, or tracked by the kernel at their first call)
+    /// and seen to exit.
+    followed_total: u64,
+    exited_total: u64,
     events: u64,
     decode_errors: u64,
     started: Instant,
@@ -88,6 +97,8 @@ impl<'c> Pipeline<'c> {
             python: Pythons::default(),
             analyzer: Analyzer::new(options.rules),
             findings: Vec::new(),
+            keep_findings: options.keep_findings,
+            findings_fired: 0,
             sink,
             telemetry: None,
             format: options.format,
@@ -97,6 +108,8 @@ impl<'c> Pipeline<'c> {
             root_exited: false,
             alive: root.into_iter().collect(),
             probed: HashMap::new(),
+            followed_total: root.map_or(0, |_| 1),
+            exited_total: 0,
             events: 0,
             decode_errors: 0,
             started: now,
@@ -115,9 +128,28 @@ impl<'c> Pipeline<'c> {
     /// Follows one more process (and, by fork, its future children).
     pub fn add_process(&mut self, pid: u32) -> Result<()> {
         self.capture.track(pid)?;
-        self.alive.insert(pid);
-        self.python.look_for(pid);
+        self.follow(pid);
         Ok(())
+    }
+
+    fn follow(&mut self, pid: u32) {
+        if self.alive.insert(pid) {
+            self.followed_total += 1;
+        }
+        self.python.look_for(pid);
+    }
+
+    /// Processes followed since the start, and those of them seen to exit.
+    pub fn process_counts(&self) -> (u64, u64) {
+        (self.followed_total, self.exited_total)
+    }
+
+    /// Drops what is kept of processes that exited more than `age` ago (their tables, for the
+    /// findings they can no longer cause): a long-running daemon stays bounded under churn.
+    /// Returns how many were dropped.
+    pub fn forget_exited(&mut self, age: Duration) -> usize {
+        let horizon = gpuprof_model::event::wall_clock_ns().saturating_sub(age.as_nanos() as u64);
+        self.analyzer.forget_closed_before(horizon)
     }
 
     /// Events captured so far.
@@ -130,13 +162,39 @@ impl<'c> Pipeline<'c> {
         &self.alive
     }
 
+    /// The OTLP export, when there is one.
+    pub fn telemetry(&self) -> Option<&Telemetry> {
+        self.telemetry.as_ref()
+    }
+
+    /// libcuda and libc10 files with probes on them.
+    pub fn libraries_probed(&self) -> usize {
+        self.capture.attachments().len()
+    }
+
     pub fn analyzer(&self) -> &Analyzer {
         &self.analyzer
     }
 
-    /// Findings so far, in the order they fired.
+    /// Findings so far, in the order they fired (none kept without `keep_findings`).
     pub fn findings(&self) -> &[Finding] {
         &self.findings
+    }
+
+    /// Findings fired so far, kept or not.
+    pub fn findings_fired(&self) -> u64 {
+        self.findings_fired
+    }
+
+    fn found(&mut self, fired: Vec<Finding>) {
+        self.findings_fired += fired.len() as u64;
+        if self.keep_findings {
+            self.findings.extend(fired);
+            return;
+        }
+        for finding in fired {
+            self.notice(format!("finding {}: {}", finding.kind.as_str(), finding.detail));
+        }
     }
 
     /// A line for the person at the terminal (quiet while a full-screen view owns it).
@@ -206,7 +264,7 @@ impl<'c> Pipeline<'c> {
         if let Some(telemetry) = &mut self.telemetry {
             telemetry.after(&event);
         }
-        self.findings.extend(fired);
+        self.found(fired);
         self.events += 1;
         self.sink.event(&event)
     }
@@ -214,7 +272,9 @@ impl<'c> Pipeline<'c> {
     fn follow_process_tree(&mut self, event: &Event) {
         match event.op {
             Op::Fork => {
-                self.alive.insert(event.pid);
+                if self.alive.insert(event.pid) {
+                    self.followed_total += 1;
+                }
                 if let Some(parent) = event.ppid {
                     self.python.forked(event.pid, parent);
                 }
@@ -224,13 +284,18 @@ impl<'c> Pipeline<'c> {
                 self.python.look_for(event.pid);
             }
             Op::Exit => {
-                self.alive.remove(&event.pid);
+                if self.alive.remove(&event.pid) {
+                    self.exited_total += 1;
+                }
                 self.probed.remove(&event.pid);
                 self.python.forget(event.pid);
                 if Some(event.pid) == self.root {
                     self.root_exited = true;
                 }
             }
+            // The kernel tracked this process at its first probed call (node daemon): follow
+            // it like one found by a scan, its interpreter and libc10 included.
+            _ if !self.alive.contains(&event.pid) => self.follow(event.pid),
             _ => {}
         }
     }
@@ -314,12 +379,12 @@ impl<'c> Pipeline<'c> {
 
     pub fn finish(mut self) -> Result<()> {
         let ended = self.analyzer.finish();
-        self.findings.extend(ended);
+        self.found(ended);
         let summaries = self.analyzer.tracker().summaries();
         self.sink
             .finish(&EndOfRun { processes: &summaries, findings: &self.findings })
             .context("cannot write the output")?;
-        if self.format != Format::Table {
+        if self.format != Format::Table && self.keep_findings {
             // The event stream stays pure jsonl; people read the findings on stderr.
             output::findings::write_table(&mut io::stderr(), &self.findings).context("cannot write to stderr")?;
         }

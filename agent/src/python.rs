@@ -134,7 +134,10 @@ impl Pythons {
                 }
                 Err(error) => {
                     self.looking.remove(&pid);
-                    eprintln!("gpuprof: warning: no Python stacks for pid {pid}: {error}");
+                    // A process that already exited has no stacks left to walk: nothing to say.
+                    if crate::procfs::exists(pid) {
+                        eprintln!("gpuprof: warning: no Python stacks for pid {pid}: {error}");
+                    }
                 }
             }
         }

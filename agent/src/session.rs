@@ -220,6 +220,7 @@ fn pipeline_options(args: &CaptureArgs) -> Result<PipelineOptions> {
         findings_file: args.findings.clone(),
         print_stats: args.stats,
         notices: true,
+        keep_findings: true,
     })
 }
 

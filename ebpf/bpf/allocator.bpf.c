@@ -40,7 +40,7 @@ static __always_inline int on_report(struct pt_regs *ctx)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 
-	if (!is_tracked(pid_tgid >> 32))
+	if (!record_call_of(pid_tgid >> 32))
 		return 0;
 	__u64 device = PT_REGS_PARM5(ctx);
 	if ((__u8)device != GP_C10_DEVICE_CUDA) {

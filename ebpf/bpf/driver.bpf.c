@@ -131,7 +131,7 @@ static __always_inline int on_entry(struct pt_regs *ctx)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 
-	if (!is_tracked(pid_tgid >> 32))
+	if (!record_call_of(pid_tgid >> 32))
 		return 0;
 
 	struct gp_cookie cookie = read_cookie(ctx);

@@ -202,7 +202,8 @@ enum gp_counter {
 	GP_COUNTER_RETURN_UNMATCHED = 3, /* a return without its entry (attached mid-call) */
 	GP_COUNTER_STACK_UNREADABLE = 4, /* a Python frame chain could not be read to the end */
 	GP_COUNTER_ALLOCATOR_OTHER_DEVICE = 5, /* allocator reports for non-CUDA devices, not recorded */
-	GP_COUNTER_MAX = 6,
+	GP_COUNTER_TRACKED_FULL = 6,   /* track_callers: a caller could not be added to the tracked map */
+	GP_COUNTER_MAX = 7,
 };
 
 #endif

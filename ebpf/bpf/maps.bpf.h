@@ -47,8 +47,10 @@ struct {
 	__type(value, __u64);
 } counters SEC(".maps");
 
-/* Set by the agent before load: record every process, not only tracked ones (node daemon). */
-const volatile bool track_all = false;
+/* Set by the agent before load (node daemon): a process that calls a probed function is tracked
+ * from that call on, so nothing it does is missed while user space is still discovering it. Its
+ * forks and exit then follow through the tracked map like any other. */
+const volatile bool track_callers = false;
 
 /* Set by the agent before load: wake the reader only once this many bytes wait in the ring
  * buffer (it also drains on a short timer). A wakeup per record would cost more than the record. */
@@ -56,7 +58,7 @@ const volatile __u64 wakeup_bytes = 1 << 20;
 
 static __always_inline bool is_tracked(__u32 tgid)
 {
-	return track_all || bpf_map_lookup_elem(&tracked, &tgid) != NULL;
+	return bpf_map_lookup_elem(&tracked, &tgid) != NULL;
 }
 
 static __always_inline void count(__u32 counter)
@@ -65,6 +67,21 @@ static __always_inline void count(__u32 counter)
 
 	if (value)
 		*value += 1;
+}
+
+/* Whether a probed call of this process is recorded: tracked ones always; under track_callers
+ * the caller becomes tracked here (a full map is counted, and the call is still recorded). */
+static __always_inline bool record_call_of(__u32 tgid)
+{
+	__u8 one = 1;
+
+	if (is_tracked(tgid))
+		return true;
+	if (!track_callers)
+		return false;
+	if (bpf_map_update_elem(&tracked, &tgid, &one, BPF_NOEXIST) != 0 && !is_tracked(tgid))
+		count(GP_COUNTER_TRACKED_FULL);
+	return true;
 }
 
 /* Set by the agent before load: how often the reader is woken at the least, so records reach it

@@ -24,8 +24,7 @@ int BPF_PROG(on_fork, struct task_struct *parent, struct task_struct *child)
 		return 0;
 	if (!is_tracked(parent_tgid))
 		return 0;
-	if (!track_all)
-		bpf_map_update_elem(&tracked, &child_tgid, &one, BPF_ANY);
+	bpf_map_update_elem(&tracked, &child_tgid, &one, BPF_ANY);
 	/* A forked child runs the parent's interpreter at the same addresses. */
 	struct gp_python *python = bpf_map_lookup_elem(&python_procs, &parent_tgid);
 	if (python)
@@ -85,8 +84,7 @@ int BPF_PROG(on_exit, struct task_struct *task)
 	/* signal->live is decremented before this tracepoint: zero means the last thread is leaving. */
 	if (BPF_CORE_READ(task, signal, live.counter) != 0)
 		return 0;
-	if (!track_all)
-		bpf_map_delete_elem(&tracked, &tgid);
+	bpf_map_delete_elem(&tracked, &tgid);
 	bpf_map_delete_elem(&python_procs, &tgid);
 
 	struct gp_record *rec = reserve_record(GP_RECORD_EXIT, sizeof(struct gp_record));

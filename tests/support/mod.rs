@@ -81,6 +81,16 @@ pub fn ipc_fork_program() -> &'static Path {
     })
 }
 
+/// The C workload `workloads/churn_worker.c`, built.
+pub fn churn_worker_program() -> &'static Path {
+    static PROGRAM: OnceLock<PathBuf> = OnceLock::new();
+    PROGRAM.get_or_init(|| {
+        let output = build_dir().join("churn_worker");
+        compile("workloads/churn_worker.c", &output, &["-ldl"]);
+        output
+    })
+}
+
 /// The native-thread helper library (`c_thread.c`) the stack workload loads.
 pub fn c_thread_library() -> &'static Path {
     static LIBRARY: OnceLock<PathBuf> = OnceLock::new();

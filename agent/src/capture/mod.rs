@@ -65,11 +65,19 @@ pub struct CaptureOptions {
     pub probe_links: ProbeLinks,
     /// Walk the Python stack of every call.
     pub python_stacks: bool,
+    /// Node daemon: every process that calls a probed function is tracked from that call on,
+    /// not only the processes given to `track` and their descendants.
+    pub track_callers: bool,
 }
 
 impl Default for CaptureOptions {
     fn default() -> Self {
-        CaptureOptions { ring_buffer_bytes: 16 << 20, probe_links: ProbeLinks::for_this_kernel(), python_stacks: true }
+        CaptureOptions {
+            ring_buffer_bytes: 16 << 20,
+            probe_links: ProbeLinks::for_this_kernel(),
+            python_stacks: true,
+            track_callers: false,
+        }
     }
 }
 
@@ -94,6 +102,8 @@ pub struct DropCounters {
     pub return_unmatched: u64,
     pub stack_unreadable: u64,
     pub allocator_other_device: u64,
+    /// Callers the node daemon could not add to the tracked map (their calls were still recorded).
+    pub tracked_full: u64,
 }
 
 impl DropCounters {
@@ -138,6 +148,7 @@ impl Capture {
         if let Some(rodata) = open_driver.maps.rodata_data.as_deref_mut() {
             rodata.wakeup_bytes = wakeup_bytes;
             rodata.python_stacks = options.python_stacks;
+            rodata.track_callers = options.track_callers;
         }
         let multi = options.probe_links == ProbeLinks::Multi;
         open_driver.progs.driver_entry_multi.set_autoload(multi);
@@ -166,6 +177,7 @@ impl Capture {
         if let Some(rodata) = open_allocator.maps.rodata_data.as_deref_mut() {
             rodata.wakeup_bytes = wakeup_bytes;
             rodata.python_stacks = options.python_stacks;
+            rodata.track_callers = options.track_callers;
         }
         open_allocator.progs.allocator_report_multi.set_autoload(multi);
         open_allocator.progs.allocator_report.set_autoload(!multi);
@@ -351,6 +363,7 @@ impl Capture {
             return_unmatched: read(gp_counter::GP_COUNTER_RETURN_UNMATCHED)?,
             stack_unreadable: read(gp_counter::GP_COUNTER_STACK_UNREADABLE)?,
             allocator_other_device: read(gp_counter::GP_COUNTER_ALLOCATOR_OTHER_DEVICE)?,
+            tracked_full: read(gp_counter::GP_COUNTER_TRACKED_FULL)?,
         })
     }
 

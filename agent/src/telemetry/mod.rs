@@ -286,6 +286,12 @@ impl Telemetry {
         line
     }
 
+    /// Items the collector accepted so far (log records, spans, metric points).
+    pub fn sent(&self) -> u64 {
+        let c = &self.counters;
+        c.sent_records.load(Ordering::Relaxed) + c.sent_spans.load(Ordering::Relaxed) + c.sent_points.load(Ordering::Relaxed)
+    }
+
     /// Items lost on the way (dropped or rejected): nonzero means the collector has less than
     /// the capture.
     pub fn lost(&self) -> u64 {

@@ -48,6 +48,7 @@ pub fn run(args: &TopArgs) -> Result<u8> {
         findings_file: None,
         print_stats: false,
         notices: false,
+        keep_findings: true,
     };
     let mut pipeline = Pipeline::new(&capture, options, Box::new(NullSink), None);
     follow_new_processes(&mut pipeline, args.pid);
@@ -106,15 +107,7 @@ fn view_loop(terminal: &mut ratatui::DefaultTerminal, pipeline: &mut Pipeline<'_
 fn follow_new_processes(pipeline: &mut Pipeline<'_>, pid: Option<u32>) {
     let candidates: Vec<u32> = match pid {
         Some(root) => std::iter::once(root).chain(procfs::descendants(root)).collect(),
-        None => procfs::all_pids()
-            .into_iter()
-            .filter(|pid| *pid != std::process::id())
-            .filter(|pid| {
-                procfs::mapped_files(*pid)
-                    .map(|files| files.iter().any(|f| libcuda::is_libcuda(&f.path) || libcuda::is_libc10(&f.path)))
-                    .unwrap_or(false)
-            })
-            .collect(),
+        None => libcuda::cuda_processes_on_node(pipeline.alive()),
     };
     for pid in candidates {
         if !pipeline.alive().contains(&pid) {

@@ -163,9 +163,14 @@ impl Analyzer {
         found
     }
 
-    /// See `Tracker::forget_closed_before`.
+    /// See `Tracker::forget_closed_before`; the rules forget those processes too.
     pub fn forget_closed_before(&mut self, ts: u64) -> usize {
-        self.tracker.forget_closed_before(ts)
+        let forgotten = self.tracker.forget_closed_before(ts);
+        if forgotten > 0 {
+            let known: std::collections::HashSet<_> = self.tracker.processes().iter().map(|p| p.as_ref()).collect();
+            self.worker_context.forget_unless(|process| known.contains(&process));
+        }
+        forgotten
     }
 
     pub fn tracker(&self) -> &Tracker {

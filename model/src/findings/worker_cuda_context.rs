@@ -15,6 +15,11 @@ pub struct Rule {
 }
 
 impl Rule {
+    /// Drops what is kept of processes the tracker no longer knows.
+    pub fn forget_unless(&mut self, known: impl Fn(ProcessRef) -> bool) {
+        self.reported.retain(|process| known(*process));
+    }
+
     pub fn check(&mut self, event: &Event, world: &Tracker) -> Option<Finding> {
         if event.op != Op::CtxCreate || !event.succeeded() {
             return None;

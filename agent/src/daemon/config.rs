@@ -1,0 +1,233 @@
+//! The daemon's one typed configuration. Every setting has a flag, an environment variable
+//! (`GPUPROF_…`) and a key of the same name in the TOML file given by `--config`; a flag wins
+//! over the environment, which wins over the file, which wins over the default. A file key
+//! gpuprof does not know is an error, so a typo does not silently leave a default in place.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use gpuprof_model::RuleConfig;
+use serde::Deserialize;
+
+use crate::telemetry::transport::Protocol;
+use crate::telemetry::OtlpOptions;
+
+/// `gpuprof daemon` flags. Each is optional here so that the file can fill what is not given.
+#[derive(Debug, Default, Args)]
+pub struct DaemonArgs {
+    /// A TOML file with any of the settings below (keys as the flags, with `_` for `-`).
+    #[arg(long, value_name = "FILE", env = "GPUPROF_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Send events, allocation lifetimes and live bytes to this OTLP endpoint
+    /// (e.g. http://gpuprof-collector:4317).
+    #[arg(long, value_name = "URL", env = "GPUPROF_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
+    /// grpc (default) or http.
+    #[arg(long, value_enum, env = "GPUPROF_OTLP_PROTOCOL")]
+    pub otlp_protocol: Option<Protocol>,
+    /// Bearer token the collector asks for.
+    #[arg(long, value_name = "TOKEN", env = "GPUPROF_OTLP_TOKEN", hide_env_values = true)]
+    pub otlp_token: Option<String>,
+    /// Read the bearer token from this file (a mounted secret).
+    #[arg(long, value_name = "FILE", env = "GPUPROF_OTLP_TOKEN_FILE")]
+    pub otlp_token_file: Option<PathBuf>,
+    /// OTLP batches held while the collector is slow or away (default 256); beyond, dropped and counted.
+    #[arg(long, value_name = "BATCHES", env = "GPUPROF_OTLP_QUEUE")]
+    pub otlp_queue: Option<usize>,
+    /// The node's name in `host.name` (default: $K8S_NODE_NAME, else the host name).
+    #[arg(long, value_name = "NAME", env = "GPUPROF_NODE_NAME")]
+    pub node_name: Option<String>,
+    /// Also write every event as jsonl to this file.
+    #[arg(long, value_name = "FILE", env = "GPUPROF_OUTPUT")]
+    pub output: Option<PathBuf>,
+    /// Where /healthz, /readyz and /metrics are served (default 0.0.0.0:9464).
+    #[arg(long, value_name = "ADDR", env = "GPUPROF_LISTEN")]
+    pub listen: Option<SocketAddr>,
+    /// Seconds between scans of /proc for processes that map libcuda or libc10 (default 0.5).
+    #[arg(long, value_name = "SECS", env = "GPUPROF_SCAN_INTERVAL")]
+    pub scan_interval: Option<f64>,
+    /// Seconds an exited process's tables are kept after it exits (default 300).
+    #[arg(long, value_name = "SECS", env = "GPUPROF_RETAIN_EXITED")]
+    pub retain_exited: Option<f64>,
+    /// Also probe this libcuda (e.g. the host's driver mounted into the daemon's container).
+    #[arg(long, value_name = "PATH", env = "GPUPROF_LIBCUDA")]
+    pub libcuda: Option<PathBuf>,
+    /// Ring buffer size in MiB, a power of two (default 16).
+    #[arg(long, value_name = "MIB", env = "GPUPROF_BUFFER_MIB")]
+    pub buffer_mib: Option<u32>,
+    /// Do not walk Python stacks.
+    #[arg(long, env = "GPUPROF_NO_STACKS")]
+    pub no_stacks: bool,
+    /// Growth rule: window length in seconds (default 10).
+    #[arg(long, value_name = "SECS", env = "GPUPROF_GROWTH_WINDOW")]
+    pub growth_window: Option<f64>,
+    /// Growth rule: consecutive rising windows that make a finding (default 3).
+    #[arg(long, value_name = "N", env = "GPUPROF_GROWTH_RISES")]
+    pub growth_rises: Option<u32>,
+}
+
+/// The file's keys: the flags' names.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    otlp_endpoint: Option<String>,
+    otlp_protocol: Option<String>,
+    otlp_token: Option<String>,
+    otlp_token_file: Option<PathBuf>,
+    otlp_queue: Option<usize>,
+    node_name: Option<String>,
+    output: Option<PathBuf>,
+    listen: Option<SocketAddr>,
+    scan_interval: Option<f64>,
+    retain_exited: Option<f64>,
+    libcuda: Option<PathBuf>,
+    buffer_mib: Option<u32>,
+    no_stacks: Option<bool>,
+    growth_window: Option<f64>,
+    growth_rises: Option<u32>,
+}
+
+/// Everything the daemon runs with, resolved and checked.
+#[derive(Debug, Clone)]
+pub struct DaemonConfig {
+    pub otlp: Option<OtlpOptions>,
+    pub node_name: Option<String>,
+    pub output: Option<PathBuf>,
+    pub listen: SocketAddr,
+    pub scan_interval: Duration,
+    pub retain_exited: Duration,
+    pub libcuda: Option<PathBuf>,
+    pub ring_buffer_bytes: u32,
+    pub python_stacks: bool,
+    pub rules: RuleConfig,
+}
+
+impl DaemonArgs {
+    pub fn resolve(&self) -> Result<DaemonConfig> {
+        let file = match &self.config {
+            Some(path) => read_file(path)?,
+            None => FileConfig::default(),
+        };
+        let protocol = match (&self.otlp_protocol, &file.otlp_protocol) {
+            (Some(protocol), _) => *protocol,
+            (None, Some(name)) => <Protocol as clap::ValueEnum>::from_str(name, true)
+                .map_err(|_| anyhow::anyhow!("otlp_protocol = \"{name}\" in the config file: give grpc or http"))?,
+            (None, None) => Protocol::Grpc,
+        };
+        let token = match (self.otlp_token.clone().or(file.otlp_token), self.otlp_token_file.clone().or(file.otlp_token_file)) {
+            (Some(token), _) => Some(token),
+            (None, Some(path)) => Some(
+                std::fs::read_to_string(&path)
+                    .with_context(|| format!("otlp token file {}: cannot read it", path.display()))?
+                    .trim()
+                    .to_string(),
+            ),
+            (None, None) => None,
+        };
+        let node_name = self.node_name.clone().or(file.node_name);
+        let otlp = self.otlp_endpoint.clone().or(file.otlp_endpoint).map(|endpoint| OtlpOptions {
+            endpoint,
+            protocol,
+            token,
+            queue: self.otlp_queue.or(file.otlp_queue).unwrap_or(256).max(1),
+            node: node_name.clone(),
+        });
+        let output = self.output.clone().or(file.output);
+        if otlp.is_none() && output.is_none() {
+            bail!("the daemon has nowhere to send what it captures: give --otlp-endpoint URL (a gpuprof-collector) or --output FILE");
+        }
+        let scan_interval = seconds("scan_interval", self.scan_interval.or(file.scan_interval).unwrap_or(0.5))?;
+        if scan_interval > Duration::from_secs(1) {
+            bail!("scan_interval {:?}: at most 1 second, or new processes are found late", scan_interval);
+        }
+        let buffer_mib = self.buffer_mib.or(file.buffer_mib).unwrap_or(16);
+        if !buffer_mib.is_power_of_two() || buffer_mib > 1024 {
+            bail!("buffer_mib {buffer_mib}: give a power of two from 1 to 1024");
+        }
+        let growth_window = seconds("growth_window", self.growth_window.or(file.growth_window).unwrap_or(10.0))?;
+        let growth_rises = self.growth_rises.or(file.growth_rises).unwrap_or(3);
+        if growth_rises == 0 {
+            bail!("growth_rises 0: give at least 1");
+        }
+        Ok(DaemonConfig {
+            otlp,
+            node_name,
+            output,
+            listen: self.listen.or(file.listen).unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 9464))),
+            scan_interval,
+            retain_exited: seconds("retain_exited", self.retain_exited.or(file.retain_exited).unwrap_or(300.0))?,
+            libcuda: self.libcuda.clone().or(file.libcuda),
+            ring_buffer_bytes: buffer_mib << 20,
+            python_stacks: !(self.no_stacks || file.no_stacks.unwrap_or(false)),
+            rules: RuleConfig { growth_window_ns: growth_window.as_nanos() as u64, growth_rises },
+        })
+    }
+}
+
+fn read_file(path: &Path) -> Result<FileConfig> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("config file {}: cannot read it", path.display()))?;
+    toml::from_str(&text).map_err(|error| {
+        // toml's message spans lines (it quotes the file); the first says what is wrong.
+        let message = error.message().to_string();
+        let line = error.span().map(|span| text[..span.start].matches('\n').count() + 1);
+        match line {
+            Some(line) => anyhow::anyhow!("config file {} line {line}: {message}", path.display()),
+            None => anyhow::anyhow!("config file {}: {message}", path.display()),
+        }
+    })
+}
+
+fn seconds(name: &str, value: f64) -> Result<Duration> {
+    if !(value.is_finite() && value > 0.0) {
+        bail!("{name} {value}: give a positive number of seconds");
+    }
+    Ok(Duration::from_secs_f64(value))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(text: &str) -> PathBuf {
+        let path = std::env::temp_dir().join(format!("gpuprof-daemon-config-{}-{}.toml", std::process::id(), text.len()));
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    #[test]
+    fn flags_win_over_the_file_and_the_file_over_defaults() {
+        let path = write("otlp_endpoint = \"http://file:4317\"\notlp_protocol = \"http\"\nscan_interval = 0.25\nnode_name = \"from-file\"\n");
+        let args = DaemonArgs { config: Some(path), node_name: Some("from-flag".into()), ..Default::default() };
+        let config = args.resolve().unwrap();
+        let otlp = config.otlp.unwrap();
+        assert_eq!(otlp.endpoint, "http://file:4317");
+        assert_eq!(otlp.protocol, Protocol::Http);
+        assert_eq!(otlp.node.as_deref(), Some("from-flag"));
+        assert_eq!(config.scan_interval, Duration::from_millis(250));
+        assert_eq!(config.retain_exited, Duration::from_secs(300));
+        assert_eq!(config.listen, "0.0.0.0:9464".parse().unwrap());
+        assert!(config.python_stacks);
+    }
+
+    #[test]
+    fn an_unknown_key_names_the_file_and_line() {
+        let path = write("otlp_endpoint = \"http://x:4317\"\nscan_intervall = 0.5\n");
+        let error = DaemonArgs { config: Some(path.clone()), ..Default::default() }.resolve().unwrap_err().to_string();
+        assert!(error.starts_with(&format!("config file {} line 2: unknown field `scan_intervall`", path.display())), "{error}");
+    }
+
+    #[test]
+    fn nowhere_to_send_is_an_error() {
+        let error = DaemonArgs::default().resolve().unwrap_err().to_string();
+        assert!(error.contains("give --otlp-endpoint URL"), "{error}");
+    }
+
+    #[test]
+    fn a_slow_scan_is_refused() {
+        let args = DaemonArgs { output: Some("x".into()), scan_interval: Some(2.0), ..Default::default() };
+        assert!(args.resolve().unwrap_err().to_string().starts_with("scan_interval 2s: at most 1 second"));
+    }
+}

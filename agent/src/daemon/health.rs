@@ -1,0 +1,154 @@
+//! The daemon's HTTP endpoints for the kubelet and Prometheus: `/healthz` (the capture loop is
+//! turning), `/readyz` (probes are loaded and the first scan is done), `/metrics` (what the
+//! daemon follows, captures, drops and delivers). Served from a thread of its own so a slow
+//! scraper never touches the capture loop, which only publishes a snapshot each second.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+/// The capture loop is taken for stuck when it has not turned for this long.
+const STALL_LIMIT: Duration = Duration::from_secs(10);
+
+/// What the capture loop publishes each second.
+#[derive(Debug, Default, Clone)]
+pub struct Snapshot {
+    pub processes_followed: u64,
+    pub processes_followed_total: u64,
+    pub processes_exited_total: u64,
+    /// Process tables kept in memory: followed ones and exited ones not yet forgotten.
+    pub processes_retained: u64,
+    pub processes_forgotten_total: u64,
+    pub libraries_probed: u64,
+    pub events_total: u64,
+    pub events_lost_total: u64,
+    pub callers_untracked_total: u64,
+    pub stacks_unreadable_total: u64,
+    pub findings_total: u64,
+    pub otlp_sent_total: u64,
+    pub otlp_lost_total: u64,
+    pub resident_bytes: u64,
+}
+
+pub struct Health {
+    started: Instant,
+    ready: AtomicBool,
+    /// Milliseconds since `started` when the capture loop last turned.
+    heartbeat_ms: AtomicU64,
+    snapshot: Mutex<Snapshot>,
+}
+
+impl Health {
+    pub fn new() -> Arc<Health> {
+        Arc::new(Health { started: Instant::now(), ready: AtomicBool::new(false), heartbeat_ms: AtomicU64::new(0), snapshot: Mutex::default() })
+    }
+
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.store(ready, Ordering::Relaxed);
+    }
+
+    pub fn publish(&self, snapshot: Snapshot) {
+        self.heartbeat_ms.store(self.started.elapsed().as_millis() as u64, Ordering::Relaxed);
+        if let Ok(mut slot) = self.snapshot.lock() {
+            *slot = snapshot;
+        }
+    }
+
+    fn stalled(&self) -> bool {
+        let last = Duration::from_millis(self.heartbeat_ms.load(Ordering::Relaxed));
+        self.started.elapsed().saturating_sub(last) > STALL_LIMIT
+    }
+}
+
+/// Binds `listen` now (so a taken port is an error at start) and serves from a new thread.
+pub fn serve(listen: SocketAddr, health: Arc<Health>) -> Result<SocketAddr> {
+    let listener = std::net::TcpListener::bind(listen)
+        .with_context(|| format!("cannot listen on {listen} for /healthz and /metrics: give another address with --listen"))?;
+    listener.set_nonblocking(true).context("cannot set up the health listener")?;
+    let bound = listener.local_addr().context("cannot set up the health listener")?;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("cannot start the health server")?;
+    std::thread::Builder::new()
+        .name("gpuprof-health".into())
+        .spawn(move || {
+            runtime.block_on(async move {
+                let app = axum::Router::new()
+                    .route("/healthz", get(healthz))
+                    .route("/readyz", get(readyz))
+                    .route("/metrics", get(metrics))
+                    .with_state(health);
+                match tokio::net::TcpListener::from_std(listener) {
+                    Ok(listener) => {
+                        if let Err(error) = axum::serve(listener, app).await {
+                            tracing::error!("health server stopped: {error}");
+                        }
+                    }
+                    Err(error) => tracing::error!("health server cannot start: {error}"),
+                }
+            })
+        })
+        .context("cannot start the health server thread")?;
+    Ok(bound)
+}
+
+async fn healthz(State(health): State<Arc<Health>>) -> impl IntoResponse {
+    if health.stalled() {
+        (StatusCode::SERVICE_UNAVAILABLE, "capture loop stalled\n")
+    } else {
+        (StatusCode::OK, "ok\n")
+    }
+}
+
+async fn readyz(State(health): State<Arc<Health>>) -> impl IntoResponse {
+    if health.ready.load(Ordering::Relaxed) && !health.stalled() {
+        (StatusCode::OK, "ready\n")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+    }
+}
+
+async fn metrics(State(health): State<Arc<Health>>) -> impl IntoResponse {
+    let snapshot = health.snapshot.lock().map(|s| s.clone()).unwrap_or_default();
+    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], render(&snapshot))
+}
+
+fn render(s: &Snapshot) -> String {
+    let mut registry = Registry::default();
+    let gauge = |registry: &mut Registry, name: &str, help: &str, value: u64| {
+        let metric = Gauge::<i64>::default();
+        metric.set(value as i64);
+        registry.register(name, help, metric);
+    };
+    let counter = |registry: &mut Registry, name: &str, help: &str, value: u64| {
+        let metric = Counter::<u64>::default();
+        metric.inc_by(value);
+        registry.register(name, help, metric);
+    };
+    gauge(&mut registry, "gpuprof_daemon_processes_followed", "CUDA processes followed now", s.processes_followed);
+    gauge(&mut registry, "gpuprof_daemon_processes_retained", "Process tables held in memory (followed, and exited ones not yet forgotten)", s.processes_retained);
+    gauge(&mut registry, "gpuprof_daemon_libraries_probed", "libcuda and libc10 files with probes on them", s.libraries_probed);
+    gauge(&mut registry, "gpuprof_daemon_resident_bytes", "The daemon's resident memory", s.resident_bytes);
+    counter(&mut registry, "gpuprof_daemon_processes_discovered", "Processes followed since the start", s.processes_followed_total);
+    counter(&mut registry, "gpuprof_daemon_processes_exited", "Followed processes seen to exit", s.processes_exited_total);
+    counter(&mut registry, "gpuprof_daemon_processes_forgotten", "Exited processes whose tables were dropped after the retention time", s.processes_forgotten_total);
+    counter(&mut registry, "gpuprof_daemon_events", "Events captured", s.events_total);
+    counter(&mut registry, "gpuprof_daemon_events_lost", "Events lost in the kernel (ring buffer or call table full)", s.events_lost_total);
+    counter(&mut registry, "gpuprof_daemon_callers_untracked", "Calls of processes the tracked map had no room for (still recorded)", s.callers_untracked_total);
+    counter(&mut registry, "gpuprof_daemon_stacks_unreadable", "Python stacks that could not be read whole", s.stacks_unreadable_total);
+    counter(&mut registry, "gpuprof_daemon_findings", "Leak findings fired", s.findings_total);
+    counter(&mut registry, "gpuprof_daemon_otlp_sent_items", "Log records, spans and metric points the collector accepted", s.otlp_sent_total);
+    counter(&mut registry, "gpuprof_daemon_otlp_lost_items", "OTLP items dropped (queue full, delivery failed) or rejected", s.otlp_lost_total);
+    let mut text = String::new();
+    encode(&mut text, &registry).expect("writing to a String cannot fail");
+    text
+}

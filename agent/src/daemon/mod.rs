@@ -1,0 +1,151 @@
+//! `gpuprof daemon`: the node sidecar. It captures every CUDA process on the node: the kernel
+//! tracks a process from its first probed call (so nothing it does is missed while it is being
+//! discovered), and a scan of /proc every `scan_interval` picks up processes that mapped libcuda
+//! or libc10 but have not called it yet, and library files not probed yet (a container's own
+//! copy). Exits close processes out; their tables are dropped `retain_exited` later, so memory
+//! stays bounded under churn. Everything goes out over OTLP (and/or to a jsonl file); health,
+//! readiness and the daemon's own counters are served over HTTP. SIGTERM flushes and exits 0.
+
+pub mod config;
+mod health;
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+
+use crate::capture::{Capture, CaptureOptions};
+use crate::libcuda::{self, LibraryFile};
+use crate::output::{self, Format, NullSink};
+use crate::pipeline::{Pipeline, PipelineOptions};
+use crate::telemetry::Telemetry;
+use crate::{preflight, signals};
+
+pub use config::{DaemonArgs, DaemonConfig};
+
+const POLL: Duration = Duration::from_millis(100);
+const PUBLISH_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Runs until SIGTERM/SIGINT; returns gpuprof's exit code.
+pub fn run(args: &DaemonArgs) -> Result<u8> {
+    let config = args.resolve()?;
+    preflight::check_ebpf_capture()?;
+    signals::install();
+    let health = health::Health::new();
+    let listening = health::serve(config.listen, health.clone())?;
+
+    let capture = Capture::load(CaptureOptions {
+        ring_buffer_bytes: config.ring_buffer_bytes,
+        python_stacks: config.python_stacks,
+        track_callers: true,
+        ..CaptureOptions::default()
+    })?;
+    let sink = match &config.output {
+        Some(path) => output::sink(Format::Jsonl, output::open_writer(Some(path))?),
+        None => Box::new(NullSink),
+    };
+    let telemetry = config.otlp.clone().map(Telemetry::start).transpose()?;
+    let options = PipelineOptions {
+        rules: config.rules,
+        format: Format::Jsonl,
+        findings_file: None,
+        print_stats: false,
+        notices: true,
+        keep_findings: false,
+    };
+    let mut pipeline = Pipeline::new(&capture, options, sink, None).with_telemetry(telemetry);
+
+    if let Some(path) = &config.libcuda {
+        let library = LibraryFile::open(path.clone()).with_context(|| format!("--libcuda {}", path.display()))?;
+        pipeline.attach(&library)?;
+    }
+    // The node's own driver, so processes that load it later are captured from their first call.
+    if let Some(library) = libcuda::resolve_for_loader().and_then(|path| LibraryFile::open(path).ok()) {
+        if let Err(error) = pipeline.attach(&library) {
+            eprintln!("gpuprof: warning: {error:#}");
+        }
+    }
+    let mut forgotten_total = 0u64;
+    scan(&mut pipeline);
+    publish(&health, &pipeline, forgotten_total);
+    health.set_ready(true);
+    eprintln!(
+        "gpuprof: daemon on node {} following {} CUDA process(es); /healthz /readyz /metrics on {listening}; exporting to {}",
+        crate::telemetry::node_name(config.node_name.as_deref()),
+        pipeline.alive().len(),
+        destinations(&config)
+    );
+
+    let mut last_scan = Instant::now();
+    let mut last_publish = Instant::now();
+    loop {
+        pipeline.pump(POLL)?;
+        pipeline.tick();
+        if last_scan.elapsed() >= config.scan_interval {
+            last_scan = Instant::now();
+            scan(&mut pipeline);
+        }
+        if last_publish.elapsed() >= PUBLISH_INTERVAL {
+            last_publish = Instant::now();
+            forgotten_total += pipeline.forget_exited(config.retain_exited) as u64;
+            publish(&health, &pipeline, forgotten_total);
+        }
+        if signals::take().is_some() {
+            break;
+        }
+    }
+    health.set_ready(false);
+    eprintln!("gpuprof: daemon stopping: flushing what was captured");
+    pipeline.finish()?;
+    Ok(0)
+}
+
+/// Follows CUDA processes not followed yet and probes the libraries they map.
+fn scan(pipeline: &mut Pipeline<'_>) {
+    let known: HashSet<u32> = pipeline.alive().clone();
+    for pid in libcuda::cuda_processes_on_node(&known) {
+        // A process that exits meanwhile is simply not there to follow.
+        let _ = pipeline.add_process(pid);
+    }
+    pipeline.discover_libraries();
+}
+
+fn publish(health: &health::Health, pipeline: &Pipeline<'_>, forgotten_total: u64) {
+    let drops = pipeline.drops();
+    let (followed_total, exited_total) = pipeline.process_counts();
+    health.publish(health::Snapshot {
+        processes_followed: pipeline.alive().len() as u64,
+        processes_followed_total: followed_total,
+        processes_exited_total: exited_total,
+        processes_retained: pipeline.analyzer().tracker().processes().len() as u64,
+        processes_forgotten_total: forgotten_total,
+        libraries_probed: pipeline.libraries_probed() as u64,
+        events_total: pipeline.events(),
+        events_lost_total: drops.lost_events(),
+        callers_untracked_total: drops.tracked_full,
+        stacks_unreadable_total: drops.stack_unreadable,
+        findings_total: pipeline.findings_fired(),
+        otlp_sent_total: pipeline.telemetry().map_or(0, Telemetry::sent),
+        otlp_lost_total: pipeline.telemetry().map_or(0, Telemetry::lost),
+        resident_bytes: resident_bytes(),
+    });
+}
+
+fn destinations(config: &DaemonConfig) -> String {
+    let mut to = Vec::new();
+    if let Some(otlp) = &config.otlp {
+        to.push(otlp.endpoint.clone());
+    }
+    if let Some(path) = &config.output {
+        to.push(path.display().to_string());
+    }
+    to.join(" and ")
+}
+
+/// This process's resident set, from /proc/self/statm (pages).
+fn resident_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = statm.split_whitespace().nth(1).and_then(|p| p.parse().ok()).unwrap_or(0);
+    // SAFETY: sysconf has no preconditions.
+    pages * unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64
+}

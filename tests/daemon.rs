@@ -1,0 +1,293 @@
+//! `gpuprof daemon` against the libcuda stand-in: a process that only maps libcuda is found by
+//! the scan within a second and its first call has its Python stack; 200 short-lived processes
+//! that the daemon was never told about are each captured from their first call, closed out at
+//! exit and forgotten after the retention time; the collector gets every one's finding; nothing
+//! is lost and the daemon's memory stays flat. Bad settings are one-line errors.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use gpuprof_model::event::{Layer, Op};
+use support::collector::Collector;
+use support::*;
+
+const WORKERS: usize = 200;
+/// Workers alive at once.
+const WAVE: usize = 10;
+
+struct Daemon {
+    child: Child,
+    health: String,
+    agent: ureq::Agent,
+    stderr: std::sync::mpsc::Receiver<String>,
+}
+
+impl Daemon {
+    fn start(args: &[&str]) -> Daemon {
+        let mut child = Command::new(gpuprof())
+            .arg("daemon")
+            .args(["--listen", "127.0.0.1:0"])
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let (lines, stderr) = std::sync::mpsc::channel();
+        let mut reader = BufReader::new(child.stderr.take().unwrap());
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            while reader.read_line(&mut line).unwrap_or(0) > 0 {
+                eprint!("daemon: {line}");
+                let _ = lines.send(std::mem::take(&mut line));
+            }
+        });
+        // "gpuprof: daemon on node N following K CUDA process(es); /healthz /readyz /metrics on ADDR; exporting to …"
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let health = loop {
+            let line = stderr.recv_timeout(deadline.saturating_duration_since(Instant::now())).expect("the daemon never said it started");
+            if let Some(rest) = line.split("/metrics on ").nth(1) {
+                break format!("http://{}", rest.split(';').next().unwrap());
+            }
+        };
+        let agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+        Daemon { child, health, agent, stderr }
+    }
+
+    fn get(&self, path: &str) -> (u16, String) {
+        let mut response = self.agent.get(&format!("{}{path}", self.health)).call().unwrap();
+        (response.status().as_u16(), response.body_mut().read_to_string().unwrap())
+    }
+
+    /// The daemon's own metrics, by sample name.
+    fn metrics(&self) -> BTreeMap<String, u64> {
+        let (status, text) = self.get("/metrics");
+        assert_eq!(status, 200);
+        text.lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| l.split_once(' '))
+            .map(|(name, value)| (name.to_string(), value.parse().unwrap()))
+            .collect()
+    }
+
+    fn metric(&self, name: &str) -> u64 {
+        *self.metrics().get(name).unwrap_or_else(|| panic!("no {name} in the daemon's metrics"))
+    }
+
+    /// Waits until `name` reaches `value` (metrics are published each second).
+    fn wait_for(&self, name: &str, value: u64, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        loop {
+            let now = self.metric(name);
+            if now == value {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{name} stayed at {now}, expected {value}: {:?}", self.metrics());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// SIGTERM: flushes, exits 0; returns what it said on the way out.
+    fn stop(mut self) -> String {
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let status = wait_with_limit(&mut self.child, Duration::from_secs(15));
+        assert_eq!(status.code(), Some(0));
+        let mut said = String::new();
+        while let Ok(line) = self.stderr.recv_timeout(Duration::from_millis(500)) {
+            said.push_str(&line);
+        }
+        said
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn standin_library() -> PathBuf {
+    standin_dir().join("libcuda.so.1")
+}
+
+/// Runs WAVE workers at a time until `count` have run; returns (pid, leaked address, leaked bytes).
+fn run_workers(first: usize, count: usize) -> Vec<(u32, String, u64)> {
+    let mut done = Vec::new();
+    for wave in (first..first + count).collect::<Vec<_>>().chunks(WAVE) {
+        let children: Vec<(Child, u64)> = wave
+            .iter()
+            .map(|i| {
+                let leak = (*i as u64 + 1) * 4096;
+                let child = Command::new(churn_worker_program())
+                    .args(["0", &leak.to_string()])
+                    .env("LD_LIBRARY_PATH", standin_dir())
+                    .stdout(Stdio::piped())
+                    .spawn()
+                    .unwrap();
+                (child, leak)
+            })
+            .collect();
+        for (child, leak) in children {
+            let output = child.wait_with_output().unwrap();
+            assert_eq!(output.status.code(), Some(0));
+            let line = String::from_utf8(output.stdout).unwrap();
+            let (pid, addr) = line.trim().split_once(' ').unwrap();
+            done.push((pid.parse().unwrap(), addr.to_string(), leak));
+        }
+    }
+    done
+}
+
+#[test]
+fn the_daemon_follows_every_cuda_process_of_the_node_through_churn() {
+    let dir = scratch("daemon_churn");
+    let collector = Collector::start(&dir.join("c.redb"), &[]);
+    let events_path = dir.join("events.jsonl");
+    let daemon = Daemon::start(&[
+        "--otlp-endpoint",
+        &collector.grpc,
+        "--node-name",
+        "churn-node",
+        "--libcuda",
+        standin_library().to_str().unwrap(),
+        "--retain-exited",
+        "1",
+        "--output",
+        events_path.to_str().unwrap(),
+    ]);
+    assert_eq!(daemon.get("/healthz"), (200, "ok\n".to_string()));
+    assert_eq!(daemon.get("/readyz"), (200, "ready\n".to_string()));
+    assert_eq!(daemon.get("/nothing-here").0, 404);
+    assert_eq!(daemon.metric("gpuprof_daemon_processes_discovered_total"), 0);
+
+    // A Python process that maps libcuda but has not called it: the scan finds it.
+    let log = dir.join("late_caller.log");
+    let mut command = Command::new(python3());
+    command.arg(workloads().join("late_caller.py"));
+    workload_env(&mut command, &log);
+    let mut late = command.stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+    let mut line = String::new();
+    BufReader::new(late.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+    assert_eq!(line, "mapped\n");
+    let mapped = Instant::now();
+    while daemon.metric("gpuprof_daemon_processes_discovered_total") == 0 {
+        assert!(mapped.elapsed() < Duration::from_secs(5), "the daemon never found the process that mapped libcuda");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Metrics are published each second: the discovery itself came earlier than this.
+    let found_after = mapped.elapsed();
+    assert!(found_after < Duration::from_millis(2000), "found {found_after:?} after it mapped libcuda");
+    late.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    assert_eq!(wait_with_limit(&mut late, Duration::from_secs(10)).code(), Some(0));
+
+    // Short-lived processes the daemon is told nothing about.
+    let early = run_workers(0, 50);
+    daemon.wait_for("gpuprof_daemon_processes_exited_total", 51, Duration::from_secs(20));
+    let resident_after_50 = daemon.metric("gpuprof_daemon_resident_bytes");
+    let late_workers = run_workers(50, WORKERS - 50);
+    let workers: Vec<(u32, String, u64)> = early.into_iter().chain(late_workers).collect();
+    let processes = WORKERS as u64 + 1;
+    daemon.wait_for("gpuprof_daemon_processes_exited_total", processes, Duration::from_secs(30));
+    daemon.wait_for("gpuprof_daemon_processes_discovered_total", processes, Duration::from_secs(5));
+    // Exited tables go after the retention time (1 s): nothing stays behind.
+    daemon.wait_for("gpuprof_daemon_processes_retained", 0, Duration::from_secs(10));
+    daemon.wait_for("gpuprof_daemon_processes_forgotten_total", processes, Duration::from_secs(5));
+    let metrics = daemon.metrics();
+    eprintln!("found after {found_after:?}; resident after 50 processes {resident_after_50}, at the end {}", metrics["gpuprof_daemon_resident_bytes"]);
+    let resident_at_end = metrics["gpuprof_daemon_resident_bytes"];
+    assert_eq!(metrics["gpuprof_daemon_processes_followed"], 0);
+    assert_eq!(metrics["gpuprof_daemon_events_lost_total"], 0);
+    assert_eq!(metrics["gpuprof_daemon_callers_untracked_total"], 0);
+    // Each worker: ctx_create, three allocs, two frees, exit; the Python process: ctx_create,
+    // alloc, exit.
+    assert_eq!(metrics["gpuprof_daemon_events_total"], WORKERS as u64 * 7 + 3);
+    assert_eq!(metrics["gpuprof_daemon_findings_total"], processes);
+    // 150 more processes through the daemon cost less than 4 MiB (each one's tables are gone).
+    assert!(
+        resident_at_end < resident_after_50 + (4 << 20),
+        "resident {resident_after_50} after 50 processes, {resident_at_end} after 200"
+    );
+
+    // The collector has every process's finding: the buffer each one left, by size.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let findings = loop {
+        let findings = collector.findings("?node=churn-node&kind=exit_with_live_allocations");
+        if findings.len() as u64 >= processes || Instant::now() > deadline {
+            break findings;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let by_pid: BTreeMap<u64, u64> = findings.iter().map(|f| (f["pid"].as_u64().unwrap(), f["bytes"].as_u64().unwrap())).collect();
+    assert_eq!(findings.len() as u64, processes, "{findings:?}");
+    for (pid, _, leak) in &workers {
+        assert_eq!(by_pid.get(&u64::from(*pid)), Some(leak), "worker {pid}");
+    }
+    assert_eq!(by_pid.get(&u64::from(late.id())), Some(&(3 << 20)));
+
+    let said = daemon.stop();
+    assert!(said.contains("gpuprof: daemon stopping: flushing what was captured"), "{said}");
+    assert!(said.contains("dropped 0 (queue full 0, delivery failed 0); rejected by the collector 0"), "{said}");
+
+    // The local jsonl has each worker's calls in order, its leaked buffer by address.
+    let events = read_events(&events_path);
+    let worker_pids: BTreeSet<u32> = workers.iter().map(|w| w.0).collect();
+    let mut ops: BTreeMap<u32, Vec<Op>> = BTreeMap::new();
+    for event in events.iter().filter(|e| worker_pids.contains(&e.pid)) {
+        ops.entry(event.pid).or_default().push(event.op);
+    }
+    assert_eq!(ops.len(), WORKERS);
+    for (pid, addr, leak) in &workers {
+        assert_eq!(ops[pid], [Op::CtxCreate, Op::Alloc, Op::Alloc, Op::Alloc, Op::Free, Op::Free, Op::Exit], "worker {pid}");
+        let kept = events.iter().filter(|e| e.pid == *pid && e.op == Op::Alloc && e.size == *leak).collect::<Vec<_>>();
+        assert_eq!(kept.len(), 1);
+        assert_eq!(gpuprof_model::hex::format_addr(kept[0].addr.unwrap()), *addr);
+    }
+    // The late caller's calls have their Python stacks, exactly as the workload saw them.
+    let expected = expected_calls(&read_expected(&log));
+    let captured: Vec<_> = events.iter().filter(|e| e.pid == late.id() && e.layer == Layer::Driver).collect();
+    assert_same_calls(&expected, &captured);
+    assert_eq!(captured[1].stack[2].function, "allocate_late");
+    collector.stop();
+}
+
+#[test]
+fn bad_settings_are_one_line_errors() {
+    let dir = scratch("daemon_settings");
+    let daemon = |args: &[&str], env: &[(&str, &str)]| {
+        let output = Command::new(gpuprof()).arg("daemon").args(args).envs(env.iter().copied()).output().unwrap();
+        (output.status.code(), String::from_utf8_lossy(&output.stderr).into_owned())
+    };
+    assert_eq!(
+        daemon(&[], &[]),
+        (Some(1), "gpuprof: error: the daemon has nowhere to send what it captures: give --otlp-endpoint URL (a gpuprof-collector) or --output FILE\n".into())
+    );
+    let config = dir.join("daemon.toml");
+    std::fs::write(&config, "otlp_endpoint = \"http://127.0.0.1:4317\"\nscan_interval = \"fast\"\n").unwrap();
+    let (code, stderr) = daemon(&["--config", config.to_str().unwrap()], &[]);
+    assert_eq!(code, Some(1));
+    assert!(stderr.starts_with(&format!("gpuprof: error: config file {} line 2: invalid type: string \"fast\", expected f64", config.display())), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    let (code, stderr) = daemon(&["--config", "/nonexistent/daemon.toml"], &[]);
+    assert_eq!((code, stderr.as_str()), (Some(1), "gpuprof: error: config file /nonexistent/daemon.toml: cannot read it: No such file or directory (os error 2)\n"));
+    // The environment fills what the file leaves out, and a flag wins over both.
+    std::fs::write(&config, "output = \"/dev/null\"\n").unwrap();
+    let (code, stderr) = daemon(&["--config", config.to_str().unwrap(), "--buffer-mib", "3"], &[("GPUPROF_BUFFER_MIB", "4")]);
+    assert_eq!((code, stderr.as_str()), (Some(1), "gpuprof: error: buffer_mib 3: give a power of two from 1 to 1024\n"));
+    let (code, stderr) = daemon(&["--config", config.to_str().unwrap()], &[("GPUPROF_SCAN_INTERVAL", "5")]);
+    assert_eq!((code, stderr.as_str()), (Some(1), "gpuprof: error: scan_interval 5s: at most 1 second, or new processes are found late\n"));
+    // A port already taken is named.
+    let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = taken.local_addr().unwrap().to_string();
+    let (code, stderr) = daemon(&["--output", "/dev/null", "--listen", &address], &[]);
+    assert_eq!(code, Some(1));
+    assert!(
+        stderr.starts_with(&format!("gpuprof: error: cannot listen on {address} for /healthz and /metrics: give another address with --listen: ")),
+        "{stderr}"
+    );
+}
