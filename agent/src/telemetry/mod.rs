@@ -45,6 +45,19 @@ pub struct OtlpOptions {
     pub node: Option<String>,
 }
 
+/// How an export ended: a line for people, and the items the collector did not get.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    pub summary: String,
+    pub lost: u64,
+}
+
+impl std::fmt::Display for Delivery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.summary)
+    }
+}
+
 #[derive(Debug, Default)]
 struct Counters {
     /// Items handed to the sender: each ends sent, failed or rejected.
@@ -237,7 +250,7 @@ impl Telemetry {
     }
 
     /// Sends what is left, waits up to a few seconds for delivery, and says how it went.
-    pub fn finish(mut self, tracker: &Tracker) -> String {
+    pub fn finish(mut self, tracker: &Tracker) -> Delivery {
         self.flush(tracker);
         self.send_metrics(tracker);
         let deadline = self.started.elapsed() + DRAIN_LIMIT;
@@ -264,7 +277,7 @@ impl Telemetry {
             + c.rejected.load(Ordering::Relaxed);
         let unsettled = c.enqueued.load(Ordering::Relaxed).saturating_sub(settled);
         c.dropped_send_failed.fetch_add(unsettled, Ordering::Relaxed);
-        self.summary()
+        Delivery { summary: self.summary(), lost: self.lost() }
     }
 
     pub fn summary(&self) -> String {
