@@ -36,7 +36,7 @@ import json, sys
 out = sys.argv[1]
 events = [json.loads(l) for l in open(f"{out}/daemon.jsonl")]
 processes = json.load(open(f"{out}/daemon-collector.processes.json"))
-metrics = {l.split(" ")[0]: float(l.split(" ")[1]) for l in open(f"{out}/daemon-collector.metrics.txt") if l.strip() and not l.startswith("#")}
+metrics = {l.rsplit(" ", 1)[0]: float(l.rsplit(" ", 1)[1]) for l in open(f"{out}/daemon-collector.metrics.txt") if l.strip() and not l.startswith("#")}
 print("log records: daemon", len(events), "collector", int(metrics['gpuprof_collector_received_total{signal="log_records"}']))
 for i in range(3):
     facts = json.load(open(f"{out}/daemon.facts.{i}.json"))
