@@ -22,25 +22,28 @@ const STACK_LABEL_FRAMES: usize = 3;
 /// Findings in `gpuprof_recent_finding_bytes`.
 const RECENT_FINDINGS: usize = 100;
 
+/// Where a live process runs: the labels its memory is broken down by.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct LiveLabels {
+struct ProcessLabels {
     node: String,
     namespace: String,
     pod: String,
     container: String,
     pid: String,
     comm: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LiveLabels {
+    #[prometheus(flatten)]
+    process: ProcessLabels,
     kind: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DeviceLabels {
-    node: String,
-    namespace: String,
-    pod: String,
-    container: String,
-    pid: String,
-    comm: String,
+    #[prometheus(flatten)]
+    process: ProcessLabels,
     device: String,
 }
 
@@ -109,28 +112,20 @@ pub fn render(collector: &Collector) -> String {
         for (node, process) in state.live() {
             let workload = state.workload(node, process.pid).unwrap_or(&no_workload);
             let summary = process.summary();
+            let process_labels = ProcessLabels {
+                node: node.to_string(),
+                namespace: workload.namespace.clone(),
+                pod: workload.pod.clone(),
+                container: workload.container.clone(),
+                pid: process.pid.to_string(),
+                comm: process.comm.clone(),
+            };
             for (kind, total) in &summary.by_kind {
-                let labels = LiveLabels {
-                    node: node.to_string(),
-                    namespace: workload.namespace.clone(),
-                    pod: workload.pod.clone(),
-                    container: workload.container.clone(),
-                    pid: process.pid.to_string(),
-                    comm: process.comm.clone(),
-                    kind: kind.as_str().into(),
-                };
+                let labels = LiveLabels { process: process_labels.clone(), kind: kind.as_str().into() };
                 live.get_or_create(&labels).set(total.bytes as i64);
             }
             for (device, totals) in process.allocator_totals() {
-                let labels = DeviceLabels {
-                    node: node.to_string(),
-                    namespace: workload.namespace.clone(),
-                    pod: workload.pod.clone(),
-                    container: workload.container.clone(),
-                    pid: process.pid.to_string(),
-                    comm: process.comm.clone(),
-                    device: device.to_string(),
-                };
+                let labels = DeviceLabels { process: process_labels.clone(), device: device.to_string() };
                 allocated.get_or_create(&labels).set(totals.allocated as i64);
                 reserved.get_or_create(&labels).set(totals.reserved as i64);
             }
