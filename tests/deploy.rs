@@ -637,3 +637,20 @@ fn sample_names(text: &str) -> BTreeSet<String> {
         .map(|l| l.split(|c| c == '{' || c == ' ').next().unwrap().to_string())
         .collect()
 }
+
+/// The image recipe copies the binaries onto a base with glibc and libgcc_s alone
+/// (distroless/cc): libbpf, libelf and zlib must be linked in.
+#[test]
+fn the_binaries_need_only_glibc_and_libgcc_at_run_time() {
+    const BASE_IMAGE_LIBRARIES: &[&str] = &["linux-vdso.so.1", "libc.so.6", "libm.so.6", "libgcc_s.so.1", "/lib64/ld-linux-x86-64.so.2"];
+    for binary in [Path::new(gpuprof()), collector_bin()] {
+        let output = run("ldd", &[binary.to_str().unwrap()], None);
+        assert!(output.status.success(), "ldd {}: {}", binary.display(), text(&output.stderr));
+        let libraries: Vec<String> =
+            text(&output.stdout).lines().filter_map(|l| l.split_whitespace().next()).map(str::to_string).collect();
+        for library in &libraries {
+            assert!(BASE_IMAGE_LIBRARIES.contains(&library.as_str()), "{} needs {library}, which distroless/cc lacks", binary.display());
+        }
+        assert!(libraries.iter().any(|l| l == "libc.so.6"), "{libraries:?}");
+    }
+}
