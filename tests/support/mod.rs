@@ -142,6 +142,32 @@ pub fn libc10_standin() -> &'static Path {
     })
 }
 
+/// The libc10_cuda stand-in (`libc10_cuda.so`, next to the libc10 stand-in it imports from).
+pub fn libc10_cuda_standin() -> &'static Path {
+    static LIBRARY: OnceLock<PathBuf> = OnceLock::new();
+    LIBRARY.get_or_init(|| {
+        let libc10 = libc10_standin();
+        let dir = libc10.parent().unwrap();
+        let output = dir.join("libc10_cuda.so");
+        let search = format!("-L{}", dir.display());
+        compile("libc10_cuda_standin.c", &output, &["-shared", "-fPIC", &search, "-lc10", "-Wl,-rpath,$ORIGIN"]);
+        output
+    })
+}
+
+/// gpuprof's in-process shim (`libgpuprof_shim.so`), brought up to date first: this package's
+/// tests do not build another package.
+pub fn shim_library() -> &'static Path {
+    static LIBRARY: OnceLock<PathBuf> = OnceLock::new();
+    LIBRARY.get_or_init(|| {
+        let status = Command::new(env!("CARGO")).args(["build", "--quiet", "-p", "gpuprof-shim"]).status().unwrap();
+        assert!(status.success(), "cannot build gpuprof-shim");
+        let path = Path::new(gpuprof()).with_file_name("libgpuprof_shim.so");
+        assert!(path.exists(), "{} missing", path.display());
+        path
+    })
+}
+
 /// Calls and allocator blocks (every event but process transitions), in capture order.
 pub fn memory_events(events: &[Event]) -> Vec<&Event> {
     events.iter().filter(|e| e.layer != Layer::Process).collect()

@@ -1,0 +1,45 @@
+//! The interposed `c10::reportMemoryUsageToProfiler`: PyTorch's caching allocator calls it on
+//! every block it hands out (positive size) or takes back (negative), with its running totals.
+//! Preloaded, this definition is found before libc10's own by every library that imports it
+//! (libc10_cuda's allocator does); the call is recorded, then forwarded.
+
+use std::ffi::c_void;
+
+use crate::queue::{self, AllocatorRecord, RawFrame, Record, MAX_FRAMES};
+use crate::{forward, python, sink};
+
+/// `c10::DeviceType::CUDA`.
+pub const DEVICE_TYPE_CUDA: u8 = 1;
+
+/// c10::Device is two one-byte fields (type, index) passed in one register: here as a u16 whose
+/// low byte is the type.
+#[export_name = "_ZN3c1027reportMemoryUsageToProfilerEPvlmmNS_6DeviceE"]
+pub unsafe extern "C" fn report_memory_usage_to_profiler(ptr: *mut c_void, alloc_size: i64, total_allocated: usize, total_reserved: usize, device: u16) {
+    let [device_type, device_index] = device.to_le_bytes();
+    if device_type == DEVICE_TYPE_CUDA {
+        record(ptr as u64, alloc_size, total_allocated as u64, total_reserved as u64, device_index as i8);
+    }
+    if let Some(real) = forward::real(report_memory_usage_to_profiler as *const c_void) {
+        // SAFETY: the real function of the same signature, given the caller's own arguments.
+        unsafe { real(ptr, alloc_size, total_allocated, total_reserved, device) };
+    }
+}
+
+fn record(ptr: u64, delta: i64, allocated: u64, reserved: u64, device_index: i8) {
+    let mut frames = [RawFrame::default(); MAX_FRAMES];
+    let frame_count = python::walk(&mut frames);
+    // SAFETY: getpid/gettid have no preconditions.
+    let (pid, tid) = unsafe { (libc::getpid() as u32, libc::gettid() as u32) };
+    queue::push(Record::Allocator(AllocatorRecord {
+        ts_ns: sink::now_ns(),
+        pid,
+        tid,
+        ptr,
+        delta,
+        allocated,
+        reserved,
+        device_index,
+        frame_count,
+        frames,
+    }));
+}

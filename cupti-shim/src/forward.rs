@@ -1,0 +1,60 @@
+//! The real `c10::reportMemoryUsageToProfiler`, to forward every interposed call to (PyTorch's
+//! profiler records memory through it). libc10.so is loaded by Python with `RTLD_LOCAL`, so
+//! `dlsym(RTLD_NEXT)` does not see it: the loaded objects are searched for it by name instead.
+
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::sync::atomic::{AtomicPtr, AtomicBool, Ordering};
+
+pub const SYMBOL: &CStr = c"_ZN3c1027reportMemoryUsageToProfilerEPvlmmNS_6DeviceE";
+
+/// The real function's type: (ptr, alloc_size, total_allocated, total_reserved, device).
+pub type ReportFn = unsafe extern "C" fn(*mut c_void, i64, usize, usize, u16);
+
+static REAL: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+static SEARCHED: AtomicBool = AtomicBool::new(false);
+
+/// The real function, looked up on the first call (libc10 is loaded by then: its caller needs it).
+pub fn real(ours: *const c_void) -> Option<ReportFn> {
+    let mut found = REAL.load(Ordering::Acquire);
+    if found.is_null() && !SEARCHED.swap(true, Ordering::AcqRel) {
+        found = search(ours);
+        REAL.store(found, Ordering::Release);
+    }
+    // SAFETY: a non-null value is the address of a function of exactly this signature.
+    (!found.is_null()).then(|| unsafe { std::mem::transmute::<*mut c_void, ReportFn>(found) })
+}
+
+fn search(ours: *const c_void) -> *mut c_void {
+    struct Search {
+        ours: *const c_void,
+        found: *mut c_void,
+    }
+    unsafe extern "C" fn each(info: *mut libc::dl_phdr_info, _size: usize, data: *mut c_void) -> c_int {
+        // SAFETY: the loader passes a valid info, and data is our Search.
+        let (info, search) = unsafe { (&*info, &mut *(data as *mut Search)) };
+        if info.dlpi_name.is_null() {
+            return 0;
+        }
+        // SAFETY: dlpi_name is a NUL-terminated path owned by the loader.
+        let name = unsafe { CStr::from_ptr(info.dlpi_name) };
+        if !name.to_bytes().ends_with(b"/libc10.so") {
+            return 0;
+        }
+        // SAFETY: RTLD_NOLOAD only takes a handle to an object already loaded.
+        let handle = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY) };
+        if handle.is_null() {
+            return 0;
+        }
+        // SAFETY: handle is valid; SYMBOL is NUL-terminated.
+        let address = unsafe { libc::dlsym(handle, SYMBOL.as_ptr() as *const c_char) };
+        if !address.is_null() && address as *const c_void != search.ours {
+            search.found = address;
+            return 1;
+        }
+        0
+    }
+    let mut search = Search { ours, found: std::ptr::null_mut() };
+    // SAFETY: the callback only reads what the loader gives it.
+    unsafe { libc::dl_iterate_phdr(Some(each), &mut search as *mut Search as *mut c_void) };
+    search.found
+}

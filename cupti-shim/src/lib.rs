@@ -1,0 +1,45 @@
+//! libgpuprof_shim.so: gpuprof's capture from inside a process, where eBPF is not allowed or a
+//! uprobe's trap per call costs too much. Loaded with `LD_PRELOAD` (its constructor starts it) or
+//! named by `CUDA_INJECTION64_PATH` (the driver calls `InitializeInjection`); either way it
+//! starts once.
+//!
+//! Today it captures PyTorch's caching allocator by interposing `c10::reportMemoryUsageToProfiler`
+//! (every tensor block, with the allocator's totals and the Python stack), forwarding each call
+//! to the real function. Events leave through a bounded queue drained by a thread of the shim's
+//! own: to the local agent's Unix socket (`GPUPROF_SHIM_SOCKET`) or to a jsonl file
+//! (`GPUPROF_SHIM_OUTPUT`). The calling thread never waits: a full queue drops and counts.
+
+mod allocator;
+mod forward;
+mod python;
+mod queue;
+mod sink;
+
+use std::sync::Once;
+
+static START: Once = Once::new();
+
+/// Everything the shim sets up, once per process image, whichever way it was loaded.
+fn start() {
+    START.call_once(|| {
+        queue::install_fork_handler();
+        sink::register_exit_flush();
+    });
+}
+
+/// Run by the dynamic loader when the library is preloaded (and when it is loaded any other way).
+extern "C" fn on_load() {
+    start();
+}
+
+#[used]
+#[link_section = ".init_array"]
+static ON_LOAD: extern "C" fn() = on_load;
+
+/// The CUDA driver's entry point for an injection library (`CUDA_INJECTION64_PATH`); returns
+/// nonzero for success, as the driver expects.
+#[no_mangle]
+pub extern "C" fn InitializeInjection() -> libc::c_int {
+    start();
+    1
+}

@@ -1,0 +1,108 @@
+//! The bounded queue between the calling threads and the shim's sender thread. Records are
+//! fixed-size and pushed by value into preallocated slots: a call never allocates here and never
+//! waits; when the queue is full the record is dropped and counted.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+
+use crossbeam_queue::ArrayQueue;
+
+/// Python frames kept per event, innermost first (deeper stacks are cut and marked).
+pub const MAX_FRAMES: usize = 48;
+/// Records the queue holds (about 0.8 KiB each).
+const CAPACITY: usize = 8192;
+
+/// One raw frame: the code object and what the frame's instruction field held.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RawFrame {
+    pub code: u64,
+    pub instr: u64,
+}
+
+/// One allocator report as it was made.
+#[derive(Debug, Clone, Copy)]
+pub struct AllocatorRecord {
+    pub ts_ns: u64,
+    pub pid: u32,
+    pub tid: u32,
+    pub ptr: u64,
+    pub delta: i64,
+    pub allocated: u64,
+    pub reserved: u64,
+    pub device_index: i8,
+    /// Frames in `frames` (a deeper stack is cut, and counted).
+    pub frame_count: u8,
+    pub frames: [RawFrame; MAX_FRAMES],
+}
+
+/// What travels from the calling threads to the sender.
+#[derive(Debug, Clone)]
+pub enum Record {
+    Allocator(AllocatorRecord),
+    /// A code object first seen by a walk, described while it was certainly alive.
+    Code { code: u64, info: Box<gpuprof_pystack::code::CodeInfo> },
+    /// The process forked: this record is the child's first.
+    Forked { ts_ns: u64, pid: u32, parent: u32 },
+    /// The process is exiting.
+    Exiting { ts_ns: u64, pid: u32 },
+}
+
+/// Counters the shim reports at exit (and to the agent).
+#[derive(Debug, Default)]
+pub struct Counters {
+    pub queued: AtomicU64,
+    pub dropped_queue_full: AtomicU64,
+    pub stacks_cut: AtomicU64,
+}
+
+pub static COUNTERS: Counters = Counters {
+    queued: AtomicU64::new(0),
+    dropped_queue_full: AtomicU64::new(0),
+    stacks_cut: AtomicU64::new(0),
+};
+
+fn queue() -> &'static ArrayQueue<Record> {
+    static QUEUE: OnceLock<ArrayQueue<Record>> = OnceLock::new();
+    QUEUE.get_or_init(|| ArrayQueue::new(CAPACITY))
+}
+
+/// Hands a record to the sender, starting it if this process has none yet.
+pub fn push(record: Record) {
+    crate::sink::ensure_running();
+    enqueue(record);
+}
+
+fn enqueue(record: Record) {
+    match queue().push(record) {
+        Ok(()) => {
+            COUNTERS.queued.fetch_add(1, Ordering::Relaxed);
+        }
+        Err(_) => {
+            COUNTERS.dropped_queue_full.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+pub fn pop() -> Option<Record> {
+    queue().pop()
+}
+
+/// A forked child starts with a copy of the parent's queue and no sender thread: what is queued
+/// is the parent's to send, and the child sends its own from a new thread.
+pub fn install_fork_handler() {
+    extern "C" fn in_child() {
+        while queue().pop().is_some() {}
+        for counter in [&COUNTERS.queued, &COUNTERS.dropped_queue_full, &COUNTERS.stacks_cut] {
+            counter.store(0, Ordering::Relaxed);
+        }
+        crate::sink::forget_sender_after_fork();
+        // SAFETY: getpid/getppid have no preconditions.
+        let (pid, parent) = unsafe { (libc::getpid() as u32, libc::getppid() as u32) };
+        // No thread is started here (the child may hold locks it cannot see): the child's first
+        // own record starts its sender, which sends this one first.
+        enqueue(Record::Forked { ts_ns: crate::sink::now_ns(), pid, parent });
+    }
+    // SAFETY: registering a handler with no preconditions; the handler only touches atomics and
+    // the lock-free queue.
+    unsafe { libc::pthread_atfork(None, None, Some(in_child)) };
+}

@@ -1,0 +1,220 @@
+//! The shim's sender thread: drains the queue, turns records into contract events (jsonl, the
+//! same as the agent writes, `source: cupti`) with their Python stacks symbolized, and writes
+//! them to the local agent's Unix socket (`GPUPROF_SHIM_SOCKET`) or, with no agent listening, to
+//! the jsonl file `GPUPROF_SHIM_OUTPUT` (appended to; several processes may share it). At exit
+//! what is queued is sent; drops are said on stderr and, to an agent, in a last counters line.
+
+use std::borrow::Cow;
+use std::io::Write;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use gpuprof_model::event::{Event, Kind, Layer, Op, Source, PYTORCH_ALLOCATOR_API};
+use gpuprof_pystack::{Memory, MemoryError, Symbolizer};
+
+use crate::queue::{self, AllocatorRecord, Record, COUNTERS};
+
+pub const SOCKET_VAR: &str = "GPUPROF_SHIM_SOCKET";
+pub const OUTPUT_VAR: &str = "GPUPROF_SHIM_OUTPUT";
+/// The sender's sleep when the queue is empty: the latency of an event, not of the caller.
+const IDLE: Duration = Duration::from_millis(2);
+/// How long exit waits for the queue to be sent.
+const EXIT_DRAIN: Duration = Duration::from_secs(2);
+
+static RUNNING: AtomicBool = AtomicBool::new(false);
+static STOP: AtomicBool = AtomicBool::new(false);
+static DRAINED: AtomicBool = AtomicBool::new(false);
+static UNRESOLVED: AtomicU64 = AtomicU64::new(0);
+static SENT: AtomicU64 = AtomicU64::new(0);
+
+pub fn now_ns() -> u64 {
+    gpuprof_model::event::wall_clock_ns()
+}
+
+/// Starts this process's sender on its first record.
+pub fn ensure_running() {
+    if RUNNING.load(Ordering::Relaxed) || RUNNING.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let spawned = std::thread::Builder::new().name("gpuprof-shim".into()).spawn(run);
+    if spawned.is_err() {
+        // No thread, no sending: records stay queued until the queue is full, then are counted.
+        eprintln!("gpuprof shim: cannot start its sender thread: events of pid {} are not recorded", std::process::id());
+    }
+}
+
+/// In a forked child: the parent's sender thread did not come along.
+pub fn forget_sender_after_fork() {
+    RUNNING.store(false, Ordering::Relaxed);
+    STOP.store(false, Ordering::Relaxed);
+    DRAINED.store(false, Ordering::Relaxed);
+    UNRESOLVED.store(0, Ordering::Relaxed);
+    SENT.store(0, Ordering::Relaxed);
+}
+
+/// At exit: an exit record, then up to EXIT_DRAIN for everything to go out.
+pub fn register_exit_flush() {
+    extern "C" fn at_exit() {
+        if !RUNNING.load(Ordering::Acquire) {
+            return;
+        }
+        // SAFETY: getpid has no preconditions.
+        let pid = unsafe { libc::getpid() } as u32;
+        queue::push(Record::Exiting { ts_ns: now_ns(), pid });
+        STOP.store(true, Ordering::Release);
+        let started = Instant::now();
+        while !DRAINED.load(Ordering::Acquire) && started.elapsed() < EXIT_DRAIN {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let dropped = COUNTERS.dropped_queue_full.load(Ordering::Relaxed);
+        let drained = DRAINED.load(Ordering::Acquire);
+        if dropped > 0 || !drained {
+            eprintln!(
+                "gpuprof shim: pid {pid}: queued {}, dropped {dropped} (queue full){}",
+                COUNTERS.queued.load(Ordering::Relaxed),
+                if drained { "" } else { "; the rest of the queue was not sent in time" }
+            );
+        }
+    }
+    // SAFETY: registering a plain function.
+    unsafe { libc::atexit(at_exit) };
+}
+
+enum Destination {
+    Agent(UnixStream),
+    File(std::fs::File),
+    Nowhere,
+}
+
+fn open_destination() -> Destination {
+    if let Some(path) = std::env::var_os(SOCKET_VAR) {
+        match UnixStream::connect(&path) {
+            Ok(stream) => return Destination::Agent(stream),
+            Err(error) => eprintln!("gpuprof shim: no agent at {} ({error})", path.to_string_lossy()),
+        }
+    }
+    if let Some(path) = std::env::var_os(OUTPUT_VAR) {
+        match std::fs::OpenOptions::new().create(true).append(true).open(&path) {
+            Ok(file) => return Destination::File(file),
+            Err(error) => eprintln!("gpuprof shim: cannot open {OUTPUT_VAR}={} ({error})", path.to_string_lossy()),
+        }
+    }
+    eprintln!(
+        "gpuprof shim: pid {}: neither an agent ({SOCKET_VAR}) nor a file ({OUTPUT_VAR}) to send to: events are not recorded",
+        std::process::id()
+    );
+    Destination::Nowhere
+}
+
+/// Code objects come described in the queue; nothing is read from memory here.
+struct NoMemory;
+
+impl Memory for NoMemory {
+    fn read(&self, addr: u64, _buf: &mut [u8]) -> Result<(), MemoryError> {
+        Err(MemoryError::Implausible { what: "a code object not described by the walk", addr })
+    }
+}
+
+fn run() {
+    let mut destination = open_destination();
+    let mut symbolizer = crate::python::layout().map(Symbolizer::new);
+    let comm = std::fs::read_to_string("/proc/self/comm").unwrap_or_default().trim().to_string();
+    // SAFETY: getppid has no preconditions.
+    let ppid = unsafe { libc::getppid() } as u32;
+    let mut batch = String::new();
+    loop {
+        let stopping = STOP.load(Ordering::Acquire);
+        while let Some(record) = queue::pop() {
+            if let Some(event) = event_of(record, &mut symbolizer, &comm, ppid) {
+                batch.push_str(&serde_json::to_string(&event).expect("an event always serializes"));
+                batch.push('\n');
+                SENT.fetch_add(1, Ordering::Relaxed);
+            }
+            if batch.len() >= 1 << 16 {
+                write(&mut destination, &batch);
+                batch.clear();
+            }
+        }
+        if !batch.is_empty() {
+            write(&mut destination, &batch);
+            batch.clear();
+        }
+        if stopping {
+            if let Destination::Agent(stream) = &mut destination {
+                let counters = serde_json::json!({"gpuprof_shim": {
+                    "pid": std::process::id(),
+                    "sent": SENT.load(Ordering::Relaxed),
+                    "dropped_queue_full": COUNTERS.dropped_queue_full.load(Ordering::Relaxed),
+                    "stacks_cut": COUNTERS.stacks_cut.load(Ordering::Relaxed),
+                    "stacks_unresolved": UNRESOLVED.load(Ordering::Relaxed),
+                }});
+                let _ = stream.write_all(format!("{counters}\n").as_bytes());
+            }
+            DRAINED.store(true, Ordering::Release);
+            return;
+        }
+        std::thread::sleep(IDLE);
+    }
+}
+
+fn write(destination: &mut Destination, batch: &str) {
+    let failed = match destination {
+        Destination::Agent(stream) => stream.write_all(batch.as_bytes()).err(),
+        Destination::File(file) => file.write_all(batch.as_bytes()).err(),
+        Destination::Nowhere => None,
+    };
+    if let Some(error) = failed {
+        eprintln!("gpuprof shim: pid {}: sending failed ({error}); events from now on are not recorded", std::process::id());
+        *destination = Destination::Nowhere;
+    }
+}
+
+fn event_of(record: Record, symbolizer: &mut Option<Symbolizer>, comm: &str, ppid: u32) -> Option<Event> {
+    match record {
+        Record::Code { code, info } => {
+            if let Some(symbolizer) = symbolizer {
+                symbolizer.insert(code, *info);
+            }
+            None
+        }
+        Record::Allocator(record) => Some(allocator_event(&record, symbolizer, comm, ppid)),
+        Record::Forked { ts_ns, pid, parent } => {
+            let mut event = Event::new(ts_ns, pid, pid, Source::Cupti, Layer::Process, Op::Fork, Cow::Borrowed("fork"));
+            event.ppid = Some(parent);
+            event.comm = comm.to_string();
+            Some(event)
+        }
+        Record::Exiting { ts_ns, pid } => {
+            let mut event = Event::new(ts_ns, pid, pid, Source::Cupti, Layer::Process, Op::Exit, Cow::Borrowed("exit"));
+            event.ppid = Some(ppid);
+            event.comm = comm.to_string();
+            Some(event)
+        }
+    }
+}
+
+fn allocator_event(record: &AllocatorRecord, symbolizer: &mut Option<Symbolizer>, comm: &str, ppid: u32) -> Event {
+    let op = if record.delta < 0 { Op::Free } else { Op::Alloc };
+    let mut event = Event::new(record.ts_ns, record.pid, record.tid, Source::Cupti, Layer::Allocator, op, Cow::Borrowed(PYTORCH_ALLOCATOR_API));
+    event.comm = comm.to_string();
+    event.ppid = Some(ppid);
+    event.kind = Some(Kind::Device);
+    event.device = Some(i32::from(record.device_index));
+    event.addr = Some(record.ptr);
+    event.size = record.delta.unsigned_abs();
+    event.allocated = Some(record.allocated);
+    event.reserved = Some(record.reserved);
+    if let Some(symbolizer) = symbolizer {
+        let frames = &record.frames[..usize::from(record.frame_count)];
+        let stack: Result<Vec<_>, _> = frames.iter().map(|f| symbolizer.frame(&NoMemory, f.code, f.instr)).collect();
+        match stack {
+            Ok(stack) => event.stack = stack,
+            // A partial stack would be a wrong one: none, counted.
+            Err(_) => {
+                UNRESOLVED.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+    event
+}

@@ -1,0 +1,151 @@
+//! gpuprof's in-process shim (libgpuprof_shim.so) without a GPU: preloaded into programs without
+//! libcuda or PyTorch it changes nothing; preloaded into a Python workload whose toy caching
+//! allocator reports through stand-ins of libc10_cuda and libc10 (the same exported names and
+//! ABI as PyTorch's), every report becomes exactly the event the workload expects, with its
+//! Python stack, and still reaches libc10; with no agent the events go to the file named by
+//! GPUPROF_SHIM_OUTPUT; a full queue drops and counts, never blocks.
+
+mod support;
+
+use std::os::unix::net::UnixListener;
+use std::path::Path;
+use std::process::{Command, Output};
+
+use gpuprof_model::event::{Layer, Op, Source};
+use serde_json::Value;
+use support::*;
+
+fn run(command: &mut Command) -> Output {
+    command.output().unwrap()
+}
+
+fn preloaded(program: &str, args: &[&str]) -> Command {
+    let mut command = Command::new(program);
+    command.args(args).env("LD_PRELOAD", shim_library());
+    command
+}
+
+#[test]
+fn the_shim_changes_nothing_in_programs_without_cuda() {
+    let dir = scratch("shim_unharmed");
+    let script = "import sys; print('hello from', sys.argv[1]); sys.stderr.write('to stderr\\n'); sys.exit(3)";
+    let plain = run(Command::new(python3()).args(["-c", script, "x"]));
+    let output = dir.join("never.jsonl");
+    for mut command in [
+        preloaded(python3(), &["-c", script, "x"]),
+        // As an injection library too: without libcuda nothing ever calls it.
+        {
+            let mut c = Command::new(python3());
+            c.args(["-c", script, "x"]).env("CUDA_INJECTION64_PATH", shim_library());
+            c
+        },
+    ] {
+        let shimmed = run(command.env("GPUPROF_SHIM_OUTPUT", &output));
+        assert_eq!(shimmed.status.code(), Some(3));
+        assert_eq!((shimmed.stdout.as_slice(), shimmed.stderr.as_slice()), (plain.stdout.as_slice(), plain.stderr.as_slice()));
+    }
+    assert_eq!(plain.stdout, b"hello from x\n");
+    // A C program that fails to load libcuda (none on the library path): the same failure.
+    let worker = churn_worker_program().to_str().unwrap();
+    let plain = run(Command::new(worker).args(["0", "4096"]).env("LD_LIBRARY_PATH", "/nonexistent"));
+    let shimmed = run(preloaded(worker, &["0", "4096"]).env("LD_LIBRARY_PATH", "/nonexistent"));
+    assert_eq!(plain.status.code(), Some(2));
+    assert_eq!((shimmed.status.code(), shimmed.stdout, shimmed.stderr), (plain.status.code(), plain.stdout, plain.stderr));
+    assert!(!output.exists(), "nothing was captured, so nothing was written");
+}
+
+/// tensors.py through the stand-ins with the shim preloaded; returns (expected, events, stderr).
+fn shimmed_tensors(dir: &Path, env: &[(&str, &str)]) -> (Vec<Value>, Vec<gpuprof_model::Event>, String) {
+    let log = dir.join("expected.jsonl");
+    let events = dir.join("events.jsonl");
+    let mut command = preloaded(python3(), &[workloads().join("tensors.py").to_str().unwrap()]);
+    workload_env(&mut command, &log);
+    command.env("GPUPROF_LIBC10_CUDA", libc10_cuda_standin()).env("GPUPROF_SHIM_OUTPUT", &events);
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    let output = run(&mut command);
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    (read_expected(&log), read_events(&events), stderr)
+}
+
+#[test]
+fn every_allocator_report_is_an_event_with_its_python_stack_and_still_reaches_libc10() {
+    let dir = scratch("shim_tensors");
+    let (expected, events, stderr) = shimmed_tensors(&dir, &[]);
+    assert_eq!(stderr, "");
+    let pid = pid_of_role(&expected, "parent");
+    // The workload's CPU report is not a CUDA block: not recorded, but forwarded like the rest.
+    let blocks: Vec<Value> = expected
+        .iter()
+        .filter(|e| e["layer"] == "allocator")
+        .map(|e| {
+            let mut e = e.clone();
+            // Segments are the driver's: the shim alone does not see cuMemAlloc.
+            e.as_object_mut().unwrap().remove("segment");
+            e
+        })
+        .collect();
+    let captured: Vec<&gpuprof_model::Event> = events.iter().filter(|e| e.layer == Layer::Allocator).collect();
+    assert!(blocks.len() > 20, "{}", blocks.len());
+    assert_same_calls_from(&blocks, &captured, Source::Cupti);
+    for event in &captured {
+        assert_eq!((event.pid, event.comm.as_str()), (pid, "python3"));
+    }
+    // The process's exit closes it.
+    let exit = events.last().unwrap();
+    assert_eq!((exit.layer, exit.op, exit.pid), (Layer::Process, Op::Exit, pid));
+    let forwarded = expected.iter().find(|e| e["role"] == "libc10").unwrap()["reports"].as_u64().unwrap();
+    assert_eq!(forwarded, blocks.len() as u64 + 1, "libc10 got every report, the CPU one included");
+}
+
+#[test]
+fn with_no_agent_the_events_go_to_the_file_and_a_full_queue_is_counted() {
+    let dir = scratch("shim_no_agent");
+    let missing = dir.join("no-agent.sock");
+    let (expected, events, stderr) = shimmed_tensors(&dir, &[("GPUPROF_SHIM_SOCKET", missing.to_str().unwrap())]);
+    assert!(stderr.starts_with(&format!("gpuprof shim: no agent at {} (", missing.display())), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    let blocks = expected.iter().filter(|e| e["layer"] == "allocator").count();
+    assert_eq!(events.iter().filter(|e| e.layer == Layer::Allocator).count(), blocks);
+
+    // An agent that accepts and never reads: the sender blocks on the socket, the queue fills,
+    // the workload goes on, and what could not be queued is counted at exit.
+    let socket = dir.join("stuck.sock");
+    let listener = UnixListener::bind(&socket).unwrap();
+    let holder = std::thread::spawn(move || listener.accept().map(|(stream, _)| stream));
+    let mut command = preloaded(python3(), &[workloads().join("shim_flood.py").to_str().unwrap(), "60000"]);
+    command.env("GPUPROF_LIBC10", libc10_standin()).env("GPUPROF_LIBC10_CUDA", libc10_cuda_standin());
+    command.env("GPUPROF_SHIM_SOCKET", &socket);
+    let started = std::time::Instant::now();
+    let output = run(&mut command);
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "reports 60000\n");
+    // "gpuprof shim: pid P: queued Q, dropped D (queue full); the rest of the queue was not sent in time"
+    let numbers: Vec<u64> = stderr
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse().unwrap())
+        .collect();
+    assert!(stderr.contains("(queue full); the rest of the queue was not sent in time"), "{stderr}");
+    let (queued, dropped) = (numbers[1], numbers[2]);
+    assert!(dropped > 0, "{stderr}");
+    // Every report, every code object described and the exit record: queued or dropped.
+    assert!(queued + dropped >= 60_001, "{stderr}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(30));
+    drop(holder);
+}
+
+/// As support's assert_same_calls, for events of another source.
+fn assert_same_calls_from(expected: &[Value], captured: &[&gpuprof_model::Event], source: Source) {
+    for (index, (want, got)) in expected.iter().zip(captured).enumerate() {
+        let got_json = serde_json::to_value(got).unwrap();
+        for (field, value) in want.as_object().unwrap() {
+            assert_eq!(&got_json[field], value, "call {index}: field {field} differs\n expected {want}\n captured {got_json}");
+        }
+        assert_eq!(got.source, source);
+    }
+    assert_eq!(captured.len(), expected.len());
+}
