@@ -28,8 +28,7 @@ pub unsafe extern "C" fn report_memory_usage_to_profiler(ptr: *mut c_void, alloc
 fn record(ptr: u64, delta: i64, allocated: u64, reserved: u64, device_index: i8) {
     let mut frames = [RawFrame::default(); MAX_FRAMES];
     let frame_count = python::walk(&mut frames);
-    // SAFETY: getpid/gettid have no preconditions.
-    let (pid, tid) = unsafe { (libc::getpid() as u32, libc::gettid() as u32) };
+    let (pid, tid) = queue::this_thread();
     queue::push(Record::Allocator(AllocatorRecord {
         ts_ns: sink::now_ns(),
         pid,

@@ -4,8 +4,7 @@
 //! (code object, instruction) pairs; a code object seen for the first time by this thread is
 //! described once, right away, while its frame keeps it alive.
 
-use std::cell::RefCell;
-use std::collections::HashSet;
+use std::cell::Cell;
 use std::ffi::{c_char, c_void, CStr};
 use std::sync::atomic::Ordering;
 use std::sync::OnceLock;
@@ -68,9 +67,19 @@ impl Memory for OwnMemory {
     }
 }
 
+/// Slots of the per-thread record of code objects described (direct-mapped: a collision only
+/// means describing a code object again).
+const DESCRIBED_SLOTS: usize = 4096;
+
 thread_local! {
-    /// Code objects this thread has described already.
-    static DESCRIBED: RefCell<HashSet<u64>> = RefCell::new(HashSet::new());
+    /// Code objects this thread has described already: the walk checks every frame here, so it
+    /// is a plain array indexed by the address, not a hash set.
+    static DESCRIBED: [Cell<u64>; DESCRIBED_SLOTS] = const { [const { Cell::new(0) }; DESCRIBED_SLOTS] };
+}
+
+fn slot_of(code: u64) -> usize {
+    // Code objects are at least 16-byte aligned and a few hundred bytes apart.
+    ((code >> 4) ^ (code >> 16)) as usize % DESCRIBED_SLOTS
 }
 
 /// Reads one pointer-sized field. SAFETY: `addr` must be inside a live object.
@@ -117,7 +126,7 @@ pub fn walk(frames: &mut [RawFrame; MAX_FRAMES]) -> u8 {
 }
 
 fn describe_once(interpreter: &Interpreter, code: u64) {
-    let first_time = DESCRIBED.with(|described| described.borrow_mut().insert(code));
+    let first_time = DESCRIBED.with(|described| described[slot_of(code)].replace(code) != code);
     if !first_time {
         return;
     }
