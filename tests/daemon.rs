@@ -14,10 +14,19 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use gpuprof_model::event::{Layer, Op};
+use serde_json::Value;
 use support::collector::Collector;
 use support::*;
 
 const WORKERS: usize = 200;
+
+/// A daemon sees every CUDA process of the machine: two at once would see each other's
+/// workloads, so the tests that run one take turns.
+static NODE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_daemon_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    NODE.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 /// Workers alive at once.
 const WAVE: usize = 10;
 
@@ -146,6 +155,7 @@ fn run_workers(first: usize, count: usize) -> Vec<(u32, String, u64)> {
 
 #[test]
 fn the_daemon_follows_every_cuda_process_of_the_node_through_churn() {
+    let _node = one_daemon_at_a_time();
     let dir = scratch("daemon_churn");
     let collector = Collector::start(&dir.join("c.redb"), &[]);
     let events_path = dir.join("events.jsonl");
@@ -290,4 +300,57 @@ fn bad_settings_are_one_line_errors() {
         stderr.starts_with(&format!("gpuprof: error: cannot listen on {address} for /healthz and /metrics: give another address with --listen: ")),
         "{stderr}"
     );
+}
+
+/// A PyTorch-like process running gpuprof's shim on a node whose daemon probes it with eBPF:
+/// both see every allocator report; the daemon keeps one event per call (whichever copy came
+/// first) and counts the second copies; the driver calls only the probes see are all there.
+#[test]
+fn the_daemon_keeps_one_event_per_call_the_shim_and_the_probes_both_see() {
+    let _node = one_daemon_at_a_time();
+    let dir = scratch("daemon_shim");
+    let events_path = dir.join("events.jsonl");
+    let socket = dir.join("shim.sock");
+    let daemon = Daemon::start(&[
+        "--output",
+        events_path.to_str().unwrap(),
+        "--libcuda",
+        standin_library().to_str().unwrap(),
+        "--shim-socket",
+        socket.to_str().unwrap(),
+    ]);
+    let log = dir.join("expected.jsonl");
+    let mut command = Command::new(python3());
+    command.arg(workloads().join("tensors.py"));
+    workload_env(&mut command, &log);
+    command
+        .env("LD_PRELOAD", shim_library())
+        .env("GPUPROF_SHIM_SOCKET", &socket)
+        .env("GPUPROF_LIBC10_CUDA", libc10_cuda_standin());
+    let output = command.output().unwrap();
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    let expected = read_expected(&log);
+    let pid = pid_of_role(&expected, "parent");
+    // Every CUDA report of the workload (the CPU one is neither capture's to record).
+    let reports = expected.iter().filter(|e| e["layer"] == "allocator").count() as u64;
+    daemon.wait_for("gpuprof_daemon_processes_exited_total", 1, Duration::from_secs(20));
+    daemon.wait_for("gpuprof_daemon_duplicates_dropped_total", reports, Duration::from_secs(10));
+    let metrics = daemon.metrics();
+    assert_eq!(metrics["gpuprof_daemon_shim_events_total"], reports);
+    assert_eq!(metrics["gpuprof_daemon_shim_dropped_total"], 0);
+    daemon.stop();
+
+    let events = read_events(&events_path);
+    let of_workload: Vec<_> = events.iter().filter(|e| e.pid == pid).collect();
+    let allocator: Vec<_> = of_workload.iter().filter(|e| e.layer == Layer::Allocator).collect();
+    assert_eq!(allocator.len() as u64, reports, "one event per report");
+    // Kept in the workload's order, each with the workload's own fields, whichever source won.
+    let expected_blocks: Vec<&Value> = expected.iter().filter(|e| e["layer"] == "allocator").collect();
+    for (want, got) in expected_blocks.iter().zip(&allocator) {
+        assert_eq!((want["op"].as_str().unwrap(), want["size"].as_u64().unwrap()), (got.op.as_str(), got.size));
+        assert_eq!(want["addr"].as_str().unwrap(), gpuprof_model::hex::format_addr(got.addr.unwrap()));
+    }
+    let driver_calls = expected.iter().filter(|e| e["op"] != "note" && e["layer"] != "allocator").count();
+    assert_eq!(of_workload.iter().filter(|e| e.layer == Layer::Driver).count(), driver_calls);
+    assert_eq!(of_workload.iter().filter(|e| e.op == Op::Exit).count(), 1, "the kernel's exit alone");
 }

@@ -149,3 +149,56 @@ fn assert_same_calls_from(expected: &[Value], captured: &[&gpuprof_model::Event]
     }
     assert_eq!(captured.len(), expected.len());
 }
+
+/// `gpuprof run --via shim` with every capability dropped (eBPF capture refuses to start there):
+/// no eBPF, the shim found next to gpuprof,
+/// events over the run's socket equal to what the workload expects, the same flow as eBPF
+/// capture (findings, counters line).
+#[test]
+fn run_via_shim_captures_without_privileges() {
+    shim_library(); // built next to gpuprof, where `run --via shim` looks for it
+    let dir = scratch("shim_run");
+    let (log, events, findings) = (dir.join("expected.jsonl"), dir.join("events.jsonl"), dir.join("findings.json"));
+    let unprivileged = |command: &mut Command| {
+        command.args(["--bounding-set=-all", "--inh-caps=-all", "--ambient-caps=-all", "--no-new-privs", "--"]);
+    };
+    let mut ebpf = Command::new("setpriv");
+    unprivileged(&mut ebpf);
+    let refused = run(ebpf.arg(gpuprof()).args(["run", "--", "true"]));
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&refused.stderr).starts_with("gpuprof: error: missing privileges CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE"));
+    let mut command = Command::new("setpriv");
+    unprivileged(&mut command);
+    command.arg(gpuprof()).args(["run", "--via", "shim", "--output", events.to_str().unwrap(), "--findings", findings.to_str().unwrap()]);
+    command.arg("--").arg(python3()).arg(workloads().join("tensors.py"));
+    workload_env(&mut command, &log);
+    command.env("GPUPROF_LIBC10_CUDA", libc10_cuda_standin());
+    let output = run(&mut command);
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    let expected = read_expected(&log);
+    let pid = pid_of_role(&expected, "parent");
+    let blocks: Vec<Value> = expected
+        .iter()
+        .filter(|e| e["layer"] == "allocator")
+        .map(|e| {
+            let mut e = e.clone();
+            e.as_object_mut().unwrap().remove("segment");
+            e
+        })
+        .collect();
+    let captured = read_events(&events);
+    let allocator: Vec<&gpuprof_model::Event> = captured.iter().filter(|e| e.layer == Layer::Allocator).collect();
+    assert_same_calls_from(&blocks, &allocator, Source::Cupti);
+    assert_eq!((captured.last().unwrap().op, captured.last().unwrap().pid), (Op::Exit, pid));
+    // Every block was freed before the end: nothing to find.
+    assert_eq!(std::fs::read_to_string(&findings).unwrap().trim(), "[]");
+    let stats = stderr.lines().find(|l| l.contains("via the shim")).unwrap_or_else(|| panic!("{stderr}"));
+    assert_eq!(
+        stats,
+        format!(
+            "gpuprof: {} events from 1 processes via the shim; dropped 0 (queue full in the process); stacks cut 0, unresolved 0; undecodable lines 0; processes closed out by hanging up 0",
+            blocks.len() + 1
+        )
+    );
+}

@@ -94,10 +94,24 @@ pub enum Command {
     Run {
         #[command(flatten)]
         capture: CaptureArgs,
+        /// How to capture: eBPF probes (root or CAP_BPF/CAP_PERFMON/CAP_SYS_PTRACE), or gpuprof's
+        /// shim preloaded into the command (no privileges; PyTorch's allocator only, for now).
+        #[arg(long, value_enum, default_value = "ebpf")]
+        via: Via,
+        /// The shim library (default: libgpuprof_shim.so next to gpuprof, or $GPUPROF_SHIM).
+        #[arg(long, value_name = "PATH", env = "GPUPROF_SHIM")]
+        shim: Option<PathBuf>,
         /// The command and its arguments (after `--`).
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "CMD")]
         command: Vec<OsString>,
     },
+}
+
+/// How `run` captures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Via {
+    Ebpf,
+    Shim,
 }
 
 /// Flags shared by `attach` and `run`.

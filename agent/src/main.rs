@@ -4,8 +4,8 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use gpuprof::cli::{Cli, Command};
-use gpuprof::{daemon, export, report, session, top};
+use gpuprof::cli::{Cli, Command, Via};
+use gpuprof::{daemon, export, report, session, top, via_shim};
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
@@ -15,7 +15,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let outcome = match cli.command {
         Command::Attach { pid, wait, capture } => session::attach(pid, wait, &capture),
-        Command::Run { capture, command } => session::run(&command, &capture),
+        Command::Run { capture, command, via: Via::Ebpf, .. } => session::run(&command, &capture),
+        Command::Run { capture, command, via: Via::Shim, shim } => via_shim::run(&command, &capture, shim.as_deref()),
         Command::Daemon { daemon: args } => daemon::run(&args),
         Command::Top { pid, interval } => top::run(&top::TopArgs { pid, interval }),
         Command::Report { input, format, output, rules } => report::run(&input, format, output.as_deref(), &rules),

@@ -5,18 +5,19 @@
 
 use std::collections::{HashMap, HashSet};
 use std::io;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use gpuprof_model::event::{Event, Op};
-use gpuprof_model::{Analyzer, Finding, RuleConfig};
+use gpuprof_model::dedup::Dedup;
+use gpuprof_model::{Analyzer, Finding};
 
 use crate::capture::{Capture, DropCounters, Record};
 use crate::clock::Clock;
 use crate::decode::Decoder;
 use crate::libcuda::{self, LibraryFile};
-use crate::output::{self, EndOfRun, EventSink, Format};
+use crate::flow::{EventFlow, FlowOptions};
+use crate::output::EventSink;
 use crate::python::Pythons;
 use crate::telemetry::Telemetry;
 
@@ -28,15 +29,8 @@ const DISCOVERY_POLL: Duration = Duration::from_millis(2);
 
 /// What a pipeline does besides capturing.
 pub struct PipelineOptions {
-    pub rules: RuleConfig,
-    pub format: Format,
-    pub findings_file: Option<PathBuf>,
+    pub flow: FlowOptions,
     pub print_stats: bool,
-    /// Say on stderr which libraries are probed (off under a full-screen view).
-    pub notices: bool,
-    /// Keep every finding for the end of the run. A daemon runs for months: it logs each one
-    /// as it fires and keeps only the count.
-    pub keep_findings: bool,
 }
 
 /// Which libraries of one process are probed.
@@ -58,16 +52,9 @@ pub struct Pipeline<'c> {
     capture: &'c Capture,
     decoder: Decoder,
     pub(crate) python: Pythons,
-    analyzer: Analyzer,
-    findings: Vec<Finding>,
-    keep_findings: bool,
-    findings_fired: u64,
-    sink: Box<dyn EventSink>,
-    /// OTLP export, when `--otlp-endpoint` names a collector.
-    telemetry: Option<Telemetry>,
-    format: Format,
-    findings_file: Option<PathBuf>,
-    notices: bool,
+    flow: EventFlow,
+    /// With a second capture feeding the flow (the shim): one event per call.
+    dedup: Option<Dedup>,
     root: Option<u32>,
     pub(crate) root_exited: bool,
     /// Tracked processes believed alive: the root and the descendants seen forking.
@@ -79,7 +66,6 @@ pub struct Pipeline<'c> {
     /// and seen to exit.
     followed_total: u64,
     exited_total: u64,
-    events: u64,
     decode_errors: u64,
     started: Instant,
     print_stats: bool,
@@ -95,22 +81,14 @@ impl<'c> Pipeline<'c> {
             capture,
             decoder: Decoder::new(Clock::new()),
             python: Pythons::default(),
-            analyzer: Analyzer::new(options.rules),
-            findings: Vec::new(),
-            keep_findings: options.keep_findings,
-            findings_fired: 0,
-            sink,
-            telemetry: None,
-            format: options.format,
-            findings_file: options.findings_file,
-            notices: options.notices,
+            flow: EventFlow::new(options.flow, sink),
+            dedup: None,
             root,
             root_exited: false,
             alive: root.into_iter().collect(),
             probed: HashMap::new(),
             followed_total: root.map_or(0, |_| 1),
             exited_total: 0,
-            events: 0,
             decode_errors: 0,
             started: now,
             print_stats: options.print_stats,
@@ -121,8 +99,31 @@ impl<'c> Pipeline<'c> {
 
     /// Also sends everything over OTLP.
     pub fn with_telemetry(mut self, telemetry: Option<Telemetry>) -> Self {
-        self.telemetry = telemetry;
+        self.flow.set_telemetry(telemetry);
         self
+    }
+
+    /// Events also come from the shim: a call both captures see is kept once.
+    pub fn with_dedup(mut self) -> Self {
+        self.dedup = Some(Dedup::new(gpuprof_model::dedup::DEFAULT_WINDOW_NS));
+        self
+    }
+
+    /// Second copies of calls dropped so far.
+    pub fn duplicates_dropped(&self) -> u64 {
+        self.dedup.as_ref().map_or(0, Dedup::dropped)
+    }
+
+    /// An event the shim sent (its process transitions are the kernel's to report, so none
+    /// come here).
+    pub fn observe_from_shim(&mut self, event: Event) -> Result<()> {
+        if !self.alive.contains(&event.pid) {
+            self.follow(event.pid);
+        }
+        if self.dedup.as_mut().is_some_and(|d| !d.admit(&event)) {
+            return Ok(());
+        }
+        self.flow.observe(event).context("cannot write the output")
     }
 
     /// Follows one more process (and, by fork, its future children).
@@ -144,17 +145,14 @@ impl<'c> Pipeline<'c> {
         (self.followed_total, self.exited_total)
     }
 
-    /// Drops what is kept of processes that exited more than `age` ago (their tables, for the
-    /// findings they can no longer cause): a long-running daemon stays bounded under churn.
-    /// Returns how many were dropped.
+    /// See `EventFlow::forget_exited`: a long-running daemon stays bounded under churn.
     pub fn forget_exited(&mut self, age: Duration) -> usize {
-        let horizon = gpuprof_model::event::wall_clock_ns().saturating_sub(age.as_nanos() as u64);
-        self.analyzer.forget_closed_before(horizon)
+        self.flow.forget_exited(age)
     }
 
     /// Events captured so far.
     pub fn events(&self) -> u64 {
-        self.events
+        self.flow.events()
     }
 
     /// Processes followed and believed alive.
@@ -164,7 +162,7 @@ impl<'c> Pipeline<'c> {
 
     /// The OTLP export, when there is one.
     pub fn telemetry(&self) -> Option<&Telemetry> {
-        self.telemetry.as_ref()
+        self.flow.telemetry()
     }
 
     /// libcuda and libc10 files with probes on them.
@@ -173,37 +171,21 @@ impl<'c> Pipeline<'c> {
     }
 
     pub fn analyzer(&self) -> &Analyzer {
-        &self.analyzer
+        self.flow.analyzer()
     }
 
     /// Findings so far, in the order they fired (none kept without `keep_findings`).
     pub fn findings(&self) -> &[Finding] {
-        &self.findings
+        self.flow.findings()
     }
 
     /// Findings fired so far, kept or not.
     pub fn findings_fired(&self) -> u64 {
-        self.findings_fired
+        self.flow.findings_fired()
     }
 
-    fn found(&mut self, fired: Vec<Finding>) {
-        self.findings_fired += fired.len() as u64;
-        if self.keep_findings {
-            self.findings.extend(fired);
-            return;
-        }
-        for finding in fired {
-            self.notice(format!("finding {}: {}", finding.kind.as_str(), finding.detail));
-        }
-    }
-
-    /// A line for the person at the terminal (quiet while a full-screen view owns it).
     fn notice(&self, text: String) {
-        if self.notices {
-            eprintln!("gpuprof: {text}");
-        } else {
-            tracing::info!("{text}");
-        }
+        self.flow.notice(text);
     }
 
     pub fn attach(&mut self, library: &LibraryFile) -> Result<()> {
@@ -234,10 +216,7 @@ impl<'c> Pipeline<'c> {
             // A new program maps its libraries now: probe them before its first calls.
             self.discover_libraries();
         }
-        if let Some(telemetry) = &mut self.telemetry {
-            telemetry.flush(self.analyzer.tracker());
-        }
-        self.sink.flush().context("cannot write the output")
+        self.flow.flush()
     }
 
     fn handle(&mut self, record: &Record) -> io::Result<()> {
@@ -257,16 +236,10 @@ impl<'c> Pipeline<'c> {
         };
         self.follow_process_tree(&event);
         self.python.symbolize(record, &mut event);
-        if let Some(telemetry) = &mut self.telemetry {
-            telemetry.before(&event, self.analyzer.tracker());
+        if self.dedup.as_mut().is_some_and(|d| !d.admit(&event)) {
+            return Ok(());
         }
-        let fired = self.analyzer.observe(&mut event);
-        if let Some(telemetry) = &mut self.telemetry {
-            telemetry.after(&event);
-        }
-        self.found(fired);
-        self.events += 1;
-        self.sink.event(&event)
+        self.flow.observe(event)
     }
 
     fn follow_process_tree(&mut self, event: &Event) {
@@ -359,9 +332,9 @@ impl<'c> Pipeline<'c> {
         let seconds = self.started.elapsed().as_secs_f64();
         format!(
             "{} events ({:.0}/s) from {} processes in {:.1} s; lost {} (ring buffer full {}, call table full {}); out-pointers unread {}, returns without entry {}, undecodable {}; Python stacks {} from {} interpreters, unresolved {} (unreadable in the kernel {}); allocator reports of other devices {}",
-            self.events,
-            self.events as f64 / seconds.max(1e-9),
-            self.analyzer.tracker().processes().len(),
+            self.events(),
+            self.events() as f64 / seconds.max(1e-9),
+            self.analyzer().tracker().processes().len(),
             seconds,
             drops.lost_events(),
             drops.ring_buffer_full,
@@ -377,25 +350,10 @@ impl<'c> Pipeline<'c> {
         )
     }
 
-    pub fn finish(mut self) -> Result<()> {
-        let ended = self.analyzer.finish();
-        self.found(ended);
-        let summaries = self.analyzer.tracker().summaries();
-        self.sink
-            .finish(&EndOfRun { processes: &summaries, findings: &self.findings })
-            .context("cannot write the output")?;
-        if self.format != Format::Table && self.keep_findings {
-            // The event stream stays pure jsonl; people read the findings on stderr.
-            output::findings::write_table(&mut io::stderr(), &self.findings).context("cannot write to stderr")?;
-        }
-        if let Some(path) = &self.findings_file {
-            output::findings::save_json(path, &self.findings)?;
-        }
-        eprintln!("gpuprof: {}", self.stats_line());
-        if let Some(telemetry) = self.telemetry.take() {
-            eprintln!("gpuprof: {}", telemetry.finish(self.analyzer.tracker()));
-        }
+    pub fn finish(self) -> Result<()> {
+        let stats = self.stats_line();
         let drops = self.drops();
+        self.flow.finish(&stats)?;
         if drops.lost_events() > 0 {
             eprintln!(
                 "gpuprof: warning: {} events were lost; give a larger --buffer-mib (ring buffer full {}, call table full {})",

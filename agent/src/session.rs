@@ -15,6 +15,7 @@ use anyhow::{anyhow, bail, Context, Result};
 
 use crate::capture::{Capture, CaptureOptions};
 use crate::cli::CaptureArgs;
+use crate::flow::FlowOptions;
 use crate::libcuda::{self, LibraryFile};
 use crate::output;
 use crate::pipeline::{Pipeline, PipelineOptions};
@@ -174,7 +175,7 @@ fn spawn_tracked(capture: &Capture, program: &Path, args: &[OsString]) -> Result
 
 /// The executable a command names, looked up in PATH like a shell would, before anything is
 /// loaded into the kernel.
-fn find_program(program: &OsString) -> Result<PathBuf> {
+pub(crate) fn find_program(program: &OsString) -> Result<PathBuf> {
     let name = Path::new(program);
     let is_executable = |path: &Path| {
         std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
@@ -193,7 +194,7 @@ fn find_program(program: &OsString) -> Result<PathBuf> {
         .ok_or_else(|| anyhow!("cannot run `{}`: no such command in PATH", name.display()))
 }
 
-fn exit_code_of(status: std::process::ExitStatus) -> u8 {
+pub(crate) fn exit_code_of(status: std::process::ExitStatus) -> u8 {
     match (status.code(), status.signal()) {
         (Some(code), _) => code as u8,
         (None, Some(signal)) => (128 + signal) as u8,
@@ -201,7 +202,7 @@ fn exit_code_of(status: std::process::ExitStatus) -> u8 {
     }
 }
 
-fn duration_of(args: &CaptureArgs) -> Result<Option<Duration>> {
+pub(crate) fn duration_of(args: &CaptureArgs) -> Result<Option<Duration>> {
     args.duration
         .map(|secs| {
             if secs.is_finite() && secs > 0.0 {
@@ -214,11 +215,15 @@ fn duration_of(args: &CaptureArgs) -> Result<Option<Duration>> {
 }
 
 fn pipeline_options(args: &CaptureArgs) -> Result<PipelineOptions> {
-    Ok(PipelineOptions {
+    Ok(PipelineOptions { flow: flow_options(args)?, print_stats: args.stats })
+}
+
+/// What `attach` and `run` do with their events, whichever capture makes them.
+pub(crate) fn flow_options(args: &CaptureArgs) -> Result<FlowOptions> {
+    Ok(FlowOptions {
         rules: args.rules.config()?,
         format: args.format,
         findings_file: args.findings.clone(),
-        print_stats: args.stats,
         notices: true,
         keep_findings: true,
     })

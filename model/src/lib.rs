@@ -6,6 +6,7 @@
 //! re-implements what lives here.
 
 pub mod bytes;
+pub mod dedup;
 pub mod driver_api;
 pub mod event;
 pub mod findings;

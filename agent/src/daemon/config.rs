@@ -55,6 +55,10 @@ pub struct DaemonArgs {
     /// Also probe this libcuda (e.g. the host's driver mounted into the daemon's container).
     #[arg(long, value_name = "PATH", env = "GPUPROF_LIBCUDA")]
     pub libcuda: Option<PathBuf>,
+    /// Also take events from processes running gpuprof's shim, on this Unix socket (give them
+    /// GPUPROF_SHIM_SOCKET=PATH); a call both the shim and the probes see is kept once.
+    #[arg(long, value_name = "PATH", env = "GPUPROF_SHIM_LISTEN")]
+    pub shim_socket: Option<PathBuf>,
     /// Ring buffer size in MiB, a power of two (default 16).
     #[arg(long, value_name = "MIB", env = "GPUPROF_BUFFER_MIB")]
     pub buffer_mib: Option<u32>,
@@ -84,6 +88,7 @@ struct FileConfig {
     scan_interval: Option<f64>,
     retain_exited: Option<f64>,
     libcuda: Option<PathBuf>,
+    shim_socket: Option<PathBuf>,
     buffer_mib: Option<u32>,
     no_stacks: Option<bool>,
     growth_window: Option<f64>,
@@ -100,6 +105,7 @@ pub struct DaemonConfig {
     pub scan_interval: Duration,
     pub retain_exited: Duration,
     pub libcuda: Option<PathBuf>,
+    pub shim_socket: Option<PathBuf>,
     pub ring_buffer_bytes: u32,
     pub python_stacks: bool,
     pub rules: RuleConfig,
@@ -160,6 +166,7 @@ impl DaemonArgs {
             scan_interval,
             retain_exited: seconds("retain_exited", self.retain_exited.or(file.retain_exited).unwrap_or(300.0))?,
             libcuda: self.libcuda.clone().or(file.libcuda),
+            shim_socket: self.shim_socket.clone().or(file.shim_socket),
             ring_buffer_bytes: buffer_mib << 20,
             python_stacks: !(self.no_stacks || file.no_stacks.unwrap_or(false)),
             rules: RuleConfig { growth_window_ns: growth_window.as_nanos() as u64, growth_rises },

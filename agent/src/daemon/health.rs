@@ -39,6 +39,10 @@ pub struct Snapshot {
     pub otlp_sent_total: u64,
     pub otlp_lost_total: u64,
     pub resident_bytes: u64,
+    pub shim_events_total: u64,
+    pub shim_dropped_total: u64,
+    pub shim_undecodable_total: u64,
+    pub duplicates_dropped_total: u64,
 }
 
 pub struct Health {
@@ -148,6 +152,10 @@ fn render(s: &Snapshot) -> String {
     counter(&mut registry, "gpuprof_daemon_findings", "Leak findings fired", s.findings_total);
     counter(&mut registry, "gpuprof_daemon_otlp_sent_items", "Log records, spans and metric points the collector accepted", s.otlp_sent_total);
     counter(&mut registry, "gpuprof_daemon_otlp_lost_items", "OTLP items dropped (queue full, delivery failed) or rejected", s.otlp_lost_total);
+    counter(&mut registry, "gpuprof_daemon_shim_events", "Events received from processes running gpuprof's shim", s.shim_events_total);
+    counter(&mut registry, "gpuprof_daemon_shim_dropped", "Events shims dropped in their process (queue full), as they reported at exit", s.shim_dropped_total);
+    counter(&mut registry, "gpuprof_daemon_shim_undecodable", "Lines from shims that were not events", s.shim_undecodable_total);
+    counter(&mut registry, "gpuprof_daemon_duplicates_dropped", "Second copies of calls both the shim and the probes saw", s.duplicates_dropped_total);
     let mut text = String::new();
     encode(&mut text, &registry).expect("writing to a String cannot fail");
     text

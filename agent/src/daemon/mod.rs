@@ -10,14 +10,18 @@ pub mod config;
 mod health;
 
 use std::collections::HashSet;
+use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use gpuprof_model::Layer;
 
 use crate::capture::{Capture, CaptureOptions};
+use crate::flow::FlowOptions;
 use crate::libcuda::{self, LibraryFile};
 use crate::output::{self, Format, NullSink};
 use crate::pipeline::{Pipeline, PipelineOptions};
+use crate::shim_socket::{self, ShimCounters, ShimMessage};
 use crate::telemetry::Telemetry;
 use crate::{preflight, signals};
 
@@ -46,14 +50,22 @@ pub fn run(args: &DaemonArgs) -> Result<u8> {
     };
     let telemetry = config.otlp.clone().map(Telemetry::start).transpose()?;
     let options = PipelineOptions {
-        rules: config.rules,
-        format: Format::Jsonl,
-        findings_file: None,
+        flow: FlowOptions { rules: config.rules, format: Format::Jsonl, findings_file: None, notices: true, keep_findings: false },
         print_stats: false,
-        notices: true,
-        keep_findings: false,
     };
     let mut pipeline = Pipeline::new(&capture, options, sink, None).with_telemetry(telemetry);
+    let shim = match &config.shim_socket {
+        Some(path) => {
+            let received = shim_socket::listen(path)?;
+            // Workloads run as any user: everyone may connect (the socket only takes events in).
+            std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o666))
+                .with_context(|| format!("cannot open {} to every user", path.display()))?;
+            pipeline = pipeline.with_dedup();
+            Some(received)
+        }
+        None => None,
+    };
+    let mut shim_counts = ShimCounts::default();
 
     if let Some(path) = &config.libcuda {
         let library = LibraryFile::open(path.clone()).with_context(|| format!("--libcuda {}", path.display()))?;
@@ -67,7 +79,7 @@ pub fn run(args: &DaemonArgs) -> Result<u8> {
     }
     let mut forgotten_total = 0u64;
     scan(&mut pipeline);
-    publish(&health, &pipeline, forgotten_total);
+    publish(&health, &pipeline, forgotten_total, &shim_counts);
     health.set_ready(true);
     eprintln!(
         "gpuprof: daemon on node {} following {} CUDA process(es); /healthz /readyz /metrics on {listening}; exporting to {}",
@@ -80,6 +92,9 @@ pub fn run(args: &DaemonArgs) -> Result<u8> {
     let mut last_publish = Instant::now();
     loop {
         pipeline.pump(POLL)?;
+        if let Some(received) = &shim {
+            shim_counts.receive(received, &mut pipeline)?;
+        }
         pipeline.tick();
         if last_scan.elapsed() >= config.scan_interval {
             last_scan = Instant::now();
@@ -88,7 +103,7 @@ pub fn run(args: &DaemonArgs) -> Result<u8> {
         if last_publish.elapsed() >= PUBLISH_INTERVAL {
             last_publish = Instant::now();
             forgotten_total += pipeline.forget_exited(config.retain_exited) as u64;
-            publish(&health, &pipeline, forgotten_total);
+            publish(&health, &pipeline, forgotten_total, &shim_counts);
         }
         if signals::take().is_some() {
             break;
@@ -110,7 +125,34 @@ fn scan(pipeline: &mut Pipeline<'_>) {
     pipeline.discover_libraries();
 }
 
-fn publish(health: &health::Health, pipeline: &Pipeline<'_>, forgotten_total: u64) {
+/// What came in from shims.
+#[derive(Default)]
+struct ShimCounts {
+    events: u64,
+    undecodable: u64,
+    counters: ShimCounters,
+}
+
+impl ShimCounts {
+    fn receive(&mut self, received: &Receiver<ShimMessage>, pipeline: &mut Pipeline<'_>) -> Result<()> {
+        while let Ok(message) = received.try_recv() {
+            match message {
+                // Exits and forks: the kernel reports them for every tracked process.
+                ShimMessage::Event { event, .. } if event.layer == Layer::Process => {}
+                ShimMessage::Event { event, .. } => {
+                    self.events += 1;
+                    pipeline.observe_from_shim(event)?;
+                }
+                ShimMessage::Counters(counters) => self.counters.add(&counters),
+                ShimMessage::Undecodable => self.undecodable += 1,
+                ShimMessage::Closed { .. } => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+fn publish(health: &health::Health, pipeline: &Pipeline<'_>, forgotten_total: u64, shim: &ShimCounts) {
     let drops = pipeline.drops();
     let (followed_total, exited_total) = pipeline.process_counts();
     health.publish(health::Snapshot {
@@ -128,6 +170,10 @@ fn publish(health: &health::Health, pipeline: &Pipeline<'_>, forgotten_total: u6
         otlp_sent_total: pipeline.telemetry().map_or(0, Telemetry::sent),
         otlp_lost_total: pipeline.telemetry().map_or(0, Telemetry::lost),
         resident_bytes: resident_bytes(),
+        shim_events_total: shim.events,
+        shim_dropped_total: shim.counters.dropped_queue_full,
+        shim_undecodable_total: shim.undecodable,
+        duplicates_dropped_total: pipeline.duplicates_dropped(),
     });
 }
 

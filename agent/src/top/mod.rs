@@ -13,6 +13,7 @@ use crossterm::event::{self, Event as TermEvent, KeyCode, KeyEventKind, KeyModif
 use gpuprof_model::RuleConfig;
 
 use crate::capture::{Capture, CaptureOptions};
+use crate::flow::FlowOptions;
 use crate::libcuda;
 use crate::output::{Format, NullSink};
 use crate::pipeline::{Pipeline, PipelineOptions};
@@ -43,12 +44,14 @@ pub fn run(args: &TopArgs) -> Result<u8> {
     signals::install();
     let capture = Capture::load(CaptureOptions::default())?;
     let options = PipelineOptions {
-        rules: RuleConfig::default(),
-        format: Format::Jsonl,
-        findings_file: None,
+        flow: FlowOptions {
+            rules: RuleConfig::default(),
+            format: Format::Jsonl,
+            findings_file: None,
+            notices: false,
+            keep_findings: true,
+        },
         print_stats: false,
-        notices: false,
-        keep_findings: true,
     };
     let mut pipeline = Pipeline::new(&capture, options, Box::new(NullSink), None);
     follow_new_processes(&mut pipeline, args.pid);

@@ -1,0 +1,153 @@
+//! What happens to every event, whichever capture made it (the eBPF pipeline or the in-process
+//! shim): OTLP export, the tracker and leak rules, the output; and the end of a run: the last
+//! findings, the summaries, the findings table or file, the counters.
+
+use std::io;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use gpuprof_model::{Analyzer, Event, Finding, RuleConfig};
+
+use crate::output::{self, EndOfRun, EventSink, Format};
+use crate::telemetry::Telemetry;
+
+/// What a run does with its events besides tracking them.
+pub struct FlowOptions {
+    pub rules: RuleConfig,
+    pub format: Format,
+    pub findings_file: Option<PathBuf>,
+    /// Say findings and notices on stderr (off under a full-screen view).
+    pub notices: bool,
+    /// Keep every finding for the end of the run. A daemon runs for months: it logs each one
+    /// as it fires and keeps only the count.
+    pub keep_findings: bool,
+}
+
+pub struct EventFlow {
+    analyzer: Analyzer,
+    findings: Vec<Finding>,
+    keep_findings: bool,
+    findings_fired: u64,
+    sink: Box<dyn EventSink>,
+    /// OTLP export, when `--otlp-endpoint` names a collector.
+    telemetry: Option<Telemetry>,
+    format: Format,
+    findings_file: Option<PathBuf>,
+    notices: bool,
+    events: u64,
+}
+
+impl EventFlow {
+    pub fn new(options: FlowOptions, sink: Box<dyn EventSink>) -> Self {
+        EventFlow {
+            analyzer: Analyzer::new(options.rules),
+            findings: Vec::new(),
+            keep_findings: options.keep_findings,
+            findings_fired: 0,
+            sink,
+            telemetry: None,
+            format: options.format,
+            findings_file: options.findings_file,
+            notices: options.notices,
+            events: 0,
+        }
+    }
+
+    pub fn set_telemetry(&mut self, telemetry: Option<Telemetry>) {
+        self.telemetry = telemetry;
+    }
+
+    /// One event through export, tracker, rules and output.
+    pub fn observe(&mut self, mut event: Event) -> io::Result<()> {
+        if let Some(telemetry) = &mut self.telemetry {
+            telemetry.before(&event, self.analyzer.tracker());
+        }
+        let fired = self.analyzer.observe(&mut event);
+        if let Some(telemetry) = &mut self.telemetry {
+            telemetry.after(&event);
+        }
+        self.found(fired);
+        self.events += 1;
+        self.sink.event(&event)
+    }
+
+    /// Hands batches to the exporter and writes buffered output.
+    pub fn flush(&mut self) -> Result<()> {
+        if let Some(telemetry) = &mut self.telemetry {
+            telemetry.flush(self.analyzer.tracker());
+        }
+        self.sink.flush().context("cannot write the output")
+    }
+
+    /// A line for the person at the terminal (quiet while a full-screen view owns it).
+    pub fn notice(&self, text: String) {
+        if self.notices {
+            eprintln!("gpuprof: {text}");
+        } else {
+            tracing::info!("{text}");
+        }
+    }
+
+    fn found(&mut self, fired: Vec<Finding>) {
+        self.findings_fired += fired.len() as u64;
+        if self.keep_findings {
+            self.findings.extend(fired);
+            return;
+        }
+        for finding in fired {
+            self.notice(format!("finding {}: {}", finding.kind.as_str(), finding.detail));
+        }
+    }
+
+    /// Drops what is kept of processes that exited more than `age` ago (their tables, for the
+    /// findings they can no longer cause). Returns how many were dropped.
+    pub fn forget_exited(&mut self, age: Duration) -> usize {
+        let horizon = gpuprof_model::event::wall_clock_ns().saturating_sub(age.as_nanos() as u64);
+        self.analyzer.forget_closed_before(horizon)
+    }
+
+    pub fn analyzer(&self) -> &Analyzer {
+        &self.analyzer
+    }
+
+    pub fn telemetry(&self) -> Option<&Telemetry> {
+        self.telemetry.as_ref()
+    }
+
+    /// Findings so far, in the order they fired (none kept without `keep_findings`).
+    pub fn findings(&self) -> &[Finding] {
+        &self.findings
+    }
+
+    pub fn findings_fired(&self) -> u64 {
+        self.findings_fired
+    }
+
+    pub fn events(&self) -> u64 {
+        self.events
+    }
+
+    /// The end of the run: findings the rules give only now, the output's summary, findings on
+    /// stderr (and in `--findings`), then `stats` and the export's own account.
+    pub fn finish(mut self, stats: &str) -> Result<()> {
+        let ended = self.analyzer.finish();
+        self.found(ended);
+        let summaries = self.analyzer.tracker().summaries();
+        self.sink
+            .finish(&EndOfRun { processes: &summaries, findings: &self.findings })
+            .context("cannot write the output")?;
+        if self.format != Format::Table && self.keep_findings {
+            // The event stream stays pure jsonl; people read the findings on stderr.
+            output::findings::write_table(&mut io::stderr(), &self.findings).context("cannot write to stderr")?;
+        }
+        if let Some(path) = &self.findings_file {
+            output::findings::save_json(path, &self.findings)?;
+        }
+        eprintln!("gpuprof: {stats}");
+        if let Some(telemetry) = self.telemetry.take() {
+            eprintln!("gpuprof: {}", telemetry.finish(self.analyzer.tracker()));
+        }
+        Ok(())
+    }
+}
