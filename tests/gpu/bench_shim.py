@@ -1,7 +1,8 @@
 """Cost of the shim's tensor-level capture on the launch-bound training loop (train_loop.py),
 same run, interleaved rounds: plain, PyTorch's own recorder (_record_memory_history,
-stacks='python'), and the shim preloaded (every allocator report with its Python stack, to a
-jsonl file on local disk).
+stacks='python'), and the shim preloaded (every allocator report with its Python stack, as
+jsonl to /dev/null, as the eBPF benchmark writes its output: what is measured is the capture,
+not the disk).
 
     python3 bench_shim.py SHIM_LIBRARY [--rounds 5] [--steps 300]
 """
@@ -10,14 +11,12 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 here = Path(__file__).resolve().parent
 shim = sys.argv[1]
 rounds = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 5
 steps = sys.argv[sys.argv.index("--steps") + 1] if "--steps" in sys.argv else "300"
-events = Path(tempfile.mkdtemp()) / "shim.jsonl"
 
 
 def loop(extra=(), env=None):
@@ -29,10 +28,7 @@ def loop(extra=(), env=None):
 
 
 def shimmed():
-    events.unlink(missing_ok=True)
-    result = loop(env={"LD_PRELOAD": shim, "GPUPROF_SHIM_OUTPUT": str(events)})
-    result["events"] = sum(1 for _ in events.open())
-    return result
+    return loop(env={"LD_PRELOAD": shim, "GPUPROF_SHIM_OUTPUT": "/dev/null"})
 
 
 modes = {
@@ -41,20 +37,19 @@ modes = {
     "gpuprof shim (tensors, stacks)": shimmed,
 }
 results = {name: [] for name in modes}
-per_step, shim_events = None, None
+per_step = None
 for _ in range(rounds):
     for name, mode in modes.items():
         r = mode()
         results[name].append(r["median_ms"])
         per_step = r["allocations_per_step"]
-        shim_events = r.get("events", shim_events)
 median = {name: statistics.median(v) for name, v in results.items()}
 # Step times drift between rounds on a shared machine: each round's modes are compared with that
 # round's plain run, and the median of those ratios is reported beside the medians.
 paired = {name: statistics.median(m / p for m, p in zip(v, results["plain"])) for name, v in results.items()}
 plain = median["plain"]
 print(f"launch-bound 6-layer transformer (d=128), {steps} steps, {rounds} rounds, medians; "
-      f"{per_step:.0f} allocator allocations per step; the shim wrote {shim_events} events in its last run")
+      f"{per_step:.0f} allocator allocations per step")
 print(f"{'mode':<40} {'step ms':>9} {'vs plain':>9} {'added ms':>9} {'paired':>8}")
 for name in modes:
     print(f"{name:<40} {median[name]:>9.3f} {median[name] / plain:>8.3f}x {median[name] - plain:>9.3f} {paired[name]:>7.3f}x")

@@ -18,7 +18,8 @@ with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], profile_m
     torch.cuda.synchronize()
 after = torch.cuda.memory_stats()
 memory = [e for e in prof.events() if e.name == "[memory]"]
-cuda_memory = [e for e in memory if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA]
+# A CUDA allocator record carries device bytes (cuda_memory_usage before PyTorch 2.1).
+cuda_memory = [e for e in memory if getattr(e, "device_memory_usage", getattr(e, "cuda_memory_usage", 0))]
 print(json.dumps({
     "profiler_memory_records": len(memory),
     "profiler_cuda_memory_records": len(cuda_memory),

@@ -5,7 +5,9 @@
 #  2. a spawned child (torch.multiprocessing) is captured too (LD_PRELOAD is inherited);
 #  3. PyTorch's profiler (profile_memory=True) sees the same memory records with the shim as
 #     without: every interposed call is forwarded;
-#  4. the benchmark (SKIP_BENCH=1 skips it).
+#  4. `gpuprof run --via shim` (no eBPF) on the same job;
+#  5. the daemon with --shim-socket and the job running the shim: one event per call;
+#  6. the benchmark (SKIP_BENCH=1 skips it).
 #
 #   GPUPROF_BIN=… SHIM=path/to/libgpuprof_shim.so OUT=/tmp/out tests/gpu/validate_shim.sh
 source "$(dirname "$0")/env.sh"
@@ -35,8 +37,28 @@ PY
   rm -f "$out/shim-prof.jsonl"
   LD_PRELOAD="$shim" GPUPROF_SHIM_OUTPUT="$out/shim-prof.jsonl" "$py" "$here/torch_profiler_memory.py"
   echo "shim events: $(grep -c '"layer":"allocator"' "$out/shim-prof.jsonl")"
+  echo "== 4. gpuprof run --via shim"
+  "$bin" run --via shim --shim "$shim" --output "$out/via-shim.jsonl" -- "$py" "$here/torch_allocator.py" > "$out/via-shim.facts.json"
+  echo "exit $?"
+  "$py" "$here/compare_allocator.py" "$out/via-shim.jsonl" "$out/via-shim.facts.json"
+  echo "== 5. the daemon, eBPF and shim together"
+  "$bin" daemon --output "$out/daemon-shim.jsonl" --listen 127.0.0.1:9465 --shim-socket "$out/shim.sock" > "$out/daemon-shim.stderr" 2>&1 &
+  dpid=$!
+  until curl -sf 127.0.0.1:9465/readyz > /dev/null; do sleep 0.05; done
+  LD_PRELOAD="$shim" GPUPROF_SHIM_SOCKET="$out/shim.sock" "$py" "$here/torch_allocator.py" > "$out/daemon-shim.facts.json"
+  sleep 2.5
+  curl -s 127.0.0.1:9465/metrics | grep -E "^gpuprof_daemon_(events|shim_events|duplicates_dropped|shim_dropped)_total"
+  kill -TERM $dpid; wait $dpid; echo "daemon exit $?"
+  "$py" "$here/compare_allocator.py" "$out/daemon-shim.jsonl" "$out/daemon-shim.facts.json"
+  "$py" - "$out" <<'PY'
+import json, sys, collections
+out = sys.argv[1]
+pid = json.load(open(f"{out}/daemon-shim.facts.json"))["pid"]
+events = [json.loads(l) for l in open(f"{out}/daemon-shim.jsonl")]
+print("kept allocator events by source:", dict(collections.Counter(e["source"] for e in events if e["pid"] == pid and e["layer"] == "allocator")))
+PY
   if [ -z "${SKIP_BENCH:-}" ]; then
-    echo "== 4. benchmark"
+    echo "== 6. benchmark"
     "$py" "$here/bench_shim.py" "$shim" --rounds 5 --steps 300
   fi
 } > "$out/shim.log" 2>&1
