@@ -202,3 +202,31 @@ fn run_via_shim_captures_without_privileges() {
         )
     );
 }
+
+/// Loaded as the CUDA driver loads an injection library (dlopen, RTLD_LOCAL, after the
+/// allocator's libraries; InitializeInjection called, twice): the allocator's already-bound import
+/// (full RELRO) is rebound to the shim, so the reports after it are events — each once, with its
+/// Python stack — and all of them still reach libc10.
+#[test]
+fn as_an_injection_library_the_shim_rebinds_the_allocators_import() {
+    let dir = scratch("shim_injected");
+    let events = dir.join("events.jsonl");
+    let output = run(Command::new(python3())
+        .arg(workloads().join("shim_injected.py"))
+        .arg(shim_library())
+        .env("GPUPROF_LIBC10", libc10_standin())
+        .env("GPUPROF_LIBC10_CUDA", libc10_cuda_standin())
+        .env("GPUPROF_SHIM_OUTPUT", &events));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "reports 8\ninjected [1, 1]\n");
+    let captured = read_events(&events);
+    let blocks: Vec<_> = captured.iter().filter(|e| e.layer == Layer::Allocator).collect();
+    let addrs: Vec<String> = blocks.iter().map(|e| gpuprof_model::hex::format_addr(e.addr.unwrap())).collect();
+    assert_eq!(addrs, ["0x7f0000003000", "0x7f0000004000", "0x7f0000005000", "0x7f0000006000", "0x7f0000007000"]);
+    for (i, block) in blocks.iter().enumerate() {
+        assert_eq!((block.op, block.size, block.allocated), (Op::Alloc, 4096, Some((4 + i as u64) * 4096)));
+        let frames: Vec<(&str, u32)> = block.stack.iter().map(|f| (f.function.as_str(), f.line)).collect();
+        assert_eq!(frames, [("report_blocks", 20), ("main", 31), ("<module>", 37)]);
+    }
+}

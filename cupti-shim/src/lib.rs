@@ -5,12 +5,14 @@
 //!
 //! Today it captures PyTorch's caching allocator by interposing `c10::reportMemoryUsageToProfiler`
 //! (every tensor block, with the allocator's totals and the Python stack), forwarding each call
-//! to the real function. Events leave through a bounded queue drained by a thread of the shim's
+//! to the real function: preloaded, by symbol resolution; injected, by rewriting the callers'
+//! GOT slots. Events leave through a bounded queue drained by a thread of the shim's
 //! own: to the local agent's Unix socket (`GPUPROF_SHIM_SOCKET`) or to a jsonl file
 //! (`GPUPROF_SHIM_OUTPUT`). The calling thread never waits: a full queue drops and counts.
 
 mod allocator;
 mod forward;
+mod got;
 mod python;
 mod queue;
 mod sink;
@@ -36,10 +38,12 @@ extern "C" fn on_load() {
 #[link_section = ".init_array"]
 static ON_LOAD: extern "C" fn() = on_load;
 
-/// The CUDA driver's entry point for an injection library (`CUDA_INJECTION64_PATH`); returns
-/// nonzero for success, as the driver expects.
+/// The CUDA driver's entry point for an injection library (`CUDA_INJECTION64_PATH`), called at
+/// `cuInit`; returns nonzero for success, as the driver expects. Loaded this way the shim is not
+/// in the global symbol scope: the allocator's already-bound imports are pointed at it.
 #[no_mangle]
 pub extern "C" fn InitializeInjection() -> libc::c_int {
     start();
+    got::redirect(forward::SYMBOL, allocator::report_memory_usage_to_profiler as *const std::ffi::c_void);
     1
 }

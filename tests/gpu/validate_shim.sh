@@ -41,6 +41,11 @@ PY
   "$bin" run --via shim --shim "$shim" --output "$out/via-shim.jsonl" -- "$py" "$here/torch_allocator.py" > "$out/via-shim.facts.json"
   echo "exit $?"
   "$py" "$here/compare_allocator.py" "$out/via-shim.jsonl" "$out/via-shim.facts.json"
+  echo "== 4b. the shim as an injection library (CUDA_INJECTION64_PATH, no LD_PRELOAD)"
+  rm -f "$out/injected.jsonl"
+  CUDA_INJECTION64_PATH="$shim" GPUPROF_SHIM_OUTPUT="$out/injected.jsonl" "$py" "$here/torch_allocator.py" > "$out/injected.facts.json"
+  echo "exit $?"
+  "$py" "$here/compare_allocator.py" "$out/injected.jsonl" "$out/injected.facts.json"
   echo "== 5. the daemon, eBPF and shim together"
   "$bin" daemon --output "$out/daemon-shim.jsonl" --listen 127.0.0.1:9465 --shim-socket "$out/shim.sock" > "$out/daemon-shim.stderr" 2>&1 &
   dpid=$!

@@ -150,7 +150,8 @@ pub fn libc10_cuda_standin() -> &'static Path {
         let dir = libc10.parent().unwrap();
         let output = dir.join("libc10_cuda.so");
         let search = format!("-L{}", dir.display());
-        compile("libc10_cuda_standin.c", &output, &["-shared", "-fPIC", &search, "-lc10", "-Wl,-rpath,$ORIGIN"]);
+        // Full RELRO, as distributions build: an injected shim must lift it to rebind the import.
+        compile("libc10_cuda_standin.c", &output, &["-shared", "-fPIC", &search, "-lc10", "-Wl,-rpath,$ORIGIN", "-Wl,-z,relro,-z,now"]);
         output
     })
 }
