@@ -634,7 +634,7 @@ fn the_dashboards_metrics_are_served_by_a_running_collector_and_daemon() {
 fn sample_names(text: &str) -> BTreeSet<String> {
     text.lines()
         .filter(|l| !l.starts_with('#') && !l.is_empty())
-        .map(|l| l.split(|c| c == '{' || c == ' ').next().unwrap().to_string())
+        .map(|l| l.split(['{', ' ']).next().unwrap().to_string())
         .collect()
 }
 

@@ -35,6 +35,7 @@ struct CountersLine {
 }
 
 /// What the connections hand the capture loop.
+#[allow(clippy::large_enum_variant)] // events are the common case; boxing each would cost more
 pub enum ShimMessage {
     Event { connection: u64, event: Event },
     Counters(ShimCounters),

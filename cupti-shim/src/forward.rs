@@ -47,7 +47,7 @@ fn search(ours: *const c_void) -> *mut c_void {
         }
         // SAFETY: handle is valid; SYMBOL is NUL-terminated.
         let address = unsafe { libc::dlsym(handle, SYMBOL.as_ptr() as *const c_char) };
-        if !address.is_null() && address as *const c_void != search.ours {
+        if !address.is_null() && !std::ptr::eq(address, search.ours) {
             search.found = address;
             return 1;
         }

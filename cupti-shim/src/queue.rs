@@ -36,8 +36,10 @@ pub struct AllocatorRecord {
     pub frames: [RawFrame; MAX_FRAMES],
 }
 
-/// What travels from the calling threads to the sender.
+/// What travels from the calling threads to the sender. Records travel by value into
+/// preallocated slots (no allocation per call), so the queue's slots are as large as the largest.
 #[derive(Debug, Clone)]
+#[allow(clippy::large_enum_variant)]
 pub enum Record {
     Allocator(AllocatorRecord),
     /// A code object first seen by a walk, described while it was certainly alive.

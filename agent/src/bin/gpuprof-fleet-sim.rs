@@ -54,6 +54,9 @@ struct Args {
     timeout: f64,
 }
 
+/// (node, pid, kind) → how long after its event the collector first served the finding (ns).
+type SeenFindings = BTreeMap<(String, u32, String), u64>;
+
 /// What the fleet sent, to compare with what the collector has.
 #[derive(Default)]
 struct Sent {
@@ -79,7 +82,7 @@ fn run(args: &Args) -> Result<String> {
     let http = ureq::Agent::config_builder().http_status_as_error(false).build().into();
     let received_before = received_log_records(&http, &args.collector_http)?;
     let sent = Arc::new(Mutex::new(Sent::default()));
-    let seen: Arc<Mutex<BTreeMap<(String, u32, String), u64>>> = Arc::default();
+    let seen: Arc<Mutex<SeenFindings>> = Arc::default();
     let replay_done = Arc::new(AtomicBool::new(false));
     let started_ns = wall_clock_ns();
     let started = Instant::now();
