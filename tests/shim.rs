@@ -77,16 +77,7 @@ fn every_allocator_report_is_an_event_with_its_python_stack_and_still_reaches_li
     assert_eq!(stderr, "");
     let pid = pid_of_role(&expected, "parent");
     // The workload's CPU report is not a CUDA block: not recorded, but forwarded like the rest.
-    let blocks: Vec<Value> = expected
-        .iter()
-        .filter(|e| e["layer"] == "allocator")
-        .map(|e| {
-            let mut e = e.clone();
-            // Segments are the driver's: the shim alone does not see cuMemAlloc.
-            e.as_object_mut().unwrap().remove("segment");
-            e
-        })
-        .collect();
+    let blocks = expected_blocks(&expected);
     let captured: Vec<&gpuprof_model::Event> = events.iter().filter(|e| e.layer == Layer::Allocator).collect();
     assert!(blocks.len() > 20, "{}", blocks.len());
     assert_same_calls_from(&blocks, &captured, Source::Cupti);
@@ -138,6 +129,20 @@ fn with_no_agent_the_events_go_to_the_file_and_a_full_queue_is_counted() {
     drop(holder);
 }
 
+/// The allocator reports the workload expects, without the segment each lies in: segments are
+/// the driver's, and the shim alone does not see cuMemAlloc.
+fn expected_blocks(expected: &[Value]) -> Vec<Value> {
+    expected
+        .iter()
+        .filter(|e| e["layer"] == "allocator")
+        .map(|e| {
+            let mut e = e.clone();
+            e.as_object_mut().unwrap().remove("segment");
+            e
+        })
+        .collect()
+}
+
 /// As support's assert_same_calls, for events of another source.
 fn assert_same_calls_from(expected: &[Value], captured: &[&gpuprof_model::Event], source: Source) {
     for (index, (want, got)) in expected.iter().zip(captured).enumerate() {
@@ -178,15 +183,7 @@ fn run_via_shim_captures_without_privileges() {
     assert_eq!(output.status.code(), Some(0), "{stderr}");
     let expected = read_expected(&log);
     let pid = pid_of_role(&expected, "parent");
-    let blocks: Vec<Value> = expected
-        .iter()
-        .filter(|e| e["layer"] == "allocator")
-        .map(|e| {
-            let mut e = e.clone();
-            e.as_object_mut().unwrap().remove("segment");
-            e
-        })
-        .collect();
+    let blocks = expected_blocks(&expected);
     let captured = read_events(&events);
     let allocator: Vec<&gpuprof_model::Event> = captured.iter().filter(|e| e.layer == Layer::Allocator).collect();
     assert_same_calls_from(&blocks, &allocator, Source::Cupti);

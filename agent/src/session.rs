@@ -113,27 +113,13 @@ pub fn run(command: &[OsString], args: &CaptureArgs) -> Result<u8> {
     let mut child = spawn_tracked(&capture, &program, program_args)?;
     let mut session = Pipeline::new(&capture, pipeline_options(args)?, sink, Some(child.id())).with_telemetry(args.otlp.start()?);
     let deadline = duration.map(|d| Instant::now() + d);
-    let mut forwarded_signal = false;
-    let status = loop {
+    let status = supervise(&mut child, deadline, || {
         session.pump(POLL_INTERVAL)?;
-        if let Some(status) = child.try_wait().context("cannot wait for the command")? {
-            // The exit tracepoint fires before the parent is told: the records are all there.
-            session.pump(Duration::ZERO)?;
-            break Some(status);
-        }
-        if let Some(signal) = signals::take() {
-            if forwarded_signal {
-                break None;
-            }
-            // SAFETY: kill(2) on our own child's pid.
-            unsafe { libc::kill(child.id() as i32, signal) };
-            forwarded_signal = true;
-        }
-        if deadline.is_some_and(|d| Instant::now() >= d) {
-            break None;
-        }
         session.tick();
-    };
+        Ok(())
+    })?;
+    // The exit tracepoint fires before the parent is told: the records are all there.
+    session.pump(Duration::ZERO)?;
     session.finish()?;
     Ok(match status {
         Some(status) => exit_code_of(status),
@@ -142,6 +128,33 @@ pub fn run(command: &[OsString], args: &CaptureArgs) -> Result<u8> {
             0
         }
     })
+}
+
+/// Runs `step` until the command exits (its status), or a second SIGINT/SIGTERM or the deadline
+/// ends the run first (none); the first signal is forwarded to the command.
+pub(crate) fn supervise(
+    child: &mut Child,
+    deadline: Option<Instant>,
+    mut step: impl FnMut() -> Result<()>,
+) -> Result<Option<std::process::ExitStatus>> {
+    let mut forwarded_signal = false;
+    loop {
+        step()?;
+        if let Some(status) = child.try_wait().context("cannot wait for the command")? {
+            return Ok(Some(status));
+        }
+        if let Some(signal) = signals::take() {
+            if forwarded_signal {
+                return Ok(None);
+            }
+            // SAFETY: kill(2) on our own child's pid.
+            unsafe { libc::kill(child.id() as i32, signal) };
+            forwarded_signal = true;
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Ok(None);
+        }
+    }
 }
 
 /// Starts the command so that it is tracked before its first instruction: the child adds its

@@ -16,7 +16,7 @@ use gpuprof_model::event::{wall_clock_ns, Event, Layer, Op, Source};
 
 use crate::cli::CaptureArgs;
 use crate::flow::EventFlow;
-use crate::session::{duration_of, exit_code_of, find_program, flow_options};
+use crate::session::{duration_of, exit_code_of, find_program, flow_options, supervise};
 use crate::shim_socket::{self, ShimCounters, ShimMessage};
 use crate::{output, signals};
 
@@ -50,24 +50,7 @@ pub fn run(command: &[OsString], args: &CaptureArgs, shim: Option<&Path>) -> Res
 
     let mut run = ShimRun::default();
     let deadline = duration.map(|d| Instant::now() + d);
-    let mut forwarded_signal = false;
-    let status = loop {
-        run.receive(&received, &mut flow, Duration::from_millis(100))?;
-        if let Some(status) = child.try_wait().context("cannot wait for the command")? {
-            break Some(status);
-        }
-        if let Some(signal) = signals::take() {
-            if forwarded_signal {
-                break None;
-            }
-            // SAFETY: kill(2) on our own child's pid.
-            unsafe { libc::kill(child.id() as i32, signal) };
-            forwarded_signal = true;
-        }
-        if deadline.is_some_and(|d| Instant::now() >= d) {
-            break None;
-        }
-    };
+    let status = supervise(&mut child, deadline, || run.receive(&received, &mut flow, Duration::from_millis(100)))?;
     // The command's processes send what they still hold as they exit.
     let waited = Instant::now();
     while !run.connections.is_empty() && waited.elapsed() < LAST_WORDS {
