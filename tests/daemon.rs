@@ -39,7 +39,20 @@ struct Daemon {
 
 impl Daemon {
     fn start(args: &[&str]) -> Daemon {
-        let mut child = Command::new(gpuprof())
+        Daemon::start_under(&[], args)
+    }
+
+    /// `wrapper… gpuprof daemon args…` (a wrapper such as setpriv).
+    fn start_under(wrapper: &[&str], args: &[&str]) -> Daemon {
+        let mut command = match wrapper.split_first() {
+            Some((program, rest)) => {
+                let mut command = Command::new(program);
+                command.args(rest).arg(gpuprof());
+                command
+            }
+            None => Command::new(gpuprof()),
+        };
+        let mut child = command
             .arg("daemon")
             .args(["--listen", "127.0.0.1:0"])
             .args(args)
@@ -291,6 +304,8 @@ fn bad_settings_are_one_line_errors() {
     assert_eq!((code, stderr.as_str()), (Some(1), "gpuprof: error: buffer_mib 3: give a power of two from 1 to 1024\n"));
     let (code, stderr) = daemon(&["--config", config.to_str().unwrap()], &[("GPUPROF_SCAN_INTERVAL", "5")]);
     assert_eq!((code, stderr.as_str()), (Some(1), "gpuprof: error: scan_interval 5s: at most 1 second, or new processes are found late\n"));
+    let (code, stderr) = daemon(&["--output", "/dev/null", "--capture", "shim"], &[]);
+    assert_eq!((code, stderr.as_str()), (Some(1), "gpuprof: error: capture shim takes its events from processes running gpuprof's shim: give --shim-socket PATH (and the workloads GPUPROF_SHIM_SOCKET=PATH)\n"));
     // A port already taken is named.
     let taken = TcpListener::bind("127.0.0.1:0").unwrap();
     let address = taken.local_addr().unwrap().to_string();
@@ -353,4 +368,45 @@ fn the_daemon_keeps_one_event_per_call_the_shim_and_the_probes_both_see() {
     let driver_calls = expected.iter().filter(|e| e["op"] != "note" && e["layer"] != "allocator").count();
     assert_eq!(of_workload.iter().filter(|e| e.layer == Layer::Driver).count(), driver_calls);
     assert_eq!(of_workload.iter().filter(|e| e.op == Op::Exit).count(), 1, "the kernel's exit alone");
+}
+
+/// A node that forbids eBPF: the daemon runs with every capability dropped (`--capture shim`) and
+/// takes what a process running the shim sends; its events, its exit and the daemon's counters.
+#[test]
+fn without_ebpf_the_daemon_takes_the_shims_events() {
+    let _node = one_daemon_at_a_time();
+    let dir = scratch("daemon_shim_only");
+    let events_path = dir.join("events.jsonl");
+    let socket = dir.join("shim.sock");
+    let no_capabilities = ["setpriv", "--bounding-set=-all", "--inh-caps=-all", "--ambient-caps=-all", "--no-new-privs", "--"];
+    let daemon = Daemon::start_under(
+        &no_capabilities,
+        &["--capture", "shim", "--shim-socket", socket.to_str().unwrap(), "--output", events_path.to_str().unwrap(), "--retain-exited", "1"],
+    );
+    assert_eq!(daemon.get("/readyz"), (200, "ready\n".to_string()));
+    let log = dir.join("expected.jsonl");
+    let mut command = Command::new(python3());
+    command.arg(workloads().join("tensors.py"));
+    workload_env(&mut command, &log);
+    command
+        .env("LD_PRELOAD", shim_library())
+        .env("GPUPROF_SHIM_SOCKET", &socket)
+        .env("GPUPROF_LIBC10_CUDA", libc10_cuda_standin());
+    let output = command.output().unwrap();
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    let expected = read_expected(&log);
+    let pid = pid_of_role(&expected, "parent");
+    let reports = expected.iter().filter(|e| e["layer"] == "allocator").count() as u64;
+    daemon.wait_for("gpuprof_daemon_processes_exited_total", 1, Duration::from_secs(10));
+    daemon.wait_for("gpuprof_daemon_processes_forgotten_total", 1, Duration::from_secs(10));
+    let metrics = daemon.metrics();
+    assert_eq!(metrics["gpuprof_daemon_processes_discovered_total"], 1);
+    assert_eq!(metrics["gpuprof_daemon_events_total"], reports + 1);
+    assert_eq!(metrics["gpuprof_daemon_processes_followed"], 0);
+    assert_eq!(metrics["gpuprof_daemon_processes_retained"], 0);
+    let said = daemon.stop();
+    assert!(said.contains(&format!("{} events from 1 processes via the shim; dropped 0", reports + 1)), "{said}");
+    let events = read_events(&events_path);
+    assert_eq!(events.iter().filter(|e| e.pid == pid && e.layer == Layer::Allocator).count() as u64, reports);
+    assert_eq!((events.last().unwrap().op, events.last().unwrap().pid), (Op::Exit, pid));
 }

@@ -126,6 +126,12 @@ impl<'c> Pipeline<'c> {
         self.flow.observe(event).context("cannot write the output")
     }
 
+    /// Looks for the interpreters of processes just followed now, rather than at the next poll:
+    /// a process found by a scan may make its first call at any moment.
+    pub fn discover_interpreters(&mut self) {
+        self.python.discover(self.capture);
+    }
+
     /// Follows one more process (and, by fork, its future children).
     pub fn add_process(&mut self, pid: u32) -> Result<()> {
         self.capture.track(pid)?;

@@ -2,13 +2,15 @@
 //! sends its events as jsonl, then (when it exits normally) a counters line. A thread per
 //! connection decodes the lines; the capture loop receives what they decoded.
 
+use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use std::sync::mpsc::{self, Receiver, Sender};
+use std::time::Duration;
 
 use anyhow::{Context, Result};
-use gpuprof_model::Event;
+use gpuprof_model::event::{wall_clock_ns, Event, Layer, Op, Source};
 use serde::Deserialize;
 
 /// The shim's counters, summed over the processes that sent theirs.
@@ -86,5 +88,75 @@ fn decode(connection: u64, line: &str) -> ShimMessage {
     match serde_json::from_str::<Event>(line) {
         Ok(event) => ShimMessage::Event { connection, event },
         Err(_) => ShimMessage::Undecodable,
+    }
+}
+
+/// The processes speaking on the socket, when the shim is the only capture (`run --via shim`,
+/// `daemon --capture shim`): each connection is one process; one that hangs up without saying it
+/// exits (os._exit, a signal) has exited then. Bounded: a process is forgotten when it hangs up.
+#[derive(Default)]
+pub struct ShimProcesses {
+    /// Open connections, and the pid each one speaks for (known from its first event).
+    connections: HashMap<u64, Option<u32>>,
+    /// Processes with an open connection that said they exit.
+    said_exit: HashSet<u32>,
+    pub processes_seen: u64,
+    pub processes_closed: u64,
+    pub closed_without_exit: u64,
+    pub counters: ShimCounters,
+    pub undecodable: u64,
+}
+
+impl ShimProcesses {
+    /// Hands what arrived (waiting up to `wait` for the first) to `observe`, exits included.
+    pub fn receive(&mut self, received: &Receiver<ShimMessage>, wait: Duration, observe: &mut dyn FnMut(Event) -> Result<()>) -> Result<()> {
+        let mut next = received.recv_timeout(wait).ok();
+        while let Some(message) = next {
+            match message {
+                ShimMessage::Event { connection, event } => {
+                    let speaker = self.connections.entry(connection).or_insert(None);
+                    if speaker.is_none() {
+                        self.processes_seen += 1;
+                    }
+                    *speaker = Some(event.pid);
+                    if event.layer == Layer::Process && event.op == Op::Exit {
+                        self.said_exit.insert(event.pid);
+                    }
+                    observe(event)?;
+                }
+                ShimMessage::Counters(counters) => self.counters.add(&counters),
+                ShimMessage::Undecodable => self.undecodable += 1,
+                ShimMessage::Closed { connection } => {
+                    if let Some(Some(pid)) = self.connections.remove(&connection) {
+                        self.processes_closed += 1;
+                        if !self.said_exit.remove(&pid) {
+                            self.closed_without_exit += 1;
+                            let mut exit = Event::new(wall_clock_ns(), pid, pid, Source::Cupti, Layer::Process, Op::Exit, "exit".into());
+                            exit.comm = crate::procfs::comm(pid);
+                            observe(exit)?;
+                        }
+                    }
+                }
+            }
+            next = received.try_recv().ok();
+        }
+        Ok(())
+    }
+
+    /// Processes connected now.
+    pub fn open(&self) -> usize {
+        self.connections.len()
+    }
+
+    pub fn stats_line(&self, events: u64) -> String {
+        format!(
+            "{events} events from {} processes via the shim; dropped {} (queue full in the process); stacks cut {}, unresolved {}; undecodable lines {}; processes closed out by hanging up {}",
+            self.processes_seen,
+            self.counters.dropped_queue_full,
+            self.counters.stacks_cut,
+            self.counters.stacks_unresolved,
+            self.undecodable,
+            self.closed_without_exit
+        )
     }
 }

@@ -4,20 +4,17 @@
 //! through the same flow as eBPF events (tracker, leak rules, output, OTLP). A process that goes
 //! away without saying so (`os._exit` in a forked worker) is closed out when its connection ends.
 
-use std::collections::{HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use gpuprof_model::event::{wall_clock_ns, Event, Layer, Op, Source};
 
 use crate::cli::CaptureArgs;
 use crate::flow::EventFlow;
 use crate::session::{duration_of, exit_code_of, find_program, flow_options, supervise};
-use crate::shim_socket::{self, ShimCounters, ShimMessage};
+use crate::shim_socket::{self, ShimProcesses};
 use crate::{output, signals};
 
 /// The shim's file name, looked for next to the gpuprof executable.
@@ -48,15 +45,19 @@ pub fn run(command: &[OsString], args: &CaptureArgs, shim: Option<&Path>) -> Res
         .with_context(|| format!("cannot run `{}`", program.display()))?;
     eprintln!("gpuprof: capturing `{}` through {} (no eBPF)", program.display(), shim.display());
 
-    let mut run = ShimRun::default();
+    let mut run = ShimProcesses::default();
+    let receive = |run: &mut ShimProcesses, flow: &mut EventFlow, wait: Duration| -> Result<()> {
+        run.receive(&received, wait, &mut |event| flow.observe(event).context("cannot write the output"))?;
+        flow.flush()
+    };
     let deadline = duration.map(|d| Instant::now() + d);
-    let status = supervise(&mut child, deadline, || run.receive(&received, &mut flow, Duration::from_millis(100)))?;
+    let status = supervise(&mut child, deadline, || receive(&mut run, &mut flow, Duration::from_millis(100)))?;
     // The command's processes send what they still hold as they exit.
     let waited = Instant::now();
-    while !run.connections.is_empty() && waited.elapsed() < LAST_WORDS {
-        run.receive(&received, &mut flow, Duration::from_millis(50))?;
+    while run.open() > 0 && waited.elapsed() < LAST_WORDS {
+        receive(&mut run, &mut flow, Duration::from_millis(50))?;
     }
-    run.receive(&received, &mut flow, Duration::ZERO)?;
+    receive(&mut run, &mut flow, Duration::ZERO)?;
     let _ = std::fs::remove_dir_all(&dir);
     let stats = run.stats_line(flow.events());
     flow.finish(&stats)?;
@@ -67,66 +68,6 @@ pub fn run(command: &[OsString], args: &CaptureArgs, shim: Option<&Path>) -> Res
             0
         }
     })
-}
-
-/// What the run knows of the command's processes.
-#[derive(Default)]
-struct ShimRun {
-    /// Open connections, and the pid each one speaks for (known from its first event).
-    connections: HashMap<u64, Option<u32>>,
-    /// Processes that said they exit.
-    exited: HashSet<u32>,
-    processes: HashSet<u32>,
-    counters: ShimCounters,
-    undecodable: u64,
-    closed_without_exit: u64,
-}
-
-impl ShimRun {
-    fn receive(&mut self, received: &Receiver<ShimMessage>, flow: &mut EventFlow, wait: Duration) -> Result<()> {
-        let mut next = received.recv_timeout(wait).ok();
-        while let Some(message) = next {
-            match message {
-                ShimMessage::Event { connection, event } => {
-                    self.connections.insert(connection, Some(event.pid));
-                    self.processes.insert(event.pid);
-                    if event.layer == Layer::Process && event.op == Op::Exit {
-                        self.exited.insert(event.pid);
-                    }
-                    flow.observe(event).context("cannot write the output")?;
-                }
-                ShimMessage::Counters(counters) => self.counters.add(&counters),
-                ShimMessage::Undecodable => self.undecodable += 1,
-                ShimMessage::Closed { connection } => self.closed(connection, flow)?,
-            }
-            next = received.try_recv().ok();
-        }
-        flow.flush()
-    }
-
-    /// A process hung up: if it never said it exits (os._exit, a signal), it has exited now.
-    fn closed(&mut self, connection: u64, flow: &mut EventFlow) -> Result<()> {
-        let Some(Some(pid)) = self.connections.remove(&connection) else { return Ok(()) };
-        if self.exited.insert(pid) {
-            self.closed_without_exit += 1;
-            let mut exit = Event::new(wall_clock_ns(), pid, pid, Source::Cupti, Layer::Process, Op::Exit, "exit".into());
-            exit.comm = crate::procfs::comm(pid);
-            flow.observe(exit).context("cannot write the output")?;
-        }
-        Ok(())
-    }
-
-    fn stats_line(&self, events: u64) -> String {
-        format!(
-            "{events} events from {} processes via the shim; dropped {} (queue full in the process); stacks cut {}, unresolved {}; undecodable lines {}; processes closed out by hanging up {}",
-            self.processes.len(),
-            self.counters.dropped_queue_full,
-            self.counters.stacks_cut,
-            self.counters.stacks_unresolved,
-            self.undecodable,
-            self.closed_without_exit
-        )
-    }
 }
 
 /// `--shim`, else next to the gpuprof executable.

@@ -55,6 +55,10 @@ pub struct DaemonArgs {
     /// Also probe this libcuda (e.g. the host's driver mounted into the daemon's container).
     #[arg(long, value_name = "PATH", env = "GPUPROF_LIBCUDA")]
     pub libcuda: Option<PathBuf>,
+    /// ebpf (default): probes on every CUDA process; shim: no eBPF at all (a node that forbids
+    /// it), only what processes running gpuprof's shim send to --shim-socket.
+    #[arg(long, value_enum, env = "GPUPROF_CAPTURE")]
+    pub capture: Option<CaptureMode>,
     /// Also take events from processes running gpuprof's shim, on this Unix socket (give them
     /// GPUPROF_SHIM_SOCKET=PATH); a call both the shim and the probes see is kept once.
     #[arg(long, value_name = "PATH", env = "GPUPROF_SHIM_LISTEN")]
@@ -73,6 +77,14 @@ pub struct DaemonArgs {
     pub growth_rises: Option<u32>,
 }
 
+/// How the daemon captures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CaptureMode {
+    Ebpf,
+    Shim,
+}
+
 /// The file's keys: the flags' names.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -88,6 +100,7 @@ struct FileConfig {
     scan_interval: Option<f64>,
     retain_exited: Option<f64>,
     libcuda: Option<PathBuf>,
+    capture: Option<CaptureMode>,
     shim_socket: Option<PathBuf>,
     buffer_mib: Option<u32>,
     no_stacks: Option<bool>,
@@ -105,6 +118,7 @@ pub struct DaemonConfig {
     pub scan_interval: Duration,
     pub retain_exited: Duration,
     pub libcuda: Option<PathBuf>,
+    pub capture: CaptureMode,
     pub shim_socket: Option<PathBuf>,
     pub ring_buffer_bytes: u32,
     pub python_stacks: bool,
@@ -153,6 +167,11 @@ impl DaemonArgs {
         if !buffer_mib.is_power_of_two() || buffer_mib > 1024 {
             bail!("buffer_mib {buffer_mib}: give a power of two from 1 to 1024");
         }
+        let capture = self.capture.or(file.capture).unwrap_or(CaptureMode::Ebpf);
+        let shim_socket = self.shim_socket.clone().or(file.shim_socket);
+        if capture == CaptureMode::Shim && shim_socket.is_none() {
+            bail!("capture shim takes its events from processes running gpuprof's shim: give --shim-socket PATH (and the workloads GPUPROF_SHIM_SOCKET=PATH)");
+        }
         let growth_window = seconds("growth_window", self.growth_window.or(file.growth_window).unwrap_or(10.0))?;
         let growth_rises = self.growth_rises.or(file.growth_rises).unwrap_or(3);
         if growth_rises == 0 {
@@ -166,7 +185,8 @@ impl DaemonArgs {
             scan_interval,
             retain_exited: seconds("retain_exited", self.retain_exited.or(file.retain_exited).unwrap_or(300.0))?,
             libcuda: self.libcuda.clone().or(file.libcuda),
-            shim_socket: self.shim_socket.clone().or(file.shim_socket),
+            capture,
+            shim_socket,
             ring_buffer_bytes: buffer_mib << 20,
             python_stacks: !(self.no_stacks || file.no_stacks.unwrap_or(false)),
             rules: RuleConfig { growth_window_ns: growth_window.as_nanos() as u64, growth_rises },

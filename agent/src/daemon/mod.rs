@@ -21,11 +21,12 @@ use crate::flow::FlowOptions;
 use crate::libcuda::{self, LibraryFile};
 use crate::output::{self, Format, NullSink};
 use crate::pipeline::{Pipeline, PipelineOptions};
-use crate::shim_socket::{self, ShimCounters, ShimMessage};
+use crate::flow::EventFlow;
+use crate::shim_socket::{self, ShimCounters, ShimMessage, ShimProcesses};
 use crate::telemetry::Telemetry;
 use crate::{preflight, signals};
 
-pub use config::{DaemonArgs, DaemonConfig};
+pub use config::{CaptureMode, DaemonArgs, DaemonConfig};
 
 const POLL: Duration = Duration::from_millis(100);
 const PUBLISH_INTERVAL: Duration = Duration::from_secs(1);
@@ -33,6 +34,9 @@ const PUBLISH_INTERVAL: Duration = Duration::from_secs(1);
 /// Runs until SIGTERM/SIGINT; returns gpuprof's exit code.
 pub fn run(args: &DaemonArgs) -> Result<u8> {
     let config = args.resolve()?;
+    if config.capture == CaptureMode::Shim {
+        return run_shim_only(&config);
+    }
     preflight::check_ebpf_capture()?;
     signals::install();
     let health = health::Health::new();
@@ -44,24 +48,13 @@ pub fn run(args: &DaemonArgs) -> Result<u8> {
         track_callers: true,
         ..CaptureOptions::default()
     })?;
-    let sink = match &config.output {
-        Some(path) => output::sink(Format::Jsonl, output::open_writer(Some(path))?),
-        None => Box::new(NullSink),
-    };
-    let telemetry = config.otlp.clone().map(Telemetry::start).transpose()?;
-    let options = PipelineOptions {
-        flow: FlowOptions { rules: config.rules, format: Format::Jsonl, findings_file: None, notices: true, keep_findings: false },
-        print_stats: false,
-    };
-    let mut pipeline = Pipeline::new(&capture, options, sink, None).with_telemetry(telemetry);
+    let options = PipelineOptions { flow: flow_options(&config), print_stats: false };
+    let mut pipeline = Pipeline::new(&capture, options, sink_of(&config)?, None)
+        .with_telemetry(config.otlp.clone().map(Telemetry::start).transpose()?);
     let shim = match &config.shim_socket {
         Some(path) => {
-            let received = shim_socket::listen(path)?;
-            // Workloads run as any user: everyone may connect (the socket only takes events in).
-            std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o666))
-                .with_context(|| format!("cannot open {} to every user", path.display()))?;
             pipeline = pipeline.with_dedup();
-            Some(received)
+            Some(listen_for_shims(path)?)
         }
         None => None,
     };
@@ -115,6 +108,85 @@ pub fn run(args: &DaemonArgs) -> Result<u8> {
     Ok(0)
 }
 
+/// `--capture shim`: no eBPF (a node that forbids it). Processes running gpuprof's shim send their
+/// events to the socket; everything else — OTLP, rules, retention, health — is as with eBPF.
+fn run_shim_only(config: &DaemonConfig) -> Result<u8> {
+    signals::install();
+    let health = health::Health::new();
+    let listening = health::serve(config.listen, health.clone())?;
+    let path = config.shim_socket.as_ref().expect("checked by the config");
+    let received = listen_for_shims(path)?;
+    let mut flow = EventFlow::new(flow_options(config), sink_of(config)?);
+    flow.set_telemetry(config.otlp.clone().map(Telemetry::start).transpose()?);
+    let mut processes = ShimProcesses::default();
+    let mut forgotten_total = 0u64;
+    let publish = |flow: &EventFlow, processes: &ShimProcesses, forgotten_total: u64| {
+        health.publish(health::Snapshot {
+            processes_followed: processes.open() as u64,
+            processes_followed_total: processes.processes_seen,
+            processes_exited_total: processes.processes_closed,
+            processes_retained: flow.analyzer().tracker().processes().len() as u64,
+            processes_forgotten_total: forgotten_total,
+            events_total: flow.events(),
+            events_lost_total: processes.counters.dropped_queue_full,
+            stacks_unreadable_total: processes.counters.stacks_unresolved,
+            findings_total: flow.findings_fired(),
+            otlp_sent_total: flow.telemetry().map_or(0, Telemetry::sent),
+            otlp_lost_total: flow.telemetry().map_or(0, Telemetry::lost),
+            resident_bytes: resident_bytes(),
+            shim_events_total: flow.events(),
+            shim_dropped_total: processes.counters.dropped_queue_full,
+            shim_undecodable_total: processes.undecodable,
+            ..Default::default()
+        })
+    };
+    publish(&flow, &processes, 0);
+    health.set_ready(true);
+    eprintln!(
+        "gpuprof: daemon on node {} without eBPF, taking events from shims at {}; /healthz /readyz /metrics on {listening}; exporting to {}",
+        crate::telemetry::node_name(config.node_name.as_deref()),
+        path.display(),
+        destinations(config)
+    );
+    let mut last_publish = Instant::now();
+    loop {
+        processes.receive(&received, POLL, &mut |event| flow.observe(event).context("cannot write the output"))?;
+        flow.flush()?;
+        if last_publish.elapsed() >= PUBLISH_INTERVAL {
+            last_publish = Instant::now();
+            forgotten_total += flow.forget_exited(config.retain_exited) as u64;
+            publish(&flow, &processes, forgotten_total);
+        }
+        if signals::take().is_some() {
+            break;
+        }
+    }
+    health.set_ready(false);
+    eprintln!("gpuprof: daemon stopping: flushing what was captured");
+    let stats = processes.stats_line(flow.events());
+    flow.finish(&stats)?;
+    Ok(0)
+}
+
+fn flow_options(config: &DaemonConfig) -> FlowOptions {
+    FlowOptions { rules: config.rules, format: Format::Jsonl, findings_file: None, notices: true, keep_findings: false }
+}
+
+fn sink_of(config: &DaemonConfig) -> Result<Box<dyn output::EventSink>> {
+    Ok(match &config.output {
+        Some(path) => output::sink(Format::Jsonl, output::open_writer(Some(path))?),
+        None => Box::new(NullSink),
+    })
+}
+
+/// The shims' socket; workloads run as any user, so everyone may connect (it only takes events in).
+fn listen_for_shims(path: &std::path::Path) -> Result<Receiver<ShimMessage>> {
+    let received = shim_socket::listen(path)?;
+    std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o666))
+        .with_context(|| format!("cannot open {} to every user", path.display()))?;
+    Ok(received)
+}
+
 /// Follows CUDA processes not followed yet and probes the libraries they map.
 fn scan(pipeline: &mut Pipeline<'_>) {
     let known: HashSet<u32> = pipeline.alive().clone();
@@ -122,6 +194,7 @@ fn scan(pipeline: &mut Pipeline<'_>) {
         // A process that exits meanwhile is simply not there to follow.
         let _ = pipeline.add_process(pid);
     }
+    pipeline.discover_interpreters();
     pipeline.discover_libraries();
 }
 
