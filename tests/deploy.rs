@@ -352,17 +352,27 @@ fn the_rendered_configuration_is_what_the_binaries_and_prometheus_accept() {
 
     // The daemon's file: a flag that fails a check made after the file is read proves the file
     // itself was accepted (a key the daemon does not know names the file and line instead).
-    let toml = object(&objects, "ConfigMap", "gpuprof-daemon-config")["data"]["daemon.toml"].as_str().unwrap();
-    assert!(toml.contains("libcuda = \"/host/driver/libcuda.so.1\""), "{toml}");
-    let config = dir.join("daemon.toml");
-    std::fs::write(&config, toml).unwrap();
-    let output = Command::new(gpuprof())
-        .env_clear()
-        .args(["daemon", "--config", config.to_str().unwrap(), "--scan-interval", "5"])
-        .output()
-        .unwrap();
-    let stderr = text(&output.stderr);
-    assert!(!output.status.success() && stderr.contains("scan_interval 5s: at most 1 second"), "the daemon refused daemon.toml:\n{toml}\n{stderr}");
+    let daemon_accepts = |objects: &[Value], expected_line: &str| {
+        let toml = object(objects, "ConfigMap", "gpuprof-daemon-config")["data"]["daemon.toml"].as_str().unwrap().to_string();
+        assert!(toml.contains(expected_line), "{toml}");
+        let config = dir.join("daemon.toml");
+        std::fs::write(&config, &toml).unwrap();
+        let output = Command::new(gpuprof())
+            .env_clear()
+            .args(["daemon", "--config", config.to_str().unwrap(), "--scan-interval", "5"])
+            .output()
+            .unwrap();
+        let stderr = text(&output.stderr);
+        assert!(!output.status.success() && stderr.contains("scan_interval 5s: at most 1 second"), "the daemon refused daemon.toml:\n{toml}\n{stderr}");
+    };
+    daemon_accepts(&objects, "libcuda = \"/host/driver/libcuda.so.1\"");
+    // Without eBPF, on the shims' socket in a host directory the workloads share.
+    let shim_only = yaml_documents(&render_with_token(&["--set", "daemon.shim.enabled=true", "--set", "daemon.shim.only=true"]));
+    daemon_accepts(&shim_only, "shim_socket = \"/run/gpuprof/shim.sock\"\ncapture = \"shim\"");
+    validate(&dir, &shim_only);
+    let daemonset = object(&shim_only, "DaemonSet", "gpuprof-daemon");
+    let volume = daemonset["spec"]["template"]["spec"]["volumes"].as_array().unwrap().iter().find(|v| v["name"] == "shim-socket").unwrap();
+    assert_eq!((volume["hostPath"]["path"].as_str(), volume["hostPath"]["type"].as_str()), (Some("/run/gpuprof"), Some("DirectoryOrCreate")));
 
     // The collector's flags: every one parses; it then stops at the token file, absent here.
     let collector = object(&objects, "Deployment", "gpuprof-collector");
