@@ -5,7 +5,7 @@
 
 use std::ffi::c_void;
 
-use crate::queue::{self, AllocatorRecord, RawFrame, Record, MAX_FRAMES};
+use crate::queue;
 use crate::{forward, python, sink};
 
 /// `c10::DeviceType::CUDA`.
@@ -26,19 +26,18 @@ pub unsafe extern "C" fn report_memory_usage_to_profiler(ptr: *mut c_void, alloc
 }
 
 fn record(ptr: u64, delta: i64, allocated: u64, reserved: u64, device_index: i8) {
-    let mut frames = [RawFrame::default(); MAX_FRAMES];
-    let frame_count = python::walk(&mut frames);
     let (pid, tid) = queue::this_thread();
-    queue::push(Record::Allocator(AllocatorRecord {
-        ts_ns: sink::now_ns(),
-        pid,
-        tid,
-        ptr,
-        delta,
-        allocated,
-        reserved,
-        device_index,
-        frame_count,
-        frames,
-    }));
+    let ts_ns = sink::now_ns();
+    queue::push_allocator(|record| {
+        record.ts_ns = ts_ns;
+        record.pid = pid;
+        record.tid = tid;
+        record.ptr = ptr;
+        record.delta = delta;
+        record.allocated = allocated;
+        record.reserved = reserved;
+        record.device_index = device_index;
+        // The walk writes its frames straight into the ring's slot.
+        record.frame_count = python::walk(&mut record.frames);
+    });
 }

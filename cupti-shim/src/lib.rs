@@ -15,6 +15,7 @@ mod forward;
 mod got;
 mod python;
 mod queue;
+mod ring;
 mod sink;
 
 use std::sync::Once;

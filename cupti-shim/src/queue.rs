@@ -1,6 +1,7 @@
-//! The bounded queue between the calling threads and the shim's sender thread. Records are
-//! fixed-size and pushed by value into preallocated slots: a call never allocates here and never
-//! waits; when the queue is full the record is dropped and counted.
+//! The bounded queues between the calling threads and the shim's sender thread: allocator
+//! records are written in place into a preallocated ring (`ring`), the rare others (code object
+//! descriptions, fork, exit) go through a small queue. A call never allocates here and never
+//! waits; when a queue is full the record is dropped and counted.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -8,10 +9,14 @@ use std::sync::OnceLock;
 
 use crossbeam_queue::ArrayQueue;
 
+use crate::ring::Ring;
+
 /// Python frames kept per event, innermost first (deeper stacks are cut and marked).
 pub const MAX_FRAMES: usize = 48;
-/// Records the queue holds (about 0.8 KiB each).
+/// Allocator records the ring holds (about 0.8 KiB each).
 const CAPACITY: usize = 8192;
+/// Other records the queue holds.
+const OTHER_CAPACITY: usize = 4096;
 
 /// One raw frame: the code object and what the frame's instruction field held.
 #[derive(Debug, Clone, Copy, Default)]
@@ -36,12 +41,24 @@ pub struct AllocatorRecord {
     pub frames: [RawFrame; MAX_FRAMES],
 }
 
-/// What travels from the calling threads to the sender. Records travel by value into
-/// preallocated slots (no allocation per call), so the queue's slots are as large as the largest.
+impl AllocatorRecord {
+    const EMPTY: AllocatorRecord = AllocatorRecord {
+        ts_ns: 0,
+        pid: 0,
+        tid: 0,
+        ptr: 0,
+        delta: 0,
+        allocated: 0,
+        reserved: 0,
+        device_index: 0,
+        frame_count: 0,
+        frames: [RawFrame { code: 0, instr: 0 }; MAX_FRAMES],
+    };
+}
+
+/// What else travels from the calling threads to the sender.
 #[derive(Debug, Clone)]
-#[allow(clippy::large_enum_variant)]
 pub enum Record {
-    Allocator(AllocatorRecord),
     /// A code object first seen by a walk, described while it was certainly alive.
     Code { code: u64, info: Box<gpuprof_pystack::code::CodeInfo> },
     /// The process forked: this record is the child's first.
@@ -89,7 +106,29 @@ pub fn this_thread() -> (u32, u32) {
 
 fn queue() -> &'static ArrayQueue<Record> {
     static QUEUE: OnceLock<ArrayQueue<Record>> = OnceLock::new();
-    QUEUE.get_or_init(|| ArrayQueue::new(CAPACITY))
+    QUEUE.get_or_init(|| ArrayQueue::new(OTHER_CAPACITY))
+}
+
+fn ring() -> &'static Ring<AllocatorRecord> {
+    static RING: OnceLock<Ring<AllocatorRecord>> = OnceLock::new();
+    RING.get_or_init(|| Ring::new(CAPACITY, AllocatorRecord::EMPTY))
+}
+
+/// Writes one allocator record in place (starting the sender if this process has none yet).
+pub fn push_allocator(fill: impl FnOnce(&mut AllocatorRecord)) {
+    crate::sink::ensure_running();
+    let counter = if ring().push_with(fill) { &COUNTERS.queued } else { &COUNTERS.dropped_queue_full };
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+/// The oldest allocator record, to `read`; false when there is none.
+pub fn pop_allocator(read: impl FnOnce(&AllocatorRecord)) -> bool {
+    ring().pop_with(read)
+}
+
+/// True when other records wait (a code object must be known before the blocks that use it).
+pub fn others_waiting() -> bool {
+    !queue().is_empty()
 }
 
 /// Hands a record to the sender, starting it if this process has none yet.
@@ -119,6 +158,7 @@ pub fn install_fork_handler() {
     extern "C" fn in_child() {
         FORKS.fetch_add(1, Ordering::Relaxed);
         while queue().pop().is_some() {}
+        while ring().pop_with(|_| {}) {}
         for counter in [&COUNTERS.queued, &COUNTERS.dropped_queue_full, &COUNTERS.stacks_cut] {
             counter.store(0, Ordering::Relaxed);
         }

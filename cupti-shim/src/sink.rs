@@ -123,18 +123,37 @@ fn run() {
     // SAFETY: getppid has no preconditions.
     let ppid = unsafe { libc::getppid() } as u32;
     let mut batch = String::new();
+    // Exits wait until the blocks queued before them are out.
+    let mut exits: Vec<Event> = Vec::new();
     loop {
         let stopping = STOP.load(Ordering::Acquire);
-        while let Some(record) = queue::pop() {
-            if let Some(event) = event_of(record, &mut symbolizer, &comm, ppid) {
-                batch.push_str(&serde_json::to_string(&event).expect("an event always serializes"));
-                batch.push('\n');
-                SENT.fetch_add(1, Ordering::Relaxed);
+        let other = |batch: &mut String, exits: &mut Vec<Event>, symbolizer: &mut Option<Symbolizer>| {
+            while let Some(record) = queue::pop() {
+                match event_of(record, symbolizer, &comm, ppid) {
+                    Some(event) if event.op == Op::Exit => exits.push(event),
+                    Some(event) => push_line(batch, &event),
+                    None => {}
+                }
             }
+        };
+        other(&mut batch, &mut exits, &mut symbolizer);
+        loop {
+            // A block's code objects were queued before it: take them in first.
+            if queue::others_waiting() {
+                other(&mut batch, &mut exits, &mut symbolizer);
+            }
+            let mut event = None;
+            if !queue::pop_allocator(|record| event = Some(allocator_event(record, &mut symbolizer, &comm, ppid))) {
+                break;
+            }
+            push_line(&mut batch, &event.expect("set by the read"));
             if batch.len() >= 1 << 16 {
                 write(&mut destination, &batch);
                 batch.clear();
             }
+        }
+        for exit in exits.drain(..) {
+            push_line(&mut batch, &exit);
         }
         if !batch.is_empty() {
             write(&mut destination, &batch);
@@ -158,6 +177,12 @@ fn run() {
     }
 }
 
+fn push_line(batch: &mut String, event: &Event) {
+    batch.push_str(&serde_json::to_string(event).expect("an event always serializes"));
+    batch.push('\n');
+    SENT.fetch_add(1, Ordering::Relaxed);
+}
+
 fn write(destination: &mut Destination, batch: &str) {
     let failed = match destination {
         Destination::Agent(stream) => stream.write_all(batch.as_bytes()).err(),
@@ -178,7 +203,6 @@ fn event_of(record: Record, symbolizer: &mut Option<Symbolizer>, comm: &str, ppi
             }
             None
         }
-        Record::Allocator(record) => Some(allocator_event(&record, symbolizer, comm, ppid)),
         Record::Forked { ts_ns, pid, parent } => {
             let mut event = Event::new(ts_ns, pid, pid, Source::Cupti, Layer::Process, Op::Fork, Cow::Borrowed("fork"));
             event.ppid = Some(parent);
