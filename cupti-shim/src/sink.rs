@@ -138,15 +138,17 @@ fn run() {
         };
         other(&mut batch, &mut exits, &mut symbolizer);
         loop {
-            // A block's code objects were queued before it: take them in first.
+            let mut block = None;
+            if !queue::pop_allocator(|record| block = Some(*record)) {
+                break;
+            }
+            // A block's code objects were queued before it was published: now that it is here,
+            // they are too.
             if queue::others_waiting() {
                 other(&mut batch, &mut exits, &mut symbolizer);
             }
-            let mut event = None;
-            if !queue::pop_allocator(|record| event = Some(allocator_event(record, &mut symbolizer, &comm, ppid))) {
-                break;
-            }
-            push_line(&mut batch, &event.expect("set by the read"));
+            let event = allocator_event(&block.expect("set by the read"), &mut symbolizer, &comm, ppid);
+            push_line(&mut batch, &event);
             if batch.len() >= 1 << 16 {
                 write(&mut destination, &batch);
                 batch.clear();
