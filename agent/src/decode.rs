@@ -6,7 +6,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 
 use gpuprof_ebpf::types::{gp_record, gp_record_kind};
-use gpuprof_model::driver_api::{self, ArgLayout};
+use gpuprof_model::driver_api::{self, CallValues};
 use gpuprof_model::event::{Event, Kind, Layer, Op, Source, PYTORCH_ALLOCATOR_API};
 
 use crate::capture::Record;
@@ -115,23 +115,17 @@ impl Decoder {
     fn fill_driver(&self, full: &Record, event: &mut Event) {
         let record = &full.header;
         let api = driver_api::by_id(record.api).expect("checked by decode");
-        event.kind = api.kind;
-        event.result = record.result;
-        event.addr = Some(record.addr);
-        event.size = record.size;
-        event.device = (record.device >= 0).then_some(record.device);
-        event.duration_ns = Some(record.duration_ns);
-        event.handle = full.handle_bytes().map(<[u8]>::to_vec);
-        match api.args {
-            ArgLayout::OutPitch | ArgLayout::OutPitch32 if event.succeeded() => event.pitch = Some(record.aux),
-            ArgLayout::VmmMap => event.vmm_handle = Some(record.aux),
-            ArgLayout::MemInfo | ArgLayout::MemInfo32 if event.succeeded() => event.total = Some(record.aux),
-            ArgLayout::ShareableExport | ArgLayout::ShareableImport => {
-                event.handle_type = driver_api::handle_type_name(record.handle_type).map(Cow::Borrowed);
-                event.handle_object = (record.aux != 0).then_some(record.aux);
-            }
-            _ => {}
-        }
+        let call = CallValues {
+            result: record.result,
+            addr: record.addr,
+            size: record.size,
+            aux: record.aux,
+            device: record.device,
+            duration_ns: record.duration_ns,
+            handle: full.handle_bytes(),
+            handle_type: record.handle_type,
+        };
+        api.fill_event(event, &call);
     }
 }
 

@@ -1,7 +1,9 @@
 //! Every libcuda entry point gpuprof captures, what it means (operation, memory kind) and how it
 //! passes its arguments. Capture back ends (eBPF probes, CUPTI callbacks) index this one table.
 
-use crate::event::{Kind, Op};
+use std::borrow::Cow;
+
+use crate::event::{Event, Kind, Op};
 
 /// How an entry point passes the values an event needs (x86-64 SysV; `out` = written by the
 /// call, read after it returns). Legacy (pre-`_v2`) entry points use 32-bit pointers and sizes.
@@ -139,6 +141,48 @@ pub fn by_name(name: &str) -> Option<(u16, &'static DriverApi)> {
         .iter()
         .position(|api| api.name == name)
         .map(|index| (index as u16, &DRIVER_APIS[index]))
+}
+
+/// The values a capture reads from one driver call, the same whichever back end read them (the
+/// eBPF record, the CUPTI callback): what `aux` holds depends on the entry point's [`ArgLayout`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CallValues<'a> {
+    pub result: i32,
+    pub addr: u64,
+    pub size: u64,
+    /// Pitch (`OutPitch*`), the mapped VMM handle (`VmmMap`), total memory (`MemInfo*`), the
+    /// kernel object of a POSIX-fd shareable handle (`Shareable*`, 0 when unknown).
+    pub aux: u64,
+    /// -1 when the call names no device.
+    pub device: i32,
+    pub duration_ns: u64,
+    /// IPC / shareable handle bytes, for the entry points that carry one.
+    pub handle: Option<&'a [u8]>,
+    /// `CUmemAllocationHandleType` of shareable-handle calls.
+    pub handle_type: u8,
+}
+
+impl DriverApi {
+    /// Fills the driver-layer fields of `event` from what was read of the call.
+    pub fn fill_event(&self, event: &mut Event, call: &CallValues) {
+        event.kind = self.kind;
+        event.result = call.result;
+        event.addr = Some(call.addr);
+        event.size = call.size;
+        event.device = (call.device >= 0).then_some(call.device);
+        event.duration_ns = Some(call.duration_ns);
+        event.handle = call.handle.map(<[u8]>::to_vec);
+        match self.args {
+            ArgLayout::OutPitch | ArgLayout::OutPitch32 if event.succeeded() => event.pitch = Some(call.aux),
+            ArgLayout::VmmMap => event.vmm_handle = Some(call.aux),
+            ArgLayout::MemInfo | ArgLayout::MemInfo32 if event.succeeded() => event.total = Some(call.aux),
+            ArgLayout::ShareableExport | ArgLayout::ShareableImport => {
+                event.handle_type = handle_type_name(call.handle_type).map(Cow::Borrowed);
+                event.handle_object = (call.aux != 0).then_some(call.aux);
+            }
+            _ => {}
+        }
+    }
 }
 
 /// Name of a `CUmemAllocationHandleType` value.
