@@ -65,8 +65,28 @@ pub fn standin_dir() -> &'static Path {
         compile(
             "libcuda_standin.c",
             &dir.join("libcuda.so.1"),
-            &["-shared", "-fPIC", "-fvisibility=hidden", "-lpthread"],
+            &["-shared", "-fPIC", "-fvisibility=hidden", "-lpthread", "-ldl"],
         );
+        // CUPTI beside the driver, found by name on the library path like a toolkit's.
+        compile(
+            "libcupti_standin.c",
+            &dir.join("libcupti.so.13"),
+            &["-shared", "-fPIC", "-fvisibility=hidden", "-Wl,-soname,libcupti.so.13", "-lpthread", "-ldl"],
+        );
+        dir
+    })
+}
+
+/// A directory holding the libcuda stand-in and no libcupti: a CUDA process CUPTI cannot watch.
+pub fn standin_dir_without_cupti() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = build_dir().join("standin-no-cupti");
+        std::fs::create_dir_all(&dir).unwrap();
+        let link = dir.join("libcuda.so.1");
+        if !link.exists() {
+            std::os::unix::fs::symlink(standin_dir().join("libcuda.so.1"), &link).unwrap();
+        }
         dir
     })
 }
@@ -242,6 +262,11 @@ pub fn driver_events(events: &[Event]) -> Vec<&Event> {
 /// Checks, call by call and in order, that the captured events are exactly the expected ones:
 /// every field the workload logged equals the event's field; nothing extra, nothing missing.
 pub fn assert_same_calls(expected: &[Value], captured: &[&Event]) {
+    assert_same_calls_from(expected, captured, gpuprof_model::event::Source::Ebpf);
+}
+
+/// As assert_same_calls, for events captured by `source`.
+pub fn assert_same_calls_from(expected: &[Value], captured: &[&Event], source: gpuprof_model::event::Source) {
     for (index, (want, got)) in expected.iter().zip(captured).enumerate() {
         let got_json = serde_json::to_value(got).unwrap();
         for (field, value) in want.as_object().unwrap() {
@@ -251,12 +276,12 @@ pub fn assert_same_calls(expected: &[Value], captured: &[&Event]) {
                 want["api"]
             );
         }
-        assert_eq!(got.source, gpuprof_model::event::Source::Ebpf);
+        assert_eq!(got.source, source);
     }
     assert_eq!(
         captured.len(),
         expected.len(),
-        "captured {} driver calls, the workload made {}",
+        "captured {} calls, the workload made {}",
         captured.len(),
         expected.len()
     );
