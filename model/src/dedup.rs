@@ -1,7 +1,9 @@
 //! One event per call when two captures see it: a process running with gpuprof's shim on a node
-//! whose daemon also probes it with eBPF reports each allocator call twice, once per source. A call is the same call when everything it reported matches — process, layer,
-//! operation, address, size, the allocator's totals — within a short window; the first copy to
-//! arrive is kept, whichever source it came from. Repeats from one source are never dropped.
+//! whose daemon also probes it with eBPF reports each allocator call and each driver memory call
+//! twice, once per source (the shim's CUPTI callbacks, eBPF's uprobes). A call is the same call
+//! when everything it reported matches — process, layer, entry point, operation, address, size,
+//! result, the allocator's totals — within a short window; the first copy to arrive is kept,
+//! whichever source it came from. Repeats from one source are never dropped.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -16,9 +18,11 @@ pub const DEFAULT_WINDOW_NS: u64 = 2_000_000_000;
 struct CallKey {
     pid: u32,
     layer: Layer,
+    api: std::borrow::Cow<'static, str>,
     op: Op,
     addr: Option<u64>,
     size: u64,
+    result: i32,
     allocated: Option<u64>,
     reserved: Option<u64>,
 }
@@ -28,9 +32,11 @@ impl CallKey {
         CallKey {
             pid: event.pid,
             layer: event.layer,
+            api: event.api.clone(),
             op: event.op,
             addr: event.addr,
             size: event.size,
+            result: event.result,
             allocated: event.allocated,
             reserved: event.reserved,
         }
@@ -52,10 +58,11 @@ impl Dedup {
         Dedup { window_ns, waiting: HashMap::new(), arrivals: VecDeque::new(), dropped: 0 }
     }
 
-    /// Only calls both captures see are compared: allocator reports. (Process transitions are
-    /// the kernel's to report where it probes: a consumer of both takes them from eBPF alone.)
+    /// Only calls both captures see are compared: allocator reports and driver calls. (Process
+    /// transitions are the kernel's to report where it probes: a consumer of both takes them
+    /// from eBPF alone.)
     fn compared(event: &Event) -> bool {
-        event.layer == Layer::Allocator
+        matches!(event.layer, Layer::Allocator | Layer::Driver)
     }
 
     /// True when the event is to be kept; false for the second copy of a call already kept.
@@ -145,11 +152,27 @@ mod tests {
         // The eBPF copy of the first arrives in time: dropped; of the second, too late: kept.
         assert!(!dedup.admit(&report(900, Source::Ebpf, Op::Alloc, 0x100, 512)));
         assert!(dedup.admit(&report(5_000, Source::Ebpf, Op::Alloc, 0x100, 512)));
-        // Driver calls are only ever seen once: never compared.
-        let mut driver = report(5_001, Source::Ebpf, Op::Alloc, 0x100, 512);
-        driver.layer = Layer::Driver;
-        assert!(dedup.admit(&driver));
-        assert!(dedup.admit(&driver));
+    }
+
+    #[test]
+    fn a_driver_call_seen_by_both_captures_is_kept_once_and_a_failed_twin_is_another_call() {
+        let mut dedup = Dedup::new(DEFAULT_WINDOW_NS);
+        let call = |ts, source, result| {
+            let mut event = Event::new(ts, 7, 7, source, Layer::Driver, Op::Alloc, Cow::Borrowed("cuMemAlloc_v2"));
+            event.addr = Some(if result == 0 { 0x7f00_0000_0000 } else { 0 });
+            event.size = 2 << 20;
+            event.result = result;
+            event
+        };
+        assert!(dedup.admit(&call(10, Source::Cupti, 0)));
+        assert!(dedup.admit(&call(11, Source::Cupti, 2)));
+        assert!(!dedup.admit(&call(30, Source::Ebpf, 0)));
+        assert!(!dedup.admit(&call(31, Source::Ebpf, 2)));
+        // The same values from another entry point: another call.
+        let mut legacy = call(32, Source::Ebpf, 0);
+        legacy.api = Cow::Borrowed("cuMemAlloc");
+        assert!(dedup.admit(&legacy));
+        assert_eq!(dedup.dropped(), 2);
     }
 
     #[test]
