@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gpuprof_model::event::{Layer, Op};
+use gpuprof_model::event::{Layer, Op, Source};
 use serde_json::Value;
 use support::collector::Collector;
 use support::*;
@@ -346,12 +346,14 @@ fn the_daemon_keeps_one_event_per_call_the_shim_and_the_probes_both_see() {
     assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
     let expected = read_expected(&log);
     let pid = pid_of_role(&expected, "parent");
-    // Every CUDA report of the workload (the CPU one is neither capture's to record).
+    // Every CUDA report of the workload (the CPU one is neither capture's to record), and every
+    // driver call (the shim sees them through CUPTI's callbacks, the daemon through its probes).
     let reports = expected.iter().filter(|e| e["layer"] == "allocator").count() as u64;
+    let driver_calls = expected.iter().filter(|e| e["op"] != "note" && e["layer"] != "allocator").count() as u64;
     daemon.wait_for("gpuprof_daemon_processes_exited_total", 1, Duration::from_secs(20));
-    daemon.wait_for("gpuprof_daemon_duplicates_dropped_total", reports, Duration::from_secs(10));
+    daemon.wait_for("gpuprof_daemon_duplicates_dropped_total", reports + driver_calls, Duration::from_secs(10));
     let metrics = daemon.metrics();
-    assert_eq!(metrics["gpuprof_daemon_shim_events_total"], reports);
+    assert_eq!(metrics["gpuprof_daemon_shim_events_total"], reports + driver_calls);
     assert_eq!(metrics["gpuprof_daemon_shim_dropped_total"], 0);
     daemon.stop();
 
@@ -365,8 +367,7 @@ fn the_daemon_keeps_one_event_per_call_the_shim_and_the_probes_both_see() {
         assert_eq!((want["op"].as_str().unwrap(), want["size"].as_u64().unwrap()), (got.op.as_str(), got.size));
         assert_eq!(want["addr"].as_str().unwrap(), gpuprof_model::hex::format_addr(got.addr.unwrap()));
     }
-    let driver_calls = expected.iter().filter(|e| e["op"] != "note" && e["layer"] != "allocator").count();
-    assert_eq!(of_workload.iter().filter(|e| e.layer == Layer::Driver).count(), driver_calls);
+    assert_eq!(of_workload.iter().filter(|e| e.layer == Layer::Driver).count() as u64, driver_calls);
     assert_eq!(of_workload.iter().filter(|e| e.op == Op::Exit).count(), 1, "the kernel's exit alone");
 }
 
@@ -397,16 +398,20 @@ fn without_ebpf_the_daemon_takes_the_shims_events() {
     let expected = read_expected(&log);
     let pid = pid_of_role(&expected, "parent");
     let reports = expected.iter().filter(|e| e["layer"] == "allocator").count() as u64;
+    // The segments, through the shim's CUPTI callbacks.
+    let driver_calls = expected.iter().filter(|e| e["op"] != "note" && e["layer"] != "allocator").count() as u64;
     daemon.wait_for("gpuprof_daemon_processes_exited_total", 1, Duration::from_secs(10));
     daemon.wait_for("gpuprof_daemon_processes_forgotten_total", 1, Duration::from_secs(10));
     let metrics = daemon.metrics();
     assert_eq!(metrics["gpuprof_daemon_processes_discovered_total"], 1);
-    assert_eq!(metrics["gpuprof_daemon_events_total"], reports + 1);
+    assert_eq!(metrics["gpuprof_daemon_events_total"], reports + driver_calls + 1);
     assert_eq!(metrics["gpuprof_daemon_processes_followed"], 0);
     assert_eq!(metrics["gpuprof_daemon_processes_retained"], 0);
     let said = daemon.stop();
-    assert!(said.contains(&format!("{} events from 1 processes via the shim; dropped 0", reports + 1)), "{said}");
+    assert!(said.contains(&format!("{} events from 1 processes via the shim; dropped 0", reports + driver_calls + 1)), "{said}");
+    assert!(said.contains("CUPTI driver callbacks in 1 (slot held by another subscriber 0, no libcupti 0, activity cross-check disagreed 0)"), "{said}");
     let events = read_events(&events_path);
     assert_eq!(events.iter().filter(|e| e.pid == pid && e.layer == Layer::Allocator).count() as u64, reports);
+    assert_eq!(events.iter().filter(|e| e.pid == pid && e.layer == Layer::Driver && e.source == Source::Cupti).count() as u64, driver_calls);
     assert_eq!((events.last().unwrap().op, events.last().unwrap().pid), (Op::Exit, pid));
 }

@@ -2,8 +2,11 @@
 //! libcuda or PyTorch it changes nothing; preloaded into a Python workload whose toy caching
 //! allocator reports through stand-ins of libc10_cuda and libc10 (the same exported names and
 //! ABI as PyTorch's), every report becomes exactly the event the workload expects, with its
-//! Python stack, and still reaches libc10; with no agent the events go to the file named by
-//! GPUPROF_SHIM_OUTPUT; a full queue drops and counts, never blocks.
+//! Python stack, and still reaches libc10; the driver's memory entry points, watched through the
+//! CUPTI stand-in's callbacks, become exactly the driver events the workload expects, cross-checked
+//! with CUPTI's activity records; without CUPTI (none installed, or its one slot held by a
+//! profiler) that is said once and the allocator path goes on; with no agent the events go to the
+//! file named by GPUPROF_SHIM_OUTPUT; a full queue drops and counts, never blocks.
 
 mod support;
 
@@ -54,11 +57,129 @@ fn the_shim_changes_nothing_in_programs_without_cuda() {
     assert!(!output.exists(), "nothing was captured, so nothing was written");
 }
 
+/// The driver calls a workload expects (the allocator's reports left out).
+fn expected_driver_calls(expected: &[Value]) -> Vec<Value> {
+    expected_calls(expected).into_iter().filter(|e| e["layer"] != "allocator").collect()
+}
+
+/// every_entry_point.py with the shim preloaded over the libcuda and libcupti stand-ins;
+/// returns (expected, events, stderr).
+fn shimmed_entry_points(dir: &Path, env: &[(&str, &str)]) -> (Vec<Value>, Vec<gpuprof_model::Event>, String) {
+    let (log, events) = (dir.join("expected.jsonl"), dir.join("events.jsonl"));
+    let mut command = preloaded(python3(), &[workloads().join("every_entry_point.py").to_str().unwrap()]);
+    workload_env(&mut command, &log);
+    command.env("GPUPROF_SHIM_OUTPUT", &events).envs(env.iter().copied());
+    let output = run(&mut command);
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    (read_expected(&log), read_events(&events), stderr)
+}
+
+/// Preloaded, the shim has the driver inject it at cuInit, subscribes to CUPTI's callbacks for
+/// the memory entry points, and turns each call — successes and failures, outputs read at exit,
+/// IPC handles, the Python line that made it — into exactly the event eBPF capture makes of it.
+/// CUPTI's memory activity records count the same allocations and releases.
+#[test]
+fn cupti_callbacks_capture_every_driver_entry_point_exactly() {
+    let dir = scratch("shim_cupti_entry_points");
+    let (expected, events, stderr) = shimmed_entry_points(&dir, &[]);
+    assert_eq!(stderr, "", "the activity records agree with the callbacks: nothing to say");
+    let calls = expected_driver_calls(&expected);
+    assert_eq!(calls.len(), 67);
+    let captured = driver_events(&events);
+    assert_same_calls_from(&calls, &captured, Source::Cupti);
+    assert!(captured.iter().all(|e| e.duration_ns.is_some() && e.comm == "python3"));
+    assert_eq!((events.len(), events.last().unwrap().op), (68, Op::Exit));
+
+    // CUPTI dropped two records (out of buffer space): the cross-check says so at exit.
+    let dir = scratch("shim_cupti_cross_check");
+    let (_, events, stderr) = shimmed_entry_points(&dir, &[("GPUPROF_STANDIN_CUPTI_LOSE", "2")]);
+    assert_eq!(driver_events(&events).len(), 67, "the callbacks lost nothing");
+    let pid = events[0].pid;
+    assert_eq!(
+        stderr,
+        format!(
+            "gpuprof shim: pid {pid}: CUPTI cross-check (callbacks vs activity records): device and managed allocations 11 vs 10, releases 13 vs 12; 2 records dropped by CUPTI\n"
+        )
+    );
+}
+
+/// A profiler that subscribes to CUPTI after the shim (as PyTorch's does, binding
+/// `cuptiSubscribe` by name) gets the process's one slot handed over — its traces are not lost
+/// to gpuprof — and when it unsubscribes the shim takes the slot back: the calls made meanwhile
+/// are the only ones not captured in-process, and each hand-over is said once.
+#[test]
+fn a_profiler_subscribing_later_gets_cupti_and_the_shim_takes_it_back_after() {
+    let dir = scratch("shim_cupti_handover");
+    let (log, events) = (dir.join("expected.jsonl"), dir.join("events.jsonl"));
+    let mut command = preloaded(python3(), &[workloads().join("cupti_profiler.py").to_str().unwrap()]);
+    workload_env(&mut command, &log);
+    command.env("GPUPROF_SHIM_OUTPUT", &events).env("GPUPROF_SHIM_REPORT", "1");
+    let output = run(&mut command);
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    let expected = read_expected(&log);
+    let profiled = expected.iter().find(|e| e["op"] == "note").unwrap()["profiled"].as_str().unwrap().to_string();
+    let calls: Vec<Value> = expected_driver_calls(&expected)
+        .into_iter()
+        .filter(|e| !(e["api"] == "cuMemAlloc_v2" && e["addr"] == profiled.as_str()))
+        .collect();
+    let captured = read_events(&events);
+    assert_same_calls_from(&calls, &driver_events(&captured), Source::Cupti);
+    assert_eq!(calls.iter().filter(|e| e["api"] == "cuMemFree_v2").count(), 2);
+    let pid = captured[0].pid;
+    let said: Vec<&str> = stderr.lines().collect();
+    assert_eq!(said.len(), 3, "{stderr}");
+    assert_eq!(said[0], format!("gpuprof shim: pid {pid}: a profiler subscribed to CUPTI: gpuprof handed it the process's only slot; driver calls are not captured in-process until it unsubscribes (allocator events go on)"));
+    assert_eq!(said[1], format!("gpuprof shim: pid {pid}: the other CUPTI subscriber let go: gpuprof captures driver calls in-process again"));
+    // The counters: subscribed at the end; the cross-check spans a hand-over, so it compares nothing.
+    let counters: Value = serde_json::from_str(said[2]).unwrap();
+    assert_eq!(counters["gpuprof_shim"]["cupti"], "subscribed");
+    assert_eq!(counters["gpuprof_shim"]["cupti_cross_check"]["interrupted"], true);
+    assert_eq!(counters["gpuprof_shim"]["cupti_cross_check"]["agrees"], true);
+}
+
+/// Where CUPTI cannot watch the driver — no libcupti installed, or a profiler already holding
+/// the process's one subscriber slot — the shim says so once, on stderr, and every allocator
+/// report is still an event.
+#[test]
+fn without_cupti_the_shim_says_why_once_and_the_allocator_path_goes_on() {
+    let no_library = standin_dir_without_cupti().to_str().unwrap();
+    let held_by = workloads().join("cupti_held.py");
+    for (case, env) in [
+        ("shim_no_cupti", vec![("LD_LIBRARY_PATH", no_library)]),
+        ("shim_cupti_held", vec![]),
+    ] {
+        let dir = scratch(case);
+        let (expected, events, stderr) = if case == "shim_cupti_held" {
+            shimmed_tensors_via(&dir, &held_by, &env)
+        } else {
+            shimmed_tensors(&dir, &env)
+        };
+        let pid = pid_of_role(&expected, "parent");
+        let why = if case == "shim_no_cupti" {
+            "no libcupti (loaded, $GPUPROF_CUPTI, beside libcudart, $CUDA_HOME, /usr/local/cuda, the loader's path): set GPUPROF_CUPTI=/path/to/libcupti.so"
+        } else {
+            "another CUPTI subscriber (a profiler: PyTorch's, Nsight) holds this process's only slot; allocator events go on"
+        };
+        assert_eq!(stderr, format!("gpuprof shim: pid {pid}: driver calls are not captured in-process: {why}\n"), "{case}");
+        let blocks = expected_blocks(&expected);
+        let captured: Vec<&gpuprof_model::Event> = events.iter().filter(|e| e.layer == Layer::Allocator).collect();
+        assert_same_calls_from(&blocks, &captured, Source::Cupti);
+        assert_eq!(driver_events(&events).len(), 0, "{case}");
+    }
+}
+
 /// tensors.py through the stand-ins with the shim preloaded; returns (expected, events, stderr).
 fn shimmed_tensors(dir: &Path, env: &[(&str, &str)]) -> (Vec<Value>, Vec<gpuprof_model::Event>, String) {
+    shimmed_tensors_via(dir, &workloads().join("tensors.py"), env)
+}
+
+/// As shimmed_tensors, with `script` as the program (one that runs tensors.py in its process).
+fn shimmed_tensors_via(dir: &Path, script: &Path, env: &[(&str, &str)]) -> (Vec<Value>, Vec<gpuprof_model::Event>, String) {
     let log = dir.join("expected.jsonl");
     let events = dir.join("events.jsonl");
-    let mut command = preloaded(python3(), &[workloads().join("tensors.py").to_str().unwrap()]);
+    let mut command = preloaded(python3(), &[script.to_str().unwrap()]);
     workload_env(&mut command, &log);
     command.env("GPUPROF_LIBC10_CUDA", libc10_cuda_standin()).env("GPUPROF_SHIM_OUTPUT", &events);
     for (key, value) in env {
@@ -84,6 +205,10 @@ fn every_allocator_report_is_an_event_with_its_python_stack_and_still_reaches_li
     for event in &captured {
         assert_eq!((event.pid, event.comm.as_str()), (pid, "python3"));
     }
+    // The segments under the blocks, through CUPTI's callbacks: cuMemAlloc_v2 and cuMemFree_v2.
+    let segments = expected_driver_calls(&expected);
+    assert_eq!(segments.iter().filter(|e| e["api"] == "cuMemAlloc_v2").count(), 3);
+    assert_same_calls_from(&segments, &driver_events(&events), Source::Cupti);
     // The process's exit closes it.
     let exit = events.last().unwrap();
     assert_eq!((exit.layer, exit.op, exit.pid), (Layer::Process, Op::Exit, pid));
@@ -143,18 +268,6 @@ fn expected_blocks(expected: &[Value]) -> Vec<Value> {
         .collect()
 }
 
-/// As support's assert_same_calls, for events of another source.
-fn assert_same_calls_from(expected: &[Value], captured: &[&gpuprof_model::Event], source: Source) {
-    for (index, (want, got)) in expected.iter().zip(captured).enumerate() {
-        let got_json = serde_json::to_value(got).unwrap();
-        for (field, value) in want.as_object().unwrap() {
-            assert_eq!(&got_json[field], value, "call {index}: field {field} differs\n expected {want}\n captured {got_json}");
-        }
-        assert_eq!(got.source, source);
-    }
-    assert_eq!(captured.len(), expected.len());
-}
-
 /// `gpuprof run --via shim` with every capability dropped (eBPF capture refuses to start there):
 /// no eBPF, the shim found next to gpuprof,
 /// events over the run's socket equal to what the workload expects, the same flow as eBPF
@@ -184,9 +297,11 @@ fn run_via_shim_captures_without_privileges() {
     let expected = read_expected(&log);
     let pid = pid_of_role(&expected, "parent");
     let blocks = expected_blocks(&expected);
+    let segments = expected_driver_calls(&expected);
     let captured = read_events(&events);
     let allocator: Vec<&gpuprof_model::Event> = captured.iter().filter(|e| e.layer == Layer::Allocator).collect();
     assert_same_calls_from(&blocks, &allocator, Source::Cupti);
+    assert_same_calls_from(&segments, &driver_events(&captured), Source::Cupti);
     assert_eq!((captured.last().unwrap().op, captured.last().unwrap().pid), (Op::Exit, pid));
     // Every block was freed before the end: nothing to find.
     assert_eq!(std::fs::read_to_string(&findings).unwrap().trim(), "[]");
@@ -194,8 +309,8 @@ fn run_via_shim_captures_without_privileges() {
     assert_eq!(
         stats,
         format!(
-            "gpuprof: {} events from 1 processes via the shim; dropped 0 (queue full in the process); stacks cut 0, unresolved 0; undecodable lines 0; processes closed out by hanging up 0",
-            blocks.len() + 1
+            "gpuprof: {} events from 1 processes via the shim; dropped 0 (queue full in the process); stacks cut 0, unresolved 0; undecodable lines 0; processes closed out by hanging up 0; CUPTI driver callbacks in 1 (slot held by another subscriber 0, no libcupti 0, activity cross-check disagreed 0)",
+            blocks.len() + segments.len() + 1
         )
     );
 }

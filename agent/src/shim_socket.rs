@@ -20,6 +20,41 @@ pub struct ShimCounters {
     pub dropped_queue_full: u64,
     pub stacks_cut: u64,
     pub stacks_unresolved: u64,
+    /// Processes whose driver calls CUPTI's callbacks captured, and those where it could not:
+    /// another subscriber held the slot, or no libcupti was found.
+    #[serde(default, rename = "cupti", deserialize_with = "cupti_state")]
+    pub cupti: CuptiProcesses,
+    /// Processes whose CUPTI activity records disagreed with the callbacks.
+    #[serde(default, rename = "cupti_cross_check", deserialize_with = "cross_check_disagrees")]
+    pub cross_check_disagreed: u64,
+}
+
+/// Processes by the state of their CUPTI subscription.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct CuptiProcesses {
+    pub subscribed: u64,
+    pub slot_taken: u64,
+    pub no_libcupti: u64,
+}
+
+fn cupti_state<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<CuptiProcesses, D::Error> {
+    let state = String::deserialize(deserializer)?;
+    let mut processes = CuptiProcesses::default();
+    match state.as_str() {
+        "subscribed" => processes.subscribed = 1,
+        "slot_taken" => processes.slot_taken = 1,
+        "no_libcupti" => processes.no_libcupti = 1,
+        _ => {}
+    }
+    Ok(processes)
+}
+
+fn cross_check_disagrees<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<u64, D::Error> {
+    #[derive(Deserialize)]
+    struct CrossCheck {
+        agrees: bool,
+    }
+    Ok(u64::from(!CrossCheck::deserialize(deserializer)?.agrees))
 }
 
 impl ShimCounters {
@@ -28,6 +63,10 @@ impl ShimCounters {
         self.dropped_queue_full += other.dropped_queue_full;
         self.stacks_cut += other.stacks_cut;
         self.stacks_unresolved += other.stacks_unresolved;
+        self.cupti.subscribed += other.cupti.subscribed;
+        self.cupti.slot_taken += other.cupti.slot_taken;
+        self.cupti.no_libcupti += other.cupti.no_libcupti;
+        self.cross_check_disagreed += other.cross_check_disagreed;
     }
 }
 
@@ -150,13 +189,17 @@ impl ShimProcesses {
 
     pub fn stats_line(&self, events: u64) -> String {
         format!(
-            "{events} events from {} processes via the shim; dropped {} (queue full in the process); stacks cut {}, unresolved {}; undecodable lines {}; processes closed out by hanging up {}",
+            "{events} events from {} processes via the shim; dropped {} (queue full in the process); stacks cut {}, unresolved {}; undecodable lines {}; processes closed out by hanging up {}; CUPTI driver callbacks in {} (slot held by another subscriber {}, no libcupti {}, activity cross-check disagreed {})",
             self.processes_seen,
             self.counters.dropped_queue_full,
             self.counters.stacks_cut,
             self.counters.stacks_unresolved,
             self.undecodable,
-            self.closed_without_exit
+            self.closed_without_exit,
+            self.counters.cupti.subscribed,
+            self.counters.cupti.slot_taken,
+            self.counters.cupti.no_libcupti,
+            self.counters.cross_check_disagreed
         )
     }
 }

@@ -5,8 +5,8 @@
 
 use std::ffi::c_void;
 
-use crate::queue;
-use crate::{forward, python, sink};
+use crate::queue::{self, Call};
+use crate::{forward, sink};
 
 /// `c10::DeviceType::CUDA`.
 pub const DEVICE_TYPE_CUDA: u8 = 1;
@@ -26,18 +26,6 @@ pub unsafe extern "C" fn report_memory_usage_to_profiler(ptr: *mut c_void, alloc
 }
 
 fn record(ptr: u64, delta: i64, allocated: u64, reserved: u64, device_index: i8) {
-    let (pid, tid) = queue::this_thread();
-    let ts_ns = sink::now_ns();
-    queue::push_allocator(|record| {
-        record.ts_ns = ts_ns;
-        record.pid = pid;
-        record.tid = tid;
-        record.ptr = ptr;
-        record.delta = delta;
-        record.allocated = allocated;
-        record.reserved = reserved;
-        record.device_index = device_index;
-        // The walk writes its frames straight into the ring's slot.
-        record.frame_count = python::walk(&mut record.frames);
-    });
+    crate::cupti::start_if_driver_unwatched();
+    queue::record_call(sink::now_ns(), Call::Allocator { ptr, delta, allocated, reserved, device_index });
 }

@@ -1,6 +1,6 @@
-//! The bounded queues between the calling threads and the shim's sender thread: allocator
-//! records are written in place into a preallocated ring (`ring`), the rare others (code object
-//! descriptions, fork, exit) go through a small queue. A call never allocates here and never
+//! The bounded queues between the calling threads and the shim's sender thread: call records
+//! (allocator reports, driver calls) are written in place into a preallocated ring (`ring`), the
+//! rare others (code object descriptions, fork, exit) go through a small queue. A call never allocates here and never
 //! waits; when a queue is full the record is dropped and counted.
 
 use std::cell::Cell;
@@ -13,7 +13,7 @@ use crate::ring::Ring;
 
 /// Python frames kept per event, innermost first (deeper stacks are cut and marked).
 pub const MAX_FRAMES: usize = 48;
-/// Allocator records the ring holds (about 0.8 KiB each).
+/// Call records the ring holds (about 0.9 KiB each).
 const CAPACITY: usize = 8192;
 /// Other records the queue holds.
 const OTHER_CAPACITY: usize = 4096;
@@ -25,32 +25,50 @@ pub struct RawFrame {
     pub instr: u64,
 }
 
-/// One allocator report as it was made.
+/// What one call was, as the calling thread saw it.
 #[derive(Debug, Clone, Copy)]
-pub struct AllocatorRecord {
+pub enum Call {
+    /// A caching-allocator report (`c10::reportMemoryUsageToProfiler`).
+    Allocator { ptr: u64, delta: i64, allocated: u64, reserved: u64, device_index: i8 },
+    /// A libcuda memory entry point, seen by a CUPTI callback at its exit.
+    Driver(DriverCall),
+}
+
+/// A driver call's values (see `gpuprof_model::driver_api::CallValues`), owned and fixed-size.
+#[derive(Debug, Clone, Copy)]
+pub struct DriverCall {
+    /// Index in `gpuprof_model::driver_api::DRIVER_APIS`.
+    pub api: u16,
+    pub result: i32,
+    pub addr: u64,
+    pub size: u64,
+    pub aux: u64,
+    pub device: i32,
+    pub duration_ns: u64,
+    pub handle_type: u8,
+    /// Bytes of `handle` that are the call's handle (0: none).
+    pub handle_len: u8,
+    pub handle: [u8; 64],
+}
+
+/// One call as it was made, with the calling thread's Python stack.
+#[derive(Debug, Clone, Copy)]
+pub struct CallRecord {
     pub ts_ns: u64,
     pub pid: u32,
     pub tid: u32,
-    pub ptr: u64,
-    pub delta: i64,
-    pub allocated: u64,
-    pub reserved: u64,
-    pub device_index: i8,
+    pub call: Call,
     /// Frames in `frames` (a deeper stack is cut, and counted).
     pub frame_count: u8,
     pub frames: [RawFrame; MAX_FRAMES],
 }
 
-impl AllocatorRecord {
-    const EMPTY: AllocatorRecord = AllocatorRecord {
+impl CallRecord {
+    const EMPTY: CallRecord = CallRecord {
         ts_ns: 0,
         pid: 0,
         tid: 0,
-        ptr: 0,
-        delta: 0,
-        allocated: 0,
-        reserved: 0,
-        device_index: 0,
+        call: Call::Allocator { ptr: 0, delta: 0, allocated: 0, reserved: 0, device_index: 0 },
         frame_count: 0,
         frames: [RawFrame { code: 0, instr: 0 }; MAX_FRAMES],
     };
@@ -109,20 +127,33 @@ fn queue() -> &'static ArrayQueue<Record> {
     QUEUE.get_or_init(|| ArrayQueue::new(OTHER_CAPACITY))
 }
 
-fn ring() -> &'static Ring<AllocatorRecord> {
-    static RING: OnceLock<Ring<AllocatorRecord>> = OnceLock::new();
-    RING.get_or_init(|| Ring::new(CAPACITY, AllocatorRecord::EMPTY))
+fn ring() -> &'static Ring<CallRecord> {
+    static RING: OnceLock<Ring<CallRecord>> = OnceLock::new();
+    RING.get_or_init(|| Ring::new(CAPACITY, CallRecord::EMPTY))
 }
 
-/// Writes one allocator record in place (starting the sender if this process has none yet).
-pub fn push_allocator(fill: impl FnOnce(&mut AllocatorRecord)) {
+/// Writes one call record in place (starting the sender if this process has none yet).
+pub fn push_call(fill: impl FnOnce(&mut CallRecord)) {
     crate::sink::ensure_running();
     let counter = if ring().push_with(fill) { &COUNTERS.queued } else { &COUNTERS.dropped_queue_full };
     counter.fetch_add(1, Ordering::Relaxed);
 }
 
-/// The oldest allocator record, to `read`; false when there is none.
-pub fn pop_allocator(read: impl FnOnce(&AllocatorRecord)) -> bool {
+/// Records a call made at `ts_ns` by this thread, with its Python stack.
+pub fn record_call(ts_ns: u64, call: Call) {
+    let (pid, tid) = this_thread();
+    push_call(|record| {
+        record.ts_ns = ts_ns;
+        record.pid = pid;
+        record.tid = tid;
+        record.call = call;
+        // The walk writes its frames straight into the ring's slot.
+        record.frame_count = crate::python::walk(&mut record.frames);
+    });
+}
+
+/// The oldest call record, to `read`; false when there is none.
+pub fn pop_call(read: impl FnOnce(&CallRecord)) -> bool {
     ring().pop_with(read)
 }
 

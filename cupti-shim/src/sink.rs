@@ -10,13 +10,16 @@ use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use gpuprof_model::driver_api::{self, CallValues};
 use gpuprof_model::event::{Event, Kind, Layer, Op, Source, PYTORCH_ALLOCATOR_API};
 use gpuprof_pystack::{Memory, MemoryError, Symbolizer};
 
-use crate::queue::{self, AllocatorRecord, Record, COUNTERS};
+use crate::queue::{self, Call, CallRecord, Record, COUNTERS};
 
 pub const SOCKET_VAR: &str = "GPUPROF_SHIM_SOCKET";
 pub const OUTPUT_VAR: &str = "GPUPROF_SHIM_OUTPUT";
+/// Set: the counters line is also written to stderr at exit (to see what a process counted).
+pub const REPORT_VAR: &str = "GPUPROF_SHIM_REPORT";
 /// The sender's sleep when the queue is empty: the latency of an event, not of the caller.
 const IDLE: Duration = Duration::from_millis(2);
 /// How long exit waits for the queue to be sent.
@@ -138,16 +141,16 @@ fn run() {
         };
         other(&mut batch, &mut exits, &mut symbolizer);
         loop {
-            let mut block = None;
-            if !queue::pop_allocator(|record| block = Some(*record)) {
+            let mut call = None;
+            if !queue::pop_call(|record| call = Some(*record)) {
                 break;
             }
-            // A block's code objects were queued before it was published: now that it is here,
+            // A call's code objects were queued before it was published: now that it is here,
             // they are too.
             if queue::others_waiting() {
                 other(&mut batch, &mut exits, &mut symbolizer);
             }
-            let event = allocator_event(&block.expect("set by the read"), &mut symbolizer, &comm, ppid);
+            let event = call_event(&call.expect("set by the read"), &mut symbolizer, &comm, ppid);
             push_line(&mut batch, &event);
             if batch.len() >= 1 << 16 {
                 write(&mut destination, &batch);
@@ -162,15 +165,21 @@ fn run() {
             batch.clear();
         }
         if stopping {
+            let counters = serde_json::json!({"gpuprof_shim": {
+                "pid": std::process::id(),
+                "sent": SENT.load(Ordering::Relaxed),
+                "dropped_queue_full": COUNTERS.dropped_queue_full.load(Ordering::Relaxed),
+                "stacks_cut": COUNTERS.stacks_cut.load(Ordering::Relaxed),
+                "stacks_unresolved": UNRESOLVED.load(Ordering::Relaxed),
+                "cupti": crate::cupti::state().name(),
+                "cupti_library": crate::cupti::library_path(),
+                "cupti_cross_check": crate::cupti::cross_check().to_json(),
+            }});
             if let Destination::Agent(stream) = &mut destination {
-                let counters = serde_json::json!({"gpuprof_shim": {
-                    "pid": std::process::id(),
-                    "sent": SENT.load(Ordering::Relaxed),
-                    "dropped_queue_full": COUNTERS.dropped_queue_full.load(Ordering::Relaxed),
-                    "stacks_cut": COUNTERS.stacks_cut.load(Ordering::Relaxed),
-                    "stacks_unresolved": UNRESOLVED.load(Ordering::Relaxed),
-                }});
                 let _ = stream.write_all(format!("{counters}\n").as_bytes());
+            }
+            if std::env::var_os(REPORT_VAR).is_some() {
+                eprintln!("{counters}");
             }
             DRAINED.store(true, Ordering::Release);
             return;
@@ -220,17 +229,38 @@ fn event_of(record: Record, symbolizer: &mut Option<Symbolizer>, comm: &str, ppi
     }
 }
 
-fn allocator_event(record: &AllocatorRecord, symbolizer: &mut Option<Symbolizer>, comm: &str, ppid: u32) -> Event {
-    let op = if record.delta < 0 { Op::Free } else { Op::Alloc };
-    let mut event = Event::new(record.ts_ns, record.pid, record.tid, Source::Cupti, Layer::Allocator, op, Cow::Borrowed(PYTORCH_ALLOCATOR_API));
+fn call_event(record: &CallRecord, symbolizer: &mut Option<Symbolizer>, comm: &str, ppid: u32) -> Event {
+    let mut event = match &record.call {
+        Call::Allocator { ptr, delta, allocated, reserved, device_index } => {
+            let op = if *delta < 0 { Op::Free } else { Op::Alloc };
+            let mut event = Event::new(record.ts_ns, record.pid, record.tid, Source::Cupti, Layer::Allocator, op, Cow::Borrowed(PYTORCH_ALLOCATOR_API));
+            event.kind = Some(Kind::Device);
+            event.device = Some(i32::from(*device_index));
+            event.addr = Some(*ptr);
+            event.size = delta.unsigned_abs();
+            event.allocated = Some(*allocated);
+            event.reserved = Some(*reserved);
+            event
+        }
+        Call::Driver(call) => {
+            let api = driver_api::by_id(call.api).expect("the callback records table entries only");
+            let mut event = Event::new(record.ts_ns, record.pid, record.tid, Source::Cupti, Layer::Driver, api.op, Cow::Borrowed(api.name));
+            let values = CallValues {
+                result: call.result,
+                addr: call.addr,
+                size: call.size,
+                aux: call.aux,
+                device: call.device,
+                duration_ns: call.duration_ns,
+                handle: (call.handle_len > 0).then(|| &call.handle[..usize::from(call.handle_len)]),
+                handle_type: call.handle_type,
+            };
+            api.fill_event(&mut event, &values);
+            event
+        }
+    };
     event.comm = comm.to_string();
     event.ppid = Some(ppid);
-    event.kind = Some(Kind::Device);
-    event.device = Some(i32::from(record.device_index));
-    event.addr = Some(record.ptr);
-    event.size = record.delta.unsigned_abs();
-    event.allocated = Some(record.allocated);
-    event.reserved = Some(record.reserved);
     if let Some(symbolizer) = symbolizer {
         let frames = &record.frames[..usize::from(record.frame_count)];
         let stack: Result<Vec<_>, _> = frames.iter().map(|f| symbolizer.frame(&NoMemory, f.code, f.instr)).collect();

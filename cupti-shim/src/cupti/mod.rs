@@ -1,0 +1,318 @@
+//! The driver's memory entry points, in-process, through CUPTI's callback API (declarations from
+//! cudarc, the library found and bound at run time: `library`). Subscribed once per process, from
+//! `InitializeInjection` — which the driver calls at `cuInit` when `CUDA_INJECTION64_PATH` names
+//! the shim; a preloaded shim names itself there (`arrange_injection`), so a process that never
+//! initializes CUDA never loads CUPTI. Only the entry points of gpuprof's driver table are
+//! enabled (`callback`); CUPTI's memory activity records count the same calls independently
+//! (`activity`), compared at exit.
+//!
+//! CUPTI allows one subscriber per process, and a profiler (PyTorch's, Nsight) must not lose its
+//! traces to gpuprof: a profiler that subscribes through the shim's interposed `cuptiSubscribe`
+//! gets the slot handed over, and when it unsubscribes the shim takes it back; one that holds
+//! the slot first leaves the shim without it. Either is said once; the allocator path goes on.
+
+mod activity;
+mod callback;
+mod library;
+mod params;
+mod tally;
+
+use std::ffi::{c_void, CStr, CString};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, Ordering};
+use std::sync::{Mutex, Once};
+
+use cudarc::cupti::sys::{CUpti_CallbackFunc, CUpti_SubscriberHandle};
+
+use tally::{group_sum, Counts, COMPARED};
+
+/// Where the shim's CUPTI subscription stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum State {
+    /// CUDA was not initialized (or not yet): nothing tried.
+    NotStarted = 0,
+    Subscribed = 1,
+    /// Another CUPTI subscriber held the process's slot first.
+    SlotTaken = 2,
+    /// No libcupti found.
+    NoLibrary = 3,
+    /// CUPTI refused in another way.
+    Failed = 4,
+    /// Handed over to a profiler that subscribed after the shim (and not yet taken back).
+    HandedOver = 5,
+}
+
+impl State {
+    pub fn name(self) -> &'static str {
+        match self {
+            State::NotStarted => "not_started",
+            State::Subscribed => "subscribed",
+            State::SlotTaken => "slot_taken",
+            State::NoLibrary => "no_libcupti",
+            State::Failed => "failed",
+            State::HandedOver => "handed_over",
+        }
+    }
+}
+
+const INJECTION_VAR: &str = "CUDA_INJECTION64_PATH";
+/// `CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED`, `CUPTI_ERROR_NOT_INITIALIZED`.
+const MULTIPLE_SUBSCRIBERS: u32 = 39;
+const NOT_INITIALIZED: u32 = 15;
+
+static STATE: AtomicU8 = AtomicU8::new(State::NotStarted as u8);
+static SUBSCRIBE: Once = Once::new();
+/// The shim's subscriber handle while it holds the slot.
+static OURS: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+/// Serializes taking and handing over the slot (the program's threads may race for it).
+static SLOT: Mutex<()> = Mutex::new(());
+/// Set once the slot changed hands: the two sides of the cross-check no longer cover one span.
+static CROSS_CHECK_INTERRUPTED: AtomicBool = AtomicBool::new(false);
+static EXIT_FLUSH: Once = Once::new();
+/// Set when the shim is preloaded but the driver will inject another library: subscribe on the
+/// first allocator report instead (CUDA is initialized by then).
+static SUBSCRIBE_ON_FIRST_REPORT: AtomicBool = AtomicBool::new(false);
+
+/// The libcupti the shim bound, if it did.
+pub fn library_path() -> Option<&'static str> {
+    library::cupti().map(|c| c.path.as_str())
+}
+
+pub fn state() -> State {
+    match STATE.load(Ordering::Acquire) {
+        1 => State::Subscribed,
+        2 => State::SlotTaken,
+        3 => State::NoLibrary,
+        4 => State::Failed,
+        5 => State::HandedOver,
+        _ => State::NotStarted,
+    }
+}
+
+fn set_state(state: State) {
+    STATE.store(state as u8, Ordering::Release);
+}
+
+fn say(what: &str) {
+    eprintln!("gpuprof shim: pid {}: {what}", std::process::id());
+}
+
+/// Preloaded: has the driver call the shim's `InitializeInjection` at `cuInit`, by naming the
+/// shim in `CUDA_INJECTION64_PATH` (children inherit it, and so are watched even where the
+/// preload is lost). If the variable names another library already, that one keeps it.
+pub fn arrange_injection() {
+    let Some(ours) = own_path() else { return };
+    match std::env::var_os(INJECTION_VAR) {
+        None => {
+            let (name, value) = (CString::new(INJECTION_VAR).expect("no NUL"), CString::new(ours).expect("a path has no NUL"));
+            // SAFETY: the constructor runs before the program's threads; both are NUL-terminated.
+            unsafe { libc::setenv(name.as_ptr(), value.as_ptr(), 0) };
+        }
+        Some(named) if same_file(&named, &ours) => {}
+        Some(_) => SUBSCRIBE_ON_FIRST_REPORT.store(true, Ordering::Relaxed),
+    }
+}
+
+/// Subscribes now if the driver will not call the shim itself (see `arrange_injection`).
+pub fn start_if_driver_unwatched() {
+    if SUBSCRIBE_ON_FIRST_REPORT.load(Ordering::Relaxed) && SUBSCRIBE_ON_FIRST_REPORT.swap(false, Ordering::Relaxed) {
+        start();
+    }
+}
+
+/// Subscribes to the driver's memory entry points, once per process; says once why not.
+pub fn start() {
+    SUBSCRIBE.call_once(|| {
+        let outcome = std::panic::catch_unwind(|| {
+            let cupti = library::load().map_err(|why| (State::NoLibrary, why))?;
+            let _slot = SLOT.lock().unwrap_or_else(|e| e.into_inner());
+            subscribe(cupti)
+        })
+        .unwrap_or_else(|_| Err((State::Failed, "CUPTI's bindings panicked".to_string())));
+        match outcome {
+            Ok(()) => set_state(State::Subscribed),
+            Err((state, why)) => {
+                say(&format!("driver calls are not captured in-process: {why}"));
+                set_state(state);
+            }
+        }
+    });
+}
+
+/// Takes the slot and enables the memory entry points and activity records. Called with SLOT held.
+fn subscribe(cupti: &'static library::Cupti) -> Result<(), (State, String)> {
+    let mut subscriber: CUpti_SubscriberHandle = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer and callback; no user data.
+    let result = unsafe { (cupti.subscribe)(&mut subscriber, Some(callback::on_callback), std::ptr::null_mut()) };
+    if result == MULTIPLE_SUBSCRIBERS {
+        return Err((
+            State::SlotTaken,
+            "another CUPTI subscriber (a profiler: PyTorch's, Nsight) holds this process's only slot; allocator events go on".to_string(),
+        ));
+    }
+    if result != library::SUCCESS {
+        return Err((State::Failed, format!("cuptiSubscribe failed: {}", describe(cupti, result))));
+    }
+    for (name, cbid) in callback::CALLBACK_IDS {
+        // SAFETY: the subscriber just made; a driver-domain callback id.
+        let result = unsafe { (cupti.enable_callback)(1, subscriber, callback::DOMAIN_DRIVER_API, cbid) };
+        if result != library::SUCCESS {
+            // SAFETY: our own subscriber.
+            unsafe { (cupti.unsubscribe)(subscriber) };
+            return Err((State::Failed, format!("cuptiEnableCallback({name}) failed: {}", describe(cupti, result))));
+        }
+    }
+    OURS.store(subscriber as *mut c_void, Ordering::Release);
+    if activity::enable(cupti) {
+        // Registered after the driver's own exit handlers (this runs inside cuInit): runs before them.
+        // SAFETY: registering a plain function.
+        EXIT_FLUSH.call_once(|| unsafe {
+            libc::atexit(at_exit);
+        });
+    }
+    Ok(())
+}
+
+/// Another CUPTI client subscribes (PyTorch's profiler does, through libtorch's import of this
+/// name): the shim lets go of the slot first, so the profiler keeps its traces.
+///
+/// SAFETY: CUPTI's `cuptiSubscribe` contract.
+#[no_mangle]
+pub unsafe extern "C" fn cuptiSubscribe(subscriber: *mut CUpti_SubscriberHandle, callback: CUpti_CallbackFunc, userdata: *mut c_void) -> u32 {
+    let Ok(cupti) = library::load() else { return NOT_INITIALIZED };
+    let _slot = SLOT.lock().unwrap_or_else(|e| e.into_inner());
+    let ours = OURS.swap(std::ptr::null_mut(), Ordering::AcqRel);
+    if !ours.is_null() {
+        activity::disable(cupti);
+        // SAFETY: the shim's own subscriber.
+        unsafe { (cupti.unsubscribe)(ours as CUpti_SubscriberHandle) };
+        CROSS_CHECK_INTERRUPTED.store(true, Ordering::Relaxed);
+        set_state(State::HandedOver);
+        say("a profiler subscribed to CUPTI: gpuprof handed it the process's only slot; driver calls are not captured in-process until it unsubscribes (allocator events go on)");
+    }
+    // SAFETY: the caller's arguments, to the real function.
+    unsafe { (cupti.subscribe)(subscriber, callback, userdata) }
+}
+
+/// Another CUPTI client lets go of the slot: the shim takes it back if it had it, or wanted it.
+///
+/// SAFETY: CUPTI's `cuptiUnsubscribe` contract.
+#[no_mangle]
+pub unsafe extern "C" fn cuptiUnsubscribe(subscriber: CUpti_SubscriberHandle) -> u32 {
+    let Ok(cupti) = library::load() else { return NOT_INITIALIZED };
+    let _slot = SLOT.lock().unwrap_or_else(|e| e.into_inner());
+    // SAFETY: the caller's argument, to the real function.
+    let result = unsafe { (cupti.unsubscribe)(subscriber) };
+    if result == library::SUCCESS && matches!(state(), State::HandedOver | State::SlotTaken) && subscribe(cupti).is_ok() {
+        CROSS_CHECK_INTERRUPTED.store(true, Ordering::Relaxed);
+        set_state(State::Subscribed);
+        say("the other CUPTI subscriber let go: gpuprof captures driver calls in-process again");
+    }
+    result
+}
+
+/// The addresses other libraries' imports of the two names above are pointed at, when the shim
+/// was injected rather than preloaded (nothing binds to it by name then).
+pub fn interposers() -> [(&'static CStr, *const c_void); 2] {
+    [(c"cuptiSubscribe", cuptiSubscribe as *const c_void), (c"cuptiUnsubscribe", cuptiUnsubscribe as *const c_void)]
+}
+
+extern "C" fn at_exit() {
+    activity::flush();
+    if let Some(disagreement) = cross_check().disagreement() {
+        say(&disagreement);
+    }
+}
+
+/// The callbacks' counts beside CUPTI's activity records', by memory kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CrossCheck {
+    pub enabled: bool,
+    /// The slot changed hands: the two sides do not cover one span, nothing to compare.
+    pub interrupted: bool,
+    pub callbacks: Counts,
+    pub activity: Counts,
+    pub activity_pool_records: u64,
+    pub activity_dropped: u64,
+    pub activity_buffers: u64,
+}
+
+impl CrossCheck {
+    /// What disagrees, said for a person; None when the two sides agree (or nothing to compare).
+    pub fn disagreement(&self) -> Option<String> {
+        if !self.enabled || self.interrupted {
+            return None;
+        }
+        let seen: u64 = self.callbacks.iter().flatten().sum();
+        if self.activity_buffers == 0 && seen > 0 {
+            return Some("CUPTI's memory activity records never came back (another tool took the activity buffers over): no cross-check".into());
+        }
+        let differing: Vec<String> = COMPARED
+            .iter()
+            .map(|(name, kinds)| (name, group_sum(&self.callbacks, kinds), group_sum(&self.activity, kinds)))
+            .filter(|(_, seen, recorded)| seen != recorded)
+            .map(|(name, [a, r], [b, s])| format!("{name} allocations {a} vs {b}, releases {r} vs {s}"))
+            .collect();
+        (!differing.is_empty() || self.activity_dropped > 0).then(|| {
+            format!(
+                "CUPTI cross-check (callbacks vs activity records): {}; {} records dropped by CUPTI",
+                if differing.is_empty() { "same counts".to_string() } else { differing.join("; ") },
+                self.activity_dropped
+            )
+        })
+    }
+
+    pub fn to_json(self) -> serde_json::Value {
+        serde_json::json!({
+            "callbacks": tally::to_json(&self.callbacks),
+            "activity": tally::to_json(&self.activity),
+            "activity_pool_records": self.activity_pool_records,
+            "activity_dropped": self.activity_dropped,
+            "interrupted": self.interrupted,
+            "agrees": self.disagreement().is_none(),
+        })
+    }
+}
+
+pub fn cross_check() -> CrossCheck {
+    let load = |counter: &std::sync::atomic::AtomicU64| counter.load(Ordering::Relaxed);
+    CrossCheck {
+        enabled: activity::enabled() || activity::BUFFERS.load(Ordering::Relaxed) > 0,
+        interrupted: CROSS_CHECK_INTERRUPTED.load(Ordering::Relaxed),
+        callbacks: callback::SEEN.counts(),
+        activity: activity::RECORDED.counts(),
+        activity_pool_records: load(&activity::POOL_RECORDS),
+        activity_dropped: load(&activity::DROPPED),
+        activity_buffers: load(&activity::BUFFERS),
+    }
+}
+
+fn describe(cupti: &library::Cupti, result: library::Status) -> String {
+    let mut text: *const std::ffi::c_char = std::ptr::null();
+    // SAFETY: CUPTI returns a static string for any result.
+    let named = unsafe { (cupti.get_result_string)(result, &mut text) } == library::SUCCESS && !text.is_null();
+    // SAFETY: a static NUL-terminated string.
+    let name = if named { unsafe { CStr::from_ptr(text) }.to_string_lossy().into_owned() } else { String::new() };
+    format!("{result} {name}")
+}
+
+/// This library's path, as the loader opened it.
+fn own_path() -> Option<String> {
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: any address inside this library; info is a valid out-struct.
+    let found = unsafe { libc::dladdr(arrange_injection as *const c_void, &mut info) } != 0;
+    if !found || info.dli_fname.is_null() {
+        return None;
+    }
+    // SAFETY: a NUL-terminated path owned by the loader.
+    let path = unsafe { CStr::from_ptr(info.dli_fname) }.to_string_lossy().into_owned();
+    std::fs::canonicalize(&path).ok().map(|p| p.to_string_lossy().into_owned()).or(Some(path))
+}
+
+fn same_file(a: &std::ffi::OsStr, b: &str) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
+        _ => false,
+    }
+}
