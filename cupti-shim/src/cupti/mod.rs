@@ -316,3 +316,40 @@ fn same_file(a: &std::ffi::OsStr, b: &str) -> bool {
         _ => false,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::tally::{DEVICE, MANAGED};
+    use super::*;
+
+    fn check(callbacks: Counts, activity: Counts) -> CrossCheck {
+        CrossCheck { enabled: true, interrupted: false, callbacks, activity, activity_pool_records: 0, activity_dropped: 0, activity_buffers: 1 }
+    }
+
+    #[test]
+    fn a_managed_free_seen_as_device_memory_agrees_and_a_missed_release_is_said() {
+        let mut callbacks = [[0; 2]; 8];
+        let mut activity = [[0; 2]; 8];
+        // cuMemFree_v2 of managed memory: the callback cannot tell it from device memory.
+        callbacks[DEVICE] = [3, 3];
+        callbacks[MANAGED] = [1, 0];
+        activity[DEVICE] = [3, 2];
+        activity[MANAGED] = [1, 1];
+        activity[6] = [38, 0];
+        assert_eq!(check(callbacks, activity).disagreement(), None);
+        activity[DEVICE] = [3, 1];
+        assert_eq!(
+            check(callbacks, activity).disagreement().as_deref(),
+            Some("CUPTI cross-check (callbacks vs activity records): device and managed allocations 4 vs 4, releases 3 vs 2; 0 records dropped by CUPTI")
+        );
+        // Across a hand-over the two sides do not cover one span: nothing compared.
+        let mut interrupted = check(callbacks, activity);
+        interrupted.interrupted = true;
+        assert_eq!(interrupted.disagreement(), None);
+        assert_eq!(interrupted.to_json()["agrees"], true);
+        // Buffers never handed back while the callbacks saw calls: said as such.
+        let mut taken = check(callbacks, activity);
+        taken.activity_buffers = 0;
+        assert!(taken.disagreement().unwrap().starts_with("CUPTI's memory activity records never came back"));
+    }
+}

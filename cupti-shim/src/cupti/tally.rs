@@ -71,3 +71,38 @@ pub fn to_json(counts: &Counts) -> serde_json::Value {
         .map(|(name, pair)| (name.to_string(), serde_json::json!(pair)));
     serde_json::Value::Object(kinds.collect())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn driver_calls_count_under_the_memory_kind_cuptis_records_name() {
+        assert_eq!(counted_as(Some(Kind::Device), Op::Alloc, 0x7f00_0000_0000), Some((DEVICE, false)));
+        assert_eq!(counted_as(Some(Kind::Vmm), Op::Free, 0x1), Some((DEVICE, true)));
+        assert_eq!(counted_as(Some(Kind::Pool), Op::Alloc, 0x7f00_0000_0000), Some((DEVICE, false)));
+        assert_eq!(counted_as(Some(Kind::HostPinned), Op::Free, 0x5555_0000), Some((PINNED, true)));
+        assert_eq!(counted_as(Some(Kind::Managed), Op::Alloc, 0x7f00_0000_0000), Some((MANAGED, false)));
+        // cuBLAS frees the null pointer: no record for it.
+        assert_eq!(counted_as(Some(Kind::Device), Op::Free, 0), None);
+        assert_eq!(counted_as(Some(Kind::Device), Op::IpcOpen, 0x7f00_0000_0000), Some((DEVICE, false)));
+        assert_eq!(counted_as(Some(Kind::Device), Op::IpcClose, 0x7f00_0000_0000), Some((DEVICE, true)));
+        assert_eq!(counted_as(Some(Kind::Vmm), Op::IpcOpen, 0x3), None);
+        assert_eq!(counted_as(Some(Kind::Vmm), Op::Map, 0x7f00_0000_0000), None);
+        assert_eq!(counted_as(None, Op::CtxCreate, 0x1), None);
+    }
+
+    #[test]
+    fn groups_sum_device_and_managed_and_json_lists_what_counted() {
+        let tally = Tally::new();
+        tally.add(DEVICE, false);
+        tally.add(DEVICE, true);
+        tally.add(MANAGED, false);
+        tally.add(6, false);
+        tally.add(99, false); // a kind CUPTI may add later: not counted, no panic
+        let counts = tally.counts();
+        assert_eq!(group_sum(&counts, COMPARED[0].1), [2, 1]);
+        assert_eq!(group_sum(&counts, COMPARED[1].1), [0, 0]);
+        assert_eq!(to_json(&counts).to_string(), r#"{"device":[1,1],"device_static":[1,0],"managed":[1,0]}"#);
+    }
+}
