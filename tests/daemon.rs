@@ -409,7 +409,7 @@ fn without_ebpf_the_daemon_takes_the_shims_events() {
     assert_eq!(metrics["gpuprof_daemon_processes_retained"], 0);
     let said = daemon.stop();
     assert!(said.contains(&format!("{} events from 1 processes via the shim; dropped 0", reports + driver_calls + 1)), "{said}");
-    assert!(said.contains("CUPTI driver callbacks in 1 (slot held by another subscriber 0, no libcupti 0, activity cross-check disagreed 0)"), "{said}");
+    assert!(said.contains("CUPTI driver callbacks in 1 (slot held by another subscriber 0, handed to a profiler 0, no libcupti 0, activity cross-check disagreed 0)"), "{said}");
     let events = read_events(&events_path);
     assert_eq!(events.iter().filter(|e| e.pid == pid && e.layer == Layer::Allocator).count() as u64, reports);
     assert_eq!(events.iter().filter(|e| e.pid == pid && e.layer == Layer::Driver && e.source == Source::Cupti).count() as u64, driver_calls);

@@ -29,11 +29,14 @@ pub struct ShimCounters {
     pub cross_check_disagreed: u64,
 }
 
-/// Processes by the state of their CUPTI subscription.
+/// Processes by the state of their CUPTI subscription at exit.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct CuptiProcesses {
     pub subscribed: u64,
+    /// Another subscriber held the slot first.
     pub slot_taken: u64,
+    /// A profiler subscribed later and got the slot.
+    pub handed_over: u64,
     pub no_libcupti: u64,
 }
 
@@ -43,6 +46,7 @@ fn cupti_state<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Cupt
     match state.as_str() {
         "subscribed" => processes.subscribed = 1,
         "slot_taken" => processes.slot_taken = 1,
+        "handed_over" => processes.handed_over = 1,
         "no_libcupti" => processes.no_libcupti = 1,
         _ => {}
     }
@@ -65,6 +69,7 @@ impl ShimCounters {
         self.stacks_unresolved += other.stacks_unresolved;
         self.cupti.subscribed += other.cupti.subscribed;
         self.cupti.slot_taken += other.cupti.slot_taken;
+        self.cupti.handed_over += other.cupti.handed_over;
         self.cupti.no_libcupti += other.cupti.no_libcupti;
         self.cross_check_disagreed += other.cross_check_disagreed;
     }
@@ -189,7 +194,7 @@ impl ShimProcesses {
 
     pub fn stats_line(&self, events: u64) -> String {
         format!(
-            "{events} events from {} processes via the shim; dropped {} (queue full in the process); stacks cut {}, unresolved {}; undecodable lines {}; processes closed out by hanging up {}; CUPTI driver callbacks in {} (slot held by another subscriber {}, no libcupti {}, activity cross-check disagreed {})",
+            "{events} events from {} processes via the shim; dropped {} (queue full in the process); stacks cut {}, unresolved {}; undecodable lines {}; processes closed out by hanging up {}; CUPTI driver callbacks in {} (slot held by another subscriber {}, handed to a profiler {}, no libcupti {}, activity cross-check disagreed {})",
             self.processes_seen,
             self.counters.dropped_queue_full,
             self.counters.stacks_cut,
@@ -198,8 +203,27 @@ impl ShimProcesses {
             self.closed_without_exit,
             self.counters.cupti.subscribed,
             self.counters.cupti.slot_taken,
+            self.counters.cupti.handed_over,
             self.counters.cupti.no_libcupti,
             self.counters.cross_check_disagreed
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_counters_line_says_the_cupti_state_and_the_cross_check_verdict() {
+        let line = r#"{"gpuprof_shim":{"pid":7,"sent":12,"dropped_queue_full":3,"stacks_cut":1,"stacks_unresolved":0,"cupti":"handed_over","cupti_library":"/x/libcupti.so.13","cupti_cross_check":{"callbacks":{"device":[2,1]},"activity":{"device":[2,0]},"activity_pool_records":0,"activity_dropped":0,"interrupted":false,"agrees":false}}}"#;
+        let ShimMessage::Counters(counters) = decode(0, line) else { panic!("not a counters line") };
+        assert_eq!((counters.sent, counters.dropped_queue_full, counters.stacks_cut), (12, 3, 1));
+        assert_eq!(counters.cupti, CuptiProcesses { handed_over: 1, ..CuptiProcesses::default() });
+        assert_eq!(counters.cross_check_disagreed, 1);
+        // A shim from before CUPTI: no such fields, nothing counted.
+        let old = r#"{"gpuprof_shim":{"pid":7,"sent":1,"dropped_queue_full":0,"stacks_cut":0,"stacks_unresolved":0}}"#;
+        let ShimMessage::Counters(counters) = decode(0, old) else { panic!("not a counters line") };
+        assert_eq!((counters.cupti, counters.cross_check_disagreed), (CuptiProcesses::default(), 0));
     }
 }
