@@ -19,6 +19,7 @@ mod python;
 mod queue;
 mod ring;
 mod sink;
+mod stacks;
 
 use std::sync::Once;
 

@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 
 use gpuprof_model::driver_api::{self, CallValues};
 use gpuprof_model::event::{Event, Kind, Layer, Op, Source, PYTORCH_ALLOCATOR_API};
-use gpuprof_pystack::{Memory, MemoryError, Symbolizer};
 
 use crate::queue::{self, Call, CallRecord, Record, COUNTERS};
+use crate::stacks::Stacks;
 
 pub const SOCKET_VAR: &str = "GPUPROF_SHIM_SOCKET";
 pub const OUTPUT_VAR: &str = "GPUPROF_SHIM_OUTPUT";
@@ -110,18 +110,11 @@ fn open_destination() -> Destination {
     Destination::Nowhere
 }
 
-/// Code objects come described in the queue; nothing is read from memory here.
-struct NoMemory;
-
-impl Memory for NoMemory {
-    fn read(&self, addr: u64, _buf: &mut [u8]) -> Result<(), MemoryError> {
-        Err(MemoryError::Implausible { what: "a code object not described by the walk", addr })
-    }
-}
-
 fn run() {
     let mut destination = open_destination();
-    let mut symbolizer = crate::python::layout().map(Symbolizer::new);
+    let mut stacks = Stacks::new();
+    // One event's JSON before its stack goes in (reused).
+    let mut line = Vec::new();
     let comm = std::fs::read_to_string("/proc/self/comm").unwrap_or_default().trim().to_string();
     // SAFETY: getppid has no preconditions.
     let ppid = unsafe { libc::getppid() } as u32;
@@ -130,16 +123,16 @@ fn run() {
     let mut exits: Vec<Event> = Vec::new();
     loop {
         let stopping = STOP.load(Ordering::Acquire);
-        let other = |batch: &mut String, exits: &mut Vec<Event>, symbolizer: &mut Option<Symbolizer>| {
+        let other = |batch: &mut String, exits: &mut Vec<Event>, stacks: &mut Stacks| {
             while let Some(record) = queue::pop() {
-                match event_of(record, symbolizer, &comm, ppid) {
+                match event_of(record, stacks, &comm, ppid) {
                     Some(event) if event.op == Op::Exit => exits.push(event),
                     Some(event) => push_line(batch, &event),
                     None => {}
                 }
             }
         };
-        other(&mut batch, &mut exits, &mut symbolizer);
+        other(&mut batch, &mut exits, &mut stacks);
         loop {
             let mut call = None;
             if !queue::pop_call(|record| call = Some(*record)) {
@@ -148,10 +141,11 @@ fn run() {
             // A call's code objects were queued before it was published: now that it is here,
             // they are too.
             if queue::others_waiting() {
-                other(&mut batch, &mut exits, &mut symbolizer);
+                other(&mut batch, &mut exits, &mut stacks);
             }
-            let event = call_event(&call.expect("set by the read"), &mut symbolizer, &comm, ppid);
-            push_line(&mut batch, &event);
+            let record = call.expect("set by the read");
+            let event = call_event(&record, &comm, ppid);
+            push_call_line(&mut batch, &mut line, &event, &record, &mut stacks);
             if batch.len() >= 1 << 16 {
                 write(&mut destination, &batch);
                 batch.clear();
@@ -206,12 +200,10 @@ fn write(destination: &mut Destination, batch: &str) {
     }
 }
 
-fn event_of(record: Record, symbolizer: &mut Option<Symbolizer>, comm: &str, ppid: u32) -> Option<Event> {
+fn event_of(record: Record, stacks: &mut Stacks, comm: &str, ppid: u32) -> Option<Event> {
     match record {
         Record::Code { code, info } => {
-            if let Some(symbolizer) = symbolizer {
-                symbolizer.insert(code, *info);
-            }
+            stacks.describe(code, *info);
             None
         }
         Record::Forked { ts_ns, pid, parent } => {
@@ -229,7 +221,8 @@ fn event_of(record: Record, symbolizer: &mut Option<Symbolizer>, comm: &str, ppi
     }
 }
 
-fn call_event(record: &CallRecord, symbolizer: &mut Option<Symbolizer>, comm: &str, ppid: u32) -> Event {
+/// The event of a call, its stack left out (`push_call_line` writes it).
+fn call_event(record: &CallRecord, comm: &str, ppid: u32) -> Event {
     let mut event = match &record.call {
         Call::Allocator { ptr, delta, allocated, reserved, device_index } => {
             let op = if *delta < 0 { Op::Free } else { Op::Alloc };
@@ -261,16 +254,28 @@ fn call_event(record: &CallRecord, symbolizer: &mut Option<Symbolizer>, comm: &s
     };
     event.comm = comm.to_string();
     event.ppid = Some(ppid);
-    if let Some(symbolizer) = symbolizer {
-        let frames = &record.frames[..usize::from(record.frame_count)];
-        let stack: Result<Vec<_>, _> = frames.iter().map(|f| symbolizer.frame(&NoMemory, f.code, f.instr)).collect();
-        match stack {
-            Ok(stack) => event.stack = stack,
-            // A partial stack would be a wrong one: none, counted.
-            Err(_) => {
-                UNRESOLVED.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-    }
     event
+}
+
+/// Writes a call's event line: the event serialized with an empty stack, which is last of the
+/// fields it has, then the stack's JSON put in its place.
+fn push_call_line(batch: &mut String, line: &mut Vec<u8>, event: &Event, record: &CallRecord, stacks: &mut Stacks) {
+    const EMPTY_STACK_END: &[u8] = b"\"stack\":[]}";
+    debug_assert!(event.stack.is_empty() && event.native.is_empty());
+    line.clear();
+    serde_json::to_writer(&mut *line, event).expect("an event always serializes");
+    let Some(head) = line.strip_suffix(EMPTY_STACK_END) else {
+        unreachable!("the stack is the last field of an event without native frames");
+    };
+    let start = batch.len();
+    batch.push_str(std::str::from_utf8(head).expect("serde_json writes UTF-8"));
+    batch.push_str("\"stack\":");
+    if !stacks.write_json(&record.frames[..usize::from(record.frame_count)], batch) {
+        // A partial stack would be a wrong one: none, counted.
+        batch.push_str("[]");
+        UNRESOLVED.fetch_add(1, Ordering::Relaxed);
+    }
+    batch.push_str("}\n");
+    SENT.fetch_add(1, Ordering::Relaxed);
+    debug_assert!(serde_json::from_str::<Event>(&batch[start..batch.len() - 1]).is_ok(), "{}", &batch[start..]);
 }
