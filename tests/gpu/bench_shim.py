@@ -4,7 +4,9 @@ stacks='python'), and the shim preloaded (every allocator report with its Python
 jsonl to /dev/null, as the eBPF benchmark writes its output: what is measured is the capture,
 not the disk).
 
-    python3 bench_shim.py SHIM_LIBRARY [--rounds 5] [--steps 300]
+    python3 bench_shim.py SHIM_LIBRARY [--rounds 5] [--steps 300] [--compare OTHER_SHIM_LIBRARY]
+
+--compare adds a second shim build to the same rounds (to tell a change from this machine's drift).
 """
 import json
 import os
@@ -17,6 +19,7 @@ here = Path(__file__).resolve().parent
 shim = sys.argv[1]
 rounds = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 5
 steps = sys.argv[sys.argv.index("--steps") + 1] if "--steps" in sys.argv else "300"
+other = sys.argv[sys.argv.index("--compare") + 1] if "--compare" in sys.argv else None
 
 
 def loop(extra=(), env=None):
@@ -27,8 +30,8 @@ def loop(extra=(), env=None):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def shimmed():
-    return loop(env={"LD_PRELOAD": shim, "GPUPROF_SHIM_OUTPUT": "/dev/null"})
+def shimmed(library=shim):
+    return loop(env={"LD_PRELOAD": library, "GPUPROF_SHIM_OUTPUT": "/dev/null"})
 
 
 modes = {
@@ -36,6 +39,8 @@ modes = {
     "torch recorder (stacks=python)": lambda: loop(["--record"]),
     "gpuprof shim (tensors, stacks)": shimmed,
 }
+if other:
+    modes[f"compared: {Path(other).name}"] = lambda: shimmed(other)
 results = {name: [] for name in modes}
 per_step = None
 for _ in range(rounds):
