@@ -57,6 +57,33 @@ fn the_shim_changes_nothing_in_programs_without_cuda() {
     assert!(!output.exists(), "nothing was captured, so nothing was written");
 }
 
+/// A code object freed and another made at its address (functions made at run time): every
+/// report is attributed to the function that made it, not to the address's earlier occupant.
+#[test]
+fn a_code_object_at_a_reused_address_is_described_again() {
+    let dir = scratch("shim_code_reuse");
+    let events = dir.join("events.jsonl");
+    let mut command = preloaded(python3(), &[workloads().join("shim_code_reuse.py").to_str().unwrap(), "200"]);
+    command
+        .env("GPUPROF_LIBC10", libc10_standin())
+        .env("GPUPROF_LIBC10_CUDA", libc10_cuda_standin())
+        .env("GPUPROF_SHIM_OUTPUT", &events);
+    let output = run(&mut command);
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    let mut lines = stdout.lines();
+    let reused: u32 = lines.next().unwrap().strip_prefix("reused ").unwrap().parse().unwrap();
+    assert!(reused > 10, "CPython reused only {reused} addresses: the test shows nothing");
+    let expected: Vec<(String, String)> = lines.map(|l| l.split_once(' ').map(|(a, f)| (a.to_string(), f.to_string())).unwrap()).collect();
+    let captured: Vec<(String, String)> = read_events(&events)
+        .iter()
+        .filter(|e| e.layer == Layer::Allocator)
+        .map(|e| (gpuprof_model::hex::format_addr(e.addr.unwrap()), e.stack[0].function.clone()))
+        .collect();
+    assert_eq!(captured.len(), 200);
+    assert_eq!(captured, expected);
+}
+
 /// The driver calls a workload expects (the allocator's reports left out).
 fn expected_driver_calls(expected: &[Value]) -> Vec<Value> {
     expected_calls(expected).into_iter().filter(|e| e["layer"] != "allocator").collect()

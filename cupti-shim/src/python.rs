@@ -12,7 +12,7 @@ use std::sync::OnceLock;
 use gpuprof_pystack::code::CodeInfo;
 use gpuprof_pystack::{Layout, Memory, MemoryError, Version};
 
-use crate::queue::{self, RawFrame, Record, COUNTERS, MAX_FRAMES};
+use crate::queue::{self, RawFrame, COUNTERS, MAX_FRAMES};
 
 /// `_PyInterpreterFrame.owner` of a frame the C stack owns (3.12+): a shim, not a user frame.
 const FRAME_OWNED_BY_CSTACK: u8 = 3;
@@ -72,14 +72,45 @@ impl Memory for OwnMemory {
 const DESCRIBED_SLOTS: usize = 4096;
 
 thread_local! {
-    /// Code objects this thread has described already: the walk checks every frame here, so it
-    /// is a plain array indexed by the address, not a hash set.
-    static DESCRIBED: [Cell<u64>; DESCRIBED_SLOTS] = const { [const { Cell::new(0) }; DESCRIBED_SLOTS] };
+    /// Code objects this thread has described already, with the identity each had then: the walk
+    /// checks every frame here, so it is a plain array indexed by the address, not a hash set.
+    static DESCRIBED: [Cell<(u64, u64)>; DESCRIBED_SLOTS] = const { [const { Cell::new((0, 0)) }; DESCRIBED_SLOTS] };
 }
 
 fn slot_of(code: u64) -> usize {
     // Code objects are at least 16-byte aligned and a few hundred bytes apart.
     ((code >> 4) ^ (code >> 16)) as usize % DESCRIBED_SLOTS
+}
+
+/// What tells a code object from another that later lives at the same address (functions made
+/// at run time, `exec`, compiled graphs): its first line, its name and file objects, and the
+/// start of the name's text (the strings' addresses are reused along with the code's; the name's
+/// text sits beside its header, the file's would cost another cache line per frame).
+/// SAFETY: `code` is the code object of a live frame.
+unsafe fn identity(o: &gpuprof_pystack::offsets::Offsets, code: u64) -> u64 {
+    unsafe {
+        let name = field(code + u64::from(o.code_name));
+        let file = field(code + u64::from(o.code_filename));
+        let first_line = u64::from(((code + u64::from(o.code_firstlineno)) as *const u32).read_unaligned());
+        name ^ file.rotate_left(21) ^ (first_line << 48) ^ name_start(o, name)
+    }
+}
+
+/// Up to 8 bytes of a string object's text and its length, read as if it were compact ASCII
+/// (for other strings the bytes are something else of the object's, as fixed as the text). Never
+/// past the object: the length bounds the read.
+/// SAFETY: `string` is a live str object (or null).
+unsafe fn name_start(o: &gpuprof_pystack::offsets::Offsets, string: u64) -> u64 {
+    if string == 0 {
+        return 0;
+    }
+    unsafe {
+        let length = field(string + u64::from(o.unicode_length));
+        let mut bytes = [0u8; 8];
+        let start = (string + u64::from(o.unicode_ascii_size)) as *const u8;
+        std::ptr::copy_nonoverlapping(start, bytes.as_mut_ptr(), length.min(8) as usize);
+        u64::from_le_bytes(bytes) ^ length
+    }
 }
 
 /// Reads one pointer-sized field. SAFETY: `addr` must be inside a live object.
@@ -116,7 +147,8 @@ pub fn walk(frames: &mut [RawFrame; MAX_FRAMES]) -> u8 {
             }
             let code = unsafe { field(frame + u64::from(o.frame_code)) };
             let instr = unsafe { field(frame + u64::from(o.frame_instr)) };
-            describe_once(interpreter, code);
+            // SAFETY: the code object of a frame on this thread's stack.
+            describe_once(interpreter, code, unsafe { identity(o, code) });
             frames[count] = RawFrame { code, instr };
             count += 1;
         }
@@ -125,13 +157,13 @@ pub fn walk(frames: &mut [RawFrame; MAX_FRAMES]) -> u8 {
     count as u8
 }
 
-fn describe_once(interpreter: &Interpreter, code: u64) {
-    let first_time = DESCRIBED.with(|described| described[slot_of(code)].replace(code) != code);
+fn describe_once(interpreter: &Interpreter, code: u64, identity: u64) {
+    let first_time = DESCRIBED.with(|described| described[slot_of(code)].replace((code, identity)) != (code, identity));
     if !first_time {
         return;
     }
     if let Ok(info) = CodeInfo::read(&OwnMemory, &interpreter.layout, code) {
-        queue::push(Record::Code { code, info: Box::new(info) });
+        queue::push_code(code, info);
     }
 }
 

@@ -58,6 +58,9 @@ pub struct CallRecord {
     pub pid: u32,
     pub tid: u32,
     pub call: Call,
+    /// Code descriptions queued before this record (their `seq` is at most this): the ones its
+    /// frames are to be read with, not a later one of a code object at the same address.
+    pub codes_before: u64,
     /// Frames in `frames` (a deeper stack is cut, and counted).
     pub frame_count: u8,
     pub frames: [RawFrame; MAX_FRAMES],
@@ -69,6 +72,7 @@ impl CallRecord {
         pid: 0,
         tid: 0,
         call: Call::Allocator { ptr: 0, delta: 0, allocated: 0, reserved: 0, device_index: 0 },
+        codes_before: 0,
         frame_count: 0,
         frames: [RawFrame { code: 0, instr: 0 }; MAX_FRAMES],
     };
@@ -77,8 +81,9 @@ impl CallRecord {
 /// What else travels from the calling threads to the sender.
 #[derive(Debug, Clone)]
 pub enum Record {
-    /// A code object first seen by a walk, described while it was certainly alive.
-    Code { code: u64, info: Box<gpuprof_pystack::code::CodeInfo> },
+    /// A code object first seen by a walk (or seen again at an address another one had),
+    /// described while it was certainly alive; `seq` orders descriptions against call records.
+    Code { seq: u64, code: u64, info: Box<gpuprof_pystack::code::CodeInfo> },
     /// The process forked: this record is the child's first.
     Forked { ts_ns: u64, pid: u32, parent: u32 },
     /// The process is exiting.
@@ -98,6 +103,15 @@ pub static COUNTERS: Counters = Counters {
     dropped_queue_full: AtomicU64::new(0),
     stacks_cut: AtomicU64::new(0),
 };
+
+/// Code descriptions numbered so far.
+static CODE_SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// Queues the description of a code object, numbered.
+pub fn push_code(code: u64, info: gpuprof_pystack::code::CodeInfo) {
+    let seq = CODE_SEQ.fetch_add(1, Ordering::AcqRel) + 1;
+    push(Record::Code { seq, code, info: Box::new(info) });
+}
 
 /// Bumped in a forked child: ids cached before the fork are stale there.
 static FORKS: AtomicU64 = AtomicU64::new(0);
@@ -149,6 +163,7 @@ pub fn record_call(ts_ns: u64, call: Call) {
         record.call = call;
         // The walk writes its frames straight into the ring's slot.
         record.frame_count = crate::python::walk(&mut record.frames);
+        record.codes_before = CODE_SEQ.load(Ordering::Acquire);
     });
 }
 

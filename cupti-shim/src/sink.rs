@@ -139,7 +139,7 @@ fn run() {
                 break;
             }
             // A call's code objects were queued before it was published: now that it is here,
-            // they are too.
+            // they are too (and maybe later ones: `Stacks` applies each in its turn).
             if queue::others_waiting() {
                 other(&mut batch, &mut exits, &mut stacks);
             }
@@ -202,8 +202,8 @@ fn write(destination: &mut Destination, batch: &str) {
 
 fn event_of(record: Record, stacks: &mut Stacks, comm: &str, ppid: u32) -> Option<Event> {
     match record {
-        Record::Code { code, info } => {
-            stacks.describe(code, *info);
+        Record::Code { seq, code, info } => {
+            stacks.queue_description(seq, code, *info);
             None
         }
         Record::Forked { ts_ns, pid, parent } => {
@@ -270,7 +270,7 @@ fn push_call_line(batch: &mut String, line: &mut Vec<u8>, event: &Event, record:
     let start = batch.len();
     batch.push_str(std::str::from_utf8(head).expect("serde_json writes UTF-8"));
     batch.push_str("\"stack\":");
-    if !stacks.write_json(&record.frames[..usize::from(record.frame_count)], batch) {
+    if !stacks.write_json(&record.frames[..usize::from(record.frame_count)], record.codes_before, batch) {
         // A partial stack would be a wrong one: none, counted.
         batch.push_str("[]");
         UNRESOLVED.fetch_add(1, Ordering::Relaxed);
