@@ -84,6 +84,30 @@ fn a_code_object_at_a_reused_address_is_described_again() {
     assert_eq!(captured, expected);
 }
 
+/// A forked worker that reports blocks and ends with `os._exit` (no exit handlers run, as
+/// multiprocessing and DataLoader workers end): its reports, made right before, and its exit are
+/// all sent — the shim's `_exit` sends the queue first.
+#[test]
+fn a_worker_ending_with_os_exit_loses_nothing() {
+    let dir = scratch("shim_os_exit");
+    let events = dir.join("events.jsonl");
+    let mut command = preloaded(python3(), &[workloads().join("shim_os_exit.py").to_str().unwrap(), "50"]);
+    command
+        .env("GPUPROF_LIBC10", libc10_standin())
+        .env("GPUPROF_LIBC10_CUDA", libc10_cuda_standin())
+        .env("GPUPROF_SHIM_OUTPUT", &events);
+    let output = run(&mut command);
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    let child: u32 = stdout.trim().strip_prefix("child ").unwrap().parse().unwrap();
+    let captured = read_events(&events);
+    let of_child: Vec<(Layer, Op, u64)> = captured.iter().filter(|e| e.pid == child).map(|e| (e.layer, e.op, e.addr.unwrap_or(0))).collect();
+    let mut expected = vec![(Layer::Process, Op::Fork, 0)];
+    expected.extend((0..50u64).map(|i| (Layer::Allocator, Op::Alloc, 0x7f00_0000_0000 + i * 512)));
+    expected.push((Layer::Process, Op::Exit, 0));
+    assert_eq!(of_child, expected);
+}
+
 /// The driver calls a workload expects (the allocator's reports left out).
 fn expected_driver_calls(expected: &[Value]) -> Vec<Value> {
     expected_calls(expected).into_iter().filter(|e| e["layer"] != "allocator").collect()

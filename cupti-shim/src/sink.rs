@@ -7,7 +7,7 @@
 use std::borrow::Cow;
 use std::io::Write;
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use gpuprof_model::driver_api::{self, CallValues};
@@ -28,6 +28,10 @@ const EXIT_DRAIN: Duration = Duration::from_secs(2);
 static RUNNING: AtomicBool = AtomicBool::new(false);
 static STOP: AtomicBool = AtomicBool::new(false);
 static DRAINED: AtomicBool = AtomicBool::new(false);
+/// Set by the first of the exit paths (exit handlers, `_exit`) to flush.
+static EXITING: AtomicBool = AtomicBool::new(false);
+/// The process the running sender thread belongs to.
+static SENDER_PID: AtomicU32 = AtomicU32::new(0);
 static UNRESOLVED: AtomicU64 = AtomicU64::new(0);
 static SENT: AtomicU64 = AtomicU64::new(0);
 
@@ -40,6 +44,8 @@ pub fn ensure_running() {
     if RUNNING.load(Ordering::Relaxed) || RUNNING.swap(true, Ordering::AcqRel) {
         return;
     }
+    // SAFETY: getpid has no preconditions.
+    SENDER_PID.store(unsafe { libc::getpid() } as u32, Ordering::Release);
     let spawned = std::thread::Builder::new().name("gpuprof-shim".into()).spawn(run);
     if spawned.is_err() {
         // No thread, no sending: records stay queued until the queue is full, then are counted.
@@ -52,6 +58,8 @@ pub fn forget_sender_after_fork() {
     RUNNING.store(false, Ordering::Relaxed);
     STOP.store(false, Ordering::Relaxed);
     DRAINED.store(false, Ordering::Relaxed);
+    EXITING.store(false, Ordering::Relaxed);
+    SENDER_PID.store(0, Ordering::Relaxed);
     UNRESOLVED.store(0, Ordering::Relaxed);
     SENT.store(0, Ordering::Relaxed);
 }
@@ -59,29 +67,53 @@ pub fn forget_sender_after_fork() {
 /// At exit: an exit record, then up to EXIT_DRAIN for everything to go out.
 pub fn register_exit_flush() {
     extern "C" fn at_exit() {
-        if !RUNNING.load(Ordering::Acquire) {
-            return;
-        }
-        // SAFETY: getpid has no preconditions.
-        let pid = unsafe { libc::getpid() } as u32;
-        queue::push(Record::Exiting { ts_ns: now_ns(), pid });
-        STOP.store(true, Ordering::Release);
-        let started = Instant::now();
-        while !DRAINED.load(Ordering::Acquire) && started.elapsed() < EXIT_DRAIN {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        let dropped = COUNTERS.dropped_queue_full.load(Ordering::Relaxed);
-        let drained = DRAINED.load(Ordering::Acquire);
-        if dropped > 0 || !drained {
-            eprintln!(
-                "gpuprof shim: pid {pid}: queued {}, dropped {dropped} (queue full){}",
-                COUNTERS.queued.load(Ordering::Relaxed),
-                if drained { "" } else { "; the rest of the queue was not sent in time" }
-            );
-        }
+        flush_before_exit();
     }
     // SAFETY: registering a plain function.
     unsafe { libc::atexit(at_exit) };
+}
+
+/// Sends an exit record and waits (up to EXIT_DRAIN) for the queue to go out; once, and only in
+/// the process whose sender this is (a vfork child shares the parent's memory, not its sender).
+pub fn flush_before_exit() {
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() } as u32;
+    if !RUNNING.load(Ordering::Acquire) || SENDER_PID.load(Ordering::Acquire) != pid || EXITING.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    queue::push(Record::Exiting { ts_ns: now_ns(), pid });
+    STOP.store(true, Ordering::Release);
+    let started = Instant::now();
+    while !DRAINED.load(Ordering::Acquire) && started.elapsed() < EXIT_DRAIN {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let dropped = COUNTERS.dropped_queue_full.load(Ordering::Relaxed);
+    let drained = DRAINED.load(Ordering::Acquire);
+    if dropped > 0 || !drained {
+        eprintln!(
+            "gpuprof shim: pid {pid}: queued {}, dropped {dropped} (queue full){}",
+            COUNTERS.queued.load(Ordering::Relaxed),
+            if drained { "" } else { "; the rest of the queue was not sent in time" }
+        );
+    }
+}
+
+/// `_exit`, which `os._exit` calls (multiprocessing and DataLoader workers end that way) and
+/// which skips the exit handlers: the queue goes out first, then the real `_exit`.
+#[no_mangle]
+pub extern "C" fn _exit(status: libc::c_int) -> ! {
+    flush_before_exit();
+    // SAFETY: the next definition of `_exit` (libc's), called with the caller's status; if none
+    // is found the process ends by the system call itself.
+    unsafe {
+        let real = libc::dlsym(libc::RTLD_NEXT, c"_exit".as_ptr());
+        if !real.is_null() {
+            let real: extern "C" fn(libc::c_int) -> ! = std::mem::transmute(real);
+            real(status);
+        }
+        libc::syscall(libc::SYS_exit_group, status);
+    }
+    unreachable!("exit_group returned")
 }
 
 enum Destination {
