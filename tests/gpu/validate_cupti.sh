@@ -9,7 +9,9 @@
 #  3. a spawned child (torch.multiprocessing): IPC calls in both processes;
 #  4. PyTorch's profiler with the shim: CUDA kernels and memory records still in the profile;
 #     and a profiler started before CUDA: which subscriber gets the slot, said once;
-#  5. the daemon, eBPF and shim together: one event per driver call.
+#  5. the daemon, eBPF and shim together: one event per driver call;
+#  6. DataLoader workers (spawned, touching CUDA): per process, the shim's events and exits
+#     beside eBPF's.
 #
 #   GPUPROF_BIN=… SHIM=path/to/libgpuprof_shim.so OUT=/tmp/out tests/gpu/validate_cupti.sh
 source "$(dirname "$0")/env.sh"
@@ -69,6 +71,23 @@ events = [json.loads(l) for l in open(f"{out}/cupti-daemon.jsonl")]
 mine = [e for e in events if e["pid"] == stats["pid"]]
 print("kept driver events by (api, source):", dict(collections.Counter((e["api"], e["source"]) for e in mine if e["layer"] == "driver")))
 print("torch segments:", stats["segment.all.allocated"], stats["segment.all.freed"])
+PY
+  echo "== 6. DataLoader workers"
+  rm -f "$out/cupti-loader.jsonl"
+  "$bin" run --output "$out/cupti-loader-ebpf.jsonl" -- env LD_PRELOAD="$shim" GPUPROF_SHIM_OUTPUT="$out/cupti-loader.jsonl" \
+    "$py" "$here/torch_dataloader.py" > "$out/cupti-loader.json" 2> "$out/cupti-loader.stderr"
+  echo "exit $?"; cat "$out/cupti-loader.json"
+  "$py" - "$out" <<'PY'
+import collections, json, sys
+out = sys.argv[1]
+def load(name):
+    return [json.loads(l) for l in open(f"{out}/{name}")]
+shim, ebpf = load("cupti-loader.jsonl"), load("cupti-loader-ebpf.jsonl")
+count = lambda evs: collections.Counter((e["pid"], e["layer"], e["op"]) for e in evs if e["layer"] != "process" or e["op"] == "exit")  # noqa: E731
+s, b = count(shim), count([e for e in ebpf if e["source"] == "ebpf"])
+for pid in sorted({p for p, _, _ in s} | {p for p, _, _ in b}):
+    print(pid, "shim:", {f"{l}/{o}": n for (p, l, o), n in sorted(s.items()) if p == pid},
+          "eBPF:", {f"{l}/{o}": n for (p, l, o), n in sorted(b.items()) if p == pid})
 PY
 } > "$out/cupti.log" 2>&1
 cat "$out/cupti.log"
