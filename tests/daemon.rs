@@ -9,7 +9,7 @@ mod support;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -334,22 +334,9 @@ fn the_daemon_keeps_one_event_per_call_the_shim_and_the_probes_both_see() {
         "--shim-socket",
         socket.to_str().unwrap(),
     ]);
-    let log = dir.join("expected.jsonl");
-    let mut command = Command::new(python3());
-    command.arg(workloads().join("tensors.py"));
-    workload_env(&mut command, &log);
-    command
-        .env("LD_PRELOAD", shim_library())
-        .env("GPUPROF_SHIM_SOCKET", &socket)
-        .env("GPUPROF_LIBC10_CUDA", libc10_cuda_standin());
-    let output = command.output().unwrap();
-    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
-    let expected = read_expected(&log);
-    let pid = pid_of_role(&expected, "parent");
     // Every CUDA report of the workload (the CPU one is neither capture's to record), and every
     // driver call (the shim sees them through CUPTI's callbacks, the daemon through its probes).
-    let reports = expected.iter().filter(|e| e["layer"] == "allocator").count() as u64;
-    let driver_calls = expected.iter().filter(|e| e["op"] != "note" && e["layer"] != "allocator").count() as u64;
+    let ShimmedTensors { expected, pid, reports, driver_calls } = tensors_with_the_shim(&dir, &socket);
     daemon.wait_for("gpuprof_daemon_processes_exited_total", 1, Duration::from_secs(20));
     daemon.wait_for("gpuprof_daemon_duplicates_dropped_total", reports + driver_calls, Duration::from_secs(10));
     let metrics = daemon.metrics();
@@ -371,6 +358,34 @@ fn the_daemon_keeps_one_event_per_call_the_shim_and_the_probes_both_see() {
     assert_eq!(of_workload.iter().filter(|e| e.op == Op::Exit).count(), 1, "the kernel's exit alone");
 }
 
+/// What tensors.py expected when it ran with the shim sending to a daemon.
+struct ShimmedTensors {
+    expected: Vec<Value>,
+    pid: u32,
+    /// CUDA allocator reports (the CPU one is neither capture's to record).
+    reports: u64,
+    driver_calls: u64,
+}
+
+/// tensors.py with the shim preloaded, sending to `socket`; waits for it.
+fn tensors_with_the_shim(dir: &Path, socket: &Path) -> ShimmedTensors {
+    let log = dir.join("expected.jsonl");
+    let mut command = Command::new(python3());
+    command.arg(workloads().join("tensors.py"));
+    workload_env(&mut command, &log);
+    command
+        .env("LD_PRELOAD", shim_library())
+        .env("GPUPROF_SHIM_SOCKET", socket)
+        .env("GPUPROF_LIBC10_CUDA", libc10_cuda_standin());
+    let output = command.output().unwrap();
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    let expected = read_expected(&log);
+    let pid = pid_of_role(&expected, "parent");
+    let reports = expected.iter().filter(|e| e["layer"] == "allocator").count() as u64;
+    let driver_calls = expected.iter().filter(|e| e["op"] != "note" && e["layer"] != "allocator").count() as u64;
+    ShimmedTensors { expected, pid, reports, driver_calls }
+}
+
 /// A node that forbids eBPF: the daemon runs with every capability dropped (`--capture shim`) and
 /// takes what a process running the shim sends; its events, its exit and the daemon's counters.
 #[test]
@@ -385,21 +400,8 @@ fn without_ebpf_the_daemon_takes_the_shims_events() {
         &["--capture", "shim", "--shim-socket", socket.to_str().unwrap(), "--output", events_path.to_str().unwrap(), "--retain-exited", "1"],
     );
     assert_eq!(daemon.get("/readyz"), (200, "ready\n".to_string()));
-    let log = dir.join("expected.jsonl");
-    let mut command = Command::new(python3());
-    command.arg(workloads().join("tensors.py"));
-    workload_env(&mut command, &log);
-    command
-        .env("LD_PRELOAD", shim_library())
-        .env("GPUPROF_SHIM_SOCKET", &socket)
-        .env("GPUPROF_LIBC10_CUDA", libc10_cuda_standin());
-    let output = command.output().unwrap();
-    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
-    let expected = read_expected(&log);
-    let pid = pid_of_role(&expected, "parent");
-    let reports = expected.iter().filter(|e| e["layer"] == "allocator").count() as u64;
-    // The segments, through the shim's CUPTI callbacks.
-    let driver_calls = expected.iter().filter(|e| e["op"] != "note" && e["layer"] != "allocator").count() as u64;
+    // The blocks, and the segments through the shim's CUPTI callbacks.
+    let ShimmedTensors { pid, reports, driver_calls, .. } = tensors_with_the_shim(&dir, &socket);
     daemon.wait_for("gpuprof_daemon_processes_exited_total", 1, Duration::from_secs(10));
     daemon.wait_for("gpuprof_daemon_processes_forgotten_total", 1, Duration::from_secs(10));
     let metrics = daemon.metrics();

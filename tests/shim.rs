@@ -63,12 +63,7 @@ fn the_shim_changes_nothing_in_programs_without_cuda() {
 fn a_code_object_at_a_reused_address_is_described_again() {
     let dir = scratch("shim_code_reuse");
     let events = dir.join("events.jsonl");
-    let mut command = preloaded(python3(), &[workloads().join("shim_code_reuse.py").to_str().unwrap(), "200"]);
-    command
-        .env("GPUPROF_LIBC10", libc10_standin())
-        .env("GPUPROF_LIBC10_CUDA", libc10_cuda_standin())
-        .env("GPUPROF_SHIM_OUTPUT", &events);
-    let output = run(&mut command);
+    let output = run(&mut shimmed(&[workloads().join("shim_code_reuse.py").to_str().unwrap(), "200"], &dir.join("log"), &events));
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
     let mut lines = stdout.lines();
@@ -91,12 +86,7 @@ fn a_code_object_at_a_reused_address_is_described_again() {
 fn a_worker_ending_with_os_exit_loses_nothing() {
     let dir = scratch("shim_os_exit");
     let events = dir.join("events.jsonl");
-    let mut command = preloaded(python3(), &[workloads().join("shim_os_exit.py").to_str().unwrap(), "50"]);
-    command
-        .env("GPUPROF_LIBC10", libc10_standin())
-        .env("GPUPROF_LIBC10_CUDA", libc10_cuda_standin())
-        .env("GPUPROF_SHIM_OUTPUT", &events);
-    let output = run(&mut command);
+    let output = run(&mut shimmed(&[workloads().join("shim_os_exit.py").to_str().unwrap(), "50"], &dir.join("log"), &events));
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
     let child: u32 = stdout.trim().strip_prefix("child ").unwrap().parse().unwrap();
@@ -116,14 +106,7 @@ fn expected_driver_calls(expected: &[Value]) -> Vec<Value> {
 /// every_entry_point.py with the shim preloaded over the libcuda and libcupti stand-ins;
 /// returns (expected, events, stderr).
 fn shimmed_entry_points(dir: &Path, env: &[(&str, &str)]) -> (Vec<Value>, Vec<gpuprof_model::Event>, String) {
-    let (log, events) = (dir.join("expected.jsonl"), dir.join("events.jsonl"));
-    let mut command = preloaded(python3(), &[workloads().join("every_entry_point.py").to_str().unwrap()]);
-    workload_env(&mut command, &log);
-    command.env("GPUPROF_SHIM_OUTPUT", &events).envs(env.iter().copied());
-    let output = run(&mut command);
-    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
-    assert_eq!(output.status.code(), Some(0), "{stderr}");
-    (read_expected(&log), read_events(&events), stderr)
+    shimmed_workload(dir, &workloads().join("every_entry_point.py"), env)
 }
 
 /// Preloaded, the shim has the driver inject it at cuInit, subscribes to CUPTI's callbacks for
@@ -163,10 +146,7 @@ fn cupti_callbacks_capture_every_driver_entry_point_exactly() {
 fn a_profiler_subscribing_later_gets_cupti_and_the_shim_takes_it_back_after() {
     let dir = scratch("shim_cupti_handover");
     let (log, events) = (dir.join("expected.jsonl"), dir.join("events.jsonl"));
-    let mut command = preloaded(python3(), &[workloads().join("cupti_profiler.py").to_str().unwrap()]);
-    workload_env(&mut command, &log);
-    command.env("GPUPROF_SHIM_OUTPUT", &events).env("GPUPROF_SHIM_REPORT", "1");
-    let output = run(&mut command);
+    let output = run(shimmed(&[workloads().join("cupti_profiler.py").to_str().unwrap()], &log, &events).env("GPUPROF_SHIM_REPORT", "1"));
     let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
     assert_eq!(output.status.code(), Some(0), "{stderr}");
     let expected = read_expected(&log);
@@ -203,7 +183,7 @@ fn without_cupti_the_shim_says_why_once_and_the_allocator_path_goes_on() {
     ] {
         let dir = scratch(case);
         let (expected, events, stderr) = if case == "shim_cupti_held" {
-            shimmed_tensors_via(&dir, &held_by, &env)
+            shimmed_workload(&dir, &held_by, &env)
         } else {
             shimmed_tensors(&dir, &env)
         };
@@ -223,23 +203,28 @@ fn without_cupti_the_shim_says_why_once_and_the_allocator_path_goes_on() {
 
 /// tensors.py through the stand-ins with the shim preloaded; returns (expected, events, stderr).
 fn shimmed_tensors(dir: &Path, env: &[(&str, &str)]) -> (Vec<Value>, Vec<gpuprof_model::Event>, String) {
-    shimmed_tensors_via(dir, &workloads().join("tensors.py"), env)
+    shimmed_workload(dir, &workloads().join("tensors.py"), env)
 }
 
-/// As shimmed_tensors, with `script` as the program (one that runs tensors.py in its process).
-fn shimmed_tensors_via(dir: &Path, script: &Path, env: &[(&str, &str)]) -> (Vec<Value>, Vec<gpuprof_model::Event>, String) {
-    let log = dir.join("expected.jsonl");
-    let events = dir.join("events.jsonl");
-    let mut command = preloaded(python3(), &[script.to_str().unwrap()]);
-    workload_env(&mut command, &log);
-    command.env("GPUPROF_LIBC10_CUDA", libc10_cuda_standin()).env("GPUPROF_SHIM_OUTPUT", &events);
-    for (key, value) in env {
-        command.env(key, value);
-    }
+/// A workload that logs what it expects, with the shim preloaded over the stand-ins; returns
+/// (expected, events, stderr).
+fn shimmed_workload(dir: &Path, script: &Path, env: &[(&str, &str)]) -> (Vec<Value>, Vec<gpuprof_model::Event>, String) {
+    let (log, events) = (dir.join("expected.jsonl"), dir.join("events.jsonl"));
+    let mut command = shimmed(&[script.to_str().unwrap()], &log, &events);
+    command.envs(env.iter().copied());
     let output = run(&mut command);
     let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
     assert_eq!(output.status.code(), Some(0), "{stderr}");
     (read_expected(&log), read_events(&events), stderr)
+}
+
+/// `python3 script args…` with the shim preloaded over the stand-ins (libcuda, libcupti, libc10,
+/// libc10_cuda), the workload's log to `log`, the shim's events to `events`.
+fn shimmed(script_and_args: &[&str], log: &Path, events: &Path) -> Command {
+    let mut command = preloaded(python3(), script_and_args);
+    workload_env(&mut command, log);
+    command.env("GPUPROF_LIBC10_CUDA", libc10_cuda_standin()).env("GPUPROF_SHIM_OUTPUT", events);
+    command
 }
 
 #[test]
