@@ -115,16 +115,19 @@ impl Decoder {
     fn fill_driver(&self, full: &Record, event: &mut Event) {
         let record = &full.header;
         let api = driver_api::by_id(record.api).expect("checked by decode");
-        let call = CallValues {
+        let mut call = CallValues {
             result: record.result,
             addr: record.addr,
             size: record.size,
             aux: record.aux,
             device: record.device,
             duration_ns: record.duration_ns,
-            handle: full.handle_bytes(),
             handle_type: record.handle_type,
+            ..CallValues::EMPTY
         };
+        if let Some(handle) = full.handle_bytes() {
+            call.set_handle(handle);
+        }
         api.fill_event(event, &call);
     }
 }

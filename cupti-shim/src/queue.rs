@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 use crossbeam_queue::ArrayQueue;
+use gpuprof_model::driver_api::CallValues;
 
 use crate::ring::Ring;
 
@@ -30,25 +31,9 @@ pub struct RawFrame {
 pub enum Call {
     /// A caching-allocator report (`c10::reportMemoryUsageToProfiler`).
     Allocator { ptr: u64, delta: i64, allocated: u64, reserved: u64, device_index: i8 },
-    /// A libcuda memory entry point, seen by a CUPTI callback at its exit.
-    Driver(DriverCall),
-}
-
-/// A driver call's values (see `gpuprof_model::driver_api::CallValues`), owned and fixed-size.
-#[derive(Debug, Clone, Copy)]
-pub struct DriverCall {
-    /// Index in `gpuprof_model::driver_api::DRIVER_APIS`.
-    pub api: u16,
-    pub result: i32,
-    pub addr: u64,
-    pub size: u64,
-    pub aux: u64,
-    pub device: i32,
-    pub duration_ns: u64,
-    pub handle_type: u8,
-    /// Bytes of `handle` that are the call's handle (0: none).
-    pub handle_len: u8,
-    pub handle: [u8; 64],
+    /// A libcuda memory entry point, seen by a CUPTI callback at its exit: `api` indexes
+    /// `gpuprof_model::driver_api::DRIVER_APIS`.
+    Driver { api: u16, values: CallValues },
 }
 
 /// One call as it was made, with the calling thread's Python stack.

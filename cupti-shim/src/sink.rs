@@ -10,7 +10,7 @@ use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use gpuprof_model::driver_api::{self, CallValues};
+use gpuprof_model::driver_api;
 use gpuprof_model::event::{Event, Kind, Layer, Op, Source, PYTORCH_ALLOCATOR_API};
 
 use crate::queue::{self, Call, CallRecord, Record, COUNTERS};
@@ -267,20 +267,10 @@ fn call_event(record: &CallRecord, comm: &str, ppid: u32) -> Event {
             event.reserved = Some(*reserved);
             event
         }
-        Call::Driver(call) => {
-            let api = driver_api::by_id(call.api).expect("the callback records table entries only");
+        Call::Driver { api, values } => {
+            let api = driver_api::by_id(*api).expect("the callback records table entries only");
             let mut event = Event::new(record.ts_ns, record.pid, record.tid, Source::Cupti, Layer::Driver, api.op, Cow::Borrowed(api.name));
-            let values = CallValues {
-                result: call.result,
-                addr: call.addr,
-                size: call.size,
-                aux: call.aux,
-                device: call.device,
-                duration_ns: call.duration_ns,
-                handle: (call.handle_len > 0).then(|| &call.handle[..usize::from(call.handle_len)]),
-                handle_type: call.handle_type,
-            };
-            api.fill_event(&mut event, &values);
+            api.fill_event(&mut event, values);
             event
         }
     };

@@ -143,10 +143,14 @@ pub fn by_name(name: &str) -> Option<(u16, &'static DriverApi)> {
         .map(|index| (index as u16, &DRIVER_APIS[index]))
 }
 
+/// Bytes of the longest handle a call carries (IPC handle, pool export data, fabric handle).
+pub const HANDLE_LEN: usize = 64;
+
 /// The values a capture reads from one driver call, the same whichever back end read them (the
 /// eBPF record, the CUPTI callback): what `aux` holds depends on the entry point's [`ArgLayout`].
-#[derive(Debug, Clone, Copy, Default)]
-pub struct CallValues<'a> {
+/// Fixed-size, so a capture can keep it in a preallocated record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CallValues {
     pub result: i32,
     pub addr: u64,
     pub size: u64,
@@ -156,10 +160,30 @@ pub struct CallValues<'a> {
     /// -1 when the call names no device.
     pub device: i32,
     pub duration_ns: u64,
-    /// IPC / shareable handle bytes, for the entry points that carry one.
-    pub handle: Option<&'a [u8]>,
     /// `CUmemAllocationHandleType` of shareable-handle calls.
     pub handle_type: u8,
+    /// Bytes of `handle` that are the call's IPC / shareable handle (0: none).
+    pub handle_len: u8,
+    pub handle: [u8; HANDLE_LEN],
+}
+
+impl CallValues {
+    /// A call that named no device and carried no handle, values still to be read.
+    pub const EMPTY: CallValues =
+        CallValues { result: 0, addr: 0, size: 0, aux: 0, device: -1, duration_ns: 0, handle_type: 0, handle_len: 0, handle: [0; HANDLE_LEN] };
+
+    /// The call's handle bytes, if it carried one.
+    pub fn handle(&self) -> Option<&[u8]> {
+        let len = usize::from(self.handle_len).min(HANDLE_LEN);
+        (len > 0).then(|| &self.handle[..len])
+    }
+
+    /// Keeps `bytes` (at most HANDLE_LEN of them) as the call's handle.
+    pub fn set_handle(&mut self, bytes: &[u8]) {
+        let len = bytes.len().min(HANDLE_LEN);
+        self.handle[..len].copy_from_slice(&bytes[..len]);
+        self.handle_len = len as u8;
+    }
 }
 
 impl DriverApi {
@@ -171,7 +195,7 @@ impl DriverApi {
         event.size = call.size;
         event.device = (call.device >= 0).then_some(call.device);
         event.duration_ns = Some(call.duration_ns);
-        event.handle = call.handle.map(<[u8]>::to_vec);
+        event.handle = call.handle().map(<[u8]>::to_vec);
         match self.args {
             ArgLayout::OutPitch | ArgLayout::OutPitch32 if event.succeeded() => event.pitch = Some(call.aux),
             ArgLayout::VmmMap => event.vmm_handle = Some(call.aux),

@@ -5,11 +5,11 @@
 use std::ffi::c_void;
 
 use cudarc::cupti::sys::{CUpti_CallbackData, CUpti_CallbackDomain, CUpti_CallbackId};
-use gpuprof_model::driver_api::DRIVER_APIS;
+use gpuprof_model::driver_api::{CallValues, DRIVER_APIS};
 
 use super::tally::{counted_as, Tally};
 
-use crate::queue::{self, Call, DriverCall};
+use crate::queue::{self, Call};
 use crate::sink;
 
 /// `CUPTI_CB_DOMAIN_DRIVER_API`.
@@ -123,13 +123,13 @@ unsafe fn handle(domain: u32, cbid: u32, data: *const CUpti_CallbackData) {
     let started = if started == 0 || started > now { now } else { started };
     // SAFETY: functionReturnValue points at the call's CUresult at exit.
     let result = if data.functionReturnValue.is_null() { 0 } else { unsafe { *(data.functionReturnValue as *const i32) } };
-    let mut call = DriverCall { api, result, addr: 0, size: 0, aux: 0, device: -1, duration_ns: now - started, handle_type: 0, handle_len: 0, handle: [0; 64] };
+    let mut values = CallValues { result, duration_ns: now - started, ..CallValues::EMPTY };
     // SAFETY: functionParams is this entry point's argument struct.
-    unsafe { super::params::read(entry.args, data.functionParams as *const u8, &mut call) };
-    if let (0, Some((memory_kind, release))) = (result, counted_as(entry.kind, entry.op, call.addr)) {
+    unsafe { super::params::read(entry.args, data.functionParams as *const u8, &mut values) };
+    if let (0, Some((memory_kind, release))) = (result, counted_as(entry.kind, entry.op, values.addr)) {
         SEEN.add(memory_kind, release);
     }
-    queue::record_call(started, Call::Driver(call));
+    queue::record_call(started, Call::Driver { api, values });
 }
 
 #[cfg(test)]

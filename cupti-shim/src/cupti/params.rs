@@ -3,12 +3,8 @@
 //! argument's offset follows from the entry point's argument layout. Outputs are read at the
 //! call's exit, and only when it succeeded (a failed call leaves them unwritten).
 
-use gpuprof_model::driver_api::ArgLayout;
+use gpuprof_model::driver_api::{ArgLayout, CallValues, HANDLE_LEN};
 
-use crate::queue::DriverCall;
-
-/// Bytes of an IPC handle, pool export data and fabric handle.
-const HANDLE_LEN: usize = 64;
 /// `CUmemAllocationHandleType` values whose handle is a struct, not the pointer value itself.
 const HANDLE_TYPE_POSIX_FD: u64 = 1;
 const HANDLE_TYPE_FABRIC: u64 = 8;
@@ -73,10 +69,10 @@ fn shareable_len(handle_type: u64) -> u8 {
     }
 }
 
-/// Fills `call` (api and result already set) from the argument struct at `params`.
+/// Fills `call` (result already set) from the argument struct at `params`.
 /// SAFETY: `params` is the `functionParams` CUPTI passed for an entry point of layout `layout`,
 /// read in its exit callback.
-pub unsafe fn read(layout: ArgLayout, params: *const u8, call: &mut DriverCall) {
+pub unsafe fn read(layout: ArgLayout, params: *const u8, call: &mut CallValues) {
     let p = Params(params);
     let ok = call.result == 0;
     call.device = -1;
