@@ -7,10 +7,11 @@ no record), and gpuprof (allocator + driver capture with Python stacks, `gpuprof
 """
 import json
 import os
-import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+from bench_rounds import interleaved, table
 
 here = Path(__file__).resolve().parent
 gpuprof = sys.argv[1]
@@ -65,19 +66,9 @@ modes = {
     "bare uprobe (tracefs)": bare,
     "gpuprof (allocator + driver, stacks)": lambda: loop(prefix=[gpuprof, "run", "--output", "/dev/null", "--"]),
 }
-results = {name: [] for name in modes}
-per_step = None
-for _ in range(rounds):
-    for name, mode in modes.items():
-        r = mode()
-        results[name].append(r["median_ms"])
-        per_step = r["allocations_per_step"]
-median = {name: statistics.median(v) for name, v in results.items()}
+results, per_step = interleaved(modes, rounds)
+median, _ = table(results, per_step, steps, rounds)
 plain = median["plain"]
-print(f"launch-bound 6-layer transformer (d=128), {steps} steps, {rounds} rounds, medians; {per_step:.0f} allocator allocations per step")
-print(f"{'mode':<40} {'step ms':>9} {'vs plain':>9} {'added ms':>9}")
-for name in modes:
-    print(f"{name:<40} {median[name]:>9.3f} {median[name] / plain:>8.3f}x {median[name] - plain:>9.3f}")
 added = {name: median[name] - plain for name in modes}
 bare_added = added["bare uprobe (tracefs)"]
 gp = added["gpuprof (allocator + driver, stacks)"]

@@ -10,10 +10,11 @@ not the disk).
 """
 import json
 import os
-import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+from bench_rounds import interleaved, table
 
 here = Path(__file__).resolve().parent
 shim = sys.argv[1]
@@ -41,23 +42,11 @@ modes = {
 }
 if other:
     modes[f"compared: {Path(other).name}"] = lambda: shimmed(other)
-results = {name: [] for name in modes}
-per_step = None
-for _ in range(rounds):
-    for name, mode in modes.items():
-        r = mode()
-        results[name].append(r["median_ms"])
-        per_step = r["allocations_per_step"]
-median = {name: statistics.median(v) for name, v in results.items()}
+results, per_step = interleaved(modes, rounds)
 # Step times drift between rounds on a shared machine: each round's modes are compared with that
-# round's plain run, and the median of those ratios is reported beside the medians.
-paired = {name: statistics.median(m / p for m, p in zip(v, results["plain"])) for name, v in results.items()}
+# round's plain run too ("paired").
+median, paired = table(results, per_step, steps, rounds, paired=True)
 plain = median["plain"]
-print(f"launch-bound 6-layer transformer (d=128), {steps} steps, {rounds} rounds, medians; "
-      f"{per_step:.0f} allocator allocations per step")
-print(f"{'mode':<40} {'step ms':>9} {'vs plain':>9} {'added ms':>9} {'paired':>8}")
-for name in modes:
-    print(f"{name:<40} {median[name]:>9.3f} {median[name] / plain:>8.3f}x {median[name] - plain:>9.3f} {paired[name]:>7.3f}x")
 added = {name: median[name] - plain for name in modes}
 shim_added = added["gpuprof shim (tensors, stacks)"]
 recorder_added = added["torch recorder (stacks=python)"]
