@@ -236,7 +236,9 @@ fn promtool_accepts_the_metrics_and_the_values_are_the_live_bytes() {
     let collector = Collector::start(&dir.join("c.redb"), &[]);
     let base = 1_800_000_000_000_000_000u64;
     let mut second = synthetic(base + 1, 700, Op::Alloc, "cuMemAlloc_v2", 0x2000_0000, 5 * MIB);
-    second.stack[0].line = 43;
+    let mut frames = second.stack.to_vec();
+    frames[0].line = 43;
+    second.stack = frames.into();
     let events = [synthetic(base, 700, Op::Alloc, "cuMemAlloc_v2", 0x1000_0000, 3 * MIB), second];
     let pod = ProcessIdentity {
         host_name: "node-p".into(),

@@ -122,7 +122,7 @@ fn cupti_callbacks_capture_every_driver_entry_point_exactly() {
     assert_eq!(calls.len(), 67);
     let captured = driver_events(&events);
     assert_same_calls_from(&calls, &captured, Source::Cupti);
-    assert!(captured.iter().all(|e| e.duration_ns.is_some() && e.comm == "python3"));
+    assert!(captured.iter().all(|e| e.duration_ns.is_some() && &*e.comm == "python3"));
     assert_eq!((events.len(), events.last().unwrap().op), (68, Op::Exit));
 
     // CUPTI dropped two records (out of buffer space): the cross-check says so at exit.
@@ -239,7 +239,7 @@ fn every_allocator_report_is_an_event_with_its_python_stack_and_still_reaches_li
     assert!(blocks.len() > 20, "{}", blocks.len());
     assert_same_calls_from(&blocks, &captured, Source::Cupti);
     for event in &captured {
-        assert_eq!((event.pid, event.comm.as_str()), (pid, "python3"));
+        assert_eq!((event.pid, &*event.comm), (pid, "python3"));
     }
     // The segments under the blocks, through CUPTI's callbacks: cuMemAlloc_v2 and cuMemFree_v2.
     let segments = expected_driver_calls(&expected);

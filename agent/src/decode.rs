@@ -4,6 +4,7 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use gpuprof_ebpf::types::{gp_record, gp_record_kind};
 use gpuprof_model::driver_api::{self, CallValues};
@@ -18,6 +19,9 @@ pub struct Decoder {
     /// What driver records do not carry, learned once per process: from its fork/exec records,
     /// else from /proc the first time it is seen.
     processes: HashMap<u32, ProcessInfo>,
+    /// Each thread's name as its records carry it, and the shared copy events get: a record
+    /// names its thread on every call, an event must not allocate a name each time.
+    names: HashMap<u32, ([u8; 16], Arc<str>)>,
     read_procfs: bool,
 }
 
@@ -45,12 +49,12 @@ impl std::fmt::Display for DecodeError {
 
 impl Decoder {
     pub fn new(clock: Clock) -> Self {
-        Decoder { clock, processes: HashMap::new(), read_procfs: true }
+        Decoder { clock, processes: HashMap::new(), names: HashMap::new(), read_procfs: true }
     }
 
     /// A decoder that never reads /proc (benchmarks, replay of recorded records).
     pub fn offline(clock: Clock) -> Self {
-        Decoder { clock, processes: HashMap::new(), read_procfs: false }
+        Decoder { clock, processes: HashMap::new(), names: HashMap::new(), read_procfs: false }
     }
 
     pub fn decode(&mut self, record: &Record) -> Result<Event, DecodeError> {
@@ -79,7 +83,7 @@ impl Decoder {
             op,
             api,
         );
-        event.comm = c_string(&record.comm);
+        event.comm = self.name_of(record);
         let info = self.process_info(record, op);
         event.ppid = info.ppid;
         event.ns_pid = info.ns_pid;
@@ -90,8 +94,20 @@ impl Decoder {
         }
         if op == Op::Exit {
             self.processes.remove(&record.pid);
+            self.names.remove(&record.pid);
         }
         Ok(event)
+    }
+
+    fn name_of(&mut self, record: &gp_record) -> Arc<str> {
+        match self.names.get(&record.tid) {
+            Some((raw, name)) if *raw == record.comm => name.clone(),
+            _ => {
+                let name: Arc<str> = c_string(&record.comm).into();
+                self.names.insert(record.tid, (record.comm, name.clone()));
+                name
+            }
+        }
     }
 
     fn process_info(&mut self, record: &gp_record, op: Op) -> ProcessInfo {
@@ -207,7 +223,7 @@ mod tests {
         decoder.decode(&fork).unwrap();
         raw.header.ppid = 0;
         assert_eq!(decoder.decode(&raw).unwrap().ppid, Some(9));
-        assert_eq!(event.comm, "python3");
+        assert_eq!(&*event.comm, "python3");
         assert_eq!((event.layer, event.op, event.kind), (Layer::Driver, Op::IpcOpen, Some(Kind::Device)));
         assert_eq!(event.api, "cuIpcOpenMemHandle_v2");
         assert_eq!(event.addr, Some(0x7f00_0040_0000));

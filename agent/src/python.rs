@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use gpuprof_ebpf::types::gp_python;
 use gpuprof_model::event::{Event, Frame};
+use gpuprof_model::Stack;
 use gpuprof_pystack::code::CodeInfo;
 use gpuprof_pystack::strings::decode;
 use gpuprof_pystack::{find_interpreter, Interpreter, Layout, RemoteMemory, Symbolizer};
@@ -23,7 +24,15 @@ const NO_OFFSET: u16 = 0xffff;
 struct PythonProcess {
     interpreter: Interpreter,
     symbolizer: Symbolizer,
+    /// Stacks already made, by the kernel's (code object, instruction) pairs: a training loop
+    /// repeats a few hundred stacks tens of thousands of times a second, and each is symbolized
+    /// once and then shared by every event that has it.
+    stacks: HashMap<Box<[(u64, u64)]>, Stack>,
 }
+
+/// Stacks kept per process before the cache starts over (a program that keeps making new
+/// stacks, with generated code say, does not grow the agent without bound).
+const STACK_CACHE_LIMIT: usize = 1 << 16;
 
 /// Counts that end up in the statistics line.
 #[derive(Debug, Default, Clone, Copy)]
@@ -145,7 +154,7 @@ impl Pythons {
 
     fn insert(&mut self, pid: u32, interpreter: Interpreter) {
         let symbolizer = Symbolizer::new(interpreter.layout);
-        self.processes.insert(pid, PythonProcess { interpreter, symbolizer });
+        self.processes.insert(pid, PythonProcess { interpreter, symbolizer, stacks: HashMap::new() });
     }
 
     /// A forked child runs its parent's interpreter (the kernel copied the walk's settings).
@@ -183,7 +192,10 @@ impl Pythons {
             first_line: code.first_line,
             line_table: data[name_len + file_len..].to_vec(),
         };
-        process.symbolizer.insert(record.header.addr, info);
+        if process.symbolizer.insert(record.header.addr, info) {
+            // A code object at a reused address makes the stacks that named the old one wrong.
+            process.stacks.clear();
+        }
     }
 
     pub fn layout_of(&self, pid: u32) -> Option<&Layout> {
@@ -204,12 +216,22 @@ impl Pythons {
             self.counts.unresolved += 1;
             return;
         }
+        if let Some(stack) = process.stacks.get(&record.frames[..]) {
+            event.stack = stack.clone();
+            self.counts.symbolized += 1;
+            return;
+        }
         let memory = RemoteMemory { pid: record.header.pid };
         let frames: Result<Vec<Frame>, _> =
             record.frames.iter().map(|&(code, instr)| process.symbolizer.frame(&memory, code, instr)).collect();
         match frames {
             Ok(frames) => {
-                event.stack = frames;
+                if process.stacks.len() >= STACK_CACHE_LIMIT {
+                    process.stacks.clear();
+                }
+                let stack = Stack::new(frames);
+                process.stacks.insert(record.frames.as_slice().into(), stack.clone());
+                event.stack = stack;
                 self.counts.symbolized += 1;
             }
             Err(error) => {

@@ -176,7 +176,7 @@ impl ShimProcesses {
                         if !self.said_exit.remove(&pid) {
                             self.closed_without_exit += 1;
                             let mut exit = Event::new(wall_clock_ns(), pid, pid, Source::Cupti, Layer::Process, Op::Exit, "exit".into());
-                            exit.comm = crate::procfs::comm(pid);
+                            exit.comm = crate::procfs::comm(pid).into();
                             observe(exit)?;
                         }
                     }
@@ -188,6 +188,11 @@ impl ShimProcesses {
     }
 
     /// Processes connected now.
+    /// Events the shims dropped (their queues were full).
+    pub fn dropped(&self) -> u64 {
+        self.counters.dropped_queue_full
+    }
+
     pub fn open(&self) -> usize {
         self.connections.len()
     }

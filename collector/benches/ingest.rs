@@ -44,7 +44,7 @@ fn event(ts: u64, pid: u32, op: Op, addr: u64, size: u64, frames: &[Frame]) -> E
     e.size = size;
     e.comm = "python3".into();
     e.device = Some(0);
-    e.stack = frames.to_vec();
+    e.stack = frames.to_vec().into();
     e
 }
 

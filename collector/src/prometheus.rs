@@ -118,7 +118,7 @@ pub fn render(collector: &Collector) -> String {
                 pod: workload.pod.clone(),
                 container: workload.container.clone(),
                 pid: process.pid.to_string(),
-                comm: process.comm.clone(),
+                comm: process.comm.to_string(),
             };
             for (kind, total) in &summary.by_kind {
                 let labels = LiveLabels { process: process_labels.clone(), kind: kind.as_str().into() };
@@ -137,7 +137,7 @@ pub fn render(collector: &Collector) -> String {
                     namespace: workload.namespace.clone(),
                     pod: workload.pod.clone(),
                     pid: process.pid.to_string(),
-                    comm: process.comm.clone(),
+                    comm: process.comm.to_string(),
                     layer: if tensors { "allocator" } else { "driver" }.into(),
                     rank: (rank + 1).to_string(),
                     stack: stack_label(top.stack),

@@ -257,7 +257,7 @@ fn view(node: &str, p: &ProcessMemory, detail: bool) -> ProcessView {
         node: node.to_string(),
         pid: p.pid,
         ppid: p.ppid,
-        comm: p.comm.clone(),
+        comm: p.comm.to_string(),
         first_ts: p.first_ts,
         last_ts: p.last_ts,
         state,

@@ -147,7 +147,7 @@ fn run() {
     let mut stacks = Stacks::new();
     // One event's JSON before its stack goes in (reused).
     let mut line = Vec::new();
-    let comm = std::fs::read_to_string("/proc/self/comm").unwrap_or_default().trim().to_string();
+    let comm: std::sync::Arc<str> = std::fs::read_to_string("/proc/self/comm").unwrap_or_default().trim().into();
     // SAFETY: getppid has no preconditions.
     let ppid = unsafe { libc::getppid() } as u32;
     let mut batch = String::new();
@@ -232,7 +232,7 @@ fn write(destination: &mut Destination, batch: &str) {
     }
 }
 
-fn event_of(record: Record, stacks: &mut Stacks, comm: &str, ppid: u32) -> Option<Event> {
+fn event_of(record: Record, stacks: &mut Stacks, comm: &std::sync::Arc<str>, ppid: u32) -> Option<Event> {
     match record {
         Record::Code { seq, code, info } => {
             stacks.queue_description(seq, code, *info);
@@ -241,20 +241,20 @@ fn event_of(record: Record, stacks: &mut Stacks, comm: &str, ppid: u32) -> Optio
         Record::Forked { ts_ns, pid, parent } => {
             let mut event = Event::new(ts_ns, pid, pid, Source::Cupti, Layer::Process, Op::Fork, Cow::Borrowed("fork"));
             event.ppid = Some(parent);
-            event.comm = comm.to_string();
+            event.comm = comm.clone();
             Some(event)
         }
         Record::Exiting { ts_ns, pid } => {
             let mut event = Event::new(ts_ns, pid, pid, Source::Cupti, Layer::Process, Op::Exit, Cow::Borrowed("exit"));
             event.ppid = Some(ppid);
-            event.comm = comm.to_string();
+            event.comm = comm.clone();
             Some(event)
         }
     }
 }
 
 /// The event of a call, its stack left out (`push_call_line` writes it).
-fn call_event(record: &CallRecord, comm: &str, ppid: u32) -> Event {
+fn call_event(record: &CallRecord, comm: &std::sync::Arc<str>, ppid: u32) -> Event {
     let mut event = match &record.call {
         Call::Allocator { ptr, delta, allocated, reserved, device_index } => {
             let op = if *delta < 0 { Op::Free } else { Op::Alloc };
@@ -274,7 +274,7 @@ fn call_event(record: &CallRecord, comm: &str, ppid: u32) -> Event {
             event
         }
     };
-    event.comm = comm.to_string();
+    event.comm = comm.clone();
     event.ppid = Some(ppid);
     event
 }

@@ -3,10 +3,12 @@
 //! `docs/events.md`: add fields freely, never rename.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
 use crate::hex::{serde_addr, serde_bytes};
+use crate::stack::Stack;
 
 /// Where an event was captured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -138,8 +140,9 @@ pub struct Event {
     pub ns_pid: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ppid: Option<u32>,
+    /// Shared between the events of a process (a name per event would be an allocation per event).
     #[serde(default)]
-    pub comm: String,
+    pub comm: Arc<str>,
     pub source: Source,
     pub layer: Layer,
     pub op: Op,
@@ -201,7 +204,7 @@ pub struct Event {
     pub filename: Option<String>,
     /// Python frames, innermost first; empty when the thread had none.
     #[serde(default)]
-    pub stack: Vec<Frame>,
+    pub stack: Stack,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub native: Vec<NativeFrame>,
 }
@@ -215,7 +218,7 @@ impl Event {
             tid,
             ns_pid: None,
             ppid: None,
-            comm: String::new(),
+            comm: no_comm(),
             source,
             layer,
             op,
@@ -239,7 +242,7 @@ impl Event {
             exit_code: None,
             signal: None,
             filename: None,
-            stack: Vec::new(),
+            stack: Stack::empty(),
             native: Vec::new(),
         }
     }
@@ -250,12 +253,18 @@ impl Event {
     }
 }
 
-/// The `api` of allocator-level events from PyTorch.
+/// The name of a process not known yet (shared: making an event allocates nothing).
+pub fn no_comm() -> Arc<str> {
+    static EMPTY: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| Arc::from(""));
+    EMPTY.clone()
+}
+
 /// Now, in the events' clock: wall-clock nanoseconds since the Unix epoch.
 pub fn wall_clock_ns() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
 }
 
+/// The `api` of allocator-level events from PyTorch.
 pub const PYTORCH_ALLOCATOR_API: &str = "c10::reportMemoryUsageToProfiler";
 
 /// `CUDA_ERROR_OUT_OF_MEMORY`.

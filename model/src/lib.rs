@@ -12,9 +12,11 @@ pub mod event;
 pub mod findings;
 pub mod hex;
 pub mod otel;
+pub mod stack;
 pub mod track;
 
 pub use driver_api::{ArgLayout, DriverApi, DRIVER_APIS};
 pub use event::{Event, Frame, Kind, Layer, Op, Source};
+pub use stack::{Stack, StackTable};
 pub use findings::{analyze, Analyzer, Finding, FindingKind, RuleConfig};
 pub use track::{LiveSummary, ProcessState, Tracker};

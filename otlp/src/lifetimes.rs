@@ -244,7 +244,7 @@ mod tests {
     #[test]
     fn a_freed_allocation_and_a_leaked_one_with_the_ipc_story_on_the_exporters_span() {
         let mut alloc = driver(10, 40, Op::Alloc, "cuMemAlloc_v2", 0xA000, 4096);
-        alloc.stack = vec![Frame { function: "share".into(), file: "train.py".into(), line: 7 }];
+        alloc.stack = vec![Frame { function: "share".into(), file: "train.py".into(), line: 7 }].into();
         let mut export = driver(11, 40, Op::IpcExport, "cuIpcGetMemHandle", 0xA000, 0);
         export.handle = Some(vec![0xAB; 64]);
         let mut open = driver(12, 41, Op::IpcOpen, "cuIpcOpenMemHandle_v2", 0xF000, 0);

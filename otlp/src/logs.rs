@@ -64,7 +64,7 @@ mod tests {
         event.peer_pid = Some(40);
         event.result = 0;
         event.comm = "python3".into();
-        event.stack = vec![Frame { function: "rebuild".into(), file: "/w/données.py".into(), line: 180 }];
+        event.stack = vec![Frame { function: "rebuild".into(), file: "/w/données.py".into(), line: 180 }].into();
         let record = record_of(&event);
         assert_eq!(record.event_name, "gpuprof.ipc_open");
         assert_eq!(record.time_unix_nano, 1_700_000_000_123_456_789);

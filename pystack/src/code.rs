@@ -59,10 +59,16 @@ impl Symbolizer {
 
     /// Remembers a code object described by someone else (the kernel-side walk, while the
     /// process was alive to be read).
-    pub fn insert(&mut self, code: u64, info: CodeInfo) {
+    /// Returns false when the code object was already known with this very description
+    /// (nothing changed).
+    pub fn insert(&mut self, code: u64, info: CodeInfo) -> bool {
+        if self.codes.get(&code).is_some_and(|known| **known == info) {
+            return false;
+        }
         self.codes.insert(code, Arc::new(info));
         // A code object at a reused address: its resolved lines are stale.
         self.frames.retain(|(c, _), _| *c != code);
+        true
     }
 
     /// Code objects cached so far.

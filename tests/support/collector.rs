@@ -114,7 +114,7 @@ pub fn synthetic(ts: u64, pid: u32, op: Op, api: &'static str, addr: u64, size: 
     event.addr = Some(addr);
     event.size = size;
     event.comm = "trainer".into();
-    event.stack = vec![gpuprof_model::Frame { function: "step".into(), file: "/srv/train.py".into(), line: 42 }];
+    event.stack = vec![gpuprof_model::Frame { function: "step".into(), file: "/srv/train.py".into(), line: 42 }].into();
     event
 }
 

@@ -122,7 +122,7 @@ pub struct Capture {
     probe_links: ProbeLinks,
     ring: RingBuffer<'static>,
     /// Records the ring buffer callback copied out, handed to the caller after each poll.
-    received: Rc<RefCell<Vec<Record>>>,
+    received: Rc<RefCell<Received>>,
     uprobes: RefCell<Vec<Link>>,
     attached: RefCell<Vec<Attachment>>,
 }
@@ -195,13 +195,13 @@ impl Capture {
             process.progs.on_exit.attach().map_err(|e| load_error("attach sched_process_exit", e))?,
         ];
 
-        let received = Rc::new(RefCell::new(Vec::new()));
+        let received = Rc::new(RefCell::new(Received::default()));
         let queue = Rc::clone(&received);
         let mut builder = RingBufferBuilder::new();
         builder
             .add(&driver.maps.events, move |data: &[u8]| {
-                // A record too short to read still reaches the decoder, which counts it.
-                queue.borrow_mut().push(Record::parse(data).unwrap_or_default());
+                // A record too short to read still reaches the decoder (empty), which counts it.
+                queue.borrow_mut().push(data);
                 0
             })
             .map_err(|e| load_error("open the ring buffer", e))?;
@@ -340,10 +340,12 @@ impl Capture {
             bail!("reading the ring buffer failed: {}", std::io::Error::from_raw_os_error(-waited));
         }
         self.ring.consume().map_err(|e| anyhow!("reading the ring buffer failed: {e}"))?;
-        let batch = std::mem::take(&mut *self.received.borrow_mut());
-        for record in &batch {
+        let mut batch = std::mem::take(&mut *self.received.borrow_mut());
+        for record in batch.records() {
             sink(record);
         }
+        batch.len = 0;
+        *self.received.borrow_mut() = batch;
         Ok(())
     }
 
@@ -369,6 +371,28 @@ impl Capture {
 
     pub fn attachments(&self) -> Vec<Attachment> {
         self.attached.borrow().clone()
+    }
+}
+
+/// The records of one poll, kept between polls with their buffers so that reading a record
+/// allocates nothing once the buffers have grown.
+#[derive(Default)]
+struct Received {
+    slots: Vec<Record>,
+    len: usize,
+}
+
+impl Received {
+    fn push(&mut self, data: &[u8]) {
+        if self.len == self.slots.len() {
+            self.slots.push(Record::default());
+        }
+        self.slots[self.len].parse_into(data);
+        self.len += 1;
+    }
+
+    fn records(&self) -> &[Record] {
+        &self.slots[..self.len]
     }
 }
 

@@ -35,34 +35,61 @@ pub struct Record {
 impl Record {
     /// Parses what the ring buffer handed over; None when it is shorter than it says it is.
     pub fn parse(data: &[u8]) -> Option<Record> {
+        let mut record = Record::default();
+        record.parse_into(data).then_some(record)
+    }
+
+    /// Parses into this record, reusing its frame buffer (the capture's hot path allocates
+    /// nothing per record once its buffers have grown). False when `data` is shorter than it
+    /// says it is; the record is then empty.
+    pub fn parse_into(&mut self, data: &[u8]) -> bool {
+        let parsed = self.fill(data).is_some();
+        if !parsed {
+            self.clear();
+        }
+        parsed
+    }
+
+    fn clear(&mut self) {
+        self.header = gp_record::default();
+        self.handle = None;
+        self.frames.clear();
+        self.filename = None;
+        self.code = None;
+        self.totals = None;
+    }
+
+    fn fill(&mut self, data: &[u8]) -> Option<()> {
+        self.clear();
         let header: gp_record = read(data, 0)?;
         let mut at = HEADER_LEN;
-        let mut record = Record { header, ..Record::default() };
+        self.header = header;
         if header.flags & flags::HANDLE != 0 {
-            record.handle = Some(data.get(at..at + HANDLE_LEN)?.try_into().ok()?);
+            self.handle = Some(data.get(at..at + HANDLE_LEN)?.try_into().ok()?);
             at += HANDLE_LEN;
         }
         if header.kind == gp_record_kind::GP_RECORD_ALLOCATOR.0 {
-            record.totals = Some(read(data, at)?);
+            self.totals = Some(read(data, at)?);
             at += std::mem::size_of::<gp_allocator>();
         }
         let depth = usize::from(header.stack_depth);
         let frames = data.get(at..at + depth * FRAME_LEN)?;
-        record.frames = frames
-            .chunks_exact(FRAME_LEN)
-            .map(|f| (u64::from_ne_bytes(f[..8].try_into().unwrap()), u64::from_ne_bytes(f[8..].try_into().unwrap())))
-            .collect();
+        self.frames.extend(
+            frames
+                .chunks_exact(FRAME_LEN)
+                .map(|f| (u64::from_ne_bytes(f[..8].try_into().unwrap()), u64::from_ne_bytes(f[8..].try_into().unwrap()))),
+        );
         at += depth * FRAME_LEN;
         if header.kind == gp_record_kind::GP_RECORD_EXEC.0 {
-            record.filename = Some(data.get(at..at + FILENAME_LEN)?.try_into().ok()?);
+            self.filename = Some(data.get(at..at + FILENAME_LEN)?.try_into().ok()?);
         }
         if header.kind == gp_record_kind::GP_RECORD_CODE.0 {
             let code: gp_code = read(data, at)?;
             at += std::mem::size_of::<gp_code>();
             let len = usize::from(code.function_len) + usize::from(code.file_len) + usize::from(code.table_len);
-            record.code = Some((code, data.get(at..at + len)?.to_vec()));
+            self.code = Some((code, data.get(at..at + len)?.to_vec()));
         }
-        Some(record)
+        Some(())
     }
 
     /// The handle bytes the call carried.

@@ -19,7 +19,7 @@ pub fn check(event: &Event, world: &Tracker) -> Option<Finding> {
     Some(Finding {
         kind: FindingKind::ExitWithLiveAllocations,
         pid: process.pid,
-        comm: process.comm.clone(),
+        comm: process.comm.to_string(),
         bytes,
         count,
         peer_pid: None,

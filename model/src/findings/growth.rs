@@ -21,8 +21,8 @@ struct Series {
     streak_bytes: u64,
     streak_ts: u64,
     reported: bool,
-    comm: String,
-    api: String,
+    comm: std::sync::Arc<str>,
+    api: std::borrow::Cow<'static, str>,
 }
 
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
@@ -80,8 +80,13 @@ impl Rule {
                 let series = self.series.entry((process.as_ref(), event.layer, allocation.stack.clone())).or_default();
                 series.live += event.size;
                 series.count += 1;
-                series.comm.clone_from(&process.comm);
-                series.api = event.api.to_string();
+                // Compared first: the same name and entry point come again and again.
+                if series.comm != process.comm {
+                    series.comm = process.comm.clone();
+                }
+                if series.api != event.api {
+                    series.api = event.api.clone();
+                }
             }
             (Layer::Process, Op::Exit | Op::Exec | Op::Fork) => {
                 self.series.retain(|(process, _, _), _| process.pid != event.pid);
@@ -142,7 +147,7 @@ fn finding(process: ProcessRef, layer: Layer, stack: &[Frame], series: &Series, 
     Finding {
         kind: FindingKind::Growth,
         pid: process.pid,
-        comm: series.comm.clone(),
+        comm: series.comm.to_string(),
         bytes: grew,
         count: series.count,
         peer_pid: None,
@@ -159,7 +164,7 @@ fn finding(process: ProcessRef, layer: Layer, stack: &[Frame], series: &Series, 
             wording::bytes(series.live),
             wording::count(series.count, "allocation", "allocations"),
         ),
-        api: Some(series.api.clone()),
+        api: Some(series.api.to_string()),
         processes: Vec::new(),
     }
 }

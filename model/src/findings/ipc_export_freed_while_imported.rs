@@ -37,7 +37,7 @@ fn finding(exporter: &ProcessMemory, export: &Export, importer: &ProcessMemory, 
     Finding {
         kind: FindingKind::IpcExportFreedWhileImported,
         pid: exporter.pid,
-        comm: exporter.comm.clone(),
+        comm: exporter.comm.to_string(),
         bytes: export.size,
         count: 1,
         peer_pid: Some(importer.pid),

@@ -45,7 +45,7 @@ fn unclosed(process: &ProcessMemory, ts: u64, what: &str) -> Vec<Finding> {
             Finding {
                 kind: FindingKind::IpcHandleNotClosed,
                 pid: process.pid,
-                comm: process.comm.clone(),
+                comm: process.comm.to_string(),
                 bytes,
                 count,
                 peer_pid: exporter,

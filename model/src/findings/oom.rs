@@ -33,13 +33,13 @@ pub fn check(event: &Event, world: &Tracker) -> Option<Finding> {
     Some(Finding {
         kind: FindingKind::Oom,
         pid: event.pid,
-        comm: event.comm.clone(),
+        comm: event.comm.to_string(),
         bytes: event.size,
         count: 1,
         peer_pid: None,
         first_ts: event.ts,
         last_ts: event.ts,
-        stack: event.stack.clone(),
+        stack: event.stack.to_vec(),
         detail: format!(
             "{} of {} failed with out of memory in {} {}; at that moment gpuprof saw {} of device memory live in the processes it follows ({holders}): free or shrink the largest holders, or allocate less at once.",
             event.api,
@@ -68,5 +68,5 @@ fn snapshot(process: &ProcessMemory) -> ProcessSnapshot {
         .into_iter()
         .map(|top| StackBytes { stack: top.stack.to_vec(), bytes: top.total.bytes, count: top.total.count })
         .collect();
-    ProcessSnapshot { pid: process.pid, comm: process.comm.clone(), live, top_stacks }
+    ProcessSnapshot { pid: process.pid, comm: process.comm.to_string(), live, top_stacks }
 }

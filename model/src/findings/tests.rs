@@ -40,7 +40,7 @@ impl Stream {
 
     fn alloc(&mut self, pid: u32, addr: u64, size: u64, stack: &[Frame]) -> &mut Self {
         self.driver(pid, Op::Alloc, "cuMemAlloc_v2", Some(Kind::Device), addr, size);
-        self.events.last_mut().unwrap().stack = stack.to_vec();
+        self.events.last_mut().unwrap().stack = stack.to_vec().into();
         self
     }
 
@@ -199,7 +199,7 @@ fn oom_pictures_every_process() {
     s.alloc(30, 0xA000, 3 << 30, &frame("model", 1)).alloc(31, 0xA000, 512 * MIB, &frame("cache", 2));
     s.driver(31, Op::Alloc, "cuMemAlloc_v2", Some(Kind::Device), 0, 2 << 30);
     s.events.last_mut().unwrap().result = 2;
-    s.events.last_mut().unwrap().stack = frame("step", 7);
+    s.events.last_mut().unwrap().stack = frame("step", 7).into();
     let found: Vec<Finding> = s.findings(RuleConfig::default()).into_iter().filter(|f| f.kind == FindingKind::Oom).collect();
     assert_eq!(found.len(), 1);
     let f = &found[0];

@@ -35,13 +35,13 @@ impl Rule {
         Some(Finding {
             kind: FindingKind::WorkerCudaContext,
             pid: event.pid,
-            comm: event.comm.clone(),
+            comm: event.comm.to_string(),
             bytes: 0,
             count: 1,
             peer_pid: Some(parent.pid),
             first_ts: event.ts,
             last_ts: event.ts,
-            stack: event.stack.clone(),
+            stack: event.stack.to_vec(),
             detail: format!(
                 "{}, a child of CUDA process {}, created its own CUDA context{device} ({} {}): each context takes hundreds of MiB of device memory; keep CUDA out of workers (DataLoader workers should return CPU tensors) or share tensors from the parent.",
                 wording::process(event.pid, &event.comm),

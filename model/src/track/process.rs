@@ -1,15 +1,13 @@
 //! One process instance's table: allocations, mappings, IPC imports, contexts.
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use super::ipc::{Export, ExportKey, ProcessRef};
 use crate::event::{Event, Frame, Kind, Op};
 
-/// A Python stack shared by every allocation made from it: a process makes thousands of
-/// allocations from a handful of lines, and a collector holds them all.
-pub type Stack = Arc<[Frame]>;
+pub use crate::stack::Stack;
 
 /// Memory a process allocated and has not released.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -84,7 +82,7 @@ impl Space {
 pub struct ProcessMemory {
     pub pid: u32,
     pub ppid: Option<u32>,
-    pub comm: String,
+    pub comm: Arc<str>,
     pub first_ts: u64,
     pub last_ts: u64,
     pub state: ProcessState,
@@ -105,8 +103,6 @@ pub struct ProcessMemory {
     allocator_segments: HashMap<u64, i32>,
     contexts: u32,
     driver_calls: u64,
-    /// Each distinct stack once.
-    stacks: HashSet<Stack>,
 }
 
 /// A framework allocator's view of one device.
@@ -138,7 +134,6 @@ impl ProcessMemory {
             allocator_segments: HashMap::new(),
             contexts: 0,
             driver_calls: 0,
-            stacks: HashSet::new(),
         }
     }
 
@@ -212,15 +207,6 @@ impl ProcessMemory {
     }
 
     /// Applies a framework allocator's block event.
-    fn intern(&mut self, frames: &[Frame]) -> Stack {
-        if let Some(stack) = self.stacks.get(frames) {
-            return stack.clone();
-        }
-        let stack: Stack = frames.into();
-        self.stacks.insert(stack.clone());
-        stack
-    }
-
     pub(super) fn apply_allocator(&mut self, event: &Event) {
         let Some(addr) = event.addr else { return };
         match event.op {
@@ -228,7 +214,7 @@ impl ProcessMemory {
                 if let Some(segment) = self.segment_of(addr) {
                     self.allocator_segments.insert(segment, event.device.unwrap_or(0));
                 }
-                let stack = self.intern(&event.stack);
+                let stack = event.stack.clone();
                 self.blocks.insert(addr, allocation_of(event, addr, Kind::Device, stack));
             }
             Op::Free => {
@@ -248,8 +234,8 @@ impl ProcessMemory {
 
     pub(super) fn touch(&mut self, event: &Event) {
         self.last_ts = event.ts;
-        if !event.comm.is_empty() {
-            self.comm.clone_from(&event.comm);
+        if !event.comm.is_empty() && self.comm != event.comm {
+            self.comm = event.comm.clone();
         }
         if self.ppid.is_none() {
             self.ppid = event.ppid;
@@ -338,7 +324,7 @@ impl ProcessMemory {
             allocator,
             pid: self.pid,
             ppid: self.ppid,
-            comm: self.comm.clone(),
+            comm: self.comm.to_string(),
             state: self.state,
             by_kind,
             mapped_bytes: self.mappings.values().map(|m| m.size).sum(),
@@ -362,7 +348,7 @@ impl ProcessMemory {
                 if space == Space::Pointer && kind != Kind::HostPinned {
                     self.segments.insert(addr, event.size);
                 }
-                let stack = self.intern(&event.stack);
+                let stack = event.stack.clone();
                 self.allocations.insert((space, addr), allocation_of(event, addr, kind, stack));
             }
             Op::Free => {
@@ -387,7 +373,7 @@ impl ProcessMemory {
                 if kind == Kind::Vmm {
                     self.segments.insert(addr, event.size);
                 }
-                let stack = self.intern(&event.stack);
+                let stack = event.stack.clone();
                 self.mappings.insert(addr, mapping_of(event, addr, kind, event.size, stack));
             }
             Op::Unmap => {
@@ -402,7 +388,7 @@ impl ProcessMemory {
                     Some((key, None)) => (Some(key), None, event.size),
                     None => (None, None, event.size),
                 };
-                let mapping = mapping_of(event, addr, kind, size, self.intern(&event.stack));
+                let mapping = mapping_of(event, addr, kind, size, event.stack.clone());
                 self.imports.insert((space, addr), Import { mapping, export, exporter });
             }
             Op::IpcClose => {
