@@ -195,17 +195,31 @@ fn report(input: &Path, format: &str) -> std::process::Output {
 }
 
 #[test]
-fn report_refuses_corrupt_and_truncated_files() {
+fn report_refuses_corrupt_files_and_reads_truncated_ones_up_to_their_cut() {
     let dir = scratch("report_bad_input");
     let good = r#"{"ts":1,"pid":7,"tid":7,"source":"ebpf","layer":"driver","op":"alloc","api":"cuMemAlloc_v2","kind":"device","addr":"0x7f0000000000","size":4096,"result":0,"stack":[]}"#;
 
+    // A capture killed while writing its last line: the whole lines are reported, with a warning.
     let truncated = dir.join("truncated.jsonl");
     std::fs::write(&truncated, format!("{good}\n{}", &good[..good.len() / 2])).unwrap();
     let output = report(&truncated, "json");
     let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert_eq!(
+        stderr.trim_end(),
+        format!("gpuprof: warning: {} is cut short after 1 events (its capture did not finish); what follows covers those", truncated.display())
+    );
+    let findings: Vec<Finding> = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(findings, vec![]);
+
+    // A bad line with more after it is corruption, not a cut.
+    let corrupt = dir.join("corrupt.jsonl");
+    std::fs::write(&corrupt, format!("{good}\n{}\n{good}\n", &good[..good.len() / 2])).unwrap();
+    let output = report(&corrupt, "json");
+    let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1));
-    assert!(stderr.starts_with(&format!("gpuprof: error: {}:2: not a gpuprof event (", truncated.display())), "{stderr}");
-    assert!(stderr.trim_end().ends_with("the file is corrupt or truncated"), "{stderr}");
+    assert!(stderr.starts_with(&format!("gpuprof: error: {}:2: not a gpuprof event (", corrupt.display())), "{stderr}");
+    assert!(stderr.trim_end().ends_with("the file is corrupt"), "{stderr}");
     assert_eq!(stderr.lines().count(), 1);
 
     let garbage = dir.join("garbage.jsonl");

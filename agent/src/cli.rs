@@ -34,10 +34,10 @@ pub enum Command {
         #[command(flatten)]
         capture: CaptureArgs,
     },
-    /// Leak findings of a recorded event file (written by `attach`/`run --format jsonl`).
-    #[command(after_help = "Example:\n  gpuprof report --input events.jsonl --format table")]
+    /// Leak findings of a recorded event file (a recording or jsonl, as `attach`/`run` write them).
+    #[command(after_help = "Example:\n  gpuprof report --input run.gpuprof --format table")]
     Report {
-        /// The event file (jsonl).
+        /// The event file (a recording or jsonl).
         #[arg(long, value_name = "FILE")]
         input: PathBuf,
         /// Output format.
@@ -59,10 +59,11 @@ pub enum Command {
         #[arg(long, value_name = "SECS", default_value_t = 0.5)]
         interval: f64,
     },
-    /// Views of a recorded event file: folded stacks, a flame graph, or a PyTorch memory_viz snapshot.
-    #[command(after_help = "Examples:\n  gpuprof export --input events.jsonl --format flamegraph --output live.svg\n  gpuprof export --input events.jsonl --format memory-viz --output snap.pickle\n  gpuprof export --input events.jsonl --format folded --oom 1")]
+    /// Views of a recorded event file: folded stacks, a flame graph, a PyTorch memory_viz
+    /// snapshot, or the events themselves as jsonl (or jsonl as a recording).
+    #[command(after_help = "Examples:\n  gpuprof export --input run.gpuprof --format flamegraph --output live.svg\n  gpuprof export --input run.gpuprof --format memory-viz --output snap.pickle --from 60 --to 90\n  gpuprof export --input run.gpuprof --format folded --oom 1\n  gpuprof export --input run.gpuprof --format jsonl --output run.jsonl")]
     Export {
-        /// The event file (jsonl).
+        /// The event file (a recording or jsonl).
         #[arg(long, value_name = "FILE")]
         input: PathBuf,
         #[arg(long, value_enum)]
@@ -82,6 +83,16 @@ pub enum Command {
         /// Folded/flamegraph: count tensors (allocator blocks), driver allocations, or pick per process.
         #[arg(long, value_enum, default_value = "auto")]
         layer: StackLayer,
+        /// memory-viz: leave out trace entries before this many seconds after the first event.
+        #[arg(long, value_name = "SECS")]
+        from: Option<f64>,
+        /// memory-viz: leave out trace entries after this many seconds after the first event.
+        #[arg(long, value_name = "SECS")]
+        to: Option<f64>,
+        /// memory-viz: keep the most recent N trace entries (PyTorch's viewer slows past a few
+        /// hundred thousand).
+        #[arg(long, value_name = "N", default_value_t = 100_000)]
+        max_entries: usize,
     },
     /// Capture every CUDA process of this node, for as long as it runs (the Kubernetes DaemonSet).
     #[command(after_help = "Settings come from flags, then GPUPROF_* environment variables, then the --config TOML file.\nExamples:\n  sudo gpuprof daemon --otlp-endpoint http://gpuprof-collector:4317\n  sudo gpuprof daemon --config /etc/gpuprof/daemon.toml")]
@@ -114,18 +125,28 @@ pub enum Via {
     Shim,
 }
 
+/// How a recording is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Compression {
+    Zstd,
+    None,
+}
+
 /// Flags shared by `attach` and `run`.
 #[derive(Debug, Args)]
 pub struct CaptureArgs {
     /// Stop after this many seconds.
     #[arg(long, value_name = "SECS")]
     pub duration: Option<f64>,
-    /// Output format.
-    #[arg(long, value_enum, default_value = "jsonl")]
-    pub format: Format,
+    /// Output format [default: recording for an --output named *.gpuprof, else jsonl].
+    #[arg(long, value_enum)]
+    pub format: Option<Format>,
     /// Write the output here instead of stdout.
     #[arg(long, value_name = "FILE")]
     pub output: Option<PathBuf>,
+    /// Recordings: compress with zstd (`none` writes them plain, ~2x larger, a little cheaper).
+    #[arg(long, value_enum, default_value = "zstd")]
+    pub compress: Compression,
     /// Print capture statistics (events/s, drops) to stderr every second.
     #[arg(long)]
     pub stats: bool,
@@ -166,6 +187,18 @@ pub struct OtlpArgs {
     /// The node's name in `host.name` (default: $K8S_NODE_NAME, else the host name).
     #[arg(long, value_name = "NAME")]
     pub node_name: Option<String>,
+}
+
+impl CaptureArgs {
+    /// The output these flags ask for: its file (or stdout) behind the right sink.
+    pub fn sink(&self) -> anyhow::Result<Box<dyn crate::output::EventSink>> {
+        let format = Format::resolve(self.format, self.output.as_deref())?;
+        crate::output::sink(format, crate::output::open_writer(self.output.as_deref())?, self.compress == Compression::Zstd)
+    }
+
+    pub fn resolved_format(&self) -> Format {
+        Format::resolve(self.format, self.output.as_deref()).unwrap_or(Format::Jsonl)
+    }
 }
 
 impl OtlpArgs {

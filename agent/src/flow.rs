@@ -130,12 +130,13 @@ impl EventFlow {
 
     /// The end of the run: findings the rules give only now, the output's summary, findings on
     /// stderr (and in `--findings`), then `stats` and the export's own account.
-    pub fn finish(mut self, stats: &str) -> Result<()> {
+    /// `lost_events`: what the capture dropped (a recording keeps the count).
+    pub fn finish(mut self, stats: &str, lost_events: u64) -> Result<()> {
         let ended = self.analyzer.finish();
         self.found(ended);
         let summaries = self.analyzer.tracker().summaries();
         self.sink
-            .finish(&EndOfRun { processes: &summaries, findings: &self.findings })
+            .finish(&EndOfRun { processes: &summaries, findings: &self.findings, lost_events })
             .context("cannot write the output")?;
         if self.format != Format::Table && self.keep_findings {
             // The event stream stays pure jsonl; people read the findings on stderr.

@@ -1,26 +1,32 @@
-//! Reading a recorded event file (jsonl, as `attach`/`run` write it): line by line, every line
-//! an event, a corrupt or truncated file an error naming the line.
+//! Reading a recorded event file — a recording or jsonl, as `attach`/`run` write them —
+//! streaming, in order. A corrupt file is an error naming the line or byte; a file cut short
+//! (a capture that was killed) is read up to its last whole event, with a warning saying so.
 
-use std::fs::File;
-use std::io::{BufRead, BufReader};
 use std::path::Path;
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::Result;
 use gpuprof_model::Event;
+use gpuprof_recording::{Ending, EventFile};
 
 /// Calls `each` with every event of the file, in order.
-pub fn for_each_event(input: &Path, mut each: impl FnMut(Event) -> Result<()>) -> Result<()> {
-    let file = File::open(input).with_context(|| format!("cannot read {}", input.display()))?;
-    for (index, line) in BufReader::new(file).lines().enumerate() {
-        let number = index + 1;
-        let line = line.with_context(|| format!("cannot read {} at line {number}", input.display()))?;
-        if line.trim().is_empty() {
-            continue;
-        }
-        let event: Event = serde_json::from_str(&line).map_err(|e| {
-            anyhow!("{}:{number}: not a gpuprof event ({e}); the file is corrupt or truncated", input.display())
-        })?;
-        each(event)?;
-    }
+pub fn for_each_event(input: &Path, each: impl FnMut(Event) -> Result<()>) -> Result<()> {
+    let file = EventFile::open(input)?;
+    let ending = file.for_each(each)?;
+    say_how_it_ended(input, Some(ending));
     Ok(())
+}
+
+/// A warning when the file was cut short or its capture lost events (nothing otherwise).
+pub fn say_how_it_ended(input: &Path, ending: Option<Ending>) {
+    let Some(ending) = ending else { return };
+    match ending {
+        Ending::Truncated { events } => eprintln!(
+            "gpuprof: warning: {} is cut short after {events} events (its capture did not finish); what follows covers those",
+            input.display()
+        ),
+        Ending::Closed { lost, .. } if lost > 0 => {
+            eprintln!("gpuprof: warning: the capture of {} lost {lost} events; what follows lacks them", input.display())
+        }
+        Ending::Closed { .. } => {}
+    }
 }

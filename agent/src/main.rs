@@ -20,13 +20,14 @@ fn main() -> ExitCode {
         Command::Daemon { daemon: args } => daemon::run(&args),
         Command::Top { pid, interval } => top::run(&top::TopArgs { pid, interval }),
         Command::Report { input, format, output, rules } => report::run(&input, format, output.as_deref(), &rules),
-        Command::Export { input, format, output, pid, at, oom, layer } => {
+        Command::Export { input, format, output, pid, at, oom, layer, from, to, max_entries } => {
             let moment = match (at, oom) {
                 (Some(secs), _) => export::Moment::At(secs),
                 (None, Some(n)) => export::Moment::Oom(n),
                 (None, None) => export::Moment::End,
             };
-            export::run(&export::ExportRequest { input: &input, format, output, pid, moment, layer })
+            let window = export::TraceWindow { from, to, max_entries };
+            export::run(&export::ExportRequest { input: &input, format, output, pid, moment, layer, window })
         }
     };
     match outcome {

@@ -336,8 +336,9 @@ impl<'c> Pipeline<'c> {
     pub fn stats_line(&self) -> String {
         let drops = self.drops();
         let seconds = self.started.elapsed().as_secs_f64();
+        let cpu_seconds = crate::procfs::own_cpu_seconds();
         format!(
-            "{} events ({:.0}/s) from {} processes in {:.1} s; lost {} (ring buffer full {}, call table full {}); out-pointers unread {}, returns without entry {}, undecodable {}; Python stacks {} from {} interpreters, unresolved {} (unreadable in the kernel {}); allocator reports of other devices {}",
+            "{} events ({:.0}/s) from {} processes in {:.1} s; lost {} (ring buffer full {}, call table full {}); out-pointers unread {}, returns without entry {}, undecodable {}; Python stacks {} from {} interpreters, unresolved {} (unreadable in the kernel {}); allocator reports of other devices {}; agent CPU {:.2} s ({:.2} µs an event)",
             self.events(),
             self.events() as f64 / seconds.max(1e-9),
             self.analyzer().tracker().processes().len(),
@@ -352,14 +353,16 @@ impl<'c> Pipeline<'c> {
             self.python.counts.interpreters,
             self.python.counts.unresolved,
             drops.stack_unreadable,
-            drops.allocator_other_device
+            drops.allocator_other_device,
+            cpu_seconds,
+            cpu_seconds * 1e6 / self.events().max(1) as f64
         )
     }
 
     pub fn finish(self) -> Result<()> {
         let stats = self.stats_line();
         let drops = self.drops();
-        self.flow.finish(&stats)?;
+        self.flow.finish(&stats, drops.lost_events())?;
         if drops.lost_events() > 0 {
             eprintln!(
                 "gpuprof: warning: {} events were lost; give a larger --buffer-mib (ring buffer full {}, call table full {})",

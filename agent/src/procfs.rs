@@ -38,6 +38,17 @@ pub fn stat(pid: u32) -> Option<(char, u32)> {
 }
 
 /// A live process (not a zombie waiting to be reaped).
+/// CPU time (user + system) this process spent so far, its threads included, its children not.
+pub fn own_cpu_seconds() -> f64 {
+    // SAFETY: getrusage writes one rusage struct; RUSAGE_SELF needs nothing else.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+        return 0.0;
+    }
+    let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    seconds(usage.ru_utime) + seconds(usage.ru_stime)
+}
+
 pub fn is_running(pid: u32) -> bool {
     matches!(stat(pid), Some((state, _)) if state != 'Z' && state != 'X')
 }

@@ -17,7 +17,6 @@ use crate::capture::{Capture, CaptureOptions};
 use crate::cli::CaptureArgs;
 use crate::flow::FlowOptions;
 use crate::libcuda::{self, LibraryFile};
-use crate::output;
 use crate::pipeline::{Pipeline, PipelineOptions};
 use crate::{preflight, procfs, signals};
 
@@ -44,7 +43,7 @@ pub fn attach(pid: u32, wait: bool, args: &CaptureArgs) -> Result<u8> {
     }
     let capture = Capture::load(capture_options(args)?)?;
     tracing::debug!(elapsed_ms = started.elapsed().as_millis() as u64, "probes loaded");
-    let sink = output::sink(args.format, output::open_writer(args.output.as_deref())?);
+    let sink = args.sink()?;
     let mut session = Pipeline::new(&capture, pipeline_options(args)?, sink, Some(pid)).with_telemetry(args.otlp.start()?);
     session.add_process(pid)?;
     for child in procfs::descendants(pid) {
@@ -98,7 +97,7 @@ pub fn run(command: &[OsString], args: &CaptureArgs) -> Result<u8> {
         None => libcuda::resolve_for_loader().and_then(|path| LibraryFile::open(path).ok()),
     };
     let capture = Capture::load(capture_options(args)?)?;
-    let sink = output::sink(args.format, output::open_writer(args.output.as_deref())?);
+    let sink = args.sink()?;
     match &library {
         Some(library) => {
             let attachment = capture.attach_library(library)?;
@@ -235,7 +234,7 @@ fn pipeline_options(args: &CaptureArgs) -> Result<PipelineOptions> {
 pub(crate) fn flow_options(args: &CaptureArgs) -> Result<FlowOptions> {
     Ok(FlowOptions {
         rules: args.rules.config()?,
-        format: args.format,
+        format: args.resolved_format(),
         findings_file: args.findings.clone(),
         notices: true,
         keep_findings: true,

@@ -15,7 +15,7 @@ use crate::cli::CaptureArgs;
 use crate::flow::EventFlow;
 use crate::session::{duration_of, exit_code_of, find_program, flow_options, supervise};
 use crate::shim_socket::{self, ShimProcesses};
-use crate::{output, signals};
+use crate::signals;
 
 /// The shim's file name, looked for next to the gpuprof executable.
 pub const SHIM_FILE: &str = "libgpuprof_shim.so";
@@ -34,7 +34,7 @@ pub fn run(command: &[OsString], args: &CaptureArgs, shim: Option<&Path>) -> Res
     let socket = dir.join("shim.sock");
     let received = shim_socket::listen(&socket)?;
 
-    let sink = output::sink(args.format, output::open_writer(args.output.as_deref())?);
+    let sink = args.sink()?;
     let mut flow = EventFlow::new(flow_options(args)?, sink);
     flow.set_telemetry(args.otlp.start()?);
     let mut child = Command::new(&program)
@@ -60,7 +60,7 @@ pub fn run(command: &[OsString], args: &CaptureArgs, shim: Option<&Path>) -> Res
     receive(&mut run, &mut flow, Duration::ZERO)?;
     let _ = std::fs::remove_dir_all(&dir);
     let stats = run.stats_line(flow.events());
-    flow.finish(&stats)?;
+    flow.finish(&stats, run.dropped())?;
     Ok(match status {
         Some(status) => exit_code_of(status),
         None => {

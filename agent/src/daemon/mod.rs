@@ -164,7 +164,7 @@ fn run_shim_only(config: &DaemonConfig) -> Result<u8> {
     health.set_ready(false);
     eprintln!("gpuprof: daemon stopping: flushing what was captured");
     let stats = processes.stats_line(flow.events());
-    flow.finish(&stats)?;
+    flow.finish(&stats, processes.dropped())?;
     Ok(0)
 }
 
@@ -174,7 +174,7 @@ fn flow_options(config: &DaemonConfig) -> FlowOptions {
 
 fn sink_of(config: &DaemonConfig) -> Result<Box<dyn output::EventSink>> {
     Ok(match &config.output {
-        Some(path) => output::sink(Format::Jsonl, output::open_writer(Some(path))?),
+        Some(path) => output::sink(Format::resolve(None, Some(path))?, output::open_writer(Some(path))?, true)?,
         None => Box::new(NullSink),
     })
 }

@@ -1,6 +1,10 @@
 //! `gpuprof export`: views of a recorded event file for the tools people already read — folded
 //! stacks and flame graphs (inferno) of live memory by Python stack, and a snapshot PyTorch's own
-//! memory_viz opens — at the end of the recording, at a chosen time, or at an out-of-memory failure.
+//! memory_viz opens — at the end of the recording, at a chosen time, or at an out-of-memory
+//! failure; and the recording itself as jsonl (or jsonl as a recording).
+//!
+//! Every view streams the file: memory is what was live at the moment taken (and, for
+//! memory_viz, at most `--max-entries` trace entries), however long the recording.
 
 mod folded;
 mod memory_viz;
@@ -12,7 +16,8 @@ use anyhow::{bail, Context, Result};
 use gpuprof_model::event::{Event, Layer, Op, CUDA_ERROR_OUT_OF_MEMORY};
 use gpuprof_model::{Analyzer, RuleConfig};
 
-use crate::{input, output};
+use crate::input;
+use crate::output::{self, EndOfRun};
 
 /// Output formats of `export`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -23,6 +28,10 @@ pub enum ExportFormat {
     Flamegraph,
     /// A pickled snapshot for PyTorch's memory_viz (torch.cuda._memory_viz, pytorch.org/memory_viz).
     MemoryViz,
+    /// Every event as a line of the jsonl contract (docs/events.md).
+    Jsonl,
+    /// Every event into a compact recording (from jsonl, say).
+    Recording,
 }
 
 /// Which memory a stack view counts.
@@ -46,6 +55,17 @@ pub enum Moment {
     Oom(usize),
 }
 
+/// Which trace entries a memory_viz snapshot keeps.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TraceWindow {
+    /// Seconds after the first event: entries before are left out.
+    pub from: Option<f64>,
+    /// Seconds after the first event: entries after are left out.
+    pub to: Option<f64>,
+    /// The most recent entries kept (PyTorch's `max_entries`).
+    pub max_entries: usize,
+}
+
 pub struct ExportRequest<'a> {
     pub input: &'a Path,
     pub format: ExportFormat,
@@ -53,46 +73,113 @@ pub struct ExportRequest<'a> {
     pub pid: Option<u32>,
     pub moment: Moment,
     pub layer: StackLayer,
+    pub window: TraceWindow,
 }
 
 /// Returns gpuprof's exit code.
 pub fn run(request: &ExportRequest<'_>) -> Result<u8> {
-    let mut events = Vec::new();
-    input::for_each_event(request.input, |event| {
-        events.push(event);
-        Ok(())
-    })?;
-    let cut = cut_point(&events, request.moment, request.input)?;
-    let mut analyzer = Analyzer::new(RuleConfig::default());
-    let mut replayed = Vec::with_capacity(cut);
-    for mut event in events.into_iter().take(cut) {
-        analyzer.observe(&mut event);
-        replayed.push(event);
-    }
-    let at_end = request.moment == Moment::End;
-    let mut writer = output::open_writer(request.output.as_deref())?;
     match request.format {
-        ExportFormat::Folded => {
-            let lines = folded::lines(analyzer.tracker(), request.layer, at_end);
-            for line in &lines {
-                writeln!(writer, "{line}")?;
-            }
+        ExportFormat::Jsonl => convert(request, output::Format::Jsonl),
+        ExportFormat::Recording => convert(request, output::Format::Recording),
+        ExportFormat::Folded | ExportFormat::Flamegraph => stack_view(request),
+        ExportFormat::MemoryViz => memory_viz::export(request),
+    }
+}
+
+fn convert(request: &ExportRequest<'_>, format: output::Format) -> Result<u8> {
+    let format = output::Format::resolve(Some(format), request.output.as_deref())?;
+    let mut sink = output::sink(format, output::open_writer(request.output.as_deref())?, true)?;
+    let mut file = gpuprof_recording::EventFile::open(request.input)?;
+    while let Some(event) = file.next_event()? {
+        sink.event(&event).context("cannot write the export")?;
+    }
+    input::say_how_it_ended(request.input, file.ending());
+    let lost = match file.ending() {
+        Some(gpuprof_recording::Ending::Closed { lost, .. }) => lost,
+        _ => 0,
+    };
+    sink.finish(&EndOfRun { processes: &[], findings: &[], lost_events: lost }).context("cannot write the export")?;
+    Ok(0)
+}
+
+fn stack_view(request: &ExportRequest<'_>) -> Result<u8> {
+    let analyzer = replay_to(request.input, request.moment, |_| ())?;
+    let at_end = request.moment == Moment::End;
+    let lines = folded::lines(analyzer.tracker(), request.layer, at_end);
+    let mut writer = output::open_writer(request.output.as_deref())?;
+    if request.format == ExportFormat::Flamegraph {
+        if lines.is_empty() {
+            bail!("no live memory with a stack at that moment in {}: nothing to draw", request.input.display());
         }
-        ExportFormat::Flamegraph => {
-            let lines = folded::lines(analyzer.tracker(), request.layer, at_end);
-            if lines.is_empty() {
-                bail!("no live memory with a stack at that moment in {}: nothing to draw", request.input.display());
-            }
-            folded::flamegraph(&lines, title(request.moment), &mut writer)?;
-        }
-        ExportFormat::MemoryViz => {
-            let snapshot = memory_viz::snapshot(&replayed, analyzer.tracker(), request.pid, at_end)?;
-            serde_pickle::to_writer(&mut writer, &snapshot, serde_pickle::SerOptions::new())
-                .context("cannot write the memory_viz snapshot")?;
+        folded::flamegraph(&lines, title(request.moment), &mut writer)?;
+    } else {
+        for line in &lines {
+            writeln!(writer, "{line}")?;
         }
     }
     writer.flush().context("cannot write the export")?;
     Ok(0)
+}
+
+/// The rules' tracker at the moment, the file streamed up to it; `each` sees every event
+/// replayed (after the tracker took it in).
+pub(crate) fn replay_to(input: &Path, moment: Moment, mut each: impl FnMut(&Event)) -> Result<Analyzer> {
+    let mut analyzer = Analyzer::new(RuleConfig::default());
+    let mut cut = Cut::new(moment);
+    let mut reached = false;
+    let mut file = gpuprof_recording::EventFile::open(input)?;
+    while let Some(mut event) = file.next_event()? {
+        if cut.before(&event) {
+            reached = true;
+            break;
+        }
+        analyzer.observe(&mut event);
+        each(&event);
+        if cut.after(&event) {
+            reached = true;
+            break;
+        }
+    }
+    if !reached {
+        input::say_how_it_ended(input, file.ending());
+    }
+    if let Moment::Oom(n) = moment {
+        if !reached {
+            bail!("{} has fewer than {n} out-of-memory failures", input.display());
+        }
+    }
+    Ok(analyzer)
+}
+
+/// Where a moment cuts the stream.
+struct Cut {
+    moment: Moment,
+    first_ts: Option<u64>,
+    ooms: usize,
+}
+
+impl Cut {
+    fn new(moment: Moment) -> Self {
+        Cut { moment, first_ts: None, ooms: 0 }
+    }
+
+    /// True when `event` already lies past the moment (it is not replayed).
+    fn before(&mut self, event: &Event) -> bool {
+        let first = *self.first_ts.get_or_insert(event.ts);
+        match self.moment {
+            Moment::At(secs) => event.ts > first.saturating_add((secs * 1e9) as u64),
+            _ => false,
+        }
+    }
+
+    /// True when the moment is `event` itself (the n-th out-of-memory failure).
+    fn after(&mut self, event: &Event) -> bool {
+        let Moment::Oom(n) = self.moment else { return false };
+        if event.layer == Layer::Driver && event.op == Op::Alloc && event.result == CUDA_ERROR_OUT_OF_MEMORY {
+            self.ooms += 1;
+        }
+        self.ooms == n.max(1)
+    }
 }
 
 fn title(moment: Moment) -> String {
@@ -100,24 +187,5 @@ fn title(moment: Moment) -> String {
         Moment::End => "gpuprof: live GPU memory by Python stack, at the end".to_string(),
         Moment::At(secs) => format!("gpuprof: live GPU memory by Python stack, {secs} s in"),
         Moment::Oom(n) => format!("gpuprof: live GPU memory by Python stack, at out-of-memory failure {n}"),
-    }
-}
-
-/// How many events (from the start) make up the moment.
-fn cut_point(events: &[Event], moment: Moment, input: &Path) -> Result<usize> {
-    match moment {
-        Moment::End => Ok(events.len()),
-        Moment::At(secs) => {
-            let Some(first) = events.first() else { return Ok(0) };
-            let limit = first.ts.saturating_add((secs * 1e9) as u64);
-            Ok(events.iter().position(|e| e.ts > limit).unwrap_or(events.len()))
-        }
-        Moment::Oom(n) => events
-            .iter()
-            .enumerate()
-            .filter(|(_, e)| e.layer == Layer::Driver && e.op == Op::Alloc && e.result == CUDA_ERROR_OUT_OF_MEMORY)
-            .nth(n.saturating_sub(1))
-            .map(|(index, _)| index + 1)
-            .with_context(|| format!("{} has fewer than {n} out-of-memory failures", input.display())),
     }
 }

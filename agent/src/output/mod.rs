@@ -1,8 +1,9 @@
-//! Where captured events go: one JSON object per line, or a readable table with an end-of-run
-//! summary of live memory per process and kind.
+//! Where captured events go: a compact recording, one JSON object per line, or a readable table
+//! with an end-of-run summary of live memory per process and kind.
 
 pub mod findings;
 mod jsonl;
+mod recording;
 mod table;
 
 use std::fs::File;
@@ -15,6 +16,7 @@ use gpuprof_model::track::LiveSummary;
 use gpuprof_model::Finding;
 
 pub use jsonl::JsonlSink;
+pub use recording::RecordingSink;
 pub use table::{write_live_summary, TableSink};
 
 /// The output formats of `attach` and `run`.
@@ -24,12 +26,33 @@ pub enum Format {
     Jsonl,
     /// A readable row per event and, at the end, live memory per process and kind.
     Table,
+    /// A compact recording for `report` and `export` (each stack once; ~20 bytes an event).
+    Recording,
 }
+
+impl Format {
+    /// `--format` when given; else a recording for an `--output` named `*.gpuprof`, jsonl otherwise.
+    pub fn resolve(given: Option<Format>, output: Option<&Path>) -> Result<Format> {
+        let format = given.unwrap_or(match output.and_then(|p| p.extension()) {
+            Some(extension) if extension == RECORDING_EXTENSION => Format::Recording,
+            _ => Format::Jsonl,
+        });
+        if format == Format::Recording && output.is_none() && std::io::IsTerminal::is_terminal(&io::stdout()) {
+            anyhow::bail!("--format recording is binary: give --output FILE.gpuprof (or redirect stdout)");
+        }
+        Ok(format)
+    }
+}
+
+/// The file extension of recordings (`--output run.gpuprof` writes one).
+pub const RECORDING_EXTENSION: &str = "gpuprof";
 
 /// What the run ended with, for sinks that print a summary.
 pub struct EndOfRun<'a> {
     pub processes: &'a [LiveSummary],
     pub findings: &'a [Finding],
+    /// Events the capture lost (a recording keeps the count).
+    pub lost_events: u64,
 }
 
 pub trait EventSink {
@@ -66,9 +89,11 @@ pub fn open_writer(output: Option<&Path>) -> Result<Box<dyn Write>> {
     })
 }
 
-pub fn sink(format: Format, writer: Box<dyn Write>) -> Box<dyn EventSink> {
-    match format {
+/// `compress`: zstd, for recordings.
+pub fn sink(format: Format, writer: Box<dyn Write>, compress: bool) -> Result<Box<dyn EventSink>> {
+    Ok(match format {
         Format::Jsonl => Box::new(JsonlSink::new(writer)),
         Format::Table => Box::new(TableSink::new(writer)),
-    }
+        Format::Recording => Box::new(RecordingSink::new(writer, compress).context("cannot start the recording")?),
+    })
 }

@@ -1,0 +1,328 @@
+//! Writing a recording: strings, frames and stacks once each, events as deltas, the whole
+//! optionally through zstd. Writing an event whose stack was seen before costs a map lookup by
+//! the stack's precomputed hash and ~20 bytes: nothing is allocated.
+
+use std::collections::HashMap;
+use std::io::{self, Write};
+use std::time::{Duration, Instant};
+
+use gpuprof_model::event::{Event, Frame};
+use gpuprof_model::Stack;
+
+use crate::format::{codes, tag, Field, FLAG_ZSTD, MAGIC, VERSION};
+use crate::varint;
+
+/// How often buffered entries are handed to the file at most: a capture that is killed loses
+/// no more than this, and compression keeps working on large enough pieces.
+const FLUSH_INTERVAL: Duration = Duration::from_millis(500);
+const ZSTD_LEVEL: i32 = 3;
+
+/// What the writer remembers of the previous events (the reader keeps the same).
+#[derive(Default)]
+pub(crate) struct Deltas {
+    pub ts: u64,
+    pub pid: u32,
+    pub addr: u64,
+    /// Per process: the allocator's allocated and reserved totals last written.
+    pub totals: HashMap<u32, (u64, u64)>,
+}
+
+enum Sink<W: Write> {
+    Plain(W),
+    Zstd(zstd::stream::write::Encoder<'static, W>),
+}
+
+impl<W: Write> Sink<W> {
+    fn write_all(&mut self, bytes: &[u8]) -> io::Result<()> {
+        match self {
+            Sink::Plain(w) => w.write_all(bytes),
+            Sink::Zstd(w) => w.write_all(bytes),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Sink::Plain(w) => w.flush(),
+            Sink::Zstd(w) => w.flush(),
+        }
+    }
+
+    fn finish(self) -> io::Result<W> {
+        match self {
+            Sink::Plain(mut w) => {
+                w.flush()?;
+                Ok(w)
+            }
+            Sink::Zstd(w) => {
+                let mut w = w.finish()?;
+                w.flush()?;
+                Ok(w)
+            }
+        }
+    }
+}
+
+/// Writes events to a recording.
+pub struct Writer<W: Write> {
+    sink: Sink<W>,
+    /// Entries not yet handed to the sink.
+    buffer: Vec<u8>,
+    /// One entry's payload, built before its length is known.
+    payload: Vec<u8>,
+    strings: HashMap<Box<str>, u64>,
+    frames: HashMap<Frame, u64>,
+    stacks: HashMap<Stack, u64>,
+    deltas: Deltas,
+    events: u64,
+    last_flush: Instant,
+}
+
+impl<W: Write> Writer<W> {
+    /// Starts a recording: the header now, entries as events come. `compress`: zstd.
+    pub fn new(mut out: W, compress: bool) -> io::Result<Self> {
+        let flags = if compress { FLAG_ZSTD } else { 0 };
+        out.write_all(MAGIC)?;
+        out.write_all(&VERSION.to_le_bytes())?;
+        out.write_all(&flags.to_le_bytes())?;
+        let sink = if compress {
+            Sink::Zstd(zstd::stream::write::Encoder::new(out, ZSTD_LEVEL)?)
+        } else {
+            Sink::Plain(out)
+        };
+        Ok(Writer {
+            sink,
+            buffer: Vec::with_capacity(1 << 16),
+            payload: Vec::with_capacity(256),
+            strings: HashMap::new(),
+            frames: HashMap::new(),
+            stacks: HashMap::new(),
+            deltas: Deltas::default(),
+            events: 0,
+            last_flush: Instant::now(),
+        })
+    }
+
+    /// The output as far as it was handed over.
+    pub fn output(&self) -> &W {
+        match &self.sink {
+            Sink::Plain(w) => w,
+            Sink::Zstd(w) => w.get_ref(),
+        }
+    }
+
+    /// Events written so far.
+    pub fn events(&self) -> u64 {
+        self.events
+    }
+
+    pub fn write(&mut self, event: &Event) -> io::Result<()> {
+        let stack = self.stack_id(&event.stack);
+        let comm = self.string_id(&event.comm);
+        let api = self.string_id(&event.api);
+        let handle_type = event.handle_type.as_deref().map(|t| self.string_id(t));
+        let filename = event.filename.as_deref().map(|f| self.string_id(f));
+        let native: Vec<(u64, u64, u64)> = event
+            .native
+            .iter()
+            .map(|n| (self.string_id(&n.symbol), self.string_id(&n.module), n.offset))
+            .collect();
+
+        let mut fields = 0u32;
+        let mut set = |field: Field, present: bool| {
+            if present {
+                fields |= field.bit();
+            }
+        };
+        set(Field::NsPid, event.ns_pid.is_some());
+        set(Field::Ppid, event.ppid.is_some());
+        set(Field::Kind, event.kind.is_some());
+        set(Field::Device, event.device.is_some());
+        set(Field::Addr, event.addr.is_some());
+        set(Field::Handle, event.handle.is_some());
+        set(Field::HandleType, handle_type.is_some());
+        set(Field::HandleObject, event.handle_object.is_some());
+        set(Field::PeerPid, event.peer_pid.is_some());
+        set(Field::VmmHandle, event.vmm_handle.is_some());
+        set(Field::Pitch, event.pitch.is_some());
+        set(Field::Total, event.total.is_some());
+        set(Field::Allocated, event.allocated.is_some());
+        set(Field::Reserved, event.reserved.is_some());
+        set(Field::Segment, event.segment.is_some());
+        set(Field::DurationNs, event.duration_ns.is_some());
+        set(Field::ExitCode, event.exit_code.is_some());
+        set(Field::Signal, event.signal.is_some());
+        set(Field::Filename, filename.is_some());
+        set(Field::Native, !native.is_empty());
+
+        let p = &mut self.payload;
+        p.clear();
+        varint::put(p, u64::from(fields));
+        p.push(codes::pack(event.source, event.layer, event.op));
+        varint::put_delta(p, event.ts, self.deltas.ts);
+        varint::put_delta(p, u64::from(event.pid), u64::from(self.deltas.pid));
+        varint::put_delta(p, u64::from(event.tid), u64::from(event.pid));
+        varint::put(p, comm);
+        varint::put(p, api);
+        varint::put(p, event.size);
+        varint::put_signed(p, i64::from(event.result));
+        varint::put(p, stack);
+        if let Some(v) = event.ns_pid {
+            varint::put(p, u64::from(v));
+        }
+        if let Some(v) = event.ppid {
+            varint::put(p, u64::from(v));
+        }
+        if let Some(kind) = event.kind {
+            p.push(codes::kind_code(kind));
+        }
+        if let Some(v) = event.device {
+            varint::put_signed(p, i64::from(v));
+        }
+        if let Some(addr) = event.addr {
+            varint::put_delta(p, addr, self.deltas.addr);
+            self.deltas.addr = addr;
+        }
+        if let Some(handle) = &event.handle {
+            varint::put(p, handle.len() as u64);
+            p.extend_from_slice(handle);
+        }
+        if let Some(id) = handle_type {
+            varint::put(p, id);
+        }
+        for value in [event.handle_object, event.peer_pid.map(u64::from), event.vmm_handle, event.pitch, event.total] {
+            if let Some(v) = value {
+                varint::put(p, v);
+            }
+        }
+        if event.allocated.is_some() || event.reserved.is_some() {
+            let previous = self.deltas.totals.entry(event.pid).or_default();
+            if let Some(v) = event.allocated {
+                varint::put_delta(p, v, previous.0);
+                previous.0 = v;
+            }
+            if let Some(v) = event.reserved {
+                varint::put_delta(p, v, previous.1);
+                previous.1 = v;
+            }
+        }
+        if let Some(segment) = event.segment {
+            varint::put_delta(p, segment, event.addr.unwrap_or(0));
+        }
+        if let Some(v) = event.duration_ns {
+            varint::put(p, v);
+        }
+        if let Some(v) = event.exit_code {
+            varint::put_signed(p, i64::from(v));
+        }
+        if let Some(v) = event.signal {
+            varint::put_signed(p, i64::from(v));
+        }
+        if let Some(id) = filename {
+            varint::put(p, id);
+        }
+        if !native.is_empty() {
+            varint::put(p, native.len() as u64);
+            for (symbol, module, offset) in native {
+                varint::put(p, symbol);
+                varint::put(p, module);
+                varint::put(p, offset);
+            }
+        }
+        self.deltas.ts = event.ts;
+        self.deltas.pid = event.pid;
+        if event.op == gpuprof_model::Op::Exit {
+            self.deltas.totals.remove(&event.pid);
+        }
+        self.entry_from_payload(tag::EVENT);
+        self.events += 1;
+        if self.buffer.len() >= 1 << 16 {
+            self.sink.write_all(&self.buffer)?;
+            self.buffer.clear();
+        }
+        Ok(())
+    }
+
+    /// Hands what is buffered to the file, at most every half second.
+    pub fn flush(&mut self) -> io::Result<()> {
+        if self.last_flush.elapsed() < FLUSH_INTERVAL {
+            return Ok(());
+        }
+        self.flush_now()
+    }
+
+    pub fn flush_now(&mut self) -> io::Result<()> {
+        self.last_flush = Instant::now();
+        self.sink.write_all(&self.buffer)?;
+        self.buffer.clear();
+        self.sink.flush()
+    }
+
+    /// Closes the recording cleanly (the end entry says how many events and how many the
+    /// capture lost) and returns the output.
+    pub fn finish(mut self, lost: u64) -> io::Result<W> {
+        self.payload.clear();
+        varint::put(&mut self.payload, self.events);
+        varint::put(&mut self.payload, lost);
+        self.entry_from_payload(tag::END);
+        self.sink.write_all(&self.buffer)?;
+        self.buffer.clear();
+        self.sink.finish()
+    }
+
+    fn entry_from_payload(&mut self, tag: u8) {
+        self.buffer.push(tag);
+        varint::put(&mut self.buffer, self.payload.len() as u64);
+        self.buffer.extend_from_slice(&self.payload);
+    }
+
+    fn string_id(&mut self, text: &str) -> u64 {
+        if let Some(&id) = self.strings.get(text) {
+            return id;
+        }
+        let id = self.strings.len() as u64 + 1;
+        self.strings.insert(text.into(), id);
+        self.buffer.push(tag::STRING);
+        varint::put(&mut self.buffer, text.len() as u64);
+        self.buffer.extend_from_slice(text.as_bytes());
+        id
+    }
+
+    fn frame_id(&mut self, frame: &Frame) -> u64 {
+        if let Some(&id) = self.frames.get(frame) {
+            return id;
+        }
+        let function = self.string_id(&frame.function);
+        let file = self.string_id(&frame.file);
+        let id = self.frames.len() as u64 + 1;
+        self.frames.insert(frame.clone(), id);
+        let mut payload = Vec::with_capacity(12);
+        varint::put(&mut payload, function);
+        varint::put(&mut payload, file);
+        varint::put(&mut payload, u64::from(frame.line));
+        self.buffer.push(tag::FRAME);
+        varint::put(&mut self.buffer, payload.len() as u64);
+        self.buffer.extend_from_slice(&payload);
+        id
+    }
+
+    fn stack_id(&mut self, stack: &Stack) -> u64 {
+        if stack.is_empty() {
+            return 0;
+        }
+        if let Some(&id) = self.stacks.get(stack) {
+            return id;
+        }
+        let frame_ids: Vec<u64> = stack.iter().map(|f| self.frame_id(f)).collect();
+        let id = self.stacks.len() as u64 + 1;
+        self.stacks.insert(stack.clone(), id);
+        let mut payload = Vec::with_capacity(frame_ids.len() * 2 + 2);
+        varint::put(&mut payload, frame_ids.len() as u64);
+        for frame in frame_ids {
+            varint::put(&mut payload, frame);
+        }
+        self.buffer.push(tag::STACK);
+        varint::put(&mut self.buffer, payload.len() as u64);
+        self.buffer.extend_from_slice(&payload);
+        id
+    }
+}
