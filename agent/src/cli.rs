@@ -172,21 +172,21 @@ pub struct CaptureArgs {
 /// Where to send the capture over OpenTelemetry's protocol (docs/otlp.md).
 #[derive(Debug, Args)]
 pub struct OtlpArgs {
-    /// Also send events (log records), allocation lifetimes (spans) and live bytes (gauges) to
-    /// this OTLP endpoint, e.g. http://collector:4317 (gRPC) or http://collector:4318 (--otlp-protocol http).
+    /// Also send the capture, summarized (driver and process events, findings, gauges, memory
+    /// profiles, spans: docs/otlp.md), to this OTLP endpoint, e.g. http://collector:4317 (gRPC)
+    /// or http://collector:4318 (--otlp-protocol http).
     #[arg(long, value_name = "URL")]
     pub otlp_endpoint: Option<String>,
     #[arg(long, value_enum, default_value = "grpc", requires = "otlp_endpoint")]
-    pub otlp_protocol: crate::telemetry::transport::Protocol,
+    pub otlp_protocol: crate::telemetry::Protocol,
     /// Bearer token the collector asks for.
     #[arg(long, value_name = "TOKEN", env = "GPUPROF_OTLP_TOKEN", hide_env_values = true)]
     pub otlp_token: Option<String>,
-    /// Batches held while the collector is slow or away; beyond that, batches are dropped and counted.
-    #[arg(long, value_name = "BATCHES", default_value_t = 256)]
-    pub otlp_queue: usize,
     /// The node's name in `host.name` (default: $K8S_NODE_NAME, else the host name).
     #[arg(long, value_name = "NAME")]
     pub node_name: Option<String>,
+    #[command(flatten)]
+    pub tuning: crate::telemetry::OtlpTuning,
 }
 
 impl CaptureArgs {
@@ -204,13 +204,7 @@ impl CaptureArgs {
 impl OtlpArgs {
     pub fn start(&self) -> anyhow::Result<Option<crate::telemetry::Telemetry>> {
         let Some(endpoint) = &self.otlp_endpoint else { return Ok(None) };
-        let options = crate::telemetry::OtlpOptions {
-            endpoint: endpoint.clone(),
-            protocol: self.otlp_protocol,
-            token: self.otlp_token.clone(),
-            queue: self.otlp_queue,
-            node: self.node_name.clone(),
-        };
+        let options = self.tuning.options(endpoint, self.otlp_protocol, self.otlp_token.clone(), self.node_name.clone())?;
         crate::telemetry::Telemetry::start(options).map(Some)
     }
 }

@@ -65,7 +65,7 @@ impl EventFlow {
         }
         let fired = self.analyzer.observe(&mut event);
         if let Some(telemetry) = &mut self.telemetry {
-            telemetry.after(&event);
+            telemetry.after(&event, &fired, self.analyzer.tracker());
         }
         self.found(fired);
         self.events += 1;
@@ -75,7 +75,7 @@ impl EventFlow {
     /// Hands batches to the exporter and writes buffered output.
     pub fn flush(&mut self) -> Result<()> {
         if let Some(telemetry) = &mut self.telemetry {
-            telemetry.flush(self.analyzer.tracker());
+            telemetry.flush(self.analyzer.tracker(), gpuprof_model::event::wall_clock_ns());
         }
         self.sink.flush().context("cannot write the output")
     }
@@ -133,6 +133,9 @@ impl EventFlow {
     /// `lost_events`: what the capture dropped (a recording keeps the count).
     pub fn finish(mut self, stats: &str, lost_events: u64) -> Result<()> {
         let ended = self.analyzer.finish();
+        if let Some(telemetry) = &mut self.telemetry {
+            telemetry.findings(&ended, self.analyzer.tracker());
+        }
         self.found(ended);
         let summaries = self.analyzer.tracker().summaries();
         self.sink

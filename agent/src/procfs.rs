@@ -49,6 +49,15 @@ pub fn own_cpu_seconds() -> f64 {
     seconds(usage.ru_utime) + seconds(usage.ru_stime)
 }
 
+/// Resident memory of this process, in bytes (0 if /proc cannot say).
+pub fn own_resident_bytes() -> u64 {
+    let statm = fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = statm.split_whitespace().nth(1).and_then(|p| p.parse().ok()).unwrap_or(0);
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
+    pages * page
+}
+
 pub fn is_running(pid: u32) -> bool {
     matches!(stat(pid), Some((state, _)) if state != 'Z' && state != 'X')
 }

@@ -61,11 +61,19 @@ pub mod span_event {
     pub const UNMAP: &str = "gpu.memory.unmap";
 }
 
-/// The event stream as OTLP log records (OpenTelemetry events): one record per captured event,
-/// its body the event of docs/events.md as a key-value map.
+/// Log records (OpenTelemetry events): captured events (one record each: every driver and
+/// process event, allocator events only in the full stream), findings, and memory profiles.
 pub mod log {
-    /// `event_name` of a record: this prefix and the event's `op` (`gpuprof.alloc`).
+    /// `event_name` of a captured event's record: this prefix and the event's `op` (`gpuprof.alloc`).
     pub const EVENT_NAME_PREFIX: &str = "gpuprof.";
+    /// `event_name` of a finding's record; its body is the finding (docs/findings.md) as JSON.
+    pub const FINDING: &str = "gpuprof.finding";
+    /// `event_name` of a memory profile's record; its body is a pprof profile (bytes).
+    pub const MEMORY_PROFILE: &str = "gpuprof.memory_profile";
+    /// Why a profile was taken: `periodic`, `finding`, `oom`, `exit`, `end`.
+    pub const ATTR_PROFILE_REASON: &str = "gpuprof.profile.reason";
+    /// The body's format: `pprof`.
+    pub const ATTR_PROFILE_FORMAT: &str = "gpuprof.profile.format";
 }
 
 pub mod metric {

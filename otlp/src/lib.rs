@@ -3,11 +3,13 @@
 //! log records back into the same events and its findings into spans. Both sides use this crate,
 //! so the encoding is written once. Attribute names come from `gpuprof_model::otel`.
 
+pub mod client;
 pub mod findings;
 pub mod ids;
 pub mod lifetimes;
 pub mod logs;
 pub mod metrics;
+pub mod pprof;
 pub mod resource;
 
 pub use opentelemetry_proto::tonic as proto;

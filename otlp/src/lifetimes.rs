@@ -1,8 +1,10 @@
 //! One span per allocation lifetime: it starts at the allocation and ends at its free, or at the
 //! exit (or exec) of a process that still held it, marked `gpu.memory.leaked`. IPC exports,
 //! the opens and closes of other processes, and VMM maps/unmaps of the allocation are span
-//! events on it. Driver allocations and a framework allocator's blocks (tensors) each get their
-//! own spans. All spans of a process instance share one trace (see `ids`).
+//! events on it. Driver allocations (segments, VMM, pinned memory: hundreds in a process's
+//! life) each get a span; a framework allocator's blocks (tensors: tens of thousands a second)
+//! only from a size up, and a trace takes a bounded number of spans ([`SpanPolicy`]), so that a
+//! process's trace stays readable. All spans of a process instance share one trace (see `ids`).
 
 use std::collections::HashMap;
 
@@ -31,9 +33,26 @@ struct Trace {
     spans: u64,
 }
 
+/// Which allocations become spans.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpanPolicy {
+    /// Allocator blocks (tensors) smaller than this get no span; driver allocations always do.
+    pub block_min_bytes: u64,
+    /// Spans one process instance's trace gets at most; allocations past it get none (counted).
+    pub max_per_process: u64,
+}
+
+impl SpanPolicy {
+    /// A span for every allocation.
+    pub const ALL: SpanPolicy = SpanPolicy { block_min_bytes: 0, max_per_process: u64::MAX };
+}
+
 /// Folds events into finished spans; call `observe` before the tracker applies each event.
 pub struct Lifetimes {
     host: String,
+    policy: SpanPolicy,
+    /// Allocations that got no span because their trace was full.
+    over_cap: u64,
     /// Open spans by process, so an exit ends its own without a look at anyone else's.
     open: HashMap<u32, HashMap<LocalKey, OpenSpan>>,
     traces: HashMap<u32, Trace>,
@@ -46,8 +65,14 @@ pub struct Lifetimes {
 
 impl Lifetimes {
     pub fn new(host: impl Into<String>) -> Self {
+        Lifetimes::with_policy(host, SpanPolicy::ALL)
+    }
+
+    pub fn with_policy(host: impl Into<String>, policy: SpanPolicy) -> Self {
         Lifetimes {
             host: host.into(),
+            policy,
+            over_cap: 0,
             open: HashMap::new(),
             traces: HashMap::new(),
             imports: HashMap::new(),
@@ -59,6 +84,11 @@ impl Lifetimes {
     /// Allocations whose span has not ended yet.
     pub fn open(&self) -> usize {
         self.open.values().map(HashMap::len).sum()
+    }
+
+    /// Allocations that got no span because their process's trace had its share.
+    pub fn over_cap(&self) -> u64 {
+        self.over_cap
     }
 
     /// Spans that ended since the last call, with the pid of their process.
@@ -80,9 +110,16 @@ impl Lifetimes {
             _ if !event.succeeded() => {}
             (Layer::Driver | Layer::Allocator, Op::Alloc) => {
                 let (Some(addr), Some(kind)) = (event.addr, event.kind) else { return };
+                if event.layer == Layer::Allocator && event.size < self.policy.block_min_bytes {
+                    return;
+                }
                 let since = tracker.process(pid).map_or(event.ts, |p| p.first_ts);
                 let host = &self.host;
                 let trace = self.traces.entry(pid).or_insert_with(|| Trace { id: process_trace_id(host, pid, since), spans: 0 });
+                if trace.spans >= self.policy.max_per_process {
+                    self.over_cap += 1;
+                    return;
+                }
                 trace.spans += 1;
                 let open = OpenSpan { trace: trace.id, id: span_id(&trace.id, trace.spans), start: event.clone(), events: Vec::new() };
                 if let Some(replaced) = self.open.entry(pid).or_default().insert((event.layer, Space::of(kind), addr), open) {

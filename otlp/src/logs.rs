@@ -1,14 +1,19 @@
-//! The event stream as OTLP log records (OpenTelemetry events): one record per captured event,
-//! `event_name` `gpuprof.<op>`, the body the event's line of the jsonl output (docs/events.md)
-//! as a string. The collector reads the body back into the very event the agent captured, so
-//! the leak rules there see what the agent saw. A JSON string rather than a key-value tree:
-//! it is the same contract, and it decodes straight into an event, several times faster
-//! (docs/benchmarks.md).
+//! gpuprof's OTLP log records (OpenTelemetry events), both ways:
+//! - a captured event: `event_name` `gpuprof.<op>`, the body the event's line of the jsonl
+//!   output (docs/events.md) as a string, read back into the very event the agent captured. A
+//!   JSON string rather than a key-value tree: the same contract, and it decodes straight into
+//!   an event, several times faster (docs/benchmarks.md);
+//! - a finding: `gpuprof.finding`, the body the finding of docs/findings.md as JSON;
+//! - a memory profile: `gpuprof.memory_profile`, the body a pprof profile (bytes), with why it
+//!   was taken. A log record carries it through every OTLP pipeline (the OpenTelemetry
+//!   Collector's load balancer among them), which the profiles signal does not yet (docs/otlp.md).
 
-use gpuprof_model::otel::log::EVENT_NAME_PREFIX;
-use gpuprof_model::Event;
+use gpuprof_model::otel::log::{ATTR_PROFILE_FORMAT, ATTR_PROFILE_REASON, EVENT_NAME_PREFIX, FINDING, MEMORY_PROFILE};
+use gpuprof_model::{Event, Finding};
 use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue};
 use opentelemetry_proto::tonic::logs::v1::{LogRecord, SeverityNumber};
+
+use crate::{attribute_str, kv_str};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DecodeError {
@@ -18,6 +23,10 @@ pub enum DecodeError {
     NotAnEvent(serde_json::Error),
     #[error("log record body is not a string")]
     NotAString,
+    #[error("log record body is not a gpuprof finding: {0}")]
+    NotAFinding(serde_json::Error),
+    #[error("log record body is not bytes (a memory profile's is pprof)")]
+    NotBytes,
 }
 
 pub fn record_of(event: &Event) -> LogRecord {
@@ -42,9 +51,70 @@ pub fn event_of(record: &LogRecord) -> Result<Event, DecodeError> {
     }
 }
 
-/// Whether a record claims to be one of gpuprof's events (other producers' logs are not).
+/// What a log record is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordKind {
+    Event,
+    Finding,
+    Profile,
+    /// Another producer's log: not gpuprof's.
+    Foreign,
+}
+
+pub fn kind_of(record: &LogRecord) -> RecordKind {
+    match record.event_name.as_str() {
+        FINDING => RecordKind::Finding,
+        MEMORY_PROFILE => RecordKind::Profile,
+        name if name.starts_with(EVENT_NAME_PREFIX) => RecordKind::Event,
+        _ => RecordKind::Foreign,
+    }
+}
+
+/// Whether a record claims to be one of gpuprof's captured events.
 pub fn is_gpuprof_event(record: &LogRecord) -> bool {
-    record.event_name.starts_with(EVENT_NAME_PREFIX)
+    kind_of(record) == RecordKind::Event
+}
+
+pub fn finding_record(finding: &Finding, ts: u64) -> LogRecord {
+    let body = serde_json::to_string(finding).expect("a finding always serializes");
+    LogRecord {
+        time_unix_nano: ts,
+        observed_time_unix_nano: ts,
+        severity_number: SeverityNumber::Warn as i32,
+        event_name: FINDING.to_string(),
+        body: Some(AnyValue { value: Some(any_value::Value::StringValue(body)) }),
+        ..Default::default()
+    }
+}
+
+pub fn finding_of(record: &LogRecord) -> Result<Finding, DecodeError> {
+    match record.body.as_ref().and_then(|b| b.value.as_ref()) {
+        None => Err(DecodeError::NoBody),
+        Some(any_value::Value::StringValue(json)) => serde_json::from_str(json).map_err(DecodeError::NotAFinding),
+        Some(_) => Err(DecodeError::NotAString),
+    }
+}
+
+/// A memory profile (pprof bytes) taken at `ts`, and why (`periodic`, `finding`, `exit`, …).
+pub fn profile_record(pprof: Vec<u8>, ts: u64, reason: &str) -> LogRecord {
+    LogRecord {
+        time_unix_nano: ts,
+        observed_time_unix_nano: ts,
+        severity_number: SeverityNumber::Info as i32,
+        event_name: MEMORY_PROFILE.to_string(),
+        body: Some(AnyValue { value: Some(any_value::Value::BytesValue(pprof)) }),
+        attributes: vec![kv_str(ATTR_PROFILE_REASON, reason), kv_str(ATTR_PROFILE_FORMAT, "pprof")],
+        ..Default::default()
+    }
+}
+
+/// A profile record's pprof bytes and reason.
+pub fn profile_of(record: &LogRecord) -> Result<(&[u8], &str), DecodeError> {
+    match record.body.as_ref().and_then(|b| b.value.as_ref()) {
+        Some(any_value::Value::BytesValue(bytes)) => Ok((bytes, attribute_str(&record.attributes, ATTR_PROFILE_REASON).unwrap_or(""))),
+        None => Err(DecodeError::NoBody),
+        Some(_) => Err(DecodeError::NotBytes),
+    }
 }
 
 #[cfg(test)]

@@ -12,8 +12,7 @@ use clap::Args;
 use gpuprof_model::RuleConfig;
 use serde::Deserialize;
 
-use crate::telemetry::transport::Protocol;
-use crate::telemetry::OtlpOptions;
+use crate::telemetry::{OtlpOptions, OtlpTuning, Protocol};
 
 /// `gpuprof daemon` flags. Each is optional here so that the file can fill what is not given.
 #[derive(Debug, Default, Args)]
@@ -21,7 +20,7 @@ pub struct DaemonArgs {
     /// A TOML file with any of the settings below (keys as the flags, with `_` for `-`).
     #[arg(long, value_name = "FILE", env = "GPUPROF_CONFIG")]
     pub config: Option<PathBuf>,
-    /// Send events, allocation lifetimes and live bytes to this OTLP endpoint
+    /// Send the node's capture, summarized (docs/otlp.md), to this OTLP endpoint
     /// (e.g. http://gpuprof-collector:4317).
     #[arg(long, value_name = "URL", env = "GPUPROF_OTLP_ENDPOINT")]
     pub otlp_endpoint: Option<String>,
@@ -34,9 +33,12 @@ pub struct DaemonArgs {
     /// Read the bearer token from this file (a mounted secret).
     #[arg(long, value_name = "FILE", env = "GPUPROF_OTLP_TOKEN_FILE")]
     pub otlp_token_file: Option<PathBuf>,
-    /// OTLP batches held while the collector is slow or away (default 256); beyond, dropped and counted.
-    #[arg(long, value_name = "BATCHES", env = "GPUPROF_OTLP_QUEUE")]
-    pub otlp_queue: Option<usize>,
+    #[command(flatten)]
+    pub otlp_tuning: OtlpTuning,
+    /// Resident memory the daemon keeps under, in MiB (default 256): its OTLP queue takes at
+    /// most a quarter; past the cap, the full event stream's tensor events are shed (counted).
+    #[arg(long, value_name = "MIB", env = "GPUPROF_MEMORY_CAP_MIB")]
+    pub memory_cap_mib: Option<u64>,
     /// The node's name in `host.name` (default: $K8S_NODE_NAME, else the host name).
     #[arg(long, value_name = "NAME", env = "GPUPROF_NODE_NAME")]
     pub node_name: Option<String>,
@@ -93,7 +95,15 @@ struct FileConfig {
     otlp_protocol: Option<String>,
     otlp_token: Option<String>,
     otlp_token_file: Option<PathBuf>,
-    otlp_queue: Option<usize>,
+    otlp_events: Option<crate::telemetry::EventStream>,
+    otlp_metrics_interval: Option<f64>,
+    otlp_profile_interval: Option<f64>,
+    otlp_profile_stacks: Option<usize>,
+    otlp_span_min_bytes: Option<u64>,
+    otlp_max_spans: Option<u64>,
+    otlp_queue_mib: Option<u64>,
+    otlp_max_request_bytes: Option<usize>,
+    memory_cap_mib: Option<u64>,
     node_name: Option<String>,
     output: Option<PathBuf>,
     listen: Option<SocketAddr>,
@@ -137,7 +147,7 @@ impl DaemonArgs {
                 .map_err(|_| anyhow::anyhow!("otlp_protocol = \"{name}\" in the config file: give grpc or http"))?,
             (None, None) => Protocol::Grpc,
         };
-        let token = match (self.otlp_token.clone().or(file.otlp_token), self.otlp_token_file.clone().or(file.otlp_token_file)) {
+        let token = match (self.otlp_token.clone().or(file.otlp_token.clone()), self.otlp_token_file.clone().or(file.otlp_token_file.clone())) {
             (Some(token), _) => Some(token),
             (None, Some(path)) => Some(
                 std::fs::read_to_string(&path)
@@ -147,14 +157,22 @@ impl DaemonArgs {
             ),
             (None, None) => None,
         };
-        let node_name = self.node_name.clone().or(file.node_name);
-        let otlp = self.otlp_endpoint.clone().or(file.otlp_endpoint).map(|endpoint| OtlpOptions {
-            endpoint,
-            protocol,
-            token,
-            queue: self.otlp_queue.or(file.otlp_queue).unwrap_or(256).max(1),
-            node: node_name.clone(),
-        });
+        let node_name = self.node_name.clone().or(file.node_name.clone());
+        let memory_cap_mib = self.memory_cap_mib.or(file.memory_cap_mib).unwrap_or(256);
+        if memory_cap_mib < 64 {
+            bail!("memory_cap_mib {memory_cap_mib}: give at least 64");
+        }
+        let otlp = match self.otlp_endpoint.clone().or(file.otlp_endpoint.clone()) {
+            Some(endpoint) => {
+                let mut tuning = self.otlp_tuning.or(&file.tuning());
+                // The queue takes at most a quarter of the cap.
+                tuning.otlp_queue_mib = Some(tuning.otlp_queue_mib.unwrap_or(64).min(memory_cap_mib / 4));
+                let mut options = tuning.options(&endpoint, protocol, token, node_name.clone())?;
+                options.memory_cap = Some(memory_cap_mib << 20);
+                Some(options)
+            }
+            None => None,
+        };
         let output = self.output.clone().or(file.output);
         if otlp.is_none() && output.is_none() {
             bail!("the daemon has nowhere to send what it captures: give --otlp-endpoint URL (a gpuprof-collector) or --output FILE");
@@ -194,6 +212,21 @@ impl DaemonArgs {
     }
 }
 
+impl FileConfig {
+    fn tuning(&self) -> OtlpTuning {
+        OtlpTuning {
+            otlp_events: self.otlp_events,
+            otlp_metrics_interval: self.otlp_metrics_interval,
+            otlp_profile_interval: self.otlp_profile_interval,
+            otlp_profile_stacks: self.otlp_profile_stacks,
+            otlp_span_min_bytes: self.otlp_span_min_bytes,
+            otlp_max_spans: self.otlp_max_spans,
+            otlp_queue_mib: self.otlp_queue_mib,
+            otlp_max_request_bytes: self.otlp_max_request_bytes,
+        }
+    }
+}
+
 fn read_file(path: &Path) -> Result<FileConfig> {
     let text = std::fs::read_to_string(path).with_context(|| format!("config file {}: cannot read it", path.display()))?;
     toml::from_str(&text).map_err(|error| {
@@ -226,13 +259,20 @@ mod tests {
 
     #[test]
     fn flags_win_over_the_file_and_the_file_over_defaults() {
-        let path = write("otlp_endpoint = \"http://file:4317\"\notlp_protocol = \"http\"\nscan_interval = 0.25\nnode_name = \"from-file\"\n");
-        let args = DaemonArgs { config: Some(path), node_name: Some("from-flag".into()), ..Default::default() };
+        let path = write("otlp_endpoint = \"http://file:4317\"\notlp_protocol = \"http\"\nscan_interval = 0.25\nnode_name = \"from-file\"\notlp_events = \"all\"\notlp_profile_interval = 30\notlp_max_spans = 200\nmemory_cap_mib = 128\n");
+        let mut args = DaemonArgs { config: Some(path), node_name: Some("from-flag".into()), ..Default::default() };
+        args.otlp_tuning.otlp_max_spans = Some(500);
         let config = args.resolve().unwrap();
         let otlp = config.otlp.unwrap();
-        assert_eq!(otlp.endpoint, "http://file:4317");
-        assert_eq!(otlp.protocol, Protocol::Http);
+        assert_eq!(otlp.client.endpoint, "http://file:4317");
+        assert_eq!(otlp.client.protocol, Protocol::Http);
         assert_eq!(otlp.node.as_deref(), Some("from-flag"));
+        assert_eq!(otlp.events, crate::telemetry::EventStream::All);
+        assert_eq!(otlp.profile_interval, Duration::from_secs(30));
+        assert_eq!(otlp.metrics_interval, Duration::from_secs(1));
+        assert_eq!(otlp.spans.max_per_process, 500);
+        // The queue takes a quarter of the memory cap at most.
+        assert_eq!((otlp.client.queue_bytes, otlp.memory_cap), (32 << 20, Some(128 << 20)));
         assert_eq!(config.scan_interval, Duration::from_millis(250));
         assert_eq!(config.retain_exited, Duration::from_secs(300));
         assert_eq!(config.listen, "0.0.0.0:9464".parse().unwrap());

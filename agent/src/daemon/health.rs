@@ -38,6 +38,8 @@ pub struct Snapshot {
     pub findings_total: u64,
     pub otlp_sent_total: u64,
     pub otlp_lost_total: u64,
+    /// Encoded bytes waiting to be sent to the collector.
+    pub otlp_queued_bytes: u64,
     pub resident_bytes: u64,
     pub shim_events_total: u64,
     pub shim_dropped_total: u64,
@@ -151,7 +153,8 @@ fn render(s: &Snapshot) -> String {
     counter(&mut registry, "gpuprof_daemon_stacks_unreadable", "Python stacks that could not be read whole", s.stacks_unreadable_total);
     counter(&mut registry, "gpuprof_daemon_findings", "Leak findings fired", s.findings_total);
     counter(&mut registry, "gpuprof_daemon_otlp_sent_items", "Log records, spans and metric points the collector accepted", s.otlp_sent_total);
-    counter(&mut registry, "gpuprof_daemon_otlp_lost_items", "OTLP items dropped (queue full, delivery failed) or rejected", s.otlp_lost_total);
+    counter(&mut registry, "gpuprof_daemon_otlp_lost_items", "OTLP items dropped (queue full, delivery failed, too large) or rejected", s.otlp_lost_total);
+    gauge(&mut registry, "gpuprof_daemon_otlp_queued_bytes", "Encoded OTLP requests waiting for the collector", s.otlp_queued_bytes);
     counter(&mut registry, "gpuprof_daemon_shim_events", "Events received from processes running gpuprof's shim", s.shim_events_total);
     counter(&mut registry, "gpuprof_daemon_shim_dropped", "Events shims dropped in their process (queue full), as they reported at exit", s.shim_dropped_total);
     counter(&mut registry, "gpuprof_daemon_shim_undecodable", "Lines from shims that were not events", s.shim_undecodable_total);

@@ -131,9 +131,10 @@ fn run_shim_only(config: &DaemonConfig) -> Result<u8> {
             events_lost_total: processes.counters.dropped_queue_full,
             stacks_unreadable_total: processes.counters.stacks_unresolved,
             findings_total: flow.findings_fired(),
-            otlp_sent_total: flow.telemetry().map_or(0, Telemetry::sent),
-            otlp_lost_total: flow.telemetry().map_or(0, Telemetry::lost),
-            resident_bytes: resident_bytes(),
+            otlp_sent_total: flow.telemetry().map_or(0, |t| t.delivery().sent()),
+            otlp_lost_total: flow.telemetry().map_or(0, |t| t.delivery().lost()),
+            otlp_queued_bytes: flow.telemetry().map_or(0, |t| t.queued_bytes() as u64),
+            resident_bytes: crate::procfs::own_resident_bytes(),
             shim_events_total: flow.events(),
             shim_dropped_total: processes.counters.dropped_queue_full,
             shim_undecodable_total: processes.undecodable,
@@ -240,9 +241,10 @@ fn publish(health: &health::Health, pipeline: &Pipeline<'_>, forgotten_total: u6
         callers_untracked_total: drops.tracked_full,
         stacks_unreadable_total: drops.stack_unreadable,
         findings_total: pipeline.findings_fired(),
-        otlp_sent_total: pipeline.telemetry().map_or(0, Telemetry::sent),
-        otlp_lost_total: pipeline.telemetry().map_or(0, Telemetry::lost),
-        resident_bytes: resident_bytes(),
+        otlp_sent_total: pipeline.telemetry().map_or(0, |t| t.delivery().sent()),
+        otlp_lost_total: pipeline.telemetry().map_or(0, |t| t.delivery().lost()),
+        otlp_queued_bytes: pipeline.telemetry().map_or(0, |t| t.queued_bytes() as u64),
+        resident_bytes: crate::procfs::own_resident_bytes(),
         shim_events_total: shim.events,
         shim_dropped_total: shim.counters.dropped_queue_full,
         shim_undecodable_total: shim.undecodable,
@@ -253,7 +255,7 @@ fn publish(health: &health::Health, pipeline: &Pipeline<'_>, forgotten_total: u6
 fn destinations(config: &DaemonConfig) -> String {
     let mut to = Vec::new();
     if let Some(otlp) = &config.otlp {
-        to.push(otlp.endpoint.clone());
+        to.push(otlp.client.endpoint.clone());
     }
     if let Some(path) = &config.output {
         to.push(path.display().to_string());
@@ -261,10 +263,3 @@ fn destinations(config: &DaemonConfig) -> String {
     to.join(" and ")
 }
 
-/// This process's resident set, from /proc/self/statm (pages).
-fn resident_bytes() -> u64 {
-    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
-    let pages: u64 = statm.split_whitespace().nth(1).and_then(|p| p.parse().ok()).unwrap_or(0);
-    // SAFETY: sysconf has no preconditions.
-    pages * unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64
-}

@@ -28,6 +28,8 @@ pub enum Format {
     Table,
     /// A compact recording for `report` and `export` (each stack once; ~20 bytes an event).
     Recording,
+    /// No local output (what is captured goes to --otlp-endpoint, findings to stderr).
+    None,
 }
 
 impl Format {
@@ -95,5 +97,6 @@ pub fn sink(format: Format, writer: Box<dyn Write>, compress: bool) -> Result<Bo
         Format::Jsonl => Box::new(JsonlSink::new(writer)),
         Format::Table => Box::new(TableSink::new(writer)),
         Format::Recording => Box::new(RecordingSink::new(writer, compress).context("cannot start the recording")?),
+        Format::None => Box::new(NullSink),
     })
 }

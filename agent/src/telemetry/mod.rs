@@ -1,133 +1,201 @@
-//! OTLP export of a live capture (`--otlp-endpoint`): every event as a log record, one span per
-//! allocation lifetime, live bytes as gauges each second. The capture thread only builds
-//! batches and hands them to a bounded queue; a sender thread delivers them with retries and
-//! back-off. A full queue or a collector that stays away drops batches — counted, reported at
-//! the end — and never slows the capture.
+//! OTLP export of a live capture (`--otlp-endpoint`), summarized on the node. A training process
+//! makes tens of thousands of allocator events a second; the node keeps them and sends what a
+//! fleet needs (docs/otlp.md):
+//! - log records of driver and process events (segments, VMM, IPC, contexts, failed calls,
+//!   fork/exec/exit: few per process), of findings, and of memory profiles (pprof: live bytes
+//!   and counts by Python stack, the top stacks and the rest as one) every `profile_interval`
+//!   and at each finding, out-of-memory failure and exit; allocator events only with
+//!   `--otlp-events all`;
+//! - gauges every `metrics_interval`: per process and device, the allocator's allocated and
+//!   reserved bytes, and live bytes by layer and kind;
+//! - spans, one trace per process instance: driver allocations, tensor blocks from a size up,
+//!   findings — a bounded number per trace.
+//!
+//! The capture thread only builds requests; `gpuprof_otlp::client` queues and sends them, so
+//! the network never slows the capture, and whatever is not delivered is counted.
 
 mod identity;
-pub mod transport;
+mod profile;
+mod settings;
 
-use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
-use std::sync::Arc;
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
 
-use anyhow::{Context, Result};
-use gpuprof_model::{Event, Layer, Op, Tracker};
-use gpuprof_otlp::lifetimes::Lifetimes;
-use gpuprof_otlp::proto::collector::logs::v1::ExportLogsServiceRequest;
-use gpuprof_otlp::proto::collector::metrics::v1::ExportMetricsServiceRequest;
-use gpuprof_otlp::proto::collector::trace::v1::ExportTraceServiceRequest;
+use anyhow::Result;
+use gpuprof_model::track::{ProcessMemory, ProcessState};
+use gpuprof_model::{Event, Finding, Layer, Op, Tracker};
+use gpuprof_otlp::client::{Client, ClientOptions, Delivery};
+use gpuprof_otlp::lifetimes::{Lifetimes, SpanPolicy};
 use gpuprof_otlp::proto::logs::v1::{LogRecord, ResourceLogs, ScopeLogs};
 use gpuprof_otlp::proto::metrics::v1::{ResourceMetrics, ScopeMetrics};
 use gpuprof_otlp::proto::trace::v1::{ResourceSpans, ScopeSpans, Span};
 use gpuprof_otlp::resource::ProcessIdentity;
 
+pub use gpuprof_otlp::client::Protocol;
 pub use identity::node_name;
-use transport::{Protocol, Request, SendError, Transport};
+pub use settings::OtlpTuning;
 
-const METRICS_INTERVAL: Duration = Duration::from_secs(1);
-/// Log records per request, at most (the request stays far below any collector's size limit).
-const MAX_RECORDS_PER_BATCH: usize = 4096;
-const RETRIES: u32 = 5;
-/// How long the end of a capture waits for queued batches to be delivered.
+/// How long the end of a capture waits for what is queued to be delivered.
 const DRAIN_LIMIT: Duration = Duration::from_secs(5);
+
+/// Which events go out as log records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EventStream {
+    /// Driver and process events; allocator (tensor) events summarized into gauges and profiles.
+    Summary,
+    /// Every event, allocator events included (for debugging: tens of thousands a second).
+    All,
+}
 
 #[derive(Debug, Clone)]
 pub struct OtlpOptions {
-    pub endpoint: String,
-    pub protocol: Protocol,
-    pub token: Option<String>,
-    /// Batches the queue holds before new ones are dropped.
-    pub queue: usize,
+    pub client: ClientOptions,
     pub node: Option<String>,
+    pub events: EventStream,
+    pub metrics_interval: Duration,
+    pub profile_interval: Duration,
+    /// Stacks a profile names per layer and device; the rest are summed in one sample.
+    pub profile_stacks: usize,
+    pub spans: SpanPolicy,
+    /// Resident memory past which event records of the full stream are shed (counted).
+    pub memory_cap: Option<u64>,
 }
 
-/// How an export ended: a line for people, and the items the collector did not get.
-#[derive(Debug, Clone)]
-pub struct Delivery {
-    pub summary: String,
-    pub lost: u64,
+impl OtlpOptions {
+    pub const DEFAULT_METRICS_INTERVAL: Duration = Duration::from_secs(1);
+    pub const DEFAULT_PROFILE_INTERVAL: Duration = Duration::from_secs(10);
+    pub const DEFAULT_PROFILE_STACKS: usize = 50;
+    pub const DEFAULT_SPAN_MIN_BYTES: u64 = 64 << 20;
+    pub const DEFAULT_MAX_SPANS: u64 = 1000;
 }
 
-impl std::fmt::Display for Delivery {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.summary)
+/// Why a profile is taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Reason {
+    Periodic,
+    Finding,
+    Oom,
+    Exit,
+    End,
+}
+
+impl Reason {
+    fn as_str(self) -> &'static str {
+        match self {
+            Reason::Periodic => "periodic",
+            Reason::Finding => "finding",
+            Reason::Oom => "oom",
+            Reason::Exit => "exit",
+            Reason::End => "end",
+        }
     }
 }
 
-#[derive(Debug, Default)]
-struct Counters {
-    /// Items handed to the sender: each ends sent, failed or rejected.
-    enqueued: AtomicU64,
-    sent_records: AtomicU64,
-    sent_spans: AtomicU64,
-    sent_points: AtomicU64,
-    /// Items in batches the queue had no room for.
-    dropped_queue_full: AtomicU64,
-    /// Items in batches that could not be delivered (retries exhausted, refused, out of time).
-    dropped_send_failed: AtomicU64,
-    /// Items the collector accepted the request of but rejected (OTLP partial success).
-    rejected: AtomicU64,
-    last_error: std::sync::Mutex<Option<String>>,
+/// Where the export's requests go: the OTLP client, or (the fleet simulation) a recorder.
+pub trait Outbox: Send {
+    fn logs(&mut self, resource_logs: Vec<ResourceLogs>);
+    fn spans(&mut self, resource_spans: Vec<ResourceSpans>);
+    fn metrics(&mut self, resource_metrics: Vec<ResourceMetrics>);
+    fn endpoint(&self) -> String;
+    /// What was delivered so far.
+    fn delivery(&self) -> Delivery;
+    fn queued_bytes(&self) -> usize;
+    /// Delivers what is queued (waiting at most `drain`) and says how it went.
+    fn finish(self: Box<Self>, drain: Duration) -> Delivery;
 }
 
-/// Items of one request, for the counters.
-struct Batch {
-    request: Request,
-    items: u64,
+impl Outbox for Client {
+    fn logs(&mut self, resource_logs: Vec<ResourceLogs>) {
+        Client::logs(self, resource_logs);
+    }
+
+    fn spans(&mut self, resource_spans: Vec<ResourceSpans>) {
+        Client::spans(self, resource_spans);
+    }
+
+    fn metrics(&mut self, resource_metrics: Vec<ResourceMetrics>) {
+        Client::metrics(self, resource_metrics);
+    }
+
+    fn endpoint(&self) -> String {
+        Client::endpoint(self).to_string()
+    }
+
+    fn delivery(&self) -> Delivery {
+        Client::delivery(self)
+    }
+
+    fn queued_bytes(&self) -> usize {
+        Client::queued_bytes(self)
+    }
+
+    fn finish(self: Box<Self>, drain: Duration) -> Delivery {
+        Client::finish(*self, drain)
+    }
 }
 
 pub struct Telemetry {
-    endpoint: String,
+    client: Box<dyn Outbox>,
+    options: OtlpOptions,
     node: String,
     gpus: Vec<String>,
     lifetimes: Lifetimes,
     identities: HashMap<u32, ProcessIdentity>,
-    exited: HashSet<u32>,
+    /// Processes that exited since the last flush: their identity goes after it.
+    exited: Vec<u32>,
     records: Vec<(u32, LogRecord)>,
-    queue: Option<SyncSender<Batch>>,
-    counters: Arc<Counters>,
-    draining_until: Arc<AtomicU64>,
-    stop_now: Arc<AtomicBool>,
-    sender: Option<JoinHandle<()>>,
-    last_metrics: Instant,
-    started: Instant,
+    /// Encoded bytes of `records`.
+    records_bytes: usize,
+    spans: Vec<(u32, Span)>,
+    metrics: Vec<ResourceMetrics>,
+    /// Live processes whose profile is due at the next flush, and why.
+    profiles_due: BTreeMap<u32, Reason>,
+    findings_sent: u64,
+    profiles_sent: u64,
+    /// Log records, spans and metric points handed to the client so far.
+    handed: Handed,
+    last_metrics: u64,
+    last_profiles: u64,
+    /// Event records of the full stream left out because the agent was over its memory cap.
+    shed: u64,
+    over_memory_cap: bool,
 }
+
+/// Records are handed to the client when this much is waiting (between flushes, at high rates).
+const RECORDS_HANDOFF_BYTES: usize = 1 << 20;
 
 impl Telemetry {
     pub fn start(options: OtlpOptions) -> Result<Self> {
-        let transport = Transport::new(&options.endpoint, options.protocol, options.token.clone())?;
-        let (queue, receiver) = mpsc::sync_channel(options.queue.max(1));
-        let counters = Arc::new(Counters::default());
-        let draining_until = Arc::new(AtomicU64::new(0));
-        let stop_now = Arc::new(AtomicBool::new(false));
-        let sender = {
-            let (counters, draining_until, stop_now) = (counters.clone(), draining_until.clone(), stop_now.clone());
-            std::thread::Builder::new()
-                .name("gpuprof-otlp".into())
-                .spawn(move || deliver(transport, receiver, &counters, &draining_until, &stop_now))
-                .context("cannot start the OTLP sender thread")?
-        };
+        let client = Client::start(options.client.clone(), "gpuprof-otlp")
+            .map_err(|e| anyhow::anyhow!("--otlp-endpoint {e}"))?;
+        Ok(Telemetry::with_outbox(options, Box::new(client), gpuprof_model::event::wall_clock_ns()))
+    }
+
+    /// An export whose requests go to `outbox`, its clock starting at `now` (ns).
+    pub fn with_outbox(options: OtlpOptions, outbox: Box<dyn Outbox>, now: u64) -> Self {
         let node = node_name(options.node.as_deref());
-        Ok(Telemetry {
-            endpoint: options.endpoint,
-            lifetimes: Lifetimes::new(node.clone()),
+        Telemetry {
+            client: outbox,
+            lifetimes: Lifetimes::with_policy(node.clone(), options.spans),
+            options,
             node,
             gpus: identity::gpu_uuids(),
             identities: HashMap::new(),
-            exited: HashSet::new(),
+            exited: Vec::new(),
             records: Vec::new(),
-            queue: Some(queue),
-            counters,
-            draining_until,
-            stop_now,
-            sender: Some(sender),
-            last_metrics: Instant::now(),
-            started: Instant::now(),
-        })
+            records_bytes: 0,
+            spans: Vec::new(),
+            metrics: Vec::new(),
+            profiles_due: BTreeMap::new(),
+            findings_sent: 0,
+            profiles_sent: 0,
+            handed: Handed::default(),
+            last_metrics: now,
+            last_profiles: now,
+            shed: 0,
+            over_memory_cap: false,
+        }
     }
 
     /// Before the tracker applies `event`: the lifetimes it ends are still in the tracker.
@@ -135,79 +203,152 @@ impl Telemetry {
         self.lifetimes.observe(event, tracker);
     }
 
-    /// After the tracker applied `event` (its peer and segment filled in).
-    pub fn after(&mut self, event: &Event) {
+    /// After the tracker applied `event` (its peer and segment filled in), with the findings it fired.
+    pub fn after(&mut self, event: &Event, fired: &[Finding], tracker: &Tracker) {
         let pid = event.pid;
-        let known = self.identities.contains_key(&pid);
-        if !known || (event.layer == Layer::Process && event.op == Op::Exec) {
+        if !self.identities.contains_key(&pid) || (event.layer == Layer::Process && event.op == Op::Exec) {
             let identity = identity::of_process(pid, &self.node, &self.gpus, &event.comm, event.ppid);
             self.identities.insert(pid, identity);
         }
-        if event.op == Op::Exit {
-            self.exited.insert(pid);
+        let record = match (self.options.events, event.layer) {
+            (EventStream::Summary, Layer::Allocator) => false,
+            (EventStream::All, Layer::Allocator) if self.over_memory_cap => {
+                self.shed += 1;
+                false
+            }
+            _ => true,
+        };
+        if record {
+            self.push_record(pid, gpuprof_otlp::logs::record_of(event));
         }
-        self.records.push((pid, gpuprof_otlp::logs::record_of(event)));
-        if self.records.len() >= MAX_RECORDS_PER_BATCH {
-            self.flush_records();
+        if event.layer == Layer::Driver && event.result == gpuprof_model::event::CUDA_ERROR_OUT_OF_MEMORY {
+            self.profile_due(pid, Reason::Oom);
+        }
+        self.findings(fired, tracker);
+        if event.op == Op::Exit {
+            // A CUDA process's last word: what it held as it went, as gauges and a profile.
+            if let Some(process) = last_instance(tracker, pid).filter(|p| p.driver_calls() > 0 || !p.allocator_totals().is_empty()) {
+                self.process_metrics(process, event.ts);
+                self.profile(process, event.ts, Reason::Exit);
+            }
+            self.profiles_due.remove(&pid);
+            self.exited.push(pid);
         }
     }
 
-    /// Hands what accumulated to the sender; each second, live bytes too.
-    pub fn flush(&mut self, tracker: &Tracker) {
-        self.flush_records();
-        let spans = self.lifetimes.take_finished();
+    /// Findings (fired by an event, or at the end): a record and a span each, and a profile of
+    /// the process they are about.
+    pub fn findings(&mut self, fired: &[Finding], tracker: &Tracker) {
+        for finding in fired {
+            let ts = finding.last_ts;
+            self.push_record(finding.pid, gpuprof_otlp::logs::finding_record(finding, ts));
+            let since = instance_since(tracker, finding.pid, finding.first_ts);
+            self.findings_sent += 1;
+            let span = gpuprof_otlp::findings::span_of(finding, &self.node, since, self.findings_sent);
+            self.spans.push((finding.pid, span));
+            self.profile_due(finding.pid, Reason::Finding);
+        }
+    }
+
+    fn profile_due(&mut self, pid: u32, reason: Reason) {
+        let due = self.profiles_due.entry(pid).or_insert(reason);
+        *due = (*due).max(reason);
+    }
+
+    fn push_record(&mut self, pid: u32, record: LogRecord) {
+        self.records_bytes += prost::Message::encoded_len(&record);
+        self.records.push((pid, record));
+        if self.records_bytes >= RECORDS_HANDOFF_BYTES {
+            self.send_records();
+        }
+    }
+
+    /// Hands what accumulated to the client; gauges and profiles when their interval is up.
+    /// `now`: wall-clock ns (a replay passes its own clock).
+    pub fn flush(&mut self, tracker: &Tracker, now: u64) {
+        let due: Vec<(u32, Reason)> = std::mem::take(&mut self.profiles_due).into_iter().collect();
+        for (pid, reason) in due {
+            if let Some(process) = tracker.process(pid) {
+                self.profile(process, now, reason);
+            }
+        }
+        if now.saturating_sub(self.last_profiles) >= self.options.profile_interval.as_nanos() as u64 {
+            self.last_profiles = now;
+            for process in tracker.live_processes() {
+                if process.has_blocks() || !process.allocations().is_empty() {
+                    self.profile(process, now, Reason::Periodic);
+                }
+            }
+        }
+        if now.saturating_sub(self.last_metrics) >= self.options.metrics_interval.as_nanos() as u64 {
+            self.last_metrics = now;
+            for process in tracker.live_processes() {
+                self.process_metrics(process, now);
+            }
+            self.check_memory();
+        }
+        self.send_records();
+        let mut spans = self.lifetimes.take_finished();
+        spans.append(&mut self.spans);
         if !spans.is_empty() {
-            let items = spans.len() as u64;
-            let request = ExportTraceServiceRequest { resource_spans: self.by_process(spans, spans_of) };
-            self.enqueue(Batch { request: Request::Traces(request), items });
+            self.handed.spans += spans.len() as u64;
+            let resource_spans = self.by_process(spans, spans_of);
+            self.client.spans(resource_spans);
         }
-        if self.last_metrics.elapsed() >= METRICS_INTERVAL {
-            self.last_metrics = Instant::now();
-            self.send_metrics(tracker);
+        if !self.metrics.is_empty() {
+            let metrics = std::mem::take(&mut self.metrics);
+            self.handed.points += metrics
+                .iter()
+                .flat_map(|r| &r.scope_metrics)
+                .flat_map(|s| &s.metrics)
+                .map(|m| match &m.data {
+                    Some(gpuprof_otlp::proto::metrics::v1::metric::Data::Gauge(g)) => g.data_points.len() as u64,
+                    _ => 0,
+                })
+                .sum::<u64>();
+            self.client.metrics(metrics);
         }
-        for pid in self.exited.drain() {
+        for pid in self.exited.drain(..) {
             self.identities.remove(&pid);
         }
     }
 
-    fn flush_records(&mut self) {
+    fn send_records(&mut self) {
         if self.records.is_empty() {
             return;
         }
         let records = std::mem::take(&mut self.records);
-        let items = records.len() as u64;
-        let request = ExportLogsServiceRequest { resource_logs: self.by_process(records, logs_of) };
-        self.enqueue(Batch { request: Request::Logs(request), items });
+        self.records_bytes = 0;
+        self.handed.records += records.len() as u64;
+        let resource_logs = self.by_process(records, logs_of);
+        self.client.logs(resource_logs);
     }
 
-    fn send_metrics(&mut self, tracker: &Tracker) {
-        let now = gpuprof_model::event::wall_clock_ns();
-        let resource_metrics: Vec<ResourceMetrics> = tracker
-            .live_processes()
-            .into_iter()
-            .map(|process| ResourceMetrics {
-                resource: Some(self.identity(process.pid, &process.comm, process.ppid).resource()),
-                scope_metrics: vec![ScopeMetrics {
-                    scope: Some(gpuprof_otlp::scope()),
-                    metrics: gpuprof_otlp::metrics::process_metrics(process, now),
-                    ..Default::default()
-                }],
-                ..Default::default()
-            })
-            .collect();
-        if resource_metrics.is_empty() {
-            return;
+    fn profile(&mut self, process: &ProcessMemory, ts: u64, reason: Reason) {
+        let pprof = profile::of_process(process, ts, self.options.profile_stacks);
+        self.profiles_sent += 1;
+        self.push_record(process.pid, gpuprof_otlp::logs::profile_record(pprof, ts, reason.as_str()));
+    }
+
+    fn process_metrics(&mut self, process: &ProcessMemory, ts: u64) {
+        let metrics = gpuprof_otlp::metrics::process_metrics(process, ts);
+        let resource = self.identity(process.pid, &process.comm, process.ppid).resource();
+        self.metrics.push(ResourceMetrics {
+            resource: Some(resource),
+            scope_metrics: vec![ScopeMetrics { scope: Some(gpuprof_otlp::scope()), metrics, ..Default::default() }],
+            ..Default::default()
+        });
+    }
+
+    /// Over the cap, the full stream's allocator records are shed until it is back under.
+    fn check_memory(&mut self) {
+        let Some(cap) = self.options.memory_cap else { return };
+        let resident = crate::procfs::own_resident_bytes();
+        let over = resident > cap;
+        if over && !self.over_memory_cap {
+            tracing::warn!(resident, cap, "over the memory cap: allocator events are no longer sent one by one (counted as shed)");
         }
-        let items = resource_metrics
-            .iter()
-            .flat_map(|r| &r.scope_metrics)
-            .flat_map(|s| &s.metrics)
-            .map(|m| match &m.data {
-                Some(gpuprof_otlp::proto::metrics::v1::metric::Data::Gauge(g)) => g.data_points.len() as u64,
-                _ => 0,
-            })
-            .sum();
-        self.enqueue(Batch { request: Request::Metrics(ExportMetricsServiceRequest { resource_metrics }), items });
+        self.over_memory_cap = over;
     }
 
     fn identity(&mut self, pid: u32, comm: &str, ppid: Option<u32>) -> ProcessIdentity {
@@ -222,10 +363,13 @@ impl Telemetry {
         let mut order: Vec<u32> = Vec::new();
         let mut groups: HashMap<u32, Vec<T>> = HashMap::new();
         for (pid, item) in items {
-            groups.entry(pid).or_insert_with(|| {
-                order.push(pid);
-                Vec::new()
-            }).push(item);
+            groups
+                .entry(pid)
+                .or_insert_with(|| {
+                    order.push(pid);
+                    Vec::new()
+                })
+                .push(item);
         }
         order
             .into_iter()
@@ -236,83 +380,93 @@ impl Telemetry {
             .collect()
     }
 
-    fn enqueue(&mut self, batch: Batch) {
-        let Some(queue) = &self.queue else { return };
-        let items = batch.items;
-        match queue.try_send(batch) {
-            Ok(()) => {
-                self.counters.enqueued.fetch_add(items, Ordering::Relaxed);
-            }
-            Err(TrySendError::Full(batch) | TrySendError::Disconnected(batch)) => {
-                self.counters.dropped_queue_full.fetch_add(batch.items, Ordering::Relaxed);
-            }
-        }
+    /// Sends the end of a capture (last gauges and profiles of the processes still running),
+    /// waits a few seconds for delivery, and says how it went.
+    pub fn finish(self, tracker: &Tracker) -> Delivered {
+        self.finish_at(tracker, gpuprof_model::event::wall_clock_ns())
     }
 
-    /// Sends what is left, waits up to a few seconds for delivery, and says how it went.
-    pub fn finish(mut self, tracker: &Tracker) -> Delivery {
-        self.flush(tracker);
-        self.send_metrics(tracker);
-        let deadline = self.started.elapsed() + DRAIN_LIMIT;
-        self.draining_until.store(deadline.as_nanos() as u64, Ordering::Relaxed);
-        drop(self.queue.take());
-        if let Some(sender) = self.sender.take() {
-            let waited = Instant::now();
-            while !sender.is_finished() && waited.elapsed() < DRAIN_LIMIT + Duration::from_secs(1) {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            if sender.is_finished() {
-                let _ = sender.join();
-            } else {
-                self.stop_now.store(true, Ordering::Relaxed);
+    /// `finish` on the export's own clock (`now`, ns).
+    pub fn finish_at(mut self, tracker: &Tracker, now: u64) -> Delivered {
+        for process in tracker.live_processes() {
+            self.process_metrics(process, now);
+            if process.has_blocks() || !process.allocations().is_empty() {
+                self.profile(process, now, Reason::End);
             }
         }
-        // What the sender had not settled by now (a request stuck in a timeout, batches behind
-        // it) is lost to the collector: count it as failed.
-        let c = &self.counters;
-        let settled = c.sent_records.load(Ordering::Relaxed)
-            + c.sent_spans.load(Ordering::Relaxed)
-            + c.sent_points.load(Ordering::Relaxed)
-            + c.dropped_send_failed.load(Ordering::Relaxed)
-            + c.rejected.load(Ordering::Relaxed);
-        let unsettled = c.enqueued.load(Ordering::Relaxed).saturating_sub(settled);
-        c.dropped_send_failed.fetch_add(unsettled, Ordering::Relaxed);
-        Delivery { summary: self.summary(), lost: self.lost() }
+        self.profiles_due.clear();
+        self.flush(tracker, now);
+        let (findings, profiles, shed, over_cap, handed) = (self.findings_sent, self.profiles_sent, self.shed, self.lifetimes.over_cap(), self.handed);
+        let endpoint = self.client.endpoint();
+        let delivery = self.client.finish(DRAIN_LIMIT);
+        Delivered { endpoint, handed, delivery, findings, profiles, shed, spans_over_cap: over_cap }
     }
 
-    pub fn summary(&self) -> String {
-        let c = &self.counters;
-        let mut line = format!(
-            "otlp to {}: sent {} log records, {} spans, {} metric points; dropped {} (queue full {}, delivery failed {}); rejected by the collector {}",
-            self.endpoint,
-            c.sent_records.load(Ordering::Relaxed),
-            c.sent_spans.load(Ordering::Relaxed),
-            c.sent_points.load(Ordering::Relaxed),
-            c.dropped_queue_full.load(Ordering::Relaxed) + c.dropped_send_failed.load(Ordering::Relaxed),
-            c.dropped_queue_full.load(Ordering::Relaxed),
-            c.dropped_send_failed.load(Ordering::Relaxed),
-            c.rejected.load(Ordering::Relaxed),
-        );
-        if let Some(error) = c.last_error.lock().ok().and_then(|e| e.clone()) {
-            line.push_str(&format!("; last error: {error}"));
-        }
-        line
+    /// What was delivered so far (items the collector accepted, and lost).
+    pub fn delivery(&self) -> Delivery {
+        self.client.delivery()
     }
 
-    /// Items the collector accepted so far (log records, spans, metric points).
-    pub fn sent(&self) -> u64 {
-        let c = &self.counters;
-        c.sent_records.load(Ordering::Relaxed) + c.sent_spans.load(Ordering::Relaxed) + c.sent_points.load(Ordering::Relaxed)
+    /// Encoded bytes waiting to be sent.
+    pub fn queued_bytes(&self) -> usize {
+        self.client.queued_bytes()
     }
+}
 
-    /// Items lost on the way (dropped or rejected): nonzero means the collector has less than
-    /// the capture.
+/// Items an export handed to its client.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Handed {
+    pub records: u64,
+    pub spans: u64,
+    pub points: u64,
+}
+
+/// How an export ended.
+#[derive(Debug, Clone)]
+pub struct Delivered {
+    pub endpoint: String,
+    pub handed: Handed,
+    pub delivery: Delivery,
+    pub findings: u64,
+    pub profiles: u64,
+    /// Full-stream event records left out over the memory cap.
+    pub shed: u64,
+    /// Allocations that got no span (their trace had its share).
+    pub spans_over_cap: u64,
+}
+
+impl Delivered {
+    /// Items the collector did not get.
     pub fn lost(&self) -> u64 {
-        let c = &self.counters;
-        c.dropped_queue_full.load(Ordering::Relaxed)
-            + c.dropped_send_failed.load(Ordering::Relaxed)
-            + c.rejected.load(Ordering::Relaxed)
+        self.delivery.lost()
     }
+}
+
+impl std::fmt::Display for Delivered {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "otlp to {}: handed over {} log records ({} findings, {} memory profiles), {} spans, {} metric points; {}",
+            self.endpoint, self.handed.records, self.findings, self.profiles, self.handed.spans, self.handed.points, self.delivery
+        )?;
+        if self.shed > 0 {
+            write!(f, "; over the memory cap, {} allocator events not sent one by one", self.shed)?;
+        }
+        if self.spans_over_cap > 0 {
+            write!(f, "; {} allocations without a span (their trace was full)", self.spans_over_cap)?;
+        }
+        Ok(())
+    }
+}
+
+/// The latest instance of `pid` (an exit closes it; it is still the one just seen).
+fn last_instance(tracker: &Tracker, pid: u32) -> Option<&ProcessMemory> {
+    tracker.processes().into_iter().filter(|p| p.pid == pid && p.state != ProcessState::Running).last()
+}
+
+/// When the instance of `pid` that a finding at `ts` is about was first seen.
+pub fn instance_since(tracker: &Tracker, pid: u32, ts: u64) -> u64 {
+    tracker.processes().into_iter().filter(|p| p.pid == pid && p.first_ts <= ts).map(|p| p.first_ts).max().unwrap_or(ts)
 }
 
 fn logs_of(identity: ProcessIdentity, log_records: Vec<LogRecord>) -> ResourceLogs {
@@ -328,55 +482,5 @@ fn spans_of(identity: ProcessIdentity, spans: Vec<Span>) -> ResourceSpans {
         resource: Some(identity.resource()),
         scope_spans: vec![ScopeSpans { scope: Some(gpuprof_otlp::scope()), spans, ..Default::default() }],
         ..Default::default()
-    }
-}
-
-/// The sender thread: one request at a time, retried with doubling back-off while the
-/// collector is away; after the end of the capture, only until the drain deadline.
-fn deliver(
-    mut transport: Transport,
-    queue: Receiver<Batch>,
-    counters: &Counters,
-    draining_until: &AtomicU64,
-    stop_now: &AtomicBool,
-) {
-    let started = Instant::now();
-    let out_of_time = || {
-        let until = draining_until.load(Ordering::Relaxed);
-        stop_now.load(Ordering::Relaxed) || (until != 0 && started.elapsed().as_nanos() as u64 >= until)
-    };
-    while let Ok(batch) = queue.recv() {
-        let Batch { request, items } = batch;
-        let sent = match &request {
-            Request::Logs(_) => &counters.sent_records,
-            Request::Traces(_) => &counters.sent_spans,
-            Request::Metrics(_) => &counters.sent_points,
-        };
-        if out_of_time() {
-            counters.dropped_send_failed.fetch_add(items, Ordering::Relaxed);
-            continue;
-        }
-        let mut backoff = Duration::from_millis(100);
-        for attempt in 0..=RETRIES {
-            match transport.send(&request) {
-                Ok(rejected) => {
-                    sent.fetch_add(items - rejected.min(items), Ordering::Relaxed);
-                    counters.rejected.fetch_add(rejected, Ordering::Relaxed);
-                    break;
-                }
-                Err(error) => {
-                    let retry = matches!(error, SendError::Retryable(_)) && attempt < RETRIES && !out_of_time();
-                    if let Ok(mut last) = counters.last_error.lock() {
-                        *last = Some(error.to_string());
-                    }
-                    if !retry {
-                        counters.dropped_send_failed.fetch_add(items, Ordering::Relaxed);
-                        break;
-                    }
-                    std::thread::sleep(backoff);
-                    backoff = (backoff * 2).min(Duration::from_secs(2));
-                }
-            }
-        }
     }
 }

@@ -19,6 +19,9 @@ pub struct Allocation {
     pub ts: u64,
     pub tid: u32,
     pub stack: Stack,
+    /// The CUDA device, when the call named one (allocator blocks always do).
+    #[serde(default)]
+    pub device: Option<i32>,
 }
 
 impl Allocation {
@@ -425,6 +428,7 @@ fn allocation_of(event: &Event, addr: u64, kind: Kind, stack: Stack) -> Allocati
         ts: event.ts,
         tid: event.tid,
         stack,
+        device: event.device,
     }
 }
 

@@ -3,17 +3,17 @@
 
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
-use gpuprof_otlp::proto::collector::logs::v1::{logs_service_client::LogsServiceClient, ExportLogsServiceRequest};
-use gpuprof_otlp::proto::collector::metrics::v1::{
-    metrics_service_client::MetricsServiceClient, ExportMetricsServiceRequest,
-};
-use gpuprof_otlp::proto::collector::trace::v1::{trace_service_client::TraceServiceClient, ExportTraceServiceRequest};
 use prost::Message;
+
+use super::ClientError;
+use crate::proto::collector::logs::v1::{logs_service_client::LogsServiceClient, ExportLogsServiceRequest};
+use crate::proto::collector::metrics::v1::{metrics_service_client::MetricsServiceClient, ExportMetricsServiceRequest};
+use crate::proto::collector::trace::v1::{trace_service_client::TraceServiceClient, ExportTraceServiceRequest};
 
 const TIMEOUT: Duration = Duration::from_secs(5);
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum Protocol {
     /// OTLP/gRPC (the collector's port 4317).
     Grpc,
@@ -22,7 +22,7 @@ pub enum Protocol {
 }
 
 /// One OTLP request of any signal.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub enum Request {
     Logs(ExportLogsServiceRequest),
     Traces(ExportTraceServiceRequest),
@@ -59,26 +59,24 @@ enum Inner {
 }
 
 impl Transport {
-    pub fn new(endpoint: &str, protocol: Protocol, token: Option<String>) -> Result<Self> {
+    pub fn new(endpoint: &str, protocol: Protocol, token: Option<String>) -> Result<Self, ClientError> {
+        let bad = |why: &str| ClientError::Endpoint { endpoint: endpoint.to_string(), why: why.to_string() };
         let Some(rest) = endpoint.strip_prefix("http://") else {
             if endpoint.starts_with("https://") {
-                bail!("--otlp-endpoint {endpoint}: TLS is not supported yet; give an http:// endpoint (a TLS-terminating OpenTelemetry Collector on the node can forward it)");
+                return Err(bad("TLS is not supported yet; give an http:// endpoint (a TLS-terminating OpenTelemetry Collector on the node can forward it)"));
             }
-            bail!("--otlp-endpoint {endpoint}: give a URL such as http://collector:4317");
+            return Err(bad("give a URL such as http://collector:4317"));
         };
         if rest.is_empty() {
-            bail!("--otlp-endpoint {endpoint}: the URL names no host");
+            return Err(bad("the URL names no host"));
         }
         let inner = match protocol {
             Protocol::Grpc => {
-                let runtime = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .context("cannot start the OTLP exporter's runtime")?;
+                let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(ClientError::Runtime)?;
                 let channel = {
                     let _entered = runtime.enter();
                     tonic::transport::Endpoint::from_shared(endpoint.to_string())
-                        .with_context(|| format!("--otlp-endpoint {endpoint}: not a valid URL"))?
+                        .map_err(|_| bad("not a valid URL"))?
                         .connect_timeout(TIMEOUT)
                         .timeout(TIMEOUT)
                         .connect_lazy()
@@ -169,7 +167,7 @@ fn send_http(agent: &ureq::Agent, base: &str, request: &Request, token: Option<&
 }
 
 fn rejected_of(request: &Request, reply: &[u8]) -> Rejected {
-    use gpuprof_otlp::proto::collector::{logs, metrics, trace};
+    use crate::proto::collector::{logs, metrics, trace};
     match request {
         Request::Logs(_) => logs::v1::ExportLogsServiceResponse::decode(reply)
             .ok()

@@ -1,0 +1,107 @@
+//! How the OTLP export summarizes and sends — one set of settings for `run`/`attach` (flags,
+//! `GPUPROF_*` variables) and the daemon (the same, and its TOML file).
+
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+use clap::Args;
+use gpuprof_otlp::client::{ClientOptions, Protocol, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_QUEUE_BYTES};
+use gpuprof_otlp::lifetimes::SpanPolicy;
+
+use super::{EventStream, OtlpOptions};
+
+/// Each is optional so that a daemon's file can fill what a flag does not give.
+#[derive(Debug, Clone, Default, Args, serde::Deserialize)]
+pub struct OtlpTuning {
+    /// summary (default): driver and process events, findings, per-process gauges and memory
+    /// profiles; all: every event too, tensor events included (tens of thousands a second).
+    #[arg(long, value_enum, value_name = "WHICH", env = "GPUPROF_OTLP_EVENTS")]
+    pub otlp_events: Option<EventStream>,
+    /// Seconds between gauges of each process's allocated, reserved and live bytes (default 1).
+    #[arg(long, value_name = "SECS", env = "GPUPROF_OTLP_METRICS_INTERVAL")]
+    pub otlp_metrics_interval: Option<f64>,
+    /// Seconds between memory profiles of each process (default 10); also sent at each
+    /// finding, out-of-memory failure and exit.
+    #[arg(long, value_name = "SECS", env = "GPUPROF_OTLP_PROFILE_INTERVAL")]
+    pub otlp_profile_interval: Option<f64>,
+    /// Stacks a memory profile names per layer and device (default 50); the rest are summed.
+    #[arg(long, value_name = "N", env = "GPUPROF_OTLP_PROFILE_STACKS")]
+    pub otlp_profile_stacks: Option<usize>,
+    /// Tensor blocks from this size up get a span (default 67108864, 64 MiB); driver
+    /// allocations always do.
+    #[arg(long, value_name = "BYTES", env = "GPUPROF_OTLP_SPAN_MIN_BYTES")]
+    pub otlp_span_min_bytes: Option<u64>,
+    /// Spans a process's trace gets at most (default 1000); later allocations get none (counted).
+    #[arg(long, value_name = "N", env = "GPUPROF_OTLP_MAX_SPANS")]
+    pub otlp_max_spans: Option<u64>,
+    /// MiB of requests held while the collector is slow or away (default 64); beyond, the
+    /// oldest gauges and then new requests are dropped and counted.
+    #[arg(long, value_name = "MIB", env = "GPUPROF_OTLP_QUEUE_MIB")]
+    pub otlp_queue_mib: Option<u64>,
+    /// Bytes one request carries at most (default 3145728: under the 4 MiB an OpenTelemetry
+    /// Collector takes by default).
+    #[arg(long, value_name = "BYTES", env = "GPUPROF_OTLP_MAX_REQUEST_BYTES")]
+    pub otlp_max_request_bytes: Option<usize>,
+}
+
+impl OtlpTuning {
+    /// Each setting from `self`, else from `other`.
+    pub fn or(&self, other: &OtlpTuning) -> OtlpTuning {
+        OtlpTuning {
+            otlp_events: self.otlp_events.or(other.otlp_events),
+            otlp_metrics_interval: self.otlp_metrics_interval.or(other.otlp_metrics_interval),
+            otlp_profile_interval: self.otlp_profile_interval.or(other.otlp_profile_interval),
+            otlp_profile_stacks: self.otlp_profile_stacks.or(other.otlp_profile_stacks),
+            otlp_span_min_bytes: self.otlp_span_min_bytes.or(other.otlp_span_min_bytes),
+            otlp_max_spans: self.otlp_max_spans.or(other.otlp_max_spans),
+            otlp_queue_mib: self.otlp_queue_mib.or(other.otlp_queue_mib),
+            otlp_max_request_bytes: self.otlp_max_request_bytes.or(other.otlp_max_request_bytes),
+        }
+    }
+
+    /// The export's options, the defaults filled in and every value checked.
+    pub fn options(&self, endpoint: &str, protocol: Protocol, token: Option<String>, node: Option<String>) -> Result<OtlpOptions> {
+        let seconds = |name: &str, value: Option<f64>, default: Duration| -> Result<Duration> {
+            match value {
+                None => Ok(default),
+                Some(v) if v.is_finite() && v > 0.0 => Ok(Duration::from_secs_f64(v)),
+                Some(v) => bail!("{name} {v}: give a positive number of seconds"),
+            }
+        };
+        let metrics_interval = seconds("otlp_metrics_interval", self.otlp_metrics_interval, OtlpOptions::DEFAULT_METRICS_INTERVAL)?;
+        let profile_interval = seconds("otlp_profile_interval", self.otlp_profile_interval, OtlpOptions::DEFAULT_PROFILE_INTERVAL)?;
+        let max_request_bytes = self.otlp_max_request_bytes.unwrap_or(DEFAULT_MAX_REQUEST_BYTES);
+        if max_request_bytes < 64 * 1024 {
+            bail!("otlp_max_request_bytes {max_request_bytes}: give at least 65536 (a memory profile must fit in one request)");
+        }
+        let queue_bytes = match self.otlp_queue_mib {
+            Some(0) => bail!("otlp_queue_mib 0: give at least 1"),
+            Some(mib) => (mib << 20) as usize,
+            None => DEFAULT_QUEUE_BYTES,
+        };
+        if queue_bytes < max_request_bytes {
+            bail!("otlp_queue_mib {}: the queue must hold at least one request of {max_request_bytes} bytes", queue_bytes >> 20);
+        }
+        let profile_stacks = self.otlp_profile_stacks.unwrap_or(OtlpOptions::DEFAULT_PROFILE_STACKS);
+        if profile_stacks == 0 {
+            bail!("otlp_profile_stacks 0: give at least 1");
+        }
+        let mut client = ClientOptions::new(endpoint, protocol);
+        client.token = token;
+        client.queue_bytes = queue_bytes;
+        client.max_request_bytes = max_request_bytes;
+        Ok(OtlpOptions {
+            client,
+            node,
+            events: self.otlp_events.unwrap_or(EventStream::Summary),
+            metrics_interval,
+            profile_interval,
+            profile_stacks,
+            spans: SpanPolicy {
+                block_min_bytes: self.otlp_span_min_bytes.unwrap_or(OtlpOptions::DEFAULT_SPAN_MIN_BYTES),
+                max_per_process: self.otlp_max_spans.unwrap_or(OtlpOptions::DEFAULT_MAX_SPANS),
+            },
+            memory_cap: None,
+        })
+    }
+}
