@@ -26,7 +26,8 @@ const COLLECTOR_METRICS: &[&str] = &[
     "gpuprof_collector_received_total",
     "gpuprof_collector_rejected_log_records_total",
     "gpuprof_collector_refused_requests_total",
-    "gpuprof_collector_findings_fired_total",
+    "gpuprof_collector_findings_received_total",
+    "gpuprof_collector_received_profiles_total",
     "gpuprof_collector_store_errors_total",
     "gpuprof_collector_forwarded_spans_total",
     "gpuprof_collector_forward_dropped_spans_total",
@@ -48,6 +49,7 @@ const DAEMON_METRICS: &[&str] = &[
     "gpuprof_daemon_findings_total",
     "gpuprof_daemon_otlp_sent_items_total",
     "gpuprof_daemon_otlp_lost_items_total",
+    "gpuprof_daemon_otlp_queued_bytes",
 ];
 
 /// The oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and the newest
@@ -86,7 +88,7 @@ const OPTIONAL_OBJECTS: &[(&str, &str)] = &[
 ];
 
 /// Target expressions in the Fleet and Pipeline dashboards, and selectors of their variables.
-const DASHBOARD_EXPRESSIONS: usize = 15 + 21;
+const DASHBOARD_EXPRESSIONS: usize = 17 + 23;
 const VARIABLE_SELECTORS: usize = 3 + 1;
 
 /// The documented render of deploy/manifests/gpuprof.yaml (deploy/manifests/README.md).
@@ -586,29 +588,28 @@ fn the_otel_collector_routes_each_node_to_one_collector() {
 }
 
 /// The metric names the dashboards may use are what a running collector and daemon serve: a
-/// collector fed one PyTorch-like process (a driver segment, a tensor, an exit that makes a
-/// finding) and forwarding spans, and a daemon with nothing to capture yet.
+/// collector fed one PyTorch-like process as its node sends it (a driver segment, the
+/// allocator's gauges and a memory profile) and one that exits holding memory (its finding), and
+/// forwarding spans, and a daemon with nothing to capture yet.
 #[test]
 fn the_dashboards_metrics_are_served_by_a_running_collector_and_daemon() {
     use gpuprof_model::{Event, Layer, Op, Source};
-    use support::collector::{logs_request, synthetic, Collector};
+    use support::collector::{allocator_gauges, logs_request, profile_record, records_request, synthetic, trainer, Collector};
 
     let dir = scratch("deploy_live_metrics");
     let collector = Collector::start(&dir.join("c.redb"), &["--forward-endpoint", "http://127.0.0.1:9"]);
     let base = 1_800_000_000_000_000_000u64;
-    let mut tensor = synthetic(base + 1, 900, Op::Alloc, "c10::reportMemoryUsageToProfiler", 0x1000_0000, 1 << 20);
-    tensor.layer = Layer::Allocator;
-    tensor.device = Some(0);
-    tensor.allocated = Some(1 << 20);
-    tensor.reserved = Some(2 << 20);
-    let events = [
-        synthetic(base, 900, Op::Alloc, "cuMemAlloc_v2", 0x1000_0000, 2 << 20),
-        tensor,
-        Event::new(base + 2, 901, 901, Source::Ebpf, Layer::Process, Op::Exit, std::borrow::Cow::Borrowed("sched_process_exit")),
-    ];
-    let leaker = synthetic(base + 1, 901, Op::Alloc, "cuMemAlloc_v2", 0x2000_0000, 1 << 20);
-    assert_eq!(collector.post("/v1/logs", "application/x-protobuf", &logs_request("node-m", 900, &events[..2]), None).0, 200);
-    assert_eq!(collector.post("/v1/logs", "application/x-protobuf", &logs_request("node-m", 901, &[leaker, events[2].clone()]), None).0, 200);
+    let segment = synthetic(base, 900, Op::Alloc, "cuMemAlloc_v2", 0x1000_0000, 2 << 20);
+    assert_eq!(collector.post("/v1/logs", "application/x-protobuf", &logs_request("node-m", 900, &[segment]), None).0, 200);
+    assert_eq!(collector.post("/v1/metrics", "application/x-protobuf", &allocator_gauges(&trainer("node-m", 900), base + 1, 1 << 20, 2 << 20), None).0, 200);
+    let profile = profile_record(base + 1, "allocator", &[("step", 42, 1 << 20, 1)]);
+    assert_eq!(collector.post("/v1/logs", "application/x-protobuf", &records_request(&trainer("node-m", 900), vec![profile]), None).0, 200);
+    let exit = Event::new(base + 2, 901, 901, Source::Ebpf, Layer::Process, Op::Exit, std::borrow::Cow::Borrowed("sched_process_exit"));
+    let leaker = [synthetic(base + 1, 901, Op::Alloc, "cuMemAlloc_v2", 0x2000_0000, 1 << 20), exit];
+    assert_eq!(collector.post("/v1/logs", "application/x-protobuf", &logs_request("node-m", 901, &leaker), None).0, 200);
+    let found = gpuprof_model::analyze(&leaker, gpuprof_model::RuleConfig::default());
+    let finding = gpuprof_otlp::logs::finding_record(&found[0], base + 2);
+    assert_eq!(collector.post("/v1/logs", "application/x-protobuf", &records_request(&trainer("node-m", 901), vec![finding]), None).0, 200);
     let (status, text) = collector.get("/metrics");
     assert_eq!(status, 200);
     let served = sample_names(&text);

@@ -1,5 +1,7 @@
 //! The read side: `GET /api/v1/findings` (filters node, pid, kind, since, until),
-//! `GET /api/v1/processes` (node, detail), Prometheus `GET /metrics`, and `GET /healthz`.
+//! `GET /api/v1/processes` (node, detail), `GET /api/v1/profile` (node, pid: the process's
+//! latest memory profile as pprof, for `go tool pprof`, Pyroscope or Parca), Prometheus
+//! `GET /metrics`, and `GET /healthz`.
 
 use std::sync::Arc;
 
@@ -17,6 +19,7 @@ pub fn routes(collector: Arc<Collector>) -> Router {
     Router::new()
         .route("/api/v1/findings", get(findings))
         .route("/api/v1/processes", get(processes))
+        .route("/api/v1/profile", get(profile))
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .with_state(collector)
@@ -45,6 +48,25 @@ async fn processes(State(collector): State<Arc<Collector>>, query: Result<Query<
     };
     let state = collector.state.lock().expect("state lock");
     Json(state.processes(query.node.as_deref(), query.detail)).into_response()
+}
+
+#[derive(Debug, Deserialize)]
+struct ProfileQuery {
+    node: String,
+    pid: u32,
+}
+
+/// The latest memory profile a node sent of a process, as the pprof it sent.
+async fn profile(State(collector): State<Arc<Collector>>, query: Result<Query<ProfileQuery>, axum::extract::rejection::QueryRejection>) -> Response {
+    let Query(query) = match query {
+        Ok(query) => query,
+        Err(rejection) => return (StatusCode::BAD_REQUEST, format!("{} (give node and pid)\n", rejection.body_text())).into_response(),
+    };
+    let state = collector.state.lock().expect("state lock");
+    match state.summary(&query.node, query.pid).and_then(|s| s.profile.as_ref()) {
+        Some(profile) => ([(header::CONTENT_TYPE, "application/octet-stream")], profile.pprof.clone()).into_response(),
+        None => (StatusCode::NOT_FOUND, format!("no memory profile of pid {} on node {}\n", query.pid, query.node)).into_response(),
+    }
 }
 
 /// OpenMetrics to a scraper that asks for it (Prometheus does), the classic text format otherwise.

@@ -1,24 +1,24 @@
-//! The collector's shared core: turns OTLP requests into per-node event streams for the state,
-//! saves findings, hands spans to the forwarder, and counts everything it takes in or turns
-//! away. Both receivers (gRPC and HTTP) call into this; neither decides anything itself.
+//! The collector's shared core: turns OTLP requests into the state — each node's events for its
+//! tracker, its findings, gauges and memory profiles — saves findings, hands spans to the
+//! forwarder, and counts everything it takes in or turns away. Both receivers (gRPC and HTTP)
+//! call into this; neither decides anything itself.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use gpuprof_model::Event;
+use gpuprof_model::{Event, Finding};
 use gpuprof_otlp::proto::collector::logs::v1::{ExportLogsPartialSuccess, ExportLogsServiceRequest, ExportLogsServiceResponse};
 use gpuprof_otlp::proto::collector::metrics::v1::{ExportMetricsServiceRequest, ExportMetricsServiceResponse};
 use gpuprof_otlp::proto::collector::trace::v1::{ExportTraceServiceRequest, ExportTraceServiceResponse};
 use gpuprof_otlp::proto::metrics::v1::metric;
-use gpuprof_otlp::proto::trace::v1::{ResourceSpans, ScopeSpans};
 use gpuprof_otlp::resource::ProcessIdentity;
 
 use crate::config::Config;
 use crate::forward::Forwarder;
-use crate::state::{State, StoredFinding, Workload};
+use crate::state::{AllocatorView, State, StoredFinding, StoredProfile, Workload};
 use crate::store::Store;
 
 /// Why a request was turned away, for the counters.
@@ -54,7 +54,10 @@ pub struct Stats {
     pub foreign_log_records: AtomicU64,
     pub spans: AtomicU64,
     pub metric_points: AtomicU64,
-    pub findings_fired: AtomicU64,
+    /// Memory profiles among the log records.
+    pub profiles: AtomicU64,
+    /// Findings the nodes sent.
+    pub findings_received: AtomicU64,
     pub store_errors: AtomicU64,
     refused: Mutex<HashMap<Refusal, u64>>,
 }
@@ -118,55 +121,68 @@ impl Collector {
     }
 
     pub fn logs(&self, request: ExportLogsServiceRequest) -> ExportLogsServiceResponse {
+        use gpuprof_otlp::logs::{kind_of, RecordKind};
         let mut by_node: HashMap<String, Vec<Event>> = HashMap::new();
+        let mut findings: HashMap<String, Vec<Finding>> = HashMap::new();
+        let mut profiles: Vec<(String, u32, StoredProfile)> = Vec::new();
         let (mut received, mut rejected, mut foreign) = (0u64, 0u64, 0u64);
         let mut first_error = None;
         let mut workloads: Vec<(String, u32, Workload)> = Vec::new();
         for resource_logs in request.resource_logs {
-            let node = node_of(resource_logs.resource.as_ref());
-            if let Some(resource) = &resource_logs.resource {
-                let identity = ProcessIdentity::of_resource(resource);
-                if let Some(pod) = identity.k8s_pod_name {
-                    let workload = Workload {
-                        namespace: identity.k8s_namespace.unwrap_or_default(),
-                        pod,
-                        container: identity.k8s_container_name.unwrap_or_default(),
-                    };
-                    workloads.push((node.clone(), identity.pid, workload));
-                }
+            let identity = resource_logs.resource.as_ref().map(ProcessIdentity::of_resource).unwrap_or_default();
+            let node = node_name(&identity);
+            if let Some(pod) = &identity.k8s_pod_name {
+                let workload = Workload {
+                    namespace: identity.k8s_namespace.clone().unwrap_or_default(),
+                    pod: pod.clone(),
+                    container: identity.k8s_container_name.clone().unwrap_or_default(),
+                };
+                workloads.push((node.clone(), identity.pid, workload));
             }
-            let events = by_node.entry(node).or_default();
             for record in resource_logs.scope_logs.into_iter().flat_map(|s| s.log_records) {
                 received += 1;
-                if !gpuprof_otlp::logs::is_gpuprof_event(&record) {
-                    foreign += 1;
-                    continue;
-                }
-                match gpuprof_otlp::logs::event_of(&record) {
-                    Ok(event) => events.push(event),
-                    Err(error) => {
-                        rejected += 1;
-                        first_error.get_or_insert_with(|| error.to_string());
+                let decoded = match kind_of(&record) {
+                    RecordKind::Foreign => {
+                        foreign += 1;
+                        continue;
                     }
+                    RecordKind::Event => gpuprof_otlp::logs::event_of(&record)
+                        .map(|event| by_node.entry(node.clone()).or_default().push(event))
+                        .map_err(|e| e.to_string()),
+                    RecordKind::Finding => gpuprof_otlp::logs::finding_of(&record)
+                        .map(|finding| findings.entry(node.clone()).or_default().push(finding))
+                        .map_err(|e| e.to_string()),
+                    RecordKind::Profile => profile_of(&record).map(|profile| profiles.push((node.clone(), identity.pid, profile))),
+                };
+                if let Err(error) = decoded {
+                    rejected += 1;
+                    first_error.get_or_insert_with(|| error.to_string());
                 }
             }
         }
         self.stats.log_records.fetch_add(received, Ordering::Relaxed);
         self.stats.rejected_log_records.fetch_add(rejected, Ordering::Relaxed);
         self.stats.foreign_log_records.fetch_add(foreign, Ordering::Relaxed);
-        let mut fired = Vec::new();
+        self.stats.profiles.fetch_add(profiles.len() as u64, Ordering::Relaxed);
+        let mut stored = Vec::new();
         {
             let mut state = self.state.lock().expect("state lock");
             for (node, mut events) in by_node {
-                // Batches group events by process; the rules want the node's capture order back.
+                // Batches group events by process; the tracker wants the node's capture order back.
                 events.sort_by_key(|e| e.ts);
-                fired.extend(state.ingest(&node, events));
+                state.ingest(&node, events);
+            }
+            for (node, pid, profile) in profiles {
+                state.profile(&node, pid, profile);
+            }
+            for (node, found) in findings {
+                stored.extend(state.add_findings(&node, found));
             }
             for (node, pid, workload) in workloads {
                 state.note_workload(&node, pid, workload);
             }
         }
-        self.fired(&fired);
+        self.keep(&stored);
         ExportLogsServiceResponse {
             partial_success: (rejected > 0).then(|| ExportLogsPartialSuccess {
                 rejected_log_records: rejected as i64,
@@ -178,61 +194,95 @@ impl Collector {
     pub fn traces(&self, request: ExportTraceServiceRequest) -> ExportTraceServiceResponse {
         let spans: usize = request.resource_spans.iter().flat_map(|r| &r.scope_spans).map(|s| s.spans.len()).sum();
         self.stats.spans.fetch_add(spans as u64, Ordering::Relaxed);
+        {
+            let mut state = self.state.lock().expect("state lock");
+            for group in &request.resource_spans {
+                let identity = group.resource.as_ref().map(ProcessIdentity::of_resource).unwrap_or_default();
+                let count = group.scope_spans.iter().map(|s| s.spans.len() as u64).sum();
+                state.spans(&node_name(&identity), identity.pid, count);
+            }
+        }
         if let Some(forwarder) = &self.forwarder {
-            forwarder.forward(request.resource_spans);
+            forwarder.spans(request.resource_spans);
         }
         ExportTraceServiceResponse { partial_success: None }
     }
 
+    /// The nodes' gauges: each process's allocator totals per device and live bytes by kind.
     pub fn metrics(&self, request: ExportMetricsServiceRequest) -> ExportMetricsServiceResponse {
-        // The collector's own gauges come from its trackers; agents' gauges are counted (their
-        // values equal what the events already told).
-        let points: usize = request
-            .resource_metrics
-            .iter()
-            .flat_map(|r| &r.scope_metrics)
-            .flat_map(|s| &s.metrics)
-            .map(|m| match &m.data {
-                Some(metric::Data::Gauge(g)) => g.data_points.len(),
-                Some(metric::Data::Sum(s)) => s.data_points.len(),
-                Some(metric::Data::Histogram(h)) => h.data_points.len(),
-                Some(metric::Data::ExponentialHistogram(h)) => h.data_points.len(),
-                Some(metric::Data::Summary(s)) => s.data_points.len(),
-                None => 0,
-            })
-            .sum();
-        self.stats.metric_points.fetch_add(points as u64, Ordering::Relaxed);
+        use gpuprof_model::otel::metric as name;
+        use gpuprof_otlp::proto::metrics::v1::number_data_point::Value;
+        let mut points = 0u64;
+        let mut state = self.state.lock().expect("state lock");
+        for resource_metrics in request.resource_metrics {
+            let identity = resource_metrics.resource.as_ref().map(ProcessIdentity::of_resource).unwrap_or_default();
+            let node = node_name(&identity);
+            // allocated and reserved come as two metrics: paired per device and time.
+            let mut allocator: BTreeMap<(i32, u64), AllocatorView> = BTreeMap::new();
+            for metric in resource_metrics.scope_metrics.into_iter().flat_map(|s| s.metrics) {
+                let data_points = match metric.data {
+                    Some(metric::Data::Gauge(g)) => g.data_points,
+                    Some(metric::Data::Sum(s)) => s.data_points,
+                    Some(metric::Data::Histogram(h)) => {
+                        points += h.data_points.len() as u64;
+                        continue;
+                    }
+                    Some(metric::Data::ExponentialHistogram(h)) => {
+                        points += h.data_points.len() as u64;
+                        continue;
+                    }
+                    Some(metric::Data::Summary(s)) => {
+                        points += s.data_points.len() as u64;
+                        continue;
+                    }
+                    None => continue,
+                };
+                points += data_points.len() as u64;
+                for point in data_points {
+                    let value = match point.value {
+                        Some(Value::AsInt(v)) => v.max(0) as u64,
+                        Some(Value::AsDouble(v)) => v.max(0.0) as u64,
+                        None => continue,
+                    };
+                    let attribute = |key| gpuprof_otlp::attribute_str(&point.attributes, key);
+                    let device = || attribute(name::ATTR_DEVICE).and_then(|d| d.parse::<i32>().ok());
+                    match metric.name.as_str() {
+                        name::ALLOCATOR_ALLOCATED => {
+                            if let Some(device) = device() {
+                                allocator.entry((device, point.time_unix_nano)).or_default().allocated = value;
+                            }
+                        }
+                        name::ALLOCATOR_RESERVED => {
+                            if let Some(device) = device() {
+                                allocator.entry((device, point.time_unix_nano)).or_default().reserved = value;
+                            }
+                        }
+                        name::LIVE_BYTES => {
+                            let (layer, kind) = (attribute(name::ATTR_LAYER).unwrap_or(""), attribute(name::ATTR_KIND).unwrap_or(""));
+                            state.live_gauge(&node, identity.pid, point.time_unix_nano, layer, kind, value);
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            for ((device, ts), view) in allocator {
+                state.allocator_gauges(&node, identity.pid, ts, device, view);
+            }
+        }
+        drop(state);
+        self.stats.metric_points.fetch_add(points, Ordering::Relaxed);
         ExportMetricsServiceResponse { partial_success: None }
     }
 
-    fn fired(&self, fired: &[StoredFinding]) {
-        if fired.is_empty() {
+    /// Findings the nodes sent: stored, counted.
+    fn keep(&self, stored: &[StoredFinding]) {
+        if stored.is_empty() {
             return;
         }
-        self.stats.findings_fired.fetch_add(fired.len() as u64, Ordering::Relaxed);
-        if let Err(error) = self.store.add_findings(fired) {
+        self.stats.findings_received.fetch_add(stored.len() as u64, Ordering::Relaxed);
+        if let Err(error) = self.store.add_findings(stored) {
             self.stats.store_errors.fetch_add(1, Ordering::Relaxed);
             tracing::error!("{error:#}");
-        }
-        if let Some(forwarder) = &self.forwarder {
-            let spans = fired
-                .iter()
-                .map(|f| {
-                    let identity = ProcessIdentity {
-                        host_name: f.node.clone(),
-                        pid: f.finding.pid,
-                        executable: f.finding.comm.clone(),
-                        ..Default::default()
-                    };
-                    let span = gpuprof_otlp::findings::span_of(&f.finding, &f.node, f.process_since, f.id);
-                    ResourceSpans {
-                        resource: Some(identity.resource()),
-                        scope_spans: vec![ScopeSpans { scope: Some(gpuprof_otlp::scope()), spans: vec![span], ..Default::default() }],
-                        ..Default::default()
-                    }
-                })
-                .collect();
-            forwarder.forward(spans);
         }
     }
 
@@ -248,11 +298,19 @@ impl Collector {
     }
 }
 
-fn node_of(resource: Option<&gpuprof_otlp::proto::resource::v1::Resource>) -> String {
-    let name = resource.map(|r| ProcessIdentity::of_resource(r).host_name).unwrap_or_default();
-    if name.is_empty() {
+fn node_name(identity: &ProcessIdentity) -> String {
+    if identity.host_name.is_empty() {
         "unknown".to_string()
     } else {
-        name
+        identity.host_name.clone()
     }
+}
+
+/// A profile record as the state keeps it: the pprof, and its samples decoded once, largest first.
+fn profile_of(record: &gpuprof_otlp::proto::logs::v1::LogRecord) -> Result<StoredProfile, String> {
+    let (pprof, reason) = gpuprof_otlp::logs::profile_of(record).map_err(|e| e.to_string())?;
+    let profile = gpuprof_otlp::pprof::decode(pprof).map_err(|e| format!("memory profile is not pprof: {e}"))?;
+    let mut samples = gpuprof_otlp::pprof::samples(&profile);
+    samples.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    Ok(StoredProfile { ts: record.time_unix_nano, reason: reason.to_string(), pprof: pprof.to_vec(), samples })
 }

@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use gpuprof_model::RuleConfig;
 
 #[derive(Debug, Parser)]
 #[command(name = "gpuprof-collector", version, about = "Receives OTLP from gpuprof agents, flags GPU memory leaks per node, serves findings")]
@@ -47,12 +46,6 @@ pub struct Args {
     /// Save each node's state to the database this often (and at shutdown).
     #[arg(long, env = "GPUPROF_COLLECTOR_CHECKPOINT_SECS", default_value_t = 5.0)]
     pub checkpoint_secs: f64,
-    /// Growth rule: window length in seconds.
-    #[arg(long, env = "GPUPROF_COLLECTOR_GROWTH_WINDOW", default_value_t = 10.0)]
-    pub growth_window: f64,
-    /// Growth rule: consecutive rising windows that make a finding.
-    #[arg(long, env = "GPUPROF_COLLECTOR_GROWTH_RISES", default_value_t = 3)]
-    pub growth_rises: u32,
 }
 
 #[derive(Debug, Clone)]
@@ -67,7 +60,6 @@ pub struct Config {
     pub retention: Duration,
     pub max_findings: usize,
     pub checkpoint_every: Duration,
-    pub rules: RuleConfig,
 }
 
 impl Args {
@@ -105,9 +97,6 @@ impl Args {
         if self.max_request_mib == 0 {
             bail!("--max-request-mib 0: give at least 1");
         }
-        if self.growth_rises == 0 {
-            bail!("--growth-rises 0: give at least 1");
-        }
         Ok(Config {
             grpc_listen: self.grpc_listen,
             http_listen: self.http_listen,
@@ -119,10 +108,6 @@ impl Args {
             retention: Duration::from_secs_f64(positive("--retention-hours", self.retention_hours)? * 3600.0),
             max_findings: self.max_findings.max(1),
             checkpoint_every: Duration::from_secs_f64(positive("--checkpoint-secs", self.checkpoint_secs)?),
-            rules: RuleConfig {
-                growth_window_ns: (positive("--growth-window", self.growth_window)? * 1e9) as u64,
-                growth_rises: self.growth_rises,
-            },
         })
     }
 }

@@ -43,8 +43,13 @@ fn main() -> ExitCode {
 
 fn run(config: Config) -> Result<()> {
     let (store, loaded) = Store::open(&config.db)?;
-    let state = State::new(config.rules, loaded.nodes, loaded.findings);
-    let forwarder = config.forward_endpoint.as_deref().map(Forwarder::start);
+    let state = State::new(loaded.nodes, loaded.findings);
+    let forwarder = config
+        .forward_endpoint
+        .as_deref()
+        .map(Forwarder::start)
+        .transpose()
+        .map_err(|e| anyhow::anyhow!("--forward-endpoint {e}"))?;
     let collector = Arc::new(Collector::new(config.clone(), state, store, forwarder));
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the runtime")?;
     runtime.block_on(serve(collector.clone()))?;

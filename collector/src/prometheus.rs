@@ -109,40 +109,55 @@ pub fn render(collector: &Collector) -> String {
     {
         let state = collector.state.lock().expect("state lock");
         let no_workload = Workload::default();
-        for (node, process) in state.live() {
-            let workload = state.workload(node, process.pid).unwrap_or(&no_workload);
-            let summary = process.summary();
+        for process in state.live() {
+            let workload = state.workload(process.node, process.pid).unwrap_or(&no_workload);
             let process_labels = ProcessLabels {
-                node: node.to_string(),
+                node: process.node.to_string(),
                 namespace: workload.namespace.clone(),
                 pod: workload.pod.clone(),
                 container: workload.container.clone(),
                 pid: process.pid.to_string(),
                 comm: process.comm.to_string(),
             };
-            for (kind, total) in &summary.by_kind {
-                let labels = LiveLabels { process: process_labels.clone(), kind: kind.as_str().into() };
-                live.get_or_create(&labels).set(total.bytes as i64);
+            // Driver-level live bytes from the node's events (its gauges where no event came).
+            let mut by_kind: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
+            if let Some(summary) = process.summary {
+                for ((layer, kind), bytes) in &summary.live {
+                    if layer == "driver" {
+                        by_kind.insert(kind.clone(), *bytes);
+                    }
+                }
             }
-            for (device, totals) in process.allocator_totals() {
+            if let Some(tracked) = process.tracked {
+                for (kind, total) in &tracked.summary().by_kind {
+                    by_kind.insert(kind.as_str().to_string(), total.bytes);
+                }
+            }
+            for (kind, bytes) in by_kind {
+                live.get_or_create(&LiveLabels { process: process_labels.clone(), kind }).set(bytes as i64);
+            }
+            let Some(summary) = process.summary else { continue };
+            for (device, totals) in &summary.allocator {
                 let labels = DeviceLabels { process: process_labels.clone(), device: device.to_string() };
                 allocated.get_or_create(&labels).set(totals.allocated as i64);
                 reserved.get_or_create(&labels).set(totals.reserved as i64);
             }
-            // Tensors where the process has a framework allocator, else driver allocations.
-            let tensors = process.has_blocks();
-            for (rank, top) in process.top_stacks(TOP_STACKS, tensors).into_iter().enumerate() {
+            // From the node's latest memory profile: tensors where the process has a framework
+            // allocator, else driver allocations.
+            let Some(profile) = &summary.profile else { continue };
+            let layer = if summary.allocator.is_empty() { "driver" } else { "allocator" };
+            for (rank, (stack, bytes, _)) in profile.samples.iter().take(TOP_STACKS).enumerate() {
                 let labels = StackLabels {
-                    node: node.to_string(),
+                    node: process.node.to_string(),
                     namespace: workload.namespace.clone(),
                     pod: workload.pod.clone(),
                     pid: process.pid.to_string(),
                     comm: process.comm.to_string(),
-                    layer: if tensors { "allocator" } else { "driver" }.into(),
+                    layer: layer.into(),
                     rank: (rank + 1).to_string(),
-                    stack: stack_label(top.stack),
+                    stack: stack_label(stack),
                 };
-                stacks.get_or_create(&labels).set(top.total.bytes as i64);
+                stacks.get_or_create(&labels).set(*bytes as i64);
             }
         }
         for ((node, kind), count) in state.findings_by_kind() {
@@ -191,18 +206,22 @@ pub fn render(collector: &Collector) -> String {
     }
     registry.register("gpuprof_collector_refused_requests", "OTLP requests turned away, by reason", refused);
     let fired = Counter::<u64>::default();
-    fired.inc_by(stats.findings_fired.load(Ordering::Relaxed));
-    registry.register("gpuprof_collector_findings_fired", "Findings fired since the collector started", fired);
+    fired.inc_by(stats.findings_received.load(Ordering::Relaxed));
+    registry.register("gpuprof_collector_findings_received", "Findings the nodes sent since the collector started", fired);
+    let profiles = Counter::<u64>::default();
+    profiles.inc_by(stats.profiles.load(Ordering::Relaxed));
+    registry.register("gpuprof_collector_received_profiles", "Memory profiles the nodes sent", profiles);
     let store_errors = Counter::<u64>::default();
     store_errors.inc_by(stats.store_errors.load(Ordering::Relaxed));
     registry.register("gpuprof_collector_store_errors", "Failed writes to the embedded database", store_errors);
     if let Some(forwarder) = &collector.forwarder {
+        let delivery = forwarder.delivery();
         let forwarded = Counter::<u64>::default();
-        forwarded.inc_by(forwarder.stats.forwarded.load(Ordering::Relaxed));
+        forwarded.inc_by(delivery.sent_spans);
         registry.register("gpuprof_collector_forwarded_spans", "Spans forwarded to the trace backend", forwarded);
         let dropped = Counter::<u64>::default();
-        dropped.inc_by(forwarder.stats.dropped.load(Ordering::Relaxed));
-        registry.register("gpuprof_collector_forward_dropped_spans", "Spans the trace backend did not take (queue full or unreachable)", dropped);
+        dropped.inc_by(delivery.lost());
+        registry.register("gpuprof_collector_forward_dropped_spans", "Spans the trace backend did not take (queue full, refused, unreachable)", dropped);
     }
     let mut text = String::new();
     encode(&mut text, &registry).expect("writing to a String cannot fail");

@@ -1,11 +1,14 @@
-//! What the collector knows: per node, the model's analyzer (tracker + leak rules — the same
-//! code `gpuprof report` and the agent run) fed with that node's events in capture order, and
-//! the findings it fired. Nodes are independent: correlation never crosses a node.
+//! What the collector knows, per node: the processes of the node — a tracker of the events the
+//! node sends (driver and process events: segments, VMM, IPC, contexts, exits) for what each
+//! holds at the driver level, and the node's own summaries (the allocator's allocated and
+//! reserved bytes per device, live bytes by kind, the latest memory profile) — and the findings
+//! the node's rules fired. The leak rules run on the node, which sees every event; the
+//! collector does not run them again (docs/collector.md). Nodes are independent.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
 use gpuprof_model::track::{ProcessMemory, ProcessState, Tracker};
-use gpuprof_model::{Analyzer, Event, Finding, FindingKind, RuleConfig};
+use gpuprof_model::{Event, Finding, FindingKind, Frame, Layer, Op};
 use serde::{Deserialize, Serialize};
 
 /// A finding as the API serves it: the contract of docs/findings.md plus the node and an id.
@@ -20,19 +23,49 @@ pub struct StoredFinding {
     pub process_since: u64,
 }
 
-struct Node {
-    analyzer: Analyzer,
+/// What a node says of one of its processes between events: its gauges and its profile.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProcessSummary {
+    /// The allocator's totals per device, as last reported.
+    pub allocator: BTreeMap<i32, AllocatorView>,
+    /// Live bytes by layer and kind (`driver`/`device`, `allocator`/`device`, …), as last reported.
+    pub live: BTreeMap<(String, String), u64>,
+    /// When the gauges were taken (ns since the epoch).
+    pub gauges_ts: u64,
+    pub profile: Option<StoredProfile>,
+    /// Spans the node sent for the process (its trace's size).
+    #[serde(default)]
+    pub spans: u64,
+}
+
+/// The latest memory profile of a process: the pprof as the node sent it, and its samples.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StoredProfile {
+    pub ts: u64,
+    pub reason: String,
+    pub pprof: Vec<u8>,
+    /// (stack innermost first, bytes, count), largest first.
+    pub samples: Vec<(Vec<Frame>, u64, u64)>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocatorView {
+    pub allocated: u64,
+    pub reserved: u64,
+}
+
+#[derive(Default, Serialize, Deserialize)]
+pub struct Node {
+    tracker: Tracker,
+    /// Per pid, the node's summaries of the process instance running under it now.
+    summaries: HashMap<u32, ProcessSummary>,
     /// Changed since the last checkpoint.
+    #[serde(skip)]
     dirty: bool,
     /// Where each process runs, from the resource of its batches (every batch carries it, so
     /// this is not checkpointed: it is back with a process's next batch after a restart).
+    #[serde(skip)]
     workloads: HashMap<u32, Workload>,
-}
-
-impl Node {
-    fn new(analyzer: Analyzer) -> Node {
-        Node { analyzer, dirty: false, workloads: HashMap::new() }
-    }
 }
 
 /// The Kubernetes pod a process runs in (empty strings outside Kubernetes).
@@ -44,7 +77,6 @@ pub struct Workload {
 }
 
 pub struct State {
-    rules: RuleConfig,
     nodes: BTreeMap<String, Node>,
     findings: VecDeque<StoredFinding>,
     next_finding: u64,
@@ -78,17 +110,26 @@ pub struct ProcessView {
     pub open_allocations: usize,
     pub ipc_imports: usize,
     pub contexts: u32,
-    /// A framework allocator's totals per device.
+    /// A framework allocator's totals per device, as the node last reported them.
     pub allocator: BTreeMap<i32, AllocatorView>,
-    /// The open allocations themselves, with `detail=true`.
+    /// When the node last reported the allocator's totals.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allocator_ts: Option<u64>,
+    /// The stacks holding the most, from the node's latest memory profile.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub top_stacks: Vec<StackView>,
+    /// Spans the node sent for the process: its trace's size.
+    pub spans: u64,
+    /// The open driver allocations themselves, with `detail=true`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub allocations: Option<Vec<AllocationView>>,
 }
 
 #[derive(Debug, Serialize)]
-pub struct AllocatorView {
-    pub allocated: u64,
-    pub reserved: u64,
+pub struct StackView {
+    pub bytes: u64,
+    pub count: u64,
+    pub stack: Vec<Frame>,
 }
 
 #[derive(Debug, Serialize)]
@@ -101,38 +142,87 @@ pub struct AllocationView {
     pub stack: Vec<gpuprof_model::Frame>,
 }
 
+/// Stacks of a profile in `GET /api/v1/processes`.
+const TOP_STACKS: usize = 10;
+
 impl State {
-    pub fn new(rules: RuleConfig, nodes: Vec<(String, Analyzer)>, findings: Vec<StoredFinding>) -> Self {
+    pub fn new(nodes: Vec<(String, Node)>, findings: Vec<StoredFinding>) -> Self {
         let next_finding = findings.iter().map(|f| f.id + 1).max().unwrap_or(1);
-        State {
-            rules,
-            nodes: nodes.into_iter().map(|(name, analyzer)| (name, Node::new(analyzer))).collect(),
-            findings: findings.into(),
-            next_finding,
+        State { nodes: nodes.into_iter().collect(), findings: findings.into(), next_finding }
+    }
+
+    fn node(&mut self, name: &str) -> &mut Node {
+        let node = self.nodes.entry(name.to_string()).or_default();
+        node.dirty = true;
+        node
+    }
+
+    /// Folds one node's events (in capture order) into its tracker.
+    pub fn ingest(&mut self, node_name: &str, events: Vec<Event>) {
+        let node = self.node(node_name);
+        for event in events {
+            if event.layer == Layer::Process && matches!(event.op, Op::Fork | Op::Exec) {
+                // A new program or process under this pid: the summaries were the old one's.
+                node.summaries.remove(&event.pid);
+            }
+            node.tracker.apply(&event);
         }
     }
 
-    /// Folds one node's events (in capture order) in; returns the findings they fired.
-    pub fn ingest(&mut self, node_name: &str, events: Vec<Event>) -> Vec<StoredFinding> {
-        let rules = self.rules;
-        let node = self
-            .nodes
-            .entry(node_name.to_string())
-            .or_insert_with(|| Node::new(Analyzer::new(rules)));
-        node.dirty = true;
-        let mut fired = Vec::new();
-        for mut event in events {
-            for finding in node.analyzer.observe(&mut event) {
-                let process_since = instance_since(node.analyzer.tracker(), finding.pid, finding.first_ts);
-                fired.push(StoredFinding { id: 0, node: node_name.to_string(), finding, process_since });
-            }
+    /// Takes a node's findings; returns them as stored, with their ids.
+    pub fn add_findings(&mut self, node_name: &str, findings: Vec<Finding>) -> Vec<StoredFinding> {
+        let node = self.node(node_name);
+        let stored: Vec<StoredFinding> = findings
+            .into_iter()
+            .map(|finding| {
+                let process_since = instance_since(&node.tracker, finding.pid, finding.first_ts);
+                StoredFinding { id: 0, node: node_name.to_string(), finding, process_since }
+            })
+            .collect();
+        stored
+            .into_iter()
+            .map(|mut finding| {
+                finding.id = self.next_finding;
+                self.next_finding += 1;
+                self.findings.push_back(finding.clone());
+                finding
+            })
+            .collect()
+    }
+
+    /// A node's gauges of one process, taken at `ts`: the allocator's totals of `device`.
+    pub fn allocator_gauges(&mut self, node_name: &str, pid: u32, ts: u64, device: i32, view: AllocatorView) {
+        let summary = self.node(node_name).summaries.entry(pid).or_default();
+        if ts >= summary.gauges_ts {
+            summary.gauges_ts = ts;
+            summary.allocator.insert(device, view);
         }
-        for finding in &mut fired {
-            finding.id = self.next_finding;
-            self.next_finding += 1;
-            self.findings.push_back(finding.clone());
+    }
+
+    /// A node's gauge of one process's live bytes in a layer and kind, taken at `ts`.
+    pub fn live_gauge(&mut self, node_name: &str, pid: u32, ts: u64, layer: &str, kind: &str, bytes: u64) {
+        let summary = self.node(node_name).summaries.entry(pid).or_default();
+        if ts >= summary.gauges_ts {
+            summary.gauges_ts = ts;
+            summary.live.insert((layer.to_string(), kind.to_string()), bytes);
         }
-        fired
+    }
+
+    /// Spans a node sent for one process.
+    pub fn spans(&mut self, node_name: &str, pid: u32, count: u64) {
+        self.node(node_name).summaries.entry(pid).or_default().spans += count;
+    }
+
+    /// A node's memory profile of one process (the latest one is kept).
+    pub fn profile(&mut self, node_name: &str, pid: u32, profile: StoredProfile) {
+        let summary = self.node(node_name).summaries.entry(pid).or_default();
+        if summary.profile.as_ref().is_none_or(|p| profile.ts >= p.ts) {
+            summary.profile = Some(profile);
+        }
+    }
+
+    pub fn summary(&self, node: &str, pid: u32) -> Option<&ProcessSummary> {
+        self.nodes.get(node)?.summaries.get(&pid)
     }
 
     pub fn findings(&self, filter: &FindingFilter) -> Vec<&StoredFinding> {
@@ -158,15 +248,21 @@ impl State {
         self.nodes
             .iter()
             .filter(|(name, _)| node.is_none_or(|n| n == name.as_str()))
-            .flat_map(|(name, n)| n.analyzer.tracker().processes().into_iter().map(move |p| view(name, p, detail)))
+            .flat_map(|(name, n)| {
+                let processes = n.tracker.processes();
+                // Summaries are of the instance running under the pid now (or last).
+                let latest: HashMap<u32, u64> = processes.iter().map(|p| (p.pid, p.first_ts)).collect();
+                processes.into_iter().map(move |p| {
+                    let current = latest.get(&p.pid) == Some(&p.first_ts);
+                    view(name, p, current.then(|| n.summaries.get(&p.pid)).flatten(), detail)
+                })
+            })
             .collect()
     }
 
     /// Records where a process of a node runs.
     pub fn note_workload(&mut self, node_name: &str, pid: u32, workload: Workload) {
-        if let Some(node) = self.nodes.get_mut(node_name) {
-            node.workloads.insert(pid, workload);
-        }
+        self.nodes.entry(node_name.to_string()).or_default().workloads.insert(pid, workload);
     }
 
     /// Where a process of a node runs, if it came from Kubernetes.
@@ -174,12 +270,31 @@ impl State {
         self.nodes.get(node_name)?.workloads.get(&pid)
     }
 
-    /// Live processes of every node, for the metrics.
-    pub fn live(&self) -> Vec<(&str, &ProcessMemory)> {
-        self.nodes
-            .iter()
-            .flat_map(|(name, n)| n.analyzer.tracker().live_processes().into_iter().map(move |p| (name.as_str(), p)))
-            .collect()
+    /// Live processes of every node with their summaries, for the metrics: a process the node
+    /// summarized but whose events have not come (yet) is live too.
+    pub fn live(&self) -> Vec<LiveProcess<'_>> {
+        let mut live = Vec::new();
+        for (name, node) in &self.nodes {
+            let mut seen = HashSet::new();
+            for process in node.tracker.live_processes() {
+                seen.insert(process.pid);
+                live.push(LiveProcess { node: name, pid: process.pid, comm: &process.comm, tracked: Some(process), summary: node.summaries.get(&process.pid) });
+            }
+            let exited: HashSet<u32> = node
+                .tracker
+                .processes()
+                .into_iter()
+                .filter(|p| p.state != ProcessState::Running && node.tracker.process(p.pid).is_none())
+                .map(|p| p.pid)
+                .collect();
+            let mut only_summarized: Vec<(&u32, &ProcessSummary)> =
+                node.summaries.iter().filter(|(pid, _)| !seen.contains(pid) && !exited.contains(pid)).collect();
+            only_summarized.sort_by_key(|(pid, _)| **pid);
+            for (pid, summary) in only_summarized {
+                live.push(LiveProcess { node: name, pid: *pid, comm: "", tracked: None, summary: Some(summary) });
+            }
+        }
+        live
     }
 
     /// The `n` most recent findings, newest first.
@@ -194,20 +309,23 @@ impl State {
             .filter(|(_, n)| n.dirty)
             .map(|(name, n)| {
                 n.dirty = false;
-                (name.clone(), postcard::to_stdvec(&n.analyzer).expect("analyzer state always serializes"))
+                (name.clone(), postcard::to_stdvec(&*n).expect("node state always serializes"))
             })
             .collect()
     }
 
-    /// Forgets processes that ended before `horizon` and findings older than it, and the oldest
-    /// findings beyond `max_findings`. Returns the ids of the findings dropped.
+    /// Forgets processes that ended before `horizon` (and summaries of pids no longer known),
+    /// findings older than it, and the oldest findings beyond `max_findings`. Returns the ids of
+    /// the findings dropped.
     pub fn prune(&mut self, horizon: u64, max_findings: usize) -> Vec<u64> {
         for node in self.nodes.values_mut() {
-            if node.analyzer.forget_closed_before(horizon) > 0 {
+            let forgotten = node.tracker.forget_closed_before(horizon);
+            let known: HashSet<u32> = node.tracker.processes().iter().map(|p| p.pid).collect();
+            let before = node.summaries.len();
+            node.summaries.retain(|pid, summary| known.contains(pid) || summary.gauges_ts >= horizon);
+            if forgotten > 0 || node.summaries.len() != before {
                 node.dirty = true;
-                let tracker = node.analyzer.tracker();
-                let kept: std::collections::HashSet<u32> = tracker.processes().iter().map(|p| p.pid).collect();
-                node.workloads.retain(|pid, _| kept.contains(pid));
+                node.workloads.retain(|pid, _| known.contains(pid));
             }
         }
         let mut dropped = Vec::new();
@@ -222,19 +340,23 @@ impl State {
     }
 }
 
-/// When the instance of `pid` that a finding at `ts` is about was first seen.
-fn instance_since(tracker: &Tracker, pid: u32, ts: u64) -> u64 {
-    tracker
-        .processes()
-        .into_iter()
-        .filter(|p| p.pid == pid && p.first_ts <= ts)
-        .map(|p| p.first_ts)
-        .max()
-        .unwrap_or(ts)
+/// A live process of a node, as the metrics show it.
+pub struct LiveProcess<'a> {
+    pub node: &'a str,
+    pub pid: u32,
+    pub comm: &'a str,
+    /// What the node's events say it holds (none when only its summaries came).
+    pub tracked: Option<&'a ProcessMemory>,
+    pub summary: Option<&'a ProcessSummary>,
 }
 
-fn view(node: &str, p: &ProcessMemory, detail: bool) -> ProcessView {
-    let summary = p.summary();
+/// When the instance of `pid` that a finding at `ts` is about was first seen.
+fn instance_since(tracker: &Tracker, pid: u32, ts: u64) -> u64 {
+    tracker.processes().into_iter().filter(|p| p.pid == pid && p.first_ts <= ts).map(|p| p.first_ts).max().unwrap_or(ts)
+}
+
+fn view(node: &str, p: &ProcessMemory, summary: Option<&ProcessSummary>, detail: bool) -> ProcessView {
+    let live = p.summary();
     let (state, exit_code) = match p.state {
         ProcessState::Running => ("running", None),
         ProcessState::Exited { code, .. } => ("exited", Some(code)),
@@ -253,6 +375,11 @@ fn view(node: &str, p: &ProcessMemory, detail: bool) -> ProcessView {
             })
             .collect()
     });
+    // The node's own totals; the events', in the full stream, where it sent none.
+    let allocator = match summary.filter(|s| !s.allocator.is_empty()) {
+        Some(summary) => summary.allocator.clone(),
+        None => p.allocator_totals().iter().map(|(d, t)| (*d, AllocatorView { allocated: t.allocated, reserved: t.reserved })).collect(),
+    };
     ProcessView {
         node: node.to_string(),
         pid: p.pid,
@@ -262,15 +389,19 @@ fn view(node: &str, p: &ProcessMemory, detail: bool) -> ProcessView {
         last_ts: p.last_ts,
         state,
         exit_code,
-        live_bytes: summary.by_kind.iter().map(|(k, t)| (k.as_str().to_string(), t.bytes)).collect(),
+        live_bytes: live.by_kind.iter().map(|(k, t)| (k.as_str().to_string(), t.bytes)).collect(),
         open_allocations: p.allocations().len(),
         ipc_imports: p.imports().len(),
         contexts: p.contexts(),
-        allocator: p
-            .allocator_totals()
-            .iter()
-            .map(|(d, t)| (*d, AllocatorView { allocated: t.allocated, reserved: t.reserved }))
-            .collect(),
+        allocator,
+        allocator_ts: summary.filter(|s| !s.allocator.is_empty()).map(|s| s.gauges_ts),
+        top_stacks: summary
+            .and_then(|s| s.profile.as_ref())
+            .map(|profile| {
+                profile.samples.iter().take(TOP_STACKS).map(|(stack, bytes, count)| StackView { bytes: *bytes, count: *count, stack: stack.clone() }).collect()
+            })
+            .unwrap_or_default(),
+        spans: summary.map_or(0, |s| s.spans),
         allocations,
     }
 }

@@ -1,18 +1,20 @@
-//! The embedded database (redb): findings as they fire, and each node's analyzer state at every
-//! checkpoint, so a restart resumes with the same open allocations, IPC exports and rule state.
+//! The embedded database (redb): findings as they arrive, and each node's state (its tracker and
+//! its processes' summaries) at every checkpoint, so a restart resumes with the same processes,
+//! open allocations and IPC exports.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use gpuprof_model::Analyzer;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
-use crate::state::StoredFinding;
+use crate::state::{Node, StoredFinding};
 
 const FINDINGS: TableDefinition<u64, &[u8]> = TableDefinition::new("findings");
 const NODES: TableDefinition<&str, &[u8]> = TableDefinition::new("nodes");
-/// Node states carry this first byte; a state of another version is refused, not misread.
-const NODE_FORMAT: u8 = 1;
+/// Node states carry this first byte; a state of another version is not misread.
+const NODE_FORMAT: u8 = 2;
+/// Saved by collectors that ran the leak rules themselves: their node states are left behind.
+const RULES_AT_THE_COLLECTOR: u8 = 1;
 
 pub struct Store {
     db: Database,
@@ -21,7 +23,7 @@ pub struct Store {
 
 pub struct Loaded {
     pub findings: Vec<StoredFinding>,
-    pub nodes: Vec<(String, Analyzer)>,
+    pub nodes: Vec<(String, Node)>,
 }
 
 impl Store {
@@ -51,12 +53,18 @@ impl Store {
         for entry in read.open_table(NODES)?.iter()? {
             let (name, bytes) = entry?;
             let bytes = bytes.value();
-            if bytes.first() != Some(&NODE_FORMAT) {
-                bail!("--db {}: node {} was saved by another version of gpuprof-collector; move the file away to start afresh", self.path.display(), name.value());
+            match bytes.first() {
+                Some(&NODE_FORMAT) => {}
+                Some(&RULES_AT_THE_COLLECTOR) => {
+                    // Its findings are kept; its processes come back with the node's next batches.
+                    eprintln!("gpuprof-collector: node {} was saved by an older gpuprof-collector: its processes start afresh (its findings are kept)", name.value());
+                    continue;
+                }
+                _ => bail!("--db {}: node {} was saved by another version of gpuprof-collector; move the file away to start afresh", self.path.display(), name.value()),
             }
-            let analyzer: Analyzer = postcard::from_bytes(&bytes[1..])
+            let node: Node = postcard::from_bytes(&bytes[1..])
                 .with_context(|| format!("--db {}: the state of node {} is corrupt; move the file away", self.path.display(), name.value()))?;
-            nodes.push((name.value().to_string(), analyzer));
+            nodes.push((name.value().to_string(), node));
         }
         Ok(Loaded { findings, nodes })
     }
