@@ -2,12 +2,13 @@
 # Installs what building and testing gpuprof needs on Debian/Ubuntu (run as root):
 # clang for the BPF programs, what the vendored libbpf/libelf/zlib build needs, gcc for the
 # test fixtures, util-linux for the privilege and namespace tests, tmux for the terminal view's
-# test, bpftrace for the benchmark, prometheus for promtool (the collector's /metrics test); and
-# the OpenTelemetry Python SDK and protobuf bindings the collector's real-peer test drives.
+# test, bpftrace for the benchmark, prometheus for promtool (the collector's /metrics test),
+# golang-go for `go tool pprof` (the real consumer the memory-profile tests read profiles with);
+# and the OpenTelemetry Python SDK and protobuf bindings the collector's real-peer test drives.
 set -euo pipefail
 
 packages=(clang llvm libelf-dev zlib1g-dev pkg-config autoconf autopoint automake libtool flex bison
-          gawk make gcc libc6-dev util-linux python3 python3-pip bpftrace tmux prometheus)
+          gawk make gcc libc6-dev util-linux python3 python3-pip bpftrace tmux prometheus golang-go)
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")

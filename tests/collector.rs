@@ -1,7 +1,7 @@
 //! gpuprof-collector end to end: agents send OTLP (gRPC and HTTP) from multiprocessing/IPC
-//! workloads on the libcuda stand-in, and the collector's findings, processes and metrics are
-//! checked exactly against what the agent itself found; bad input gets the right status while
-//! the collector keeps serving; a restart keeps findings and open allocations; Prometheus'
+//! workloads on the libcuda stand-in, and the collector serves exactly the findings the agent's
+//! own rules fired, and its processes; bad input gets the right status while the collector keeps
+//! serving; a restart keeps findings, open allocations and the nodes' summaries; Prometheus'
 //! promtool accepts /metrics.
 
 mod support;
@@ -17,7 +17,7 @@ use gpuprof_otlp::proto::collector::logs::v1::ExportLogsServiceRequest;
 use gpuprof_otlp::resource::ProcessIdentity;
 use prost::Message;
 use serde_json::Value;
-use support::collector::{collector_bin, logs_request, logs_request_of, synthetic, Collector};
+use support::collector::{allocator_gauges, collector_bin, handed_over, logs_request, logs_request_of, profile_record, records_request, synthetic, trainer, Collector};
 use support::*;
 
 const MIB: u64 = 1 << 20;
@@ -45,12 +45,12 @@ fn run_agent(name: &str, scenario: &str, otlp: &[&str]) -> AgentRun {
     AgentRun { findings: run.findings, events: read_events(&run.events), expected: run.expected, stderr: run.stderr }
 }
 
-/// Allocations that make a span: successful allocs at either layer.
+/// Allocations that make a span: successful driver allocations, and tensor blocks of 64 MiB up.
 fn allocations(events: &[Event]) -> u64 {
     events
         .iter()
         .filter(|e| e.op == Op::Alloc && e.succeeded() && e.addr.is_some() && e.kind.is_some())
-        .filter(|e| matches!(e.layer, Layer::Driver | Layer::Allocator))
+        .filter(|e| e.layer == Layer::Driver || (e.layer == Layer::Allocator && e.size >= 64 * MIB))
         .count() as u64
 }
 
@@ -64,10 +64,18 @@ fn agents_over_grpc_and_http_give_the_collector_the_agents_own_findings() {
         "export-freed",
         &["--otlp-endpoint", &collector.http, "--otlp-protocol", "http", "--node-name", "node-b"],
     );
+    let mut handed_total = 0;
     for run in [&grpc, &http] {
-        let sent = format!("sent {} log records, {} spans", run.events.len(), allocations(&run.events));
+        // Every event (these workloads make driver and process events only), each finding, the
+        // profiles; a span per driver allocation and per finding.
+        let (records, findings, profiles, spans, points) = handed_over(&run.stderr);
+        assert_eq!(findings, run.findings.len() as u64);
+        assert_eq!(records, run.events.len() as u64 + findings + profiles, "{}", run.stderr);
+        assert_eq!(spans, allocations(&run.events) + findings, "{}", run.stderr);
+        let sent = format!("sent {records} log records, {spans} spans, {points} metric points in ");
         assert!(run.stderr.contains(&sent), "{sent}\n{}", run.stderr);
-        assert!(run.stderr.contains("dropped 0 (queue full 0, delivery failed 0); rejected by the collector 0"), "{}", run.stderr);
+        assert!(run.stderr.contains("dropped 0 (queue full 0, delivery failed 0, too large 0); rejected by the collector 0"), "{}", run.stderr);
+        handed_total += records;
     }
 
     // Node a: the worker left the parent's IPC mapping open.
@@ -104,10 +112,12 @@ fn agents_over_grpc_and_http_give_the_collector_the_agents_own_findings() {
     let (status, body) = collector.get("/api/v1/findings?kind=nonsense");
     assert_eq!(status, 400, "{body}");
 
-    // Every event arrived; one span per allocation lifetime.
-    let events = (grpc.events.len() + http.events.len()) as u64;
-    assert_eq!(collector.metric("gpuprof_collector_received_total{signal=\"log_records\"}"), events);
-    assert_eq!(collector.metric("gpuprof_collector_received_total{signal=\"spans\"}"), allocations(&grpc.events) + allocations(&http.events));
+    // Every record arrived; one span per allocation lifetime and per finding.
+    assert_eq!(collector.metric("gpuprof_collector_received_total{signal=\"log_records\"}"), handed_total);
+    assert_eq!(
+        collector.metric("gpuprof_collector_received_total{signal=\"spans\"}"),
+        allocations(&grpc.events) + allocations(&http.events) + 4
+    );
     assert_eq!(collector.metric("gpuprof_findings{node=\"node-b\",kind=\"ipc_export_freed_while_imported\"}"), 1);
 
     // The processes of a node, closed out at exit.
@@ -121,12 +131,13 @@ fn agents_over_grpc_and_http_give_the_collector_the_agents_own_findings() {
 }
 
 #[test]
-fn a_restart_keeps_findings_and_open_allocations() {
+fn a_restart_keeps_findings_open_allocations_and_the_nodes_summaries() {
     let dir = scratch("collector_restart");
     let db = dir.join("c.redb");
     let base = 1_800_000_000_000_000_000u64;
     let collector = Collector::start(&db, &[]);
-    // Process 500 allocates 8 MiB and 2 MiB, frees the 2 MiB; process 501 exits holding 1 MiB.
+    // Process 500 allocates 8 MiB and 2 MiB, frees the 2 MiB; process 501 exits holding 1 MiB
+    // and its node's rules say so.
     let first = [
         synthetic(base, 500, Op::Alloc, "cuMemAlloc_v2", 0x7000_0000, 8 * MIB),
         synthetic(base + 1, 500, Op::Alloc, "cuMemAlloc_v2", 0x7100_0000, 2 * MIB),
@@ -136,28 +147,48 @@ fn a_restart_keeps_findings_and_open_allocations() {
     ];
     let (status, body) = collector.post("/v1/logs", "application/x-protobuf", &logs_request("node-r", 500, &first), None);
     assert_eq!(status, 200, "{body}");
+    let found = gpuprof_model::analyze(&first, gpuprof_model::RuleConfig::default());
+    assert_eq!(found.len(), 1);
+    let finding = gpuprof_otlp::logs::finding_record(&found[0], base + 4);
+    assert_eq!(collector.post("/v1/logs", "application/x-protobuf", &records_request(&trainer("node-r", 501), vec![finding]), None).0, 200);
+    // Process 500's allocator and its profile, as its node summarizes them.
+    assert_eq!(collector.post("/v1/metrics", "application/x-protobuf", &allocator_gauges(&trainer("node-r", 500), base + 5, 5 * MIB, 8 * MIB), None).0, 200);
+    let profile = profile_record(base + 5, "allocator", &[("forward", 7, 4 * MIB, 2), ("backward", 9, MIB, 1)]);
+    assert_eq!(collector.post("/v1/logs", "application/x-protobuf", &records_request(&trainer("node-r", 500), vec![profile]), None).0, 200);
+
     let before = collector.findings("");
     assert_eq!(before.len(), 1);
     assert_eq!((before[0]["kind"].as_str(), before[0]["pid"].as_u64(), before[0]["bytes"].as_u64()), (Some("exit_with_live_allocations"), Some(501), Some(MIB)));
+    assert_eq!(contract(&before[0]), found[0]);
     let (_, processes_before) = collector.get("/api/v1/processes?node=node-r&detail=true");
+    let (status, pprof_before) = collector.get_bytes("/api/v1/profile?node=node-r&pid=500");
+    assert_eq!(status, 200);
+    let samples = gpuprof_otlp::pprof::samples(&gpuprof_otlp::pprof::decode(&pprof_before).unwrap());
+    assert_eq!(samples.iter().map(|(stack, bytes, count)| (stack[0].line, *bytes, *count)).collect::<Vec<_>>(), vec![(7, 4 * MIB, 2), (9, MIB, 1)]);
     collector.stop();
 
     let collector = Collector::start(&db, &[]);
     assert_eq!(collector.findings(""), before);
     let (_, processes_after) = collector.get("/api/v1/processes?node=node-r&detail=true");
     assert_eq!(processes_after, processes_before);
+    assert_eq!(collector.get_bytes("/api/v1/profile?node=node-r&pid=500"), (200, pprof_before));
     let processes: Vec<Value> = serde_json::from_str(&processes_after).unwrap();
     let live = processes.iter().find(|p| p["pid"] == 500).unwrap();
     assert_eq!(live["live_bytes"]["device"], 8 * MIB);
     assert_eq!(live["allocations"][0]["addr"], "0x70000000");
     assert_eq!(live["allocations"][0]["stack"][0]["line"], 42);
-    // The restored tracker still knows the 8 MiB: its owner's exit now fires a finding about it.
+    assert_eq!(live["allocator"]["0"], serde_json::json!({"allocated": 5 * MIB, "reserved": 8 * MIB}));
+    assert_eq!(live["top_stacks"][0], serde_json::json!({"bytes": 4 * MIB, "count": 2, "stack": [{"function": "forward", "file": "/srv/train.py", "line": 7}]}));
+    // The process exits later: the collector closes it out; findings are the node's to fire.
     let exit = [Event::new(base + 10, 500, 500, Source::Ebpf, Layer::Process, Op::Exit, Cow::Borrowed("sched_process_exit"))];
     let (status, _) = collector.post("/v1/logs", "application/x-protobuf", &logs_request("node-r", 500, &exit), None);
     assert_eq!(status, 200);
-    let after = collector.findings("?pid=500");
-    assert_eq!(after.len(), 1);
-    assert_eq!((after[0]["kind"].as_str(), after[0]["bytes"].as_u64(), after[0]["id"].as_u64()), (Some("exit_with_live_allocations"), Some(8 * MIB), Some(2)));
+    let (_, processes) = collector.get("/api/v1/processes?node=node-r");
+    let processes: Vec<Value> = serde_json::from_str(&processes).unwrap();
+    assert_eq!(processes.iter().find(|p| p["pid"] == 500).unwrap()["state"], "exited");
+    assert_eq!(collector.findings("").len(), 1);
+    let (status, body) = collector.get("/api/v1/profile?node=node-r&pid=9");
+    assert_eq!((status, body.as_str()), (404, "no memory profile of pid 9 on node node-r\n"));
     collector.stop();
 }
 
@@ -231,7 +262,7 @@ fn refuses_to_start_unsafely_or_on_a_corrupt_database() {
 }
 
 #[test]
-fn promtool_accepts_the_metrics_and_the_values_are_the_live_bytes() {
+fn promtool_accepts_the_metrics_and_the_values_are_the_nodes() {
     let dir = scratch("collector_promtool");
     let collector = Collector::start(&dir.join("c.redb"), &[]);
     let base = 1_800_000_000_000_000_000u64;
@@ -250,23 +281,41 @@ fn promtool_accepts_the_metrics_and_the_values_are_the_live_bytes() {
         ..Default::default()
     };
     assert_eq!(collector.post("/v1/logs", "application/x-protobuf", &logs_request_of(&pod, &events), None).0, 200);
-    // A process outside Kubernetes exits holding 1 MiB: the most recent finding.
+    // Its node's profile of it (driver allocations: no framework allocator there).
+    let profile = profile_record(base + 2, "driver", &[("step", 43, 5 * MIB, 1), ("step", 42, 3 * MIB, 1)]);
+    assert_eq!(collector.post("/v1/logs", "application/x-protobuf", &records_request(&pod, vec![profile]), None).0, 200);
+    // A PyTorch process: its allocator's gauges and a profile of its tensors.
+    let torch = ProcessIdentity { pid: 702, ..pod.clone() };
+    assert_eq!(collector.post("/v1/metrics", "application/x-protobuf", &allocator_gauges(&torch, base + 3, 6 * MIB, 10 * MIB), None).0, 200);
+    let tensors = profile_record(base + 3, "allocator", &[("Linear.forward", 128, 6 * MIB, 12)]);
+    assert_eq!(collector.post("/v1/logs", "application/x-protobuf", &records_request(&torch, vec![tensors]), None).0, 200);
+    // A process outside Kubernetes exits holding 1 MiB: its node's finding is the most recent.
     let exit = [
         synthetic(base + 2, 701, Op::Alloc, "cuMemAlloc_v2", 0x3000_0000, MIB),
         Event::new(base + 3, 701, 701, Source::Ebpf, Layer::Process, Op::Exit, Cow::Borrowed("sched_process_exit")),
     ];
     assert_eq!(collector.post("/v1/logs", "application/x-protobuf", &logs_request("node-p", 701, &exit), None).0, 200);
+    let found = gpuprof_model::analyze(&exit, gpuprof_model::RuleConfig::default());
+    let finding = gpuprof_otlp::logs::finding_record(&found[0], base + 3);
+    assert_eq!(collector.post("/v1/logs", "application/x-protobuf", &records_request(&trainer("node-p", 701), vec![finding]), None).0, 200);
+
     let (_, text) = collector.get("/metrics");
     let process = "node=\"node-p\",namespace=\"ml\",pod=\"trainer-0\",container=\"main\",pid=\"700\",comm=\"trainer\"";
     assert_eq!(collector.metric(&format!("gpuprof_live_bytes{{{process},kind=\"device\"}}")), 8 * MIB);
     let stack = "node=\"node-p\",namespace=\"ml\",pod=\"trainer-0\",pid=\"700\",comm=\"trainer\",layer=\"driver\"";
     assert_eq!(collector.metric(&format!("gpuprof_top_stack_live_bytes{{{stack},rank=\"1\",stack=\"step (/srv/train.py:43)\"}}")), 5 * MIB);
     assert_eq!(collector.metric(&format!("gpuprof_top_stack_live_bytes{{{stack},rank=\"2\",stack=\"step (/srv/train.py:42)\"}}")), 3 * MIB);
+    let torch_process = "node=\"node-p\",namespace=\"ml\",pod=\"trainer-0\",container=\"main\",pid=\"702\",comm=\"\"";
+    assert_eq!(collector.metric(&format!("gpuprof_allocator_allocated_bytes{{{torch_process},device=\"0\"}}")), 6 * MIB);
+    assert_eq!(collector.metric(&format!("gpuprof_allocator_reserved_bytes{{{torch_process},device=\"0\"}}")), 10 * MIB);
+    let torch_stack = "node=\"node-p\",namespace=\"ml\",pod=\"trainer-0\",pid=\"702\",comm=\"\",layer=\"allocator\"";
+    assert_eq!(collector.metric(&format!("gpuprof_top_stack_live_bytes{{{torch_stack},rank=\"1\",stack=\"Linear.forward (/srv/train.py:128)\"}}")), 6 * MIB);
     assert_eq!(
         collector.metric("gpuprof_recent_finding_bytes{id=\"1\",node=\"node-p\",namespace=\"\",pod=\"\",pid=\"701\",comm=\"trainer\",kind=\"exit_with_live_allocations\",stack=\"step (/srv/train.py:42)\"}"),
         MIB
     );
     assert_eq!(collector.metric("gpuprof_findings{node=\"node-p\",kind=\"exit_with_live_allocations\"}"), 1);
+    assert_eq!(collector.metric("gpuprof_collector_received_profiles_total"), 2);
     let started = Instant::now();
     let mut promtool = Command::new("promtool")
         .args(["check", "metrics"])
@@ -383,10 +432,11 @@ fn a_collector_that_is_away_costs_counted_drops_not_a_stalled_capture() {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let started = Instant::now();
     let run = run_agent("outage", "fork-clean", &["--otlp-endpoint", &format!("http://127.0.0.1:{port}"), "--otlp-protocol", "http"]);
-    let records = run.events.len();
-    let spans = allocations(&run.events);
+    let (records, _, _, spans, points) = handed_over(&run.stderr);
+    assert_eq!(records, run.events.len() as u64 + handed_over(&run.stderr).2, "{}", run.stderr);
+    let all = records + spans + points;
     assert!(
-        run.stderr.contains(&format!("sent 0 log records, 0 spans, 0 metric points; dropped {} (queue full 0, delivery failed {})", records as u64 + spans, records as u64 + spans)),
+        run.stderr.contains(&format!("sent 0 log records, 0 spans, 0 metric points in 0 requests (0 bytes, the largest 0); dropped {all} (queue full 0, delivery failed {all}, too large 0)")),
         "{}",
         run.stderr
     );

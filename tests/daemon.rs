@@ -255,7 +255,7 @@ fn the_daemon_follows_every_cuda_process_of_the_node_through_churn() {
 
     let said = daemon.stop();
     assert!(said.contains("gpuprof: daemon stopping: flushing what was captured"), "{said}");
-    assert!(said.contains("dropped 0 (queue full 0, delivery failed 0); rejected by the collector 0"), "{said}");
+    assert!(said.contains("dropped 0 (queue full 0, delivery failed 0, too large 0); rejected by the collector 0"), "{said}");
 
     // The local jsonl has each worker's calls in order, its leaked buffer by address.
     let events = read_events(&events_path);

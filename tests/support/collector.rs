@@ -39,8 +39,12 @@ pub struct Collector {
 
 impl Collector {
     pub fn start(db: &Path, args: &[&str]) -> Collector {
-        let mut child = Command::new(collector_bin())
-            .args(["--db", db.to_str().unwrap(), "--grpc-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"])
+        let mut command = Command::new(collector_bin());
+        command.args(["--db", db.to_str().unwrap(), "--http-listen", "127.0.0.1:0"]);
+        if !args.contains(&"--grpc-listen") {
+            command.args(["--grpc-listen", "127.0.0.1:0"]);
+        }
+        let mut child = command
             .args(args)
             .stderr(Stdio::piped())
             .spawn()
@@ -63,6 +67,11 @@ impl Collector {
     pub fn get(&self, path: &str) -> (u16, String) {
         let mut response = self.agent.get(&format!("{}{path}", self.http)).call().unwrap();
         (response.status().as_u16(), response.body_mut().read_to_string().unwrap())
+    }
+
+    pub fn get_bytes(&self, path: &str) -> (u16, Vec<u8>) {
+        let mut response = self.agent.get(&format!("{}{path}", self.http)).call().unwrap();
+        (response.status().as_u16(), response.body_mut().read_to_vec().unwrap())
     }
 
     pub fn post(&self, path: &str, content_type: &str, body: &[u8], token: Option<&str>) -> (u16, String) {
@@ -124,16 +133,84 @@ pub fn logs_request(node: &str, pid: u32, events: &[Event]) -> Vec<u8> {
 }
 
 pub fn logs_request_of(identity: &ProcessIdentity, events: &[Event]) -> Vec<u8> {
+    records_request(identity, events.iter().map(gpuprof_otlp::logs::record_of).collect())
+}
+
+/// An OTLP/HTTP logs request body of these records, from one process.
+pub fn records_request(identity: &ProcessIdentity, log_records: Vec<gpuprof_otlp::proto::logs::v1::LogRecord>) -> Vec<u8> {
     ExportLogsServiceRequest {
         resource_logs: vec![ResourceLogs {
             resource: Some(identity.resource()),
-            scope_logs: vec![ScopeLogs {
+            scope_logs: vec![ScopeLogs { scope: Some(gpuprof_otlp::scope()), log_records, ..Default::default() }],
+            ..Default::default()
+        }],
+    }
+    .encode_to_vec()
+}
+
+/// One process of `node` ("trainer").
+pub fn trainer(node: &str, pid: u32) -> ProcessIdentity {
+    ProcessIdentity { host_name: node.into(), pid, executable: "trainer".into(), ..Default::default() }
+}
+
+/// A memory profile as a node sends it: (function at /srv/train.py, line, bytes, count) per
+/// stack, one frame each, in `layer` on device 0.
+pub fn profile_record(ts: u64, layer: &'static str, stacks: &[(&str, u32, u64, u64)]) -> gpuprof_otlp::proto::logs::v1::LogRecord {
+    let mut builder = gpuprof_otlp::pprof::ProfileBuilder::new(ts);
+    for (function, line, bytes, count) in stacks {
+        let stack = [gpuprof_model::Frame { function: (*function).into(), file: "/srv/train.py".into(), line: *line }];
+        builder.add(&gpuprof_otlp::pprof::StackSample { stack: &stack, bytes: *bytes, count: *count, layer, device: Some(0) });
+    }
+    gpuprof_otlp::logs::profile_record(gpuprof_otlp::pprof::encode(&builder.finish()), ts, "periodic")
+}
+
+/// An OTLP/HTTP metrics request body: the allocator gauges of one process on device 0.
+pub fn allocator_gauges(identity: &ProcessIdentity, ts: u64, allocated: u64, reserved: u64) -> Vec<u8> {
+    use gpuprof_model::otel::metric as name;
+    use gpuprof_otlp::proto::collector::metrics::v1::ExportMetricsServiceRequest;
+    use gpuprof_otlp::proto::common::v1::{any_value, AnyValue, KeyValue};
+    use gpuprof_otlp::proto::metrics::v1::{metric, number_data_point, Gauge, Metric, NumberDataPoint, ResourceMetrics, ScopeMetrics};
+    let device = KeyValue { key: name::ATTR_DEVICE.into(), value: Some(AnyValue { value: Some(any_value::Value::StringValue("0".into())) }), ..Default::default() };
+    let gauge = |metric_name: &str, value: u64| Metric {
+        name: metric_name.into(),
+        unit: "By".into(),
+        data: Some(metric::Data::Gauge(Gauge {
+            data_points: vec![NumberDataPoint {
+                time_unix_nano: ts,
+                value: Some(number_data_point::Value::AsInt(value as i64)),
+                attributes: vec![device.clone()],
+                ..Default::default()
+            }],
+        })),
+        ..Default::default()
+    };
+    ExportMetricsServiceRequest {
+        resource_metrics: vec![ResourceMetrics {
+            resource: Some(identity.resource()),
+            scope_metrics: vec![ScopeMetrics {
                 scope: Some(gpuprof_otlp::scope()),
-                log_records: events.iter().map(gpuprof_otlp::logs::record_of).collect(),
+                metrics: vec![gauge(name::ALLOCATOR_ALLOCATED, allocated), gauge(name::ALLOCATOR_RESERVED, reserved)],
                 ..Default::default()
             }],
             ..Default::default()
         }],
     }
     .encode_to_vec()
+}
+
+/// What the agent's end-of-export line says it handed over: (log records, findings, profiles, spans, metric points).
+pub fn handed_over(stderr: &str) -> (u64, u64, u64, u64, u64) {
+    let line = stderr.lines().find(|l| l.contains(": handed over ")).unwrap_or_else(|| panic!("no export line in\n{stderr}"));
+    let numbers: Vec<u64> = line
+        .split(": handed over ")
+        .nth(1)
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|n| !n.is_empty())
+        .map(|n| n.parse().unwrap())
+        .collect();
+    (numbers[0], numbers[1], numbers[2], numbers[3], numbers[4])
 }

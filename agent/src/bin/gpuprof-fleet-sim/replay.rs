@@ -1,0 +1,297 @@
+//! The fleet in real time: every simulated node sends the node stream, renamed to itself
+//! (`host.name`), through its own OTLP client and connection, each batch at its time; a poller
+//! notes when each finding is first served by the collector's API; the collector's CPU and
+//! memory are sampled from /proc.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use gpuprof_model::event::wall_clock_ns;
+use gpuprof_otlp::client::{Client, ClientOptions, Delivery, Protocol};
+use gpuprof_otlp::proto::common::v1::{any_value, AnyValue, KeyValue};
+use gpuprof_otlp::proto::resource::v1::Resource;
+
+use crate::node::{NodeStream, Outgoing};
+
+const TICK: Duration = Duration::from_millis(20);
+const POLL: Duration = Duration::from_millis(50);
+
+pub struct Fleet {
+    pub nodes: u32,
+    pub threads: u32,
+    pub collector_grpc: String,
+    pub collector_http: String,
+    pub token: Option<String>,
+    pub collector_pid: Option<u32>,
+    /// How long to wait for the collector to serve everything after the stream ends.
+    pub timeout: Duration,
+}
+
+pub fn node_name(n: u32) -> String {
+    format!("sim-node-{n:04}")
+}
+
+/// What the replay saw.
+pub struct Replay {
+    pub delivery: Delivery,
+    /// Latencies (ms) from a finding's batch leaving its node to the collector serving it.
+    pub latencies_ms: Vec<f64>,
+    pub findings_missing: u64,
+    /// The most any replay thread fell behind the stream's clock (ms).
+    pub max_lag_ms: f64,
+    pub seconds: f64,
+    /// The collector's CPU seconds over the replay, and its largest resident set.
+    pub collector_cpu_seconds: Option<f64>,
+    pub collector_resident_bytes: Option<u64>,
+}
+
+/// (node, pid, kind) → when its batch was handed to the node's client (wall-clock ns).
+type Sent = Mutex<HashMap<(String, u32, String), u64>>;
+
+/// `stream_start`: wall-clock ns the stream's times count from (findings are asked for since then).
+pub fn run(fleet: &Fleet, stream: &NodeStream, stream_start: u64) -> Result<Replay> {
+    let started_ns = stream_start;
+    let sent: Sent = Mutex::default();
+    let seen: Arc<Mutex<HashMap<(String, u32, String), u64>>> = Arc::default();
+    let done = Arc::new(AtomicBool::new(false));
+    let http: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+    let poller = {
+        let (seen, done, base, http) = (seen.clone(), done.clone(), fleet.collector_http.clone(), http.clone());
+        std::thread::spawn(move || -> Result<()> {
+            loop {
+                let stop = done.load(Ordering::Relaxed);
+                let found = findings_since(&http, &base, started_ns)?;
+                let now = wall_clock_ns();
+                let mut seen = seen.lock().expect("seen");
+                for key in found {
+                    seen.entry(key).or_insert(now);
+                }
+                drop(seen);
+                if stop {
+                    return Ok(());
+                }
+                std::thread::sleep(POLL);
+            }
+        })
+    };
+    let cpu_before = fleet.collector_pid.and_then(cpu_seconds);
+    let peak_resident = Arc::new(Mutex::new(0u64));
+    let sampler = fleet.collector_pid.map(|pid| {
+        let (peak, done) = (peak_resident.clone(), done.clone());
+        std::thread::spawn(move || {
+            while !done.load(Ordering::Relaxed) {
+                if let Some(bytes) = resident_bytes(pid) {
+                    let mut peak = peak.lock().expect("peak");
+                    *peak = (*peak).max(bytes);
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        })
+    });
+
+    let start = Instant::now();
+    let mut delivery = Delivery::default();
+    let mut max_lag_ms: f64 = 0.0;
+    std::thread::scope(|scope| -> Result<()> {
+        let workers: Vec<_> = (0..fleet.threads.max(1))
+            .map(|thread| {
+                let nodes: Vec<u32> = (0..fleet.nodes).filter(|n| n % fleet.threads.max(1) == thread).collect();
+                let mut options = ClientOptions::new(&fleet.collector_grpc, Protocol::Grpc);
+                options.token = fleet.token.clone();
+                let (sent, batches) = (&sent, &stream.batches[..]);
+                scope.spawn(move || send_nodes(&nodes, batches, options, start, sent))
+            })
+            .collect();
+        for worker in workers {
+            let (d, lag) = worker.join().map_err(|_| anyhow::anyhow!("a replay thread panicked"))??;
+            add(&mut delivery, &d);
+            max_lag_ms = max_lag_ms.max(lag);
+        }
+        Ok(())
+    })?;
+    let sent = std::mem::take(&mut *sent.lock().expect("sent"));
+    let deadline = Instant::now() + fleet.timeout;
+    while Instant::now() < deadline && seen.lock().expect("seen").len() < sent.len() {
+        std::thread::sleep(POLL);
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    done.store(true, Ordering::Relaxed);
+    poller.join().map_err(|_| anyhow::anyhow!("the findings poller panicked"))??;
+    if let Some(sampler) = sampler {
+        let _ = sampler.join();
+    }
+    let cpu_after = fleet.collector_pid.and_then(cpu_seconds);
+    let seen = seen.lock().expect("seen");
+    let mut latencies_ms = Vec::new();
+    let mut findings_missing = 0;
+    for (key, sent_at) in &sent {
+        match seen.get(key) {
+            Some(seen_at) => latencies_ms.push(seen_at.saturating_sub(*sent_at) as f64 / 1e6),
+            None => findings_missing += 1,
+        }
+    }
+    latencies_ms.sort_by(f64::total_cmp);
+    let peak = *peak_resident.lock().expect("peak");
+    Ok(Replay {
+        delivery,
+        latencies_ms,
+        findings_missing,
+        max_lag_ms,
+        seconds,
+        collector_cpu_seconds: cpu_before.zip(cpu_after).map(|(b, a)| a - b),
+        collector_resident_bytes: (peak > 0).then_some(peak),
+    })
+}
+
+/// One thread's nodes, each batch sent at its time, the nodes interleaved.
+fn send_nodes(nodes: &[u32], batches: &[(u64, Outgoing)], options: ClientOptions, start: Instant, sent: &Sent) -> Result<(Delivery, f64)> {
+    let mut clients: Vec<(String, Client)> = Vec::new();
+    for &n in nodes {
+        let name = node_name(n);
+        clients.push((name, Client::start(options.clone(), "sim-otlp").context("cannot start a simulated node's client")?));
+    }
+    let mut next = 0;
+    let mut max_lag_ms: f64 = 0.0;
+    while next < batches.len() {
+        let now = start.elapsed().as_nanos() as u64;
+        let due_end = batches[next..].iter().position(|(t, _)| *t > now).map_or(batches.len(), |p| next + p);
+        if due_end > next {
+            max_lag_ms = max_lag_ms.max(now.saturating_sub(batches[next].0) as f64 / 1e6);
+        }
+        for (_, outgoing) in &batches[next..due_end] {
+            for (name, client) in &clients {
+                let handed = wall_clock_ns();
+                match renamed(outgoing, name) {
+                    Outgoing::Logs(groups) => {
+                        let mine: Vec<(String, u32, String)> = groups
+                            .iter()
+                            .flat_map(|g| g.scope_logs.iter().flat_map(|s| &s.log_records))
+                            .filter(|r| gpuprof_otlp::logs::kind_of(r) == gpuprof_otlp::logs::RecordKind::Finding)
+                            .filter_map(|r| gpuprof_otlp::logs::finding_of(r).ok())
+                            .map(|f| (name.clone(), f.pid, f.kind.as_str().to_string()))
+                            .collect();
+                        client.logs(groups);
+                        let mut sent = sent.lock().expect("sent");
+                        for key in mine {
+                            sent.entry(key).or_insert(handed);
+                        }
+                    }
+                    Outgoing::Spans(groups) => client.spans(groups),
+                    Outgoing::Metrics(groups) => client.metrics(groups),
+                }
+            }
+        }
+        next = due_end;
+        if next < batches.len() {
+            let wait = batches[next].0.saturating_sub(start.elapsed().as_nanos() as u64);
+            std::thread::sleep(Duration::from_nanos(wait).min(TICK));
+        }
+    }
+    let mut delivery = Delivery::default();
+    for (_, client) in clients {
+        add(&mut delivery, &client.finish(Duration::from_secs(30)));
+    }
+    Ok((delivery, max_lag_ms))
+}
+
+/// The batch as node `name` sends it: its resources' `host.name` is the node's.
+fn renamed(outgoing: &Outgoing, name: &str) -> Outgoing {
+    let rename = |resource: &mut Option<Resource>| {
+        if let Some(resource) = resource {
+            for attribute in &mut resource.attributes {
+                if attribute.key == gpuprof_model::otel::resource::HOST_NAME {
+                    *attribute = KeyValue {
+                        key: attribute.key.clone(),
+                        value: Some(AnyValue { value: Some(any_value::Value::StringValue(name.to_string())) }),
+                        ..Default::default()
+                    };
+                }
+            }
+        }
+    };
+    match outgoing {
+        Outgoing::Logs(groups) => {
+            let mut groups = groups.clone();
+            groups.iter_mut().for_each(|g| rename(&mut g.resource));
+            Outgoing::Logs(groups)
+        }
+        Outgoing::Spans(groups) => {
+            let mut groups = groups.clone();
+            groups.iter_mut().for_each(|g| rename(&mut g.resource));
+            Outgoing::Spans(groups)
+        }
+        Outgoing::Metrics(groups) => {
+            let mut groups = groups.clone();
+            groups.iter_mut().for_each(|g| rename(&mut g.resource));
+            Outgoing::Metrics(groups)
+        }
+    }
+}
+
+fn add(total: &mut Delivery, d: &Delivery) {
+    total.sent_records += d.sent_records;
+    total.sent_spans += d.sent_spans;
+    total.sent_points += d.sent_points;
+    total.requests += d.requests;
+    total.bytes_sent += d.bytes_sent;
+    total.largest_request = total.largest_request.max(d.largest_request);
+    total.dropped_queue_full += d.dropped_queue_full;
+    total.dropped_send_failed += d.dropped_send_failed;
+    total.dropped_too_large += d.dropped_too_large;
+    total.rejected += d.rejected;
+    if d.last_error.is_some() {
+        total.last_error.clone_from(&d.last_error);
+    }
+}
+
+fn findings_since(http: &ureq::Agent, base: &str, since: u64) -> Result<Vec<(String, u32, String)>> {
+    let mut response =
+        http.get(&format!("{base}/api/v1/findings?since={since}")).call().with_context(|| format!("cannot reach the collector at {base}"))?;
+    let body = response.body_mut().with_config().limit(1 << 30).read_to_string().context("reading the collector's findings")?;
+    let findings: Vec<serde_json::Value> = serde_json::from_str(&body).context("the collector's findings are not JSON")?;
+    Ok(findings
+        .iter()
+        .map(|f| {
+            (
+                f["node"].as_str().unwrap_or_default().to_string(),
+                f["pid"].as_u64().unwrap_or(0) as u32,
+                f["kind"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect())
+}
+
+/// A process's CPU seconds (user + system), from /proc/PID/stat.
+fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    Some(ticks as f64 / hz)
+}
+
+fn resident_bytes(pid: u32) -> Option<u64> {
+    let statm = std::fs::read_to_string(format!("/proc/{pid}/statm")).ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    Some(pages * unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64)
+}
+
+/// Items the collector says it received, by signal, from its /metrics.
+pub fn received(base: &str) -> Result<BTreeMap<String, u64>> {
+    let http: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+    let mut response = http.get(&format!("{base}/metrics")).call().with_context(|| format!("cannot reach the collector at {base}"))?;
+    let text = response.body_mut().read_to_string().context("reading the collector's metrics")?;
+    Ok(text
+        .lines()
+        .filter_map(|l| l.strip_prefix("gpuprof_collector_received_total{signal=\""))
+        .filter_map(|l| {
+            let (signal, value) = l.split_once("\"} ")?;
+            Some((signal.to_string(), value.trim().parse().ok()?))
+        })
+        .collect())
+}
