@@ -1,5 +1,5 @@
 //! OTLP at a training job's rate: two training-like processes (tens of thousands of allocator
-//! events a second between them, 38-frame Python stacks, a block kept every few steps) through
+//! events a second between them, 41-frame Python stacks, a block kept every few steps) through
 //! `gpuprof run --otlp-endpoint` to a real gpuprof-collector whose request limit is 1 MiB. The
 //! node summarizes: nothing is lost, no request is over the limit, the collector serves the
 //! agent's own findings and the allocator's exact final totals per process, and each process's
@@ -28,7 +28,7 @@ fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
 /// `gpuprof run` of two training processes to `endpoint`; returns (stderr, the workloads' summaries, the agent's findings).
 fn run_training(dir: &Path, endpoint: &str, seconds: u32) -> (String, Vec<Value>, Vec<Finding>) {
     let (log, findings) = (dir.join("expected.jsonl"), dir.join("findings.json"));
-    let training = format!("{} {} --seconds {seconds} --depth 9 --leak-every 3", python3(), workloads().join("training.py").display());
+    let training = format!("{} {} --seconds {seconds} --depth 10 --leak-every 3", python3(), workloads().join("training.py").display());
     let mut command = Command::new(gpuprof());
     command
         .args(["run", "--otlp-endpoint", endpoint, "--node-name", "rate-node", "--growth-window", "1"])
@@ -150,7 +150,7 @@ fn a_collector_that_comes_up_late_gets_what_was_queued() {
     let collector = Collector::start(&dir.join("c.redb"), &["--grpc-listen", &format!("127.0.0.1:{port}"), "--max-request-mib", "1"]);
     let (stderr, workloads, findings) = run.join().unwrap();
     assert!(started.elapsed() < Duration::from_secs(30));
-    assert!(stderr.contains(&format!("last error: gRPC Unavailable")), "the agent never found the collector away: {stderr}");
+    assert!(stderr.contains("last error: gRPC Unavailable"), "the agent never found the collector away: {stderr}");
     check_the_collector_has_it_all(&collector, &stderr, &workloads, &findings);
     let kinds: BTreeMap<String, usize> = findings.iter().fold(BTreeMap::new(), |mut m, f| {
         *m.entry(f.kind.as_str().to_string()).or_default() += 1;

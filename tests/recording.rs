@@ -1,5 +1,5 @@
 //! Captures at a training job's rate: two training-like processes through the libcuda and libc10
-//! stand-ins (tens of thousands of allocator events a second each, 38-frame Python stacks) into a
+//! stand-ins (tens of thousands of allocator events a second each, 41-frame Python stacks) into a
 //! recording lose nothing, and the recording holds every event exactly (counts, totals, stacks
 //! and their lines); recording ↔ jsonl round trips byte for byte; every export of a
 //! multi-million-event recording stays within its memory bound; a recording cut short is read
@@ -45,7 +45,7 @@ fn two_training_processes_at_a_real_rate_lose_nothing_and_the_recording_holds_ev
     let _alone = one_at_a_time();
     let dir = scratch("recording_rate");
     let (log, recording) = (dir.join("expected.jsonl"), dir.join("run.gpuprof"));
-    let training = format!("{} {} --seconds 6 --depth 9", python3(), workloads().join("training.py").display());
+    let training = format!("{} {} --seconds 6 --depth 10", python3(), workloads().join("training.py").display());
     let output = gpuprof_run(&["--output", recording.to_str().unwrap()], &["sh", "-c", &format!("{training} & {training} & wait")], &log);
     let stderr = String::from_utf8_lossy(&output.stderr).to_string();
     assert_eq!(output.status.code(), Some(0), "{stderr}");
@@ -70,11 +70,11 @@ fn two_training_processes_at_a_real_rate_lose_nothing_and_the_recording_holds_ev
         let segments = events.iter().filter(|e| e.pid == pid && e.api == "cuMemAlloc_v2" && e.result == 0).count() as u64;
         assert_eq!(segments, workload["segments_allocated"].as_u64().unwrap());
         // A linear layer's activation: the report's line, then the forward that asked for it,
-        // 38 frames in all: three module calls nested through 10 dispatch frames each, as in
+        // 41 frames in all: three module calls nested through 11 dispatch frames each, as in
         // PyTorch, under Model.forward, train, main and <module>.
         let activation = blocks.iter().find(|e| e.stack.get(1).is_some_and(|f| f.function == "Linear.forward")).unwrap();
-        assert_eq!(activation.stack.len(), 38);
-        assert_eq!(activation.stack.iter().filter(|f| f.function == "dispatch").count(), 30);
+        assert_eq!(activation.stack.len(), 41);
+        assert_eq!(activation.stack.iter().filter(|f| f.function == "dispatch").count(), 33);
         assert_eq!((activation.stack[0].function.as_str(), activation.stack[0].line), ("CachingAllocator.malloc", report_line));
         assert_eq!(activation.stack[1].line, forward_line);
         assert_eq!(activation.stack.last().unwrap().function, "<module>");

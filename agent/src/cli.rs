@@ -93,6 +93,9 @@ pub enum Command {
         /// hundred thousand).
         #[arg(long, value_name = "N", default_value_t = 100_000)]
         max_entries: usize,
+        /// recording: compress with zstd, or write it plain.
+        #[arg(long, value_enum, default_value = "zstd")]
+        compress: Compression,
     },
     /// Capture every CUDA process of this node, for as long as it runs (the Kubernetes DaemonSet).
     #[command(after_help = "Settings come from flags, then GPUPROF_* environment variables, then the --config TOML file.\nExamples:\n  sudo gpuprof daemon --otlp-endpoint http://gpuprof-collector:4317\n  sudo gpuprof daemon --config /etc/gpuprof/daemon.toml")]

@@ -20,14 +20,15 @@ fn main() -> ExitCode {
         Command::Daemon { daemon: args } => daemon::run(&args),
         Command::Top { pid, interval } => top::run(&top::TopArgs { pid, interval }),
         Command::Report { input, format, output, rules } => report::run(&input, format, output.as_deref(), &rules),
-        Command::Export { input, format, output, pid, at, oom, layer, from, to, max_entries } => {
+        Command::Export { input, format, output, pid, at, oom, layer, from, to, max_entries, compress } => {
             let moment = match (at, oom) {
                 (Some(secs), _) => export::Moment::At(secs),
                 (None, Some(n)) => export::Moment::Oom(n),
                 (None, None) => export::Moment::End,
             };
             let window = export::TraceWindow { from, to, max_entries };
-            export::run(&export::ExportRequest { input: &input, format, output, pid, moment, layer, window })
+            let compress = compress == gpuprof::cli::Compression::Zstd;
+            export::run(&export::ExportRequest { input: &input, format, output, pid, moment, layer, window, compress })
         }
     };
     match outcome {

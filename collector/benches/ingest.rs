@@ -1,10 +1,12 @@
 //! Collector ingest benchmark (`cargo bench -p gpuprof-collector --bench ingest`): starts the
 //! real collector on loopback and sends it OTLP/HTTP protobuf as agents would — per allocation
-//! lifetime, two events as log records (alloc, free: what the leak rules run on) and one span —
+//! lifetime, two events as log records (alloc, free: what the node's tracker takes in) and one span —
 //! from two client threads. Reports, in the same run:
-//!   - baseline: the spans alone (decoded and counted, no rules);
-//!   - full: events with the leak rules on, plus the spans;
+//!   - baseline: the spans alone (decoded and counted);
+//!   - full: the events into the nodes' trackers, plus the spans (what `--otlp-events all` sends;
+//!     the default summary sends a few items a second per process instead: docs/otlp.md);
 //!   - memory per live allocation: RSS growth of the collector holding N open allocations.
+//!
 //! Client and collector share the machine, so the figures are a floor.
 
 use std::borrow::Cow;
@@ -151,8 +153,8 @@ fn main() {
     let baseline = lifetimes as f64 / spans_only;
     let full = lifetimes as f64 / (spans_only + events);
     println!("baseline, spans only (decode + count):        {:>10.0} spans/s", baseline);
-    println!("events with leak rules on:                    {:>10.0} events/s", 2.0 * lifetimes as f64 / events);
-    println!("full (events with rules + spans), lifetimes:  {:>10.0} spans/s ({:.2}x the baseline's time per span)", full, baseline / full);
+    println!("events into the nodes' trackers:              {:>10.0} events/s", 2.0 * lifetimes as f64 / events);
+    println!("full (events + spans), lifetimes:             {:>10.0} spans/s ({:.2}x the baseline's time per span)", full, baseline / full);
 
     // Memory: open allocations that are never freed.
     let collector = start(&dir.join("memory.redb"));

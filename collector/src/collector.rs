@@ -81,6 +81,9 @@ pub struct Collector {
     pub stats: Stats,
     pub forwarder: Option<Forwarder>,
     limiter: Mutex<HashMap<SocketAddr, Bucket>>,
+    /// Finding records taken already, by a hash of node, time and body (the findings themselves
+    /// are pruned by retention; so is this, at the same checkpoints).
+    seen_findings: Mutex<std::collections::HashSet<u64>>,
 }
 
 struct Bucket {
@@ -90,7 +93,15 @@ struct Bucket {
 
 impl Collector {
     pub fn new(config: Config, state: State, store: Store, forwarder: Option<Forwarder>) -> Self {
-        Collector { config, state: Mutex::new(state), store, stats: Stats::default(), forwarder, limiter: Mutex::new(HashMap::new()) }
+        Collector {
+            config,
+            state: Mutex::new(state),
+            store,
+            stats: Stats::default(),
+            forwarder,
+            limiter: Mutex::new(HashMap::new()),
+            seen_findings: Mutex::new(std::collections::HashSet::new()),
+        }
     }
 
     /// The `authorization` header (or gRPC metadata) carries the token, when one is required.
@@ -149,9 +160,13 @@ impl Collector {
                     RecordKind::Event => gpuprof_otlp::logs::event_of(&record)
                         .map(|event| by_node.entry(node.clone()).or_default().push(event))
                         .map_err(|e| e.to_string()),
-                    RecordKind::Finding => gpuprof_otlp::logs::finding_of(&record)
-                        .map(|finding| findings.entry(node.clone()).or_default().push(finding))
-                        .map_err(|e| e.to_string()),
+                    RecordKind::Finding => match self.first_time(&node, &record) {
+                        // OTLP delivers at least once: a request answered too late is sent again.
+                        false => Ok(()),
+                        true => gpuprof_otlp::logs::finding_of(&record)
+                            .map(|finding| findings.entry(node.clone()).or_default().push(finding))
+                            .map_err(|e| e.to_string()),
+                    },
                     RecordKind::Profile => profile_of(&record).map(|profile| profiles.push((node.clone(), identity.pid, profile))),
                 };
                 if let Err(error) = decoded {
@@ -274,6 +289,17 @@ impl Collector {
         ExportMetricsServiceResponse { partial_success: None }
     }
 
+    /// False when this finding record of this node came before (a request delivered twice).
+    fn first_time(&self, node: &str, record: &gpuprof_otlp::proto::logs::v1::LogRecord) -> bool {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        node.hash(&mut hasher);
+        record.time_unix_nano.hash(&mut hasher);
+        format!("{:?}", record.body).hash(&mut hasher);
+        let Ok(mut seen) = self.seen_findings.lock() else { return true };
+        seen.insert(hasher.finish())
+    }
+
     /// Findings the nodes sent: stored, counted.
     fn keep(&self, stored: &[StoredFinding]) {
         if stored.is_empty() {
@@ -294,6 +320,12 @@ impl Collector {
             let dropped = state.prune(horizon, self.config.max_findings);
             (state.take_dirty(), dropped)
         };
+        if let Ok(mut seen) = self.seen_findings.lock() {
+            // Duplicates come within seconds of the first copy: what is older need not be kept.
+            if seen.len() > 1 << 20 {
+                seen.clear();
+            }
+        }
         self.store.checkpoint(&nodes, &dropped)
     }
 }
@@ -306,11 +338,13 @@ fn node_name(identity: &ProcessIdentity) -> String {
     }
 }
 
-/// A profile record as the state keeps it: the pprof, and its samples decoded once, largest first.
+/// A profile record as the state keeps it: the pprof, and its largest samples decoded once.
 fn profile_of(record: &gpuprof_otlp::proto::logs::v1::LogRecord) -> Result<StoredProfile, String> {
     let (pprof, reason) = gpuprof_otlp::logs::profile_of(record).map_err(|e| e.to_string())?;
-    let profile = gpuprof_otlp::pprof::decode(pprof).map_err(|e| format!("memory profile is not pprof: {e}"))?;
-    let mut samples = gpuprof_otlp::pprof::samples(&profile);
-    samples.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    let profile = gpuprof_otlp::pprof::decode(pprof).map_err(|e| format!("memory profile: {e}"))?;
+    let samples = gpuprof_otlp::pprof::top_samples(&profile, crate::state::TOP_STACKS)
+        .into_iter()
+        .map(|(frames, bytes, count)| (gpuprof_model::Stack::new(frames), bytes, count))
+        .collect();
     Ok(StoredProfile { ts: record.time_unix_nano, reason: reason.to_string(), pprof: pprof.to_vec(), samples })
 }

@@ -27,6 +27,7 @@ use crate::store::Store;
 const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
 
 fn main() -> ExitCode {
+    limit_malloc_arenas();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("GPUPROF_LOG").unwrap_or_else(|_| "warn".into()))
         .with_writer(std::io::stderr)
@@ -38,6 +39,17 @@ fn main() -> ExitCode {
             eprintln!("gpuprof-collector: {error:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// glibc gives each thread that allocates its own heap ("arena"), up to 8 per core, and keeps what
+/// is freed in each: a collector whose runtime threads decode requests of every size grows
+/// without holding more (measured: 290 MB after a minute of 100 nodes, 160 MB with two arenas).
+fn limit_malloc_arenas() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes the allocator's settings; called before any thread starts.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 2);
     }
 }
 

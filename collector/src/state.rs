@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
 use gpuprof_model::track::{ProcessMemory, ProcessState, Tracker};
-use gpuprof_model::{Event, Finding, FindingKind, Frame, Layer, Op};
+use gpuprof_model::{Event, Finding, FindingKind, Frame, Layer, Op, Stack, StackTable};
 use serde::{Deserialize, Serialize};
 
 /// A finding as the API serves it: the contract of docs/findings.md plus the node and an id.
@@ -44,8 +44,8 @@ pub struct StoredProfile {
     pub ts: u64,
     pub reason: String,
     pub pprof: Vec<u8>,
-    /// (stack innermost first, bytes, count), largest first.
-    pub samples: Vec<(Vec<Frame>, u64, u64)>,
+    /// The `TOP_STACKS` largest samples, largest first: (stack innermost first, bytes, count).
+    pub samples: Vec<(Stack, u64, u64)>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -80,6 +80,9 @@ pub struct State {
     nodes: BTreeMap<String, Node>,
     findings: VecDeque<StoredFinding>,
     next_finding: u64,
+    /// Each distinct stack once, whichever node, process or allocation has it: a fleet's nodes run
+    /// the same code, and an event decoded from OTLP brings its own copy.
+    stacks: StackTable,
 }
 
 /// `GET /api/v1/findings` filters.
@@ -142,25 +145,29 @@ pub struct AllocationView {
     pub stack: Vec<gpuprof_model::Frame>,
 }
 
-/// Stacks of a profile in `GET /api/v1/processes`.
-const TOP_STACKS: usize = 10;
+/// Stacks of a profile kept decoded (what `GET /api/v1/processes` and `/metrics` show); the
+/// rest stay in the pprof bytes, served whole.
+pub const TOP_STACKS: usize = 10;
 
 impl State {
     pub fn new(nodes: Vec<(String, Node)>, findings: Vec<StoredFinding>) -> Self {
         let next_finding = findings.iter().map(|f| f.id + 1).max().unwrap_or(1);
-        State { nodes: nodes.into_iter().collect(), findings: findings.into(), next_finding }
+        State { nodes: nodes.into_iter().collect(), findings: findings.into(), next_finding, stacks: StackTable::default() }
     }
 
+    /// The node, created at its first word. Summaries (gauges, profiles, span counts) do not
+    /// make it dirty: they change every second, and after a restart the live node sends them
+    /// again within seconds; its events (the tracker) do.
     fn node(&mut self, name: &str) -> &mut Node {
-        let node = self.nodes.entry(name.to_string()).or_default();
-        node.dirty = true;
-        node
+        self.nodes.entry(name.to_string()).or_default()
     }
 
     /// Folds one node's events (in capture order) into its tracker.
     pub fn ingest(&mut self, node_name: &str, events: Vec<Event>) {
-        let node = self.node(node_name);
-        for event in events {
+        let node = self.nodes.entry(node_name.to_string()).or_default();
+        node.dirty = true;
+        for mut event in events {
+            event.stack = self.stacks.intern(std::mem::take(&mut event.stack));
             if event.layer == Layer::Process && matches!(event.op, Op::Fork | Op::Exec) {
                 // A new program or process under this pid: the summaries were the old one's.
                 node.summaries.remove(&event.pid);
@@ -172,6 +179,7 @@ impl State {
     /// Takes a node's findings; returns them as stored, with their ids.
     pub fn add_findings(&mut self, node_name: &str, findings: Vec<Finding>) -> Vec<StoredFinding> {
         let node = self.node(node_name);
+        node.dirty = true;
         let stored: Vec<StoredFinding> = findings
             .into_iter()
             .map(|finding| {
@@ -214,7 +222,10 @@ impl State {
     }
 
     /// A node's memory profile of one process (the latest one is kept).
-    pub fn profile(&mut self, node_name: &str, pid: u32, profile: StoredProfile) {
+    pub fn profile(&mut self, node_name: &str, pid: u32, mut profile: StoredProfile) {
+        for sample in &mut profile.samples {
+            sample.0 = self.stacks.intern(std::mem::take(&mut sample.0));
+        }
         let summary = self.node(node_name).summaries.entry(pid).or_default();
         if summary.profile.as_ref().is_none_or(|p| profile.ts >= p.ts) {
             summary.profile = Some(profile);
@@ -328,6 +339,7 @@ impl State {
                 node.workloads.retain(|pid, _| known.contains(pid));
             }
         }
+        self.stacks.forget_unused();
         let mut dropped = Vec::new();
         while let Some(oldest) = self.findings.front() {
             if oldest.finding.last_ts >= horizon && self.findings.len() <= max_findings {
@@ -398,7 +410,7 @@ fn view(node: &str, p: &ProcessMemory, summary: Option<&ProcessSummary>, detail:
         top_stacks: summary
             .and_then(|s| s.profile.as_ref())
             .map(|profile| {
-                profile.samples.iter().take(TOP_STACKS).map(|(stack, bytes, count)| StackView { bytes: *bytes, count: *count, stack: stack.clone() }).collect()
+                profile.samples.iter().take(TOP_STACKS).map(|(stack, bytes, count)| StackView { bytes: *bytes, count: *count, stack: stack.to_vec() }).collect()
             })
             .unwrap_or_default(),
         spans: summary.map_or(0, |s| s.spans),

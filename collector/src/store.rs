@@ -11,6 +11,7 @@ use crate::state::{Node, StoredFinding};
 
 const FINDINGS: TableDefinition<u64, &[u8]> = TableDefinition::new("findings");
 const NODES: TableDefinition<&str, &[u8]> = TableDefinition::new("nodes");
+const CACHE_BYTES: usize = 64 << 20;
 /// Node states carry this first byte; a state of another version is not misread.
 const NODE_FORMAT: u8 = 2;
 /// Saved by collectors that ran the leak rules themselves: their node states are left behind.
@@ -28,7 +29,9 @@ pub struct Loaded {
 
 impl Store {
     pub fn open(path: &Path) -> Result<(Store, Loaded)> {
-        let db = Database::create(path).map_err(|e| {
+        // redb caches pages up to its cache size (1 GiB by default): the state is rewritten at
+        // every checkpoint, so a large cache is memory without a use.
+        let db = Database::builder().set_cache_size(CACHE_BYTES).create(path).map_err(|e| {
             anyhow::anyhow!("--db {}: cannot open it as a gpuprof-collector database ({e}); move it away or give another --db", path.display())
         })?;
         let setup = db.begin_write().context("cannot write to the database")?;

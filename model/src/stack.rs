@@ -156,6 +156,11 @@ impl StackTable {
         self.stacks.len()
     }
 
+    /// Forgets stacks nothing but the table holds any more.
+    pub fn forget_unused(&mut self) {
+        self.stacks.retain(|s| Arc::strong_count(&s.0) > 1);
+    }
+
     pub fn is_empty(&self) -> bool {
         self.stacks.is_empty()
     }

@@ -153,6 +153,24 @@ pub struct StackSample<'a> {
     pub device: Option<i32>,
 }
 
+/// Python's names of code that is no function (`<module>`, `<listcomp>`, `<lambda>`) as pprof
+/// shows them: pprof shortens names by dropping what stands in angle brackets (C++ templates),
+/// which would leave nothing. No Python name has parentheses, so `(module)` reads back as
+/// `<module>` unambiguously.
+fn pprof_name(function: &str) -> std::borrow::Cow<'_, str> {
+    match function.strip_prefix('<').and_then(|f| f.strip_suffix('>')) {
+        Some(inner) if !inner.contains(['<', '>']) => format!("({inner})").into(),
+        _ => function.into(),
+    }
+}
+
+fn python_name(function: String) -> String {
+    match function.strip_prefix('(').and_then(|f| f.strip_suffix(')')) {
+        Some(inner) if function != NO_PYTHON_STACK && function != OTHER_STACKS => format!("<{inner}>"),
+        _ => function,
+    }
+}
+
 /// Builds a profile from its samples; `other` (bytes, count) becomes one more sample under
 /// [`OTHER_STACKS`] when not zero.
 #[derive(Default)]
@@ -165,8 +183,15 @@ pub struct ProfileBuilder {
 
 impl ProfileBuilder {
     pub fn new(time_ns: u64) -> Self {
+        ProfileBuilder::of_program(time_ns, "python")
+    }
+
+    /// `program`: what the profile is of (pprof's main mapping, which viewers show as its title).
+    pub fn of_program(time_ns: u64, program: &str) -> Self {
         let mut builder = ProfileBuilder::default();
         builder.string(""); // pprof: string 0 is the empty string
+        let filename = builder.string(program);
+        builder.profile.mapping = vec![Mapping { id: 1, filename, has_functions: true, has_filenames: true, has_line_numbers: true, ..Default::default() }];
         let (objects, count, space, bytes) = (builder.string("inuse_objects"), builder.string("count"), builder.string("inuse_space"), builder.string("bytes"));
         builder.profile.sample_type = vec![ValueType { r#type: objects, unit: count }, ValueType { r#type: space, unit: bytes }];
         builder.profile.default_sample_type = space;
@@ -191,7 +216,7 @@ impl ProfileBuilder {
             Some(&id) => id,
             None => {
                 let id = self.profile.function.len() as u64 + 1;
-                let (name, filename) = (self.string(function), self.string(file));
+                let (name, filename) = (self.string(&pprof_name(function)), self.string(file));
                 self.profile.function.push(Function { id, name, system_name: name, filename, start_line: 0 });
                 self.functions.insert((function.to_string(), file.to_string()), id);
                 id
@@ -199,7 +224,7 @@ impl ProfileBuilder {
         };
         *self.locations.entry((function_id, line)).or_insert_with(|| {
             let id = self.profile.location.len() as u64 + 1;
-            self.profile.location.push(Location { id, line: vec![Line { function_id, line: i64::from(line), column: 0 }], ..Default::default() });
+            self.profile.location.push(Location { id, mapping_id: 1, line: vec![Line { function_id, line: i64::from(line), column: 0 }], ..Default::default() });
             id
         })
     }
@@ -236,14 +261,25 @@ impl ProfileBuilder {
 /// A profile's samples as (stack innermost first, bytes, count), by decoding what `ProfileBuilder`
 /// made (or any pprof with two sample values).
 pub fn samples(profile: &Profile) -> Vec<(Vec<Frame>, u64, u64)> {
+    top_samples(profile, usize::MAX)
+}
+
+/// The `n` samples holding the most bytes, largest first (ties: in the profile's order); only
+/// those are turned into frames.
+pub fn top_samples(profile: &Profile, n: usize) -> Vec<(Vec<Frame>, u64, u64)> {
     let text = |i: i64| profile.string_table.get(i as usize).cloned().unwrap_or_default();
     let functions: HashMap<u64, &Function> = profile.function.iter().map(|f| (f.id, f)).collect();
     let locations: HashMap<u64, &Location> = profile.location.iter().map(|l| (l.id, l)).collect();
     let space = profile.sample_type.iter().position(|t| text(t.r#type) == "inuse_space").unwrap_or(1);
     let objects = profile.sample_type.iter().position(|t| text(t.r#type) == "inuse_objects").unwrap_or(0);
-    profile
-        .sample
-        .iter()
+    let bytes_of = |sample: &Sample| sample.value.get(space).copied().unwrap_or(0).max(0);
+    let mut order: Vec<&Sample> = profile.sample.iter().collect();
+    if n < order.len() {
+        order.sort_by_key(|s| std::cmp::Reverse(bytes_of(s)));
+        order.truncate(n);
+    }
+    order
+        .into_iter()
         .map(|sample| {
             let frames = sample
                 .location_id
@@ -251,7 +287,7 @@ pub fn samples(profile: &Profile) -> Vec<(Vec<Frame>, u64, u64)> {
                 .filter_map(|id| locations.get(id))
                 .flat_map(|l| &l.line)
                 .filter_map(|line| functions.get(&line.function_id).map(|f| (f, line.line)))
-                .map(|(f, line)| Frame { function: text(f.name), file: text(f.filename), line: line as u32 })
+                .map(|(f, line)| Frame { function: python_name(text(f.name)), file: text(f.filename), line: line as u32 })
                 .collect();
             let value = |i: usize| sample.value.get(i).copied().unwrap_or(0).max(0) as u64;
             (frames, value(space), value(objects))
@@ -259,13 +295,32 @@ pub fn samples(profile: &Profile) -> Vec<(Vec<Frame>, u64, u64)> {
         .collect()
 }
 
-/// Encodes a profile for the wire (uncompressed: pprof readers take both).
+/// Encodes a profile for the wire, gzipped as pprof files are (every pprof reader takes it).
 pub fn encode(profile: &Profile) -> Vec<u8> {
-    profile.encode_to_vec()
+    use std::io::Write;
+    let mut gzip = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gzip.write_all(&profile.encode_to_vec()).expect("writing to memory cannot fail");
+    gzip.finish().expect("writing to memory cannot fail")
 }
 
-pub fn decode(bytes: &[u8]) -> Result<Profile, prost::DecodeError> {
-    Profile::decode(bytes)
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    #[error("not gzip: {0}")]
+    Gzip(std::io::Error),
+    #[error("not a pprof profile: {0}")]
+    Protobuf(prost::DecodeError),
+}
+
+/// Decodes a pprof profile, gzipped or not.
+pub fn decode(bytes: &[u8]) -> Result<Profile, DecodeError> {
+    if bytes.starts_with(&[0x1f, 0x8b]) {
+        use std::io::Read;
+        let mut raw = Vec::new();
+        flate2::read::GzDecoder::new(bytes).read_to_end(&mut raw).map_err(DecodeError::Gzip)?;
+        Profile::decode(&raw[..]).map_err(DecodeError::Protobuf)
+    } else {
+        Profile::decode(bytes).map_err(DecodeError::Protobuf)
+    }
 }
 
 #[cfg(test)]
@@ -278,12 +333,15 @@ mod tests {
 
     #[test]
     fn samples_come_back_with_their_stacks_bytes_and_counts() {
-        let stack = [frame("Linear.forward", 128), frame("train", 220)];
+        let stack = [frame("Linear.forward", 128), frame("train", 220), frame("<module>", 300)];
         let mut builder = ProfileBuilder::new(1_800_000_000_000_000_000);
         builder.add(&StackSample { stack: &stack, bytes: 3 << 20, count: 3, layer: "allocator", device: Some(0) });
         builder.add(&StackSample { stack: &[], bytes: 4096, count: 1, layer: "allocator", device: Some(0) });
         builder.add_other(512, 2, "allocator", Some(0));
-        let profile = decode(&encode(&builder.finish())).unwrap();
+        let encoded = encode(&builder.finish());
+        assert_eq!(&encoded[..2], &[0x1f, 0x8b]);
+        let profile = decode(&encoded).unwrap();
+        assert_eq!(top_samples(&profile, 1), vec![(stack.to_vec(), 3 << 20, 3)]);
         assert_eq!(profile.string_table[0], "");
         assert_eq!(profile.string_table[profile.default_sample_type as usize], "inuse_space");
         assert_eq!(
@@ -294,9 +352,11 @@ mod tests {
                 (vec![Frame { function: OTHER_STACKS.into(), file: String::new(), line: 0 }], 512, 2),
             ]
         );
-        // Locations and functions are shared between samples.
-        assert_eq!(profile.location.len(), 4);
-        assert_eq!(profile.function.len(), 4);
+        // Locations and functions are shared between samples; pprof sees `(module)`.
+        assert_eq!(profile.location.len(), 5);
+        assert_eq!(profile.function.len(), 5);
+        assert!(profile.string_table.iter().any(|s| s == "(module)") && !profile.string_table.iter().any(|s| s == "<module>"));
+        assert_eq!(profile.string_table[profile.mapping[0].filename as usize], "python");
         assert!(profile.location.iter().all(|l| l.id != 0) && profile.function.iter().all(|f| f.id != 0));
     }
 }

@@ -189,10 +189,8 @@ impl<W: Write> Writer<W> {
         if let Some(id) = handle_type {
             varint::put(p, id);
         }
-        for value in [event.handle_object, event.peer_pid.map(u64::from), event.vmm_handle, event.pitch, event.total] {
-            if let Some(v) = value {
-                varint::put(p, v);
-            }
+        for v in [event.handle_object, event.peer_pid.map(u64::from), event.vmm_handle, event.pitch, event.total].into_iter().flatten() {
+            varint::put(p, v);
         }
         if event.allocated.is_some() || event.reserved.is_some() {
             let previous = self.deltas.totals.entry(event.pid).or_default();

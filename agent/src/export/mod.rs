@@ -74,6 +74,8 @@ pub struct ExportRequest<'a> {
     pub moment: Moment,
     pub layer: StackLayer,
     pub window: TraceWindow,
+    /// Recordings: zstd.
+    pub compress: bool,
 }
 
 /// Returns gpuprof's exit code.
@@ -88,7 +90,7 @@ pub fn run(request: &ExportRequest<'_>) -> Result<u8> {
 
 fn convert(request: &ExportRequest<'_>, format: output::Format) -> Result<u8> {
     let format = output::Format::resolve(Some(format), request.output.as_deref())?;
-    let mut sink = output::sink(format, output::open_writer(request.output.as_deref())?, true)?;
+    let mut sink = output::sink(format, output::open_writer(request.output.as_deref())?, request.compress)?;
     let mut file = gpuprof_recording::EventFile::open(request.input)?;
     while let Some(event) = file.next_event()? {
         sink.event(&event).context("cannot write the export")?;

@@ -461,7 +461,7 @@ impl std::fmt::Display for Delivered {
 
 /// The latest instance of `pid` (an exit closes it; it is still the one just seen).
 fn last_instance(tracker: &Tracker, pid: u32) -> Option<&ProcessMemory> {
-    tracker.processes().into_iter().filter(|p| p.pid == pid && p.state != ProcessState::Running).last()
+    tracker.processes().into_iter().rev().find(|p| p.pid == pid && p.state != ProcessState::Running)
 }
 
 /// When the instance of `pid` that a finding at `ts` is about was first seen.

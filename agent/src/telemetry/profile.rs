@@ -21,7 +21,7 @@ pub fn of_process(process: &ProcessMemory, ts: u64, top: usize) -> Vec<u8> {
     add(&mut totals, "driver", &device_memory);
     let mut groups: Vec<_> = totals.into_iter().collect();
     groups.sort_by_key(|((layer, device), _)| (*layer, *device));
-    let mut builder = ProfileBuilder::new(ts);
+    let mut builder = ProfileBuilder::of_program(ts, &process.comm);
     for ((layer, device), stacks) in groups {
         let mut rows: Vec<(&Stack, (u64, u64))> = stacks.into_iter().collect();
         rows.sort_by(|a, b| b.1 .0.cmp(&a.1 .0).then_with(|| a.0.cmp(b.0)));

@@ -10,12 +10,15 @@ use crate::proto::metrics::v1::{metric, Metric, ResourceMetrics, ScopeMetrics};
 use crate::proto::resource::v1::Resource;
 use crate::proto::trace::v1::{ResourceSpans, ScopeSpans, Span};
 
+/// Per scope of a group: the scope and its items.
+type Scopes<I> = Vec<(Option<InstrumentationScope>, Vec<I>)>;
+
 /// A signal's top-level group (a resource and its scopes' items).
 pub(crate) trait Envelope: Message + Sized {
     type Item: Message;
     /// Takes the groups apart: the resource, then per scope its scope and items.
-    fn into_parts(self) -> (Option<Resource>, Vec<(Option<InstrumentationScope>, Vec<Self::Item>)>);
-    fn from_parts(resource: Option<Resource>, scopes: Vec<(Option<InstrumentationScope>, Vec<Self::Item>)>) -> Self;
+    fn into_parts(self) -> (Option<Resource>, Scopes<Self::Item>);
+    fn from_parts(resource: Option<Resource>, scopes: Scopes<Self::Item>) -> Self;
     /// What one item counts for (a metric counts its data points).
     fn items_in(item: &Self::Item) -> u64;
 }
@@ -23,11 +26,11 @@ pub(crate) trait Envelope: Message + Sized {
 impl Envelope for ResourceLogs {
     type Item = LogRecord;
 
-    fn into_parts(self) -> (Option<Resource>, Vec<(Option<InstrumentationScope>, Vec<LogRecord>)>) {
+    fn into_parts(self) -> (Option<Resource>, Scopes<LogRecord>) {
         (self.resource, self.scope_logs.into_iter().map(|s| (s.scope, s.log_records)).collect())
     }
 
-    fn from_parts(resource: Option<Resource>, scopes: Vec<(Option<InstrumentationScope>, Vec<LogRecord>)>) -> Self {
+    fn from_parts(resource: Option<Resource>, scopes: Scopes<LogRecord>) -> Self {
         let scope_logs = scopes.into_iter().map(|(scope, log_records)| ScopeLogs { scope, log_records, ..Default::default() }).collect();
         ResourceLogs { resource, scope_logs, ..Default::default() }
     }
@@ -40,11 +43,11 @@ impl Envelope for ResourceLogs {
 impl Envelope for ResourceSpans {
     type Item = Span;
 
-    fn into_parts(self) -> (Option<Resource>, Vec<(Option<InstrumentationScope>, Vec<Span>)>) {
+    fn into_parts(self) -> (Option<Resource>, Scopes<Span>) {
         (self.resource, self.scope_spans.into_iter().map(|s| (s.scope, s.spans)).collect())
     }
 
-    fn from_parts(resource: Option<Resource>, scopes: Vec<(Option<InstrumentationScope>, Vec<Span>)>) -> Self {
+    fn from_parts(resource: Option<Resource>, scopes: Scopes<Span>) -> Self {
         let scope_spans = scopes.into_iter().map(|(scope, spans)| ScopeSpans { scope, spans, ..Default::default() }).collect();
         ResourceSpans { resource, scope_spans, ..Default::default() }
     }
@@ -57,11 +60,11 @@ impl Envelope for ResourceSpans {
 impl Envelope for ResourceMetrics {
     type Item = Metric;
 
-    fn into_parts(self) -> (Option<Resource>, Vec<(Option<InstrumentationScope>, Vec<Metric>)>) {
+    fn into_parts(self) -> (Option<Resource>, Scopes<Metric>) {
         (self.resource, self.scope_metrics.into_iter().map(|s| (s.scope, s.metrics)).collect())
     }
 
-    fn from_parts(resource: Option<Resource>, scopes: Vec<(Option<InstrumentationScope>, Vec<Metric>)>) -> Self {
+    fn from_parts(resource: Option<Resource>, scopes: Scopes<Metric>) -> Self {
         let scope_metrics = scopes.into_iter().map(|(scope, metrics)| ScopeMetrics { scope, metrics, ..Default::default() }).collect();
         ResourceMetrics { resource, scope_metrics, ..Default::default() }
     }
@@ -99,7 +102,7 @@ pub(crate) fn split<E: Envelope>(groups: Vec<E>, limit: usize) -> Split<E> {
     for group in groups {
         let (resource, scopes) = group.into_parts();
         let resource_len = resource.as_ref().map_or(0, |r| field(r.encoded_len()));
-        let mut current: Vec<(Option<InstrumentationScope>, Vec<E::Item>)> = Vec::new();
+        let mut current: Scopes<E::Item> = Vec::new();
         // Bytes the current group adds to the request so far (its own envelope included).
         let mut group_bytes = 0usize;
         for (scope, scope_items) in scopes {

@@ -48,14 +48,15 @@ pub struct Replay {
     pub collector_resident_bytes: Option<u64>,
 }
 
-/// (node, pid, kind) → when its batch was handed to the node's client (wall-clock ns).
+/// (node, pid, kind) → when its batch was handed to the node's client, or when the collector
+/// first served it (wall-clock ns).
 type Sent = Mutex<HashMap<(String, u32, String), u64>>;
 
 /// `stream_start`: wall-clock ns the stream's times count from (findings are asked for since then).
 pub fn run(fleet: &Fleet, stream: &NodeStream, stream_start: u64) -> Result<Replay> {
     let started_ns = stream_start;
     let sent: Sent = Mutex::default();
-    let seen: Arc<Mutex<HashMap<(String, u32, String), u64>>> = Arc::default();
+    let seen: Arc<Sent> = Arc::default();
     let done = Arc::new(AtomicBool::new(false));
     let http: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
     let poller = {
@@ -285,7 +286,7 @@ fn resident_bytes(pid: u32) -> Option<u64> {
 pub fn received(base: &str) -> Result<BTreeMap<String, u64>> {
     let http: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
     let mut response = http.get(&format!("{base}/metrics")).call().with_context(|| format!("cannot reach the collector at {base}"))?;
-    let text = response.body_mut().read_to_string().context("reading the collector's metrics")?;
+    let text = response.body_mut().with_config().limit(1 << 30).read_to_string().context("reading the collector's metrics")?;
     Ok(text
         .lines()
         .filter_map(|l| l.strip_prefix("gpuprof_collector_received_total{signal=\""))
