@@ -14,9 +14,11 @@ pub mod hex;
 pub mod otel;
 pub mod stack;
 pub mod track;
+pub mod user_frame;
 
 pub use driver_api::{ArgLayout, DriverApi, DRIVER_APIS};
 pub use event::{Event, Frame, Kind, Layer, Op, Source};
 pub use stack::{Stack, StackTable};
-pub use findings::{analyze, Analyzer, Finding, FindingKind, RuleConfig};
+pub use findings::{analyze, Analyzer, Finding, FindingKind, RuleConfig, Severity};
 pub use track::{LiveSummary, ProcessState, Tracker};
+pub use user_frame::user_frame;

@@ -50,6 +50,13 @@ pub mod span {
     pub const FINDING_BYTES: &str = "gpuprof.finding.bytes";
     pub const FINDING_COUNT: &str = "gpuprof.finding.count";
     pub const FINDING_DETAIL: &str = "gpuprof.finding.detail";
+    /// `leak` or `info`.
+    pub const FINDING_SEVERITY: &str = "gpuprof.finding.severity";
+    /// The finding's id, the same in a report, the node's agent and the collector.
+    pub const FINDING_ID: &str = "gpuprof.finding.id";
+    /// The user's own line (`file:line in function`): the innermost frame outside the standard
+    /// library and installed packages.
+    pub const FINDING_USER_FRAME: &str = "gpuprof.finding.user_frame";
 }
 
 /// Names of the span events on an allocation's span.
@@ -83,6 +90,9 @@ pub mod metric {
     pub const ALLOCATOR_ALLOCATED: &str = "gpuprof.allocator.allocated";
     /// A framework allocator's bytes in segments, cache included, per device (gauge).
     pub const ALLOCATOR_RESERVED: &str = "gpuprof.allocator.reserved";
+    /// Device memory the driver accounts to a process, all devices (NVML; nvidia-smi's
+    /// figure): what gpuprof's probes saw plus the context, modules and anything not probed.
+    pub const NVML_USED: &str = "gpuprof.memory.nvml_used";
     pub const ATTR_DEVICE: &str = "gpu.device.index";
     pub const ATTR_KIND: &str = "gpu.memory.kind";
     pub const ATTR_LAYER: &str = "gpu.memory.layer";

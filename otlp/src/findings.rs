@@ -1,8 +1,9 @@
 //! A finding as a span: it covers the finding's time range, sits in the trace of the process it
-//! is about (next to that process's allocation spans), and carries an error status so trace
-//! views flag it.
+//! is about (next to that process's allocation spans), and a leak carries an error status so
+//! trace views flag it.
 
 use gpuprof_model::otel::span as attr;
+use gpuprof_model::findings::Severity;
 use gpuprof_model::Finding;
 use opentelemetry_proto::tonic::trace::v1::{span, status, Span, Status};
 
@@ -22,7 +23,12 @@ pub fn span_of(finding: &Finding, host: &str, since: u64, n: u64) -> Span {
         kv_int(attr::FINDING_BYTES, finding.bytes as i64),
         kv_int(attr::FINDING_COUNT, finding.count as i64),
         kv_str(attr::FINDING_DETAIL, &finding.detail),
+        kv_str(attr::FINDING_SEVERITY, finding.severity.as_str()),
+        kv_str(attr::FINDING_ID, &finding.finding_id),
     ];
+    if let Some(user) = &finding.user_frame {
+        attributes.push(kv_str(attr::FINDING_USER_FRAME, format!("{}:{} in {}", user.file, user.line, user.function)));
+    }
     if let Some(peer) = finding.peer_pid {
         attributes.push(kv_int(attr::PEER_PID, i64::from(peer)));
     }
@@ -38,7 +44,11 @@ pub fn span_of(finding: &Finding, host: &str, since: u64, n: u64) -> Span {
         start_time_unix_nano: finding.first_ts,
         end_time_unix_nano: finding.last_ts.max(finding.first_ts),
         attributes,
-        status: Some(Status { message: finding.detail.clone(), code: status::StatusCode::Error as i32 }),
+        // Trace views flag errors: a leak is one, a fact is not.
+        status: Some(match finding.severity {
+            Severity::Leak => Status { message: finding.detail.clone(), code: status::StatusCode::Error as i32 },
+            Severity::Info => Status { message: String::new(), code: status::StatusCode::Unset as i32 },
+        }),
         ..Default::default()
     }
 }

@@ -80,7 +80,10 @@ pub fn finding_record(finding: &Finding, ts: u64) -> LogRecord {
     LogRecord {
         time_unix_nano: ts,
         observed_time_unix_nano: ts,
-        severity_number: SeverityNumber::Warn as i32,
+        severity_number: match finding.severity {
+            gpuprof_model::findings::Severity::Leak => SeverityNumber::Warn as i32,
+            gpuprof_model::findings::Severity::Info => SeverityNumber::Info as i32,
+        },
         event_name: FINDING.to_string(),
         body: Some(AnyValue { value: Some(any_value::Value::StringValue(body)) }),
         ..Default::default()

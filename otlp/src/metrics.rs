@@ -1,5 +1,5 @@
-//! Live bytes as OTLP gauges: per process, by layer and kind; and a framework allocator's
-//! allocated and reserved totals per device.
+//! Live bytes as OTLP gauges: per process, by layer and kind; a framework allocator's allocated
+//! and reserved totals per device; and the used memory NVML reports for the process.
 
 use gpuprof_model::otel::metric as name;
 use gpuprof_model::track::ProcessMemory;
@@ -7,7 +7,8 @@ use opentelemetry_proto::tonic::metrics::v1::{metric, number_data_point, Gauge, 
 
 use crate::kv_str;
 
-pub fn process_metrics(process: &ProcessMemory, ts: u64) -> Vec<Metric> {
+/// `nvml_used`: what NVML reports the process uses (all devices), where it is known.
+pub fn process_metrics(process: &ProcessMemory, ts: u64, nvml_used: Option<u64>) -> Vec<Metric> {
     let summary = process.summary();
     let point = |value: u64, attributes| NumberDataPoint {
         time_unix_nano: ts,
@@ -31,6 +32,9 @@ pub fn process_metrics(process: &ProcessMemory, ts: u64) -> Vec<Metric> {
         };
         metrics.push(gauge(name::ALLOCATOR_ALLOCATED, "Bytes in a framework allocator's live blocks", per_device(|t| t.allocated)));
         metrics.push(gauge(name::ALLOCATOR_RESERVED, "Bytes a framework allocator holds in segments, its cache included", per_device(|t| t.reserved)));
+    }
+    if let Some(used) = nvml_used {
+        metrics.push(gauge(name::NVML_USED, "Device memory the driver accounts to the process (NVML, as nvidia-smi shows), all devices", vec![point(used, Vec::new())]));
     }
     metrics
 }

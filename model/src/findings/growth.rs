@@ -1,13 +1,21 @@
-//! `growth`: live device memory attributed to one stack (in one process) rose at the end of
-//! each of N consecutive windows, never coming back. A warm-up that plateaus, or churn that
-//! frees what it allocates, stops the streak. Driver allocations and a framework allocator's
-//! blocks (tensors) are followed apart: a leaking tensor shows in blocks long before segments.
+//! `growth`: live device memory attributed to a stack (in one process) rose at the end of each
+//! of N consecutive windows, never coming back. A warm-up that plateaus, or churn that frees
+//! what it allocates, stops the streak. Driver allocations and a framework allocator's blocks
+//! (tensors) are followed apart: a leaking tensor shows in blocks long before segments.
+//!
+//! One finding per process instance: the tensors that grow and the segments that carry them are
+//! one problem, and so are the several stacks a retained autograd graph grows at once. It names
+//! the tensors when they grew (else the driver allocations), every stack that grew, and how much
+//! the driver's memory grew meanwhile.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap, HashSet};
 
-use super::{wording, Finding, FindingKind, RuleConfig};
-use crate::event::{Event, Frame, Layer, Op};
-use crate::track::{ProcessRef, Space, Stack, Tracker};
+use super::{wording, Finding, FindingKind, RuleConfig, StackBytes};
+use crate::event::{Event, Layer, Op};
+use crate::track::{ProcessMemory, ProcessRef, Space, Stack, Tracker};
+
+/// Stacks a finding lists.
+const TOP_STACKS: usize = 5;
 
 type Key = (ProcessRef, Layer, Stack);
 
@@ -32,16 +40,29 @@ pub struct Rule {
     series: HashMap<Key, Series>,
     /// The allocation a free is about to release (found before the tracker forgets it).
     releasing: Option<(Key, u64)>,
+    /// Processes with a growth finding.
+    reported: HashSet<ProcessRef>,
 }
 
 impl Rule {
     pub fn new(config: RuleConfig) -> Self {
-        Rule { config, window_end: None, series: HashMap::new(), releasing: None }
+        Rule {
+            config,
+            window_end: None,
+            series: HashMap::new(),
+            releasing: None,
+            reported: HashSet::new(),
+        }
+    }
+
+    /// Drops what is kept of processes the tracker no longer knows.
+    pub fn forget_unless(&mut self, known: impl Fn(ProcessRef) -> bool) {
+        self.reported.retain(|process| known(*process));
     }
 
     /// Closes the windows that ended before this event; notes what a free releases.
     pub fn before(&mut self, event: &Event, world: &Tracker) -> Vec<Finding> {
-        let found = self.close_windows(event.ts);
+        let found = self.close_windows(event.ts, world);
         self.releasing = None;
         if event.op == Op::Free && event.succeeded() {
             if let Some(process) = world.process(event.pid) {
@@ -96,31 +117,31 @@ impl Rule {
     }
 
     /// The capture ended at `ts`: windows that ended by then are judged; the partial one is not.
-    pub fn finish(&mut self, ts: u64, _world: &Tracker) -> Vec<Finding> {
-        self.close_windows(ts)
+    pub fn finish(&mut self, ts: u64, world: &Tracker) -> Vec<Finding> {
+        self.close_windows(ts, world)
     }
 
-    fn close_windows(&mut self, ts: u64) -> Vec<Finding> {
+    fn close_windows(&mut self, ts: u64, world: &Tracker) -> Vec<Finding> {
         let window = self.config.growth_window_ns.max(1);
         let end = *self.window_end.get_or_insert(ts + window);
         if ts < end {
             return Vec::new();
         }
-        let mut found = self.judge(end);
+        let mut found = self.judge(end, world);
         let mut next = end + window;
         if ts >= next {
             // Whole windows without events: nothing moved, so every streak stops here.
-            found.extend(self.judge(next));
+            found.extend(self.judge(next, world));
             next += (ts - next) / window * window + window;
         }
         self.window_end = Some(next);
         found
     }
 
-    fn judge(&mut self, window_end: u64) -> Vec<Finding> {
+    fn judge(&mut self, window_end: u64, world: &Tracker) -> Vec<Finding> {
         let window = self.config.growth_window_ns.max(1);
-        let mut found = Vec::new();
-        for ((process, layer, stack), series) in &mut self.series {
+        let mut grown: Vec<ProcessRef> = Vec::new();
+        for ((process, _, _), series) in &mut self.series {
             if series.live > series.sampled {
                 if series.rises == 0 {
                     series.streak_bytes = series.sampled;
@@ -131,40 +152,94 @@ impl Rule {
                 series.rises = 0;
             }
             series.sampled = series.live;
-            if series.rises >= self.config.growth_rises && !series.reported {
-                series.reported = true;
-                found.push(finding(*process, *layer, stack, series, window_end, window));
+            if series.rises >= self.config.growth_rises && !self.reported.contains(process) && !grown.contains(process) {
+                grown.push(*process);
             }
         }
+        let mut found: Vec<Finding> = grown
+            .into_iter()
+            .map(|process| {
+                self.reported.insert(process);
+                self.finding(process, window_end, world)
+            })
+            .collect();
         found.sort_by_key(|f| (f.pid, f.first_ts));
         found
     }
+
+    /// The finding of a process whose stacks grew long enough: tensors when they grew, else
+    /// driver allocations.
+    fn finding(&self, process: ProcessRef, window_end: u64, world: &Tracker) -> Finding {
+        let window = self.config.growth_window_ns.max(1);
+        let streaking = |layer: Layer| -> Vec<(&Stack, &Series)> {
+            let mut grew: Vec<(&Stack, &Series)> = self
+                .series
+                .iter()
+                .filter(|((p, l, _), s)| *p == process && *l == layer && s.rises >= self.config.growth_rises)
+                .map(|((_, _, stack), series)| (stack, series))
+                .collect();
+            grew.sort_by(|(a_stack, a), (b_stack, b)| grew_by(b).cmp(&grew_by(a)).then_with(|| a_stack.cmp(b_stack)));
+            grew
+        };
+        let tensors = streaking(Layer::Allocator);
+        let layer = if tensors.is_empty() { Layer::Driver } else { Layer::Allocator };
+        let grew = if tensors.is_empty() { streaking(Layer::Driver) } else { tensors };
+        let (main_stack, main) = grew[0];
+        let bytes: u64 = grew.iter().map(|(_, s)| grew_by(s)).sum();
+        let count: u64 = grew.iter().map(|(_, s)| s.count).sum();
+        let live: u64 = grew.iter().map(|(_, s)| s.live).sum();
+        let first_ts = grew.iter().map(|(_, s)| s.streak_ts).min().unwrap_or(main.streak_ts);
+        let rises = grew.iter().map(|(_, s)| s.rises).max().unwrap_or(main.rises);
+        let segment_bytes = (layer == Layer::Allocator)
+            .then(|| world.process(process.pid).filter(|p| p.as_ref() == process))
+            .flatten()
+            .map(|p| segments_carrying(p, &grew, first_ts));
+        let what = if layer == Layer::Allocator { "tensor memory (allocator blocks)" } else { "device memory" };
+        let stacks = if grew.len() == 1 {
+            String::new()
+        } else {
+            format!(" (and {} more stacks, {} in all)", grew.len() - 1, wording::bytes(bytes))
+        };
+        let segments = match segment_bytes {
+            Some(segments) => format!("; the driver segments carrying them grew by {}", wording::bytes(segments)),
+            None => String::new(),
+        };
+        let detail = format!(
+            "live {what} allocated {} in {} grew by {}{stacks} over {} consecutive {:.1} s windows without coming back, to {} in {}{segments}: something keeps these allocations alive (a growing list or cache, a retained autograd graph: evaluation without torch.no_grad(), a loss summed without .item()).",
+            wording::at(main_stack),
+            wording::process(process.pid, &main.comm),
+            wording::bytes(grew_by(main)),
+            rises,
+            window as f64 / 1e9,
+            wording::bytes(live),
+            wording::count(count, "allocation", "allocations"),
+        );
+        let mut finding = Finding::new(FindingKind::Growth, process.pid, &main.comm, bytes, count, first_ts, window_end, main_stack, detail);
+        finding.api = Some(main.api.to_string());
+        finding.stacks = grew
+            .iter()
+            .take(TOP_STACKS)
+            .map(|(stack, series)| StackBytes { stack: stack.to_vec(), bytes: grew_by(series), count: series.count })
+            .collect();
+        finding.segment_bytes = segment_bytes;
+        finding
+    }
 }
 
-fn finding(process: ProcessRef, layer: Layer, stack: &[Frame], series: &Series, window_end: u64, window: u64) -> Finding {
-    let grew = series.live - series.streak_bytes;
-    let what = if layer == Layer::Allocator { "tensor memory (allocator blocks)" } else { "device memory" };
-    Finding {
-        kind: FindingKind::Growth,
-        pid: process.pid,
-        comm: series.comm.to_string(),
-        bytes: grew,
-        count: series.count,
-        peer_pid: None,
-        first_ts: series.streak_ts,
-        last_ts: window_end,
-        stack: stack.to_vec(),
-        detail: format!(
-            "live {what} allocated {} in {} grew by {} over {} consecutive {:.1} s windows without coming back, to {} in {}: something keeps these allocations alive (a growing list or cache, a retained autograd graph).",
-            wording::at(stack),
-            wording::process(process.pid, &series.comm),
-            wording::bytes(grew),
-            series.rises,
-            window as f64 / 1e9,
-            wording::bytes(series.live),
-            wording::count(series.count, "allocation", "allocations"),
-        ),
-        api: Some(series.api.to_string()),
-        processes: Vec::new(),
-    }
+/// The segments allocated since `since` that carry blocks of the `grew` stacks allocated since
+/// then: how much driver memory the tensors' growth took.
+fn segments_carrying(process: &ProcessMemory, grew: &[(&Stack, &Series)], since: u64) -> u64 {
+    let stacks: HashSet<&Stack> = grew.iter().map(|(stack, _)| *stack).collect();
+    let carrying: BTreeSet<u64> = process
+        .blocks()
+        .into_iter()
+        .filter(|block| block.ts >= since && stacks.contains(&block.stack))
+        .filter_map(|block| process.segment_of(block.addr))
+        .collect();
+    carrying.into_iter().filter_map(|start| process.segment_at(start)).filter(|(_, ts)| *ts >= since).map(|(size, _)| size).sum()
+}
+
+/// How much a series grew since its streak began.
+fn grew_by(series: &Series) -> u64 {
+    series.live.saturating_sub(series.streak_bytes)
 }

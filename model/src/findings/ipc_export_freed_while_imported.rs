@@ -34,24 +34,26 @@ pub fn check(event: &Event, world: &Tracker) -> Vec<Finding> {
 
 fn finding(exporter: &ProcessMemory, export: &Export, importer: &ProcessMemory, event: &Event, how: &str) -> Finding {
     let allocation = exporter.allocation(export.space, export.addr);
-    Finding {
-        kind: FindingKind::IpcExportFreedWhileImported,
-        pid: exporter.pid,
-        comm: exporter.comm.to_string(),
-        bytes: export.size,
-        count: 1,
-        peer_pid: Some(importer.pid),
-        first_ts: export.ts,
-        last_ts: event.ts,
-        stack: allocation.map(|a| a.stack.to_vec()).unwrap_or_default(),
-        detail: format!(
-            "{} {how} {} at {:#x} that it had exported to {}, which still had it open: the importer now uses freed memory; keep the buffer until every importer has closed it.",
-            wording::process(exporter.pid, &exporter.comm),
-            wording::bytes(export.size),
-            export.addr,
-            wording::process(importer.pid, &importer.comm),
-        ),
-        api: allocation.map(|a| a.api.to_string()),
-        processes: Vec::new(),
-    }
+    let stack = allocation.map(|a| a.stack.to_vec()).unwrap_or_default();
+    let detail = format!(
+        "{} {how} {} at {:#x} that it had exported to {}, which still had it open: the importer now uses freed memory; keep the buffer until every importer has closed it.",
+        wording::process(exporter.pid, &exporter.comm),
+        wording::bytes(export.size),
+        export.addr,
+        wording::process(importer.pid, &importer.comm),
+    );
+    let mut finding = Finding::new(
+        FindingKind::IpcExportFreedWhileImported,
+        exporter.pid,
+        &exporter.comm,
+        export.size,
+        1,
+        export.ts,
+        event.ts,
+        &stack,
+        detail,
+    );
+    finding.peer_pid = Some(importer.pid);
+    finding.api = allocation.map(|a| a.api.to_string());
+    finding
 }

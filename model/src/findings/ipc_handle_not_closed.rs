@@ -42,27 +42,28 @@ fn unclosed(process: &ProcessMemory, ts: u64, what: &str) -> Vec<Finding> {
                 Some(pid) => format!("pid {pid}'s memory"),
                 None => "memory of a process gpuprof did not see export it".to_string(),
             };
-            Finding {
-                kind: FindingKind::IpcHandleNotClosed,
-                pid: process.pid,
-                comm: process.comm.to_string(),
+            let detail = format!(
+                "{} {what} {} ({}) of {whose}, opened by {} {}: close it (cuIpcCloseMemHandle; in PyTorch, drop the shared tensor in the worker) so the exporter can release the memory.",
+                wording::process(process.pid, &process.comm),
+                wording::count(count, "IPC mapping", "IPC mappings"),
+                wording::bytes(bytes),
+                first.mapping.api,
+                wording::at(&first.mapping.stack),
+            );
+            let mut finding = Finding::new(
+                FindingKind::IpcHandleNotClosed,
+                process.pid,
+                &process.comm,
                 bytes,
                 count,
-                peer_pid: exporter,
-                first_ts: first.mapping.ts,
-                last_ts: ts,
-                stack: first.mapping.stack.to_vec(),
-                detail: format!(
-                    "{} {what} {} ({}) of {whose}, opened by {} {}: close it (cuIpcCloseMemHandle; in PyTorch, drop the shared tensor in the worker) so the exporter can release the memory.",
-                    wording::process(process.pid, &process.comm),
-                    wording::count(count, "IPC mapping", "IPC mappings"),
-                    wording::bytes(bytes),
-                    first.mapping.api,
-                    wording::at(&first.mapping.stack),
-                ),
-                api: Some(first.mapping.api.to_string()),
-                processes: Vec::new(),
-            }
+                first.mapping.ts,
+                ts,
+                &first.mapping.stack,
+                detail,
+            );
+            finding.peer_pid = exporter;
+            finding.api = Some(first.mapping.api.to_string());
+            finding
         })
         .collect()
 }

@@ -9,8 +9,11 @@ mod growth;
 mod ipc_export_freed_while_imported;
 mod ipc_handle_not_closed;
 mod oom;
+mod orphan_holding_memory;
 mod wording;
 mod worker_cuda_context;
+
+pub use crate::user_frame::user_frame;
 
 use std::collections::BTreeMap;
 
@@ -29,6 +32,7 @@ pub enum FindingKind {
     WorkerCudaContext,
     Growth,
     Oom,
+    OrphanHoldingMemory,
 }
 
 impl FindingKind {
@@ -40,7 +44,31 @@ impl FindingKind {
             FindingKind::WorkerCudaContext => "worker_cuda_context",
             FindingKind::Growth => "growth",
             FindingKind::Oom => "oom",
+            FindingKind::OrphanHoldingMemory => "orphan_holding_memory",
         }
+    }
+}
+
+/// Whether a finding asks for action.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Severity {
+    /// Memory held that should not be, or a failure: act on it.
+    Leak,
+    /// Worth knowing; nothing is wrong (a process that exits holding its allocator's cache).
+    Info,
+}
+
+impl Severity {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Severity::Leak => "leak",
+            Severity::Info => "info",
+        }
+    }
+
+    fn leak() -> Severity {
+        Severity::Leak
     }
 }
 
@@ -61,6 +89,12 @@ pub struct ProcessSnapshot {
     pub live: BTreeMap<Kind, u64>,
     /// The stacks holding the most live bytes, largest first.
     pub top_stacks: Vec<StackBytes>,
+    /// A framework allocator's bytes in live tensors, on the failing device.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocated: Option<u64>,
+    /// The allocator's reserved bytes there; `reserved - allocated` is its cache.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reserved: Option<u64>,
 }
 
 /// One finding, as `gpuprof report --format json` and the collector's API write it.
@@ -87,6 +121,76 @@ pub struct Finding {
     /// `oom`: every process seen and what it held at that moment.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub processes: Vec<ProcessSnapshot>,
+    /// `leak` (act on it) or `info`.
+    #[serde(default = "Severity::leak")]
+    pub severity: Severity,
+    /// The innermost frame of `stack` outside the standard library and installed packages: the
+    /// user's own line.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_frame: Option<Frame>,
+    /// The same finding's id in a report, the live agent and the collector (from its kind, its
+    /// process instance, when it began, and its stack).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub finding_id: String,
+    /// `growth`: the stacks that grew, most first (`bytes`: how much each grew).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stacks: Vec<StackBytes>,
+    /// `growth` of tensors: how much the driver segments that carry them grew meanwhile.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub segment_bytes: Option<u64>,
+    /// `oom`: the failing process's allocator had enough cached (reserved but unused) for the
+    /// request: its free memory is in pieces too small, or in the wrong pool.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fragmentation: bool,
+}
+
+impl Finding {
+    /// A finding with what every kind has; the rest empty, its severity `leak`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(kind: FindingKind, pid: u32, comm: &str, bytes: u64, count: u64, first_ts: u64, last_ts: u64, stack: &[Frame], detail: String) -> Finding {
+        Finding {
+            kind,
+            pid,
+            comm: comm.to_string(),
+            bytes,
+            count,
+            peer_pid: None,
+            first_ts,
+            last_ts,
+            stack: stack.to_vec(),
+            detail,
+            api: None,
+            processes: Vec::new(),
+            severity: Severity::Leak,
+            user_frame: None,
+            finding_id: String::new(),
+            stacks: Vec::new(),
+            segment_bytes: None,
+            fragmentation: false,
+        }
+    }
+
+    /// Fills what follows from the rest: the user's frame and the stable id (`since`: when the
+    /// process instance it is about was first seen).
+    fn complete(mut self, since: u64) -> Finding {
+        self.user_frame = user_frame(&self.stack).cloned();
+        self.finding_id = finding_id(&self, since);
+        self
+    }
+}
+
+/// 16 hex digits from what identifies a finding wherever the same events are analyzed.
+fn finding_id(finding: &Finding, since: u64) -> String {
+    use std::hash::{Hash, Hasher};
+    // SipHash with fixed keys: the same id in every process and every run.
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    finding.kind.hash(&mut hasher);
+    finding.pid.hash(&mut hasher);
+    since.hash(&mut hasher);
+    finding.first_ts.hash(&mut hasher);
+    finding.peer_pid.hash(&mut hasher);
+    finding.stack.hash(&mut hasher);
+    format!("{:016x}", hasher.finish())
 }
 
 /// Thresholds of the rules that need them.
@@ -96,29 +200,45 @@ pub struct RuleConfig {
     pub growth_window_ns: u64,
     /// Growth: consecutive windows, each ending higher than the one before, that make a finding.
     pub growth_rises: u32,
+    /// Orphans: how long after a parent's end its descendants may still hold memory (workers
+    /// that watch their parent end by themselves).
+    #[serde(default = "RuleConfig::default_orphan_grace_ns")]
+    pub orphan_grace_ns: u64,
+}
+
+impl RuleConfig {
+    fn default_orphan_grace_ns() -> u64 {
+        5_000_000_000
+    }
 }
 
 impl Default for RuleConfig {
     fn default() -> Self {
-        RuleConfig { growth_window_ns: 10_000_000_000, growth_rises: 3 }
+        RuleConfig { growth_window_ns: 10_000_000_000, growth_rises: 3, orphan_grace_ns: RuleConfig::default_orphan_grace_ns() }
     }
 }
 
 /// Runs every rule over an event stream, incrementally.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub struct Analyzer {
+    config: RuleConfig,
     tracker: Tracker,
     worker_context: worker_cuda_context::Rule,
     growth: growth::Rule,
+    oom: oom::Rule,
+    orphans: orphan_holding_memory::Rule,
     last_ts: u64,
 }
 
 impl Analyzer {
     pub fn new(config: RuleConfig) -> Self {
         Analyzer {
+            config,
             tracker: Tracker::new(),
             worker_context: worker_cuda_context::Rule::default(),
             growth: growth::Rule::new(config),
+            oom: oom::Rule::default(),
+            orphans: orphan_holding_memory::Rule::default(),
             last_ts: 0,
         }
     }
@@ -135,12 +255,18 @@ impl Analyzer {
         }
         self.last_ts = self.last_ts.max(event.ts);
         let world = &self.tracker;
-        let mut found = self.growth.before(event, world);
+        // The world as it was up to this event: an orphan's own exit after its grace period
+        // does not undo that it outlived it.
+        let mut found = self.orphans.check(Some(event.ts), self.config.orphan_grace_ns, world);
+        found.extend(self.worker_context.check(event, world));
+        found.extend(self.growth.before(event, world));
         found.extend(exit_with_live_allocations::check(event, world));
         found.extend(ipc_handle_not_closed::at_exit(event, world));
         found.extend(ipc_export_freed_while_imported::check(event, world));
-        found.extend(oom::check(event, world));
-        found.extend(self.worker_context.check(event, world));
+        found.extend(self.oom.check(event, world));
+        self.orphans.at_exit(event, world);
+        // Before the tracker closes an exiting process: its instance is still to be found.
+        let found = self.completed(found);
         self.tracker.apply(event);
         if event.layer == Layer::Driver && matches!(event.op, Op::Free | Op::Unmap) {
             // The allocator's curves move when it returns a segment (empty_cache): say so on the
@@ -156,11 +282,21 @@ impl Analyzer {
         found
     }
 
+    /// Time passes without events (`now`: wall-clock nanoseconds): findings that wait for a
+    /// moment (orphans after their grace period) fire.
+    pub fn tick(&mut self, now: u64) -> Vec<Finding> {
+        let mut found = self.worker_context.due(Some(now));
+        found.extend(self.orphans.check(Some(now), self.config.orphan_grace_ns, &self.tracker));
+        self.completed(found)
+    }
+
     /// The window ends: what is still open then.
     pub fn finish(&mut self) -> Vec<Finding> {
-        let mut found = self.growth.finish(self.last_ts, &self.tracker);
+        let mut found = self.worker_context.due(None);
+        found.extend(self.growth.finish(self.last_ts, &self.tracker));
         found.extend(ipc_handle_not_closed::at_end(self.last_ts, &self.tracker));
-        found
+        found.extend(self.orphans.check(None, self.config.orphan_grace_ns, &self.tracker));
+        self.completed(found)
     }
 
     /// See `Tracker::forget_closed_before`; the rules forget those processes too.
@@ -169,12 +305,21 @@ impl Analyzer {
         if forgotten > 0 {
             let known: std::collections::HashSet<_> = self.tracker.processes().iter().map(|p| p.as_ref()).collect();
             self.worker_context.forget_unless(|process| known.contains(&process));
+            self.oom.forget_unless(|process| known.contains(&process));
+            self.growth.forget_unless(|process| known.contains(&process));
         }
         forgotten
     }
 
     pub fn tracker(&self) -> &Tracker {
         &self.tracker
+    }
+
+    fn completed(&self, found: Vec<Finding>) -> Vec<Finding> {
+        found.into_iter().map(|f| {
+            let since = self.tracker.instance_since(f.pid, f.first_ts);
+            f.complete(since)
+        }).collect()
     }
 }
 

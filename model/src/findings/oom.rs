@@ -1,25 +1,56 @@
 //! `oom`: an allocation failed for lack of memory. The finding is the picture at that moment:
-//! the failing call and its stack, and for every process seen, live bytes by kind and the
-//! stacks holding the most.
+//! the failing call and its stack; for every process seen, live bytes by kind, the stacks
+//! holding the most and its framework allocator's cache (reserved but not in tensors); whether
+//! the failing process's own cache was large enough (fragmentation), and which neighbours'
+//! caches would have made room.
+//!
+//! One finding per incident: PyTorch's allocator answers a failed `cuMemAlloc` by returning its
+//! cache to the driver and trying again, and a second failure is the same OutOfMemoryError. The
+//! incident ends when that process next allocates from the driver successfully.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 use super::{wording, Finding, FindingKind, ProcessSnapshot, StackBytes};
-use crate::event::{Event, Kind, Op, CUDA_ERROR_OUT_OF_MEMORY};
-use crate::track::{ProcessMemory, Tracker};
+use crate::event::{Event, Kind, Layer, Op, CUDA_ERROR_OUT_OF_MEMORY};
+use crate::track::{ProcessMemory, ProcessRef, Tracker};
 
 /// Stacks listed per process.
 const TOP_STACKS: usize = 3;
 
-pub fn check(event: &Event, world: &Tracker) -> Option<Finding> {
-    if event.op != Op::Alloc || event.result != CUDA_ERROR_OUT_OF_MEMORY {
-        return None;
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct Rule {
+    /// Processes in an out-of-memory incident already reported.
+    failing: HashSet<ProcessRef>,
+}
+
+impl Rule {
+    /// Drops what is kept of processes the tracker no longer knows.
+    pub fn forget_unless(&mut self, known: impl Fn(ProcessRef) -> bool) {
+        self.failing.retain(|process| known(*process));
     }
+
+    pub fn check(&mut self, event: &Event, world: &Tracker) -> Option<Finding> {
+        if event.layer != Layer::Driver || event.op != Op::Alloc {
+            return None;
+        }
+        let process = world.process(event.pid).map(|p| p.as_ref()).unwrap_or(ProcessRef { pid: event.pid, since: event.ts });
+        if event.succeeded() {
+            self.failing.remove(&process);
+            return None;
+        }
+        if event.result != CUDA_ERROR_OUT_OF_MEMORY || !self.failing.insert(process) {
+            return None;
+        }
+        Some(picture(event, world))
+    }
+}
+
+fn picture(event: &Event, world: &Tracker) -> Finding {
     let mut processes: Vec<ProcessSnapshot> = world
         .live_processes()
         .into_iter()
         .filter(|p| p.pid == event.pid || !p.allocations().is_empty())
-        .map(snapshot)
+        .map(|p| snapshot(p, event.device))
         .collect();
     processes.sort_by_key(|p| std::cmp::Reverse(device_bytes(p)));
     let total: u64 = processes.iter().map(device_bytes).sum();
@@ -30,27 +61,55 @@ pub fn check(event: &Event, world: &Tracker) -> Option<Finding> {
         .map(|p| format!("{} {}", wording::process(p.pid, &p.comm), wording::bytes(device_bytes(p))))
         .collect();
     let holders = if holders.is_empty() { "no process held any".to_string() } else { holders.join(", ") };
-    Some(Finding {
-        kind: FindingKind::Oom,
-        pid: event.pid,
-        comm: event.comm.to_string(),
-        bytes: event.size,
-        count: 1,
-        peer_pid: None,
-        first_ts: event.ts,
-        last_ts: event.ts,
-        stack: event.stack.to_vec(),
-        detail: format!(
-            "{} of {} failed with out of memory in {} {}; at that moment gpuprof saw {} of device memory live in the processes it follows ({holders}): free or shrink the largest holders, or allocate less at once.",
-            event.api,
-            wording::bytes(event.size),
-            wording::process(event.pid, &event.comm),
-            wording::at(&event.stack),
-            wording::bytes(total),
-        ),
-        api: Some(event.api.to_string()),
-        processes,
-    })
+    let own_cache = processes.iter().find(|p| p.pid == event.pid).and_then(cache);
+    let fragmentation = own_cache.is_some_and(|cached| cached >= event.size);
+    let mut advice = Vec::new();
+    if let Some(cached) = own_cache.filter(|_| fragmentation) {
+        advice.push(format!(
+            "its allocator had {} cached (reserved, not in tensors), enough for the request but in pieces too small for it: fragmentation; set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, or call torch.cuda.empty_cache() between phases",
+            wording::bytes(cached)
+        ));
+    }
+    let neighbours: Vec<(&ProcessSnapshot, u64)> = processes
+        .iter()
+        .filter(|p| p.pid != event.pid)
+        .filter_map(|p| cache(p).filter(|c| *c > 0).map(|c| (p, c)))
+        .collect();
+    let sufficing: Vec<String> = neighbours
+        .iter()
+        .filter(|(_, cached)| *cached >= event.size)
+        .map(|(p, cached)| format!("{} caches {}", wording::process(p.pid, &p.comm), wording::bytes(*cached)))
+        .collect();
+    let neighbours_cached: u64 = neighbours.iter().map(|(_, cached)| cached).sum();
+    if !sufficing.is_empty() {
+        advice.push(format!(
+            "{} it does not use, enough on its own: torch.cuda.empty_cache() there would have made room",
+            sufficing.join(", ")
+        ));
+    } else if neighbours_cached >= event.size {
+        advice.push(format!(
+            "the other processes' allocators cache {} between them, enough together: torch.cuda.empty_cache() there would have made room",
+            wording::bytes(neighbours_cached)
+        ));
+    }
+    let advice = if advice.is_empty() {
+        "free or shrink the largest holders, or allocate less at once".to_string()
+    } else {
+        advice.join("; ")
+    };
+    let detail = format!(
+        "{} of {} failed with out of memory in {} {}; at that moment gpuprof saw {} of device memory live in the processes it follows ({holders}): {advice}.",
+        event.api,
+        wording::bytes(event.size),
+        wording::process(event.pid, &event.comm),
+        wording::at(&event.stack),
+        wording::bytes(total),
+    );
+    let mut finding = Finding::new(FindingKind::Oom, event.pid, &event.comm, event.size, 1, event.ts, event.ts, &event.stack, detail);
+    finding.api = Some(event.api.to_string());
+    finding.processes = processes;
+    finding.fragmentation = fragmentation;
+    finding
 }
 
 /// Live device memory of a snapshot (pinned host memory left out).
@@ -58,7 +117,14 @@ fn device_bytes(snapshot: &ProcessSnapshot) -> u64 {
     snapshot.live.iter().filter(|(kind, _)| **kind != Kind::HostPinned).map(|(_, bytes)| bytes).sum()
 }
 
-fn snapshot(process: &ProcessMemory) -> ProcessSnapshot {
+/// What a framework allocator holds without using it.
+fn cache(snapshot: &ProcessSnapshot) -> Option<u64> {
+    Some(snapshot.reserved?.saturating_sub(snapshot.allocated?))
+}
+
+/// `device`: the failing call's, when it named one; otherwise the allocator's totals of every
+/// device.
+fn snapshot(process: &ProcessMemory, device: Option<i32>) -> ProcessSnapshot {
     let mut live: BTreeMap<_, u64> = BTreeMap::new();
     for allocation in process.allocations() {
         *live.entry(allocation.kind).or_default() += allocation.size;
@@ -68,5 +134,12 @@ fn snapshot(process: &ProcessMemory) -> ProcessSnapshot {
         .into_iter()
         .map(|top| StackBytes { stack: top.stack.to_vec(), bytes: top.total.bytes, count: top.total.count })
         .collect();
-    ProcessSnapshot { pid: process.pid, comm: process.comm.to_string(), live, top_stacks }
+    let totals: Vec<_> =
+        process.allocator_totals().iter().filter(|(d, _)| device.is_none_or(|device| **d == device)).map(|(_, t)| *t).collect();
+    let (allocated, reserved) = if totals.is_empty() {
+        (None, None)
+    } else {
+        (Some(totals.iter().map(|t| t.allocated).sum()), Some(totals.iter().map(|t| t.reserved).sum()))
+    };
+    ProcessSnapshot { pid: process.pid, comm: process.comm.to_string(), live, top_stacks, allocated, reserved }
 }

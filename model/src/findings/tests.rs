@@ -194,6 +194,41 @@ fn worker_context_only_under_a_cuda_parent() {
 }
 
 #[test]
+fn a_worker_importing_shared_cuda_memory_needs_its_context() {
+    let grace = super::worker_cuda_context::IMPORT_GRACE_NS;
+    // 11 imports the parent's buffer right after creating its context (a torch.multiprocessing
+    // consumer); 12 creates one and computes on its own; 13 imports only after the grace.
+    let mut s = parent_and_worker();
+    s.process(12, Op::Fork, 10).process(13, Op::Fork, 10);
+    s.context(11).ipc(11, Op::IpcOpen, 0xF000, 0xAA).ipc(11, Op::IpcClose, 0xF000, 0);
+    let created = s.ts + 1_000;
+    s.context(12).context(13);
+    s.at(created + grace).ipc(13, Op::IpcOpen, 0xF100, 0xAA).ipc(13, Op::IpcClose, 0xF100, 0);
+    let found = s.findings(RuleConfig::default());
+    let workers: Vec<(u32, Option<u32>, u64, u64)> = found
+        .iter()
+        .filter(|f| f.kind == FindingKind::WorkerCudaContext)
+        .map(|f| (f.pid, f.peer_pid, f.first_ts, f.last_ts))
+        .collect();
+    assert_eq!(workers, vec![(12, Some(10), created, created), (13, Some(10), created + 1_000, created + 1_000)]);
+
+    // Live: the agent's clock decides, and the child's exit does before it.
+    let mut analyzer = Analyzer::new(RuleConfig::default());
+    let mut s = parent_and_worker();
+    s.process(12, Op::Fork, 10).context(11).context(12);
+    for event in &s.events {
+        assert_eq!(analyzer.observe(&mut event.clone()), vec![]);
+    }
+    let pids = |found: Vec<Finding>| -> Vec<u32> { found.iter().map(|f| f.pid).collect() };
+    assert_eq!(pids(analyzer.tick(s.ts + grace - 1_001)), Vec::<u32>::new());
+    s.process(12, Op::Exit, 10);
+    let exit = s.events.last().unwrap().clone();
+    assert_eq!(pids(analyzer.observe(&mut exit.clone())), vec![12]);
+    assert_eq!(pids(analyzer.tick(s.ts + grace)), vec![11]);
+    assert_eq!(pids(analyzer.finish()), Vec::<u32>::new(), "one finding per child");
+}
+
+#[test]
 fn oom_pictures_every_process() {
     let mut s = Stream::new();
     s.alloc(30, 0xA000, 3 << 30, &frame("model", 1)).alloc(31, 0xA000, 512 * MIB, &frame("cache", 2));
@@ -220,7 +255,7 @@ fn oom_pictures_every_process() {
 
 #[test]
 fn growth_fires_for_a_growing_stack_not_for_a_plateau() {
-    let config = RuleConfig { growth_window_ns: 100_000, growth_rises: 3 };
+    let config = RuleConfig { growth_window_ns: 100_000, growth_rises: 3, ..RuleConfig::default() };
     let leak = frame("leak", 10);
     let steady = frame("steady", 20);
     let mut s = Stream::new();
@@ -248,7 +283,7 @@ fn growth_fires_for_a_growing_stack_not_for_a_plateau() {
 fn an_analyzer_saved_and_restored_mid_stream_fires_the_same_findings() {
     // Growth half-way through its streak, an export with an importer, a worker context: every
     // piece of rule state is in flight at the cut.
-    let config = RuleConfig { growth_window_ns: 100_000, growth_rises: 3 };
+    let config = RuleConfig { growth_window_ns: 100_000, growth_rises: 3, ..RuleConfig::default() };
     let mut s = parent_and_worker();
     s.ipc(11, Op::IpcOpen, 0xB000, 0xAA).context(11);
     for step in 0..12u64 {
@@ -273,4 +308,200 @@ fn an_analyzer_saved_and_restored_mid_stream_fires_the_same_findings() {
         found.extend(restored.finish());
         assert_eq!(found, whole, "cut at {cut}");
     }
+}
+
+impl Stream {
+    /// A framework allocator's block, with the allocator's totals after it.
+    fn block(&mut self, pid: u32, op: Op, addr: u64, size: u64, totals: (u64, u64), stack: &[Frame]) -> &mut Self {
+        let mut event = Event::new(0, pid, pid, Source::Ebpf, Layer::Allocator, op, Cow::Borrowed("c10::reportMemoryUsageToProfiler"));
+        event.kind = Some(Kind::Device);
+        event.device = Some(0);
+        event.addr = Some(addr);
+        event.size = size;
+        event.allocated = Some(totals.0);
+        event.reserved = Some(totals.1);
+        event.stack = stack.to_vec().into();
+        self.push(event)
+    }
+
+    fn failed_alloc(&mut self, pid: u32, size: u64, stack: &[Frame]) -> &mut Self {
+        self.driver(pid, Op::Alloc, "cuMemAlloc_v2", Some(Kind::Device), 0, size);
+        let event = self.events.last_mut().unwrap();
+        event.result = 2;
+        event.stack = stack.to_vec().into();
+        self
+    }
+
+    fn killed(&mut self, pid: u32, ppid: u32, signal: i32) -> &mut Self {
+        self.process(pid, Op::Exit, ppid);
+        let event = self.events.last_mut().unwrap();
+        event.exit_code = Some(128 + signal);
+        event.signal = Some(signal);
+        self
+    }
+}
+
+fn library_frame(function: &str, line: u32) -> Frame {
+    Frame { function: function.into(), file: "/venv/lib/python3.12/site-packages/torch/nn/modules/linear.py".into(), line }
+}
+
+#[test]
+fn tensors_and_the_segments_carrying_them_grow_as_one_finding() {
+    let config = RuleConfig { growth_window_ns: 100_000, growth_rises: 3, ..RuleConfig::default() };
+    let mut s = Stream::new();
+    // Evaluation without no_grad: each step keeps two activations (two stacks, 1 and 2 MiB) in
+    // a new 4 MiB segment.
+    let linear = [library_frame("Linear.forward", 134), frame("evaluate", 42)[0].clone()];
+    let relu = frame("evaluate", 43);
+    let (mut allocated, mut reserved) = (0, 0);
+    for step in 0..8u64 {
+        s.at(2_000 + step * 50_000);
+        let segment = 0x1000_0000 + step * 0x100_0000;
+        s.alloc(50, segment, 4 * MIB, &linear);
+        reserved += 4 * MIB;
+        allocated += MIB;
+        s.block(50, Op::Alloc, segment, MIB, (allocated, reserved), &linear);
+        allocated += 2 * MIB;
+        s.block(50, Op::Alloc, segment + MIB, 2 * MIB, (allocated, reserved), &relu);
+    }
+    let found = s.findings(config);
+    assert_eq!(found.len(), 1, "{found:#?}");
+    let f = &found[0];
+    assert_eq!((f.kind, f.pid, f.severity), (FindingKind::Growth, 50, Severity::Leak));
+    // Windows 1-3 end with 2 more steps each: 6 steps of 2 MiB (relu) and 1 MiB (linear).
+    assert_eq!((f.bytes, f.count, f.segment_bytes), (18 * MIB, 12, Some(24 * MIB)));
+    assert_eq!(f.stack, relu);
+    let stacks: Vec<(u32, u64, u64)> = f.stacks.iter().map(|s| (s.stack.last().unwrap().line, s.bytes, s.count)).collect();
+    assert_eq!(stacks, vec![(43, 12 * MIB, 6), (42, 6 * MIB, 6)]);
+    assert_eq!(f.user_frame, Some(relu[0].clone()));
+    assert_eq!(
+        f.detail,
+        "live tensor memory (allocator blocks) allocated at train.py:43 in evaluate in pid 50 (python3) grew by 12.0 MiB (and 1 more stacks, 18.0 MiB in all) over 3 consecutive 0.0 s windows without coming back, to 18.0 MiB in 12 allocations; the driver segments carrying them grew by 24.0 MiB: something keeps these allocations alive (a growing list or cache, a retained autograd graph: evaluation without torch.no_grad(), a loss summed without .item())."
+    );
+}
+
+#[test]
+fn one_oom_per_incident_with_the_caches_that_would_have_sufficed() {
+    let mut s = Stream::new();
+    // A neighbour (60) holds 6 GiB of segments with only 1 GiB in tensors; the evaluator (61)
+    // holds 2 GiB with 1.5 GiB in tensors and asks for 1 GiB more.
+    s.alloc(60, 0xA000_0000, 6 << 30, &frame("train", 3)).block(60, Op::Alloc, 0xA000_0000, 1 << 30, (1 << 30, 6 << 30), &frame("train", 3));
+    s.alloc(61, 0xA000_0000, 2 << 30, &frame("evaluate", 9)).block(61, Op::Alloc, 0xA000_0000, 3 << 29, (3 << 29, 2 << 30), &frame("evaluate", 9));
+    // The allocator fails, returns its cache (nothing whole to return) and fails again.
+    s.failed_alloc(61, 1 << 30, &frame("evaluate", 9)).failed_alloc(61, 1 << 30, &frame("evaluate", 9));
+    let found: Vec<Finding> = s.findings(RuleConfig::default()).into_iter().filter(|f| f.kind == FindingKind::Oom).collect();
+    assert_eq!(found.len(), 1, "{found:#?}");
+    let f = &found[0];
+    assert_eq!((f.pid, f.bytes, f.fragmentation, f.severity), (61, 1 << 30, false, Severity::Leak));
+    let caches: Vec<(u32, Option<u64>, Option<u64>)> = f.processes.iter().map(|p| (p.pid, p.allocated, p.reserved)).collect();
+    assert_eq!(caches, vec![(60, Some(1 << 30), Some(6 << 30)), (61, Some(3 << 29), Some(2 << 30))]);
+    assert_eq!(
+        f.detail,
+        "cuMemAlloc_v2 of 1.0 GiB failed with out of memory in pid 61 (python3) at train.py:9 in evaluate; at that moment gpuprof saw 8.0 GiB of device memory live in the processes it follows (pid 60 (python3) 6.0 GiB, pid 61 (python3) 2.0 GiB): pid 60 (python3) caches 5.0 GiB it does not use, enough on its own: torch.cuda.empty_cache() there would have made room."
+    );
+
+    // A successful allocation ends the incident: the next failure is another one. Its own cache
+    // (512 MiB free in reserved segments) covers a 256 MiB request: fragmentation.
+    s.alloc(61, 0xF000_0000, 2 * MIB, &[]).failed_alloc(61, 256 * MIB, &frame("evaluate", 9));
+    let found: Vec<Finding> = s.findings(RuleConfig::default()).into_iter().filter(|f| f.kind == FindingKind::Oom).collect();
+    assert_eq!(found.iter().map(|f| (f.bytes, f.fragmentation)).collect::<Vec<_>>(), vec![(1 << 30, false), (256 * MIB, true)]);
+    assert!(found[1].detail.ends_with(": its allocator had 512.0 MiB cached (reserved, not in tensors), enough for the request but in pieces too small for it: fragmentation; set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, or call torch.cuda.empty_cache() between phases; pid 60 (python3) caches 5.0 GiB it does not use, enough on its own: torch.cuda.empty_cache() there would have made room."), "{}", found[1].detail);
+}
+
+#[test]
+fn exiting_with_only_the_allocators_segments_is_info_a_missing_free_is_a_leak() {
+    let mut s = Stream::new();
+    s.alloc(70, 0xA000, 20 * MIB, &frame("model", 1)).block(70, Op::Alloc, 0xA000, 8 * MIB, (8 * MIB, 20 * MIB), &frame("model", 1));
+    s.process(70, Op::Exit, 1);
+    s.alloc(71, 0xA000, 20 * MIB, &frame("raw", 2)).process(71, Op::Exit, 1);
+    // A framework process whose library also took a workspace from the driver (cuBLAS does, on
+    // an H100 machine): still its own, held to the end on purpose.
+    s.alloc(72, 0xA000, 20 * MIB, &frame("model", 1)).block(72, Op::Alloc, 0xA000, 20 * MIB, (20 * MIB, 20 * MIB), &frame("model", 1));
+    s.alloc(72, 0xF000, 4 * MIB, &frame("matmul", 3)).process(72, Op::Exit, 1);
+    let found = s.findings(RuleConfig::default());
+    let got: Vec<(u32, u64, Severity)> = found.iter().map(|f| (f.pid, f.bytes, f.severity)).collect();
+    assert_eq!(got, vec![(70, 20 * MIB, Severity::Info), (71, 20 * MIB, Severity::Leak), (72, 24 * MIB, Severity::Info)]);
+    assert_eq!(
+        found[0].detail,
+        "pid 70 (python3) exited still holding 20.0 MiB of device memory in 1 allocation: its framework allocator's segments hold 8.0 MiB in live tensors and 12.0 MiB cached; the driver takes it back with the process: nothing to do."
+    );
+    assert_eq!(
+        found[2].detail,
+        "pid 72 (python3) exited still holding 24.0 MiB of device memory in 2 allocations: its framework allocator's segments hold 20.0 MiB in live tensors and 0 B cached, 4.0 MiB more was allocated outside the allocator (libraries' workspaces, direct driver calls); the driver takes it back with the process: nothing to do."
+    );
+}
+
+/// A launcher (80) with a context spawns two workers (81, 82) that allocate 1 GiB each, and a
+/// third (83) that frees its memory.
+fn launcher_and_workers() -> Stream {
+    let mut s = Stream::new();
+    s.context(80).alloc(80, 0xA000, 2 * MIB, &frame("main", 1));
+    for (worker, addr) in [(81, 0xB000), (82, 0xC000), (83, 0xD000)] {
+        s.process(worker, Op::Fork, 80).process(worker, Op::Exec, 80).context(worker);
+        s.alloc(worker, addr, 1 << 30, &[library_frame("empty", 7), frame("work", 12)[0].clone()]);
+    }
+    s.free(83, 0xD000);
+    s
+}
+
+#[test]
+fn workers_outliving_a_killed_parent_with_memory_are_orphans() {
+    let config = RuleConfig::default();
+    let mut s = launcher_and_workers();
+    s.at(s.ts + 1_000_000).killed(80, 1, 9);
+    let killed_at = s.ts;
+    // Worker 82 notices within the grace period and exits; 81 is still there after it.
+    s.at(killed_at + 1_000_000_000).process(82, Op::Exit, 80);
+    s.at(killed_at + 6_000_000_000).process(90, Op::Fork, 1);
+    let found: Vec<Finding> = s.findings(config).into_iter().filter(|f| f.kind == FindingKind::OrphanHoldingMemory).collect();
+    assert_eq!(found.len(), 2, "{found:#?}");
+    let got: Vec<(u32, Option<u32>, u64, u64, Severity)> = found.iter().map(|f| (f.pid, f.peer_pid, f.bytes, f.first_ts, f.severity)).collect();
+    assert_eq!(got, vec![(81, Some(80), 1 << 30, killed_at, Severity::Leak), (83, Some(80), 0, killed_at, Severity::Leak)]);
+    assert_eq!(found[0].user_frame, Some(frame("work", 12)[0].clone()));
+    assert_eq!(
+        found[0].detail,
+        "pid 81 (python3) still holds 1.0 GiB of device memory in 1 allocation and a CUDA context after its parent pid 80 (python3) was killed by signal 9; the largest, 1.0 GiB, came from cuMemAlloc_v2 at train.py:12 in work (through empty): nothing will use it; end it with `kill 81 83`, and make workers end with their parent (daemon=True, a watchdog on os.getppid(), prctl PR_SET_PDEATHSIG)."
+    );
+    assert!(found[1].detail.starts_with("pid 83 (python3) still holds a CUDA context after its parent"));
+
+    // Live, with no event after the parent's end, the agent's clock makes them due.
+    let mut analyzer = Analyzer::new(config);
+    let mut s = launcher_and_workers();
+    s.at(killed_at - 1_000).killed(80, 1, 9);
+    for event in &s.events {
+        analyzer.observe(&mut event.clone());
+    }
+    let orphans = |found: Vec<Finding>| -> Vec<u32> { found.iter().filter(|f| f.kind == FindingKind::OrphanHoldingMemory).map(|f| f.pid).collect() };
+    assert_eq!(orphans(analyzer.tick(killed_at + 4_000_000_000)), Vec::<u32>::new());
+    let due = orphans(analyzer.tick(killed_at + 5_000_000_000));
+    assert_eq!(due, vec![81, 82, 83]);
+    assert_eq!(analyzer.tick(killed_at + 9_000_000_000).len(), 0, "one finding per orphan");
+}
+
+#[test]
+fn children_gone_before_their_parent_leave_no_orphan() {
+    let mut s = launcher_and_workers();
+    s.process(81, Op::Exit, 80).process(82, Op::Exit, 80).process(83, Op::Exit, 80).process(80, Op::Exit, 1);
+    let kinds: Vec<FindingKind> = s.findings(RuleConfig::default()).iter().map(|f| f.kind).collect();
+    assert!(!kinds.contains(&FindingKind::OrphanHoldingMemory), "{kinds:?}");
+    // The capture ends right after the parent: children still holding memory are orphans then.
+    let mut s = launcher_and_workers();
+    s.process(80, Op::Exit, 1);
+    let orphans: Vec<u32> =
+        s.findings(RuleConfig::default()).iter().filter(|f| f.kind == FindingKind::OrphanHoldingMemory).map(|f| f.pid).collect();
+    assert_eq!(orphans, vec![81, 82, 83]);
+}
+
+#[test]
+fn finding_ids_are_stable_and_distinct() {
+    let s = launcher_and_workers();
+    let mut s2 = Stream { events: s.events.clone(), ts: s.ts };
+    s2.process(80, Op::Exit, 1);
+    let first = s2.findings(RuleConfig::default());
+    let again = s2.findings(RuleConfig::default());
+    let ids: Vec<&str> = first.iter().map(|f| f.finding_id.as_str()).collect();
+    assert_eq!(ids, again.iter().map(|f| f.finding_id.as_str()).collect::<Vec<_>>());
+    let distinct: std::collections::HashSet<&str> = ids.iter().copied().collect();
+    assert_eq!(distinct.len(), ids.len());
+    assert!(ids.iter().all(|id| id.len() == 16 && id.chars().all(|c| c.is_ascii_hexdigit())), "{ids:?}");
 }

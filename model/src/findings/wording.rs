@@ -1,13 +1,19 @@
 //! How findings say things: one place for bytes, frames and process names in sentences.
 
 use crate::bytes::human;
+use super::user_frame;
 use crate::event::Frame;
 
-/// "train.py:88 in forward", or a note that the call had no Python frame.
+/// "at train.py:88 in evaluate": the user's own line (see `user_frame`), with the library
+/// function that made the call when that is another frame, or a note that there was no Python
+/// frame.
 pub fn at(stack: &[Frame]) -> String {
-    match stack.first() {
-        Some(frame) => format!("at {}:{} in {}", frame.file, frame.line, frame.function),
-        None => "(no Python stack)".to_string(),
+    match (user_frame(stack), stack.first()) {
+        (Some(user), Some(innermost)) if user != innermost => {
+            format!("at {}:{} in {} (through {})", user.file, user.line, user.function, innermost.function)
+        }
+        (_, Some(frame)) => format!("at {}:{} in {}", frame.file, frame.line, frame.function),
+        (_, None) => "(no Python stack)".to_string(),
     }
 }
 

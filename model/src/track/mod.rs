@@ -36,8 +36,12 @@ impl Tracker {
         match (event.layer, event.op) {
             (Layer::Process, Op::Fork | Op::Exec) => {
                 // A forked child inherits no CUDA state, and exec discards it: a fresh table.
+                // Exec keeps the parent: a spawned worker is still its launcher's child.
+                let parent = if event.op == Op::Exec { self.live.get(&event.pid).and_then(|p| p.ppid) } else { None };
                 self.close(event.pid, ProcessState::Replaced { ts: event.ts });
-                self.live.insert(event.pid, ProcessMemory::new(event));
+                let mut process = ProcessMemory::new(event);
+                process.ppid = process.ppid.or(parent);
+                self.live.insert(event.pid, process);
             }
             (Layer::Process, Op::Exit) => {
                 self.process_mut(event);
@@ -141,6 +145,14 @@ impl Tracker {
         let mut live: Vec<&ProcessMemory> = self.live.values().collect();
         live.sort_by_key(|p| p.pid);
         live
+    }
+
+    /// When the instance of `pid` that something at `ts` is about was first seen (`ts` itself
+    /// when none was).
+    pub fn instance_since(&self, pid: u32, ts: u64) -> u64 {
+        let closed = self.closed.iter().filter(|p| p.pid == pid && p.first_ts <= ts);
+        let live = self.live.get(&pid).filter(|p| p.first_ts <= ts);
+        closed.chain(live).map(|p| p.first_ts).max().unwrap_or(ts)
     }
 
     /// Every process instance seen, in order of first appearance.

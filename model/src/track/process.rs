@@ -162,6 +162,16 @@ impl ProcessMemory {
         self.segments.iter().map(|(&start, &size)| (start, size)).collect()
     }
 
+    /// The size of the segment that starts at `start`, and when it was allocated or mapped.
+    pub fn segment_at(&self, start: u64) -> Option<(u64, u64)> {
+        let size = *self.segments.get(&start)?;
+        let ts = match self.allocations.get(&(Space::Pointer, start)) {
+            Some(allocation) => allocation.ts,
+            None => self.mappings.get(&start)?.ts,
+        };
+        Some((size, ts))
+    }
+
     /// The driver allocation or VMM mapping that starts at `start`, for its API and stack.
     pub fn segment_origin(&self, start: u64) -> Option<(&str, &[Frame])> {
         if let Some(a) = self.allocations.get(&(Space::Pointer, start)) {
@@ -306,7 +316,8 @@ impl ProcessMemory {
         }
         let mut frames: BTreeMap<(Option<&Frame>, Kind), KindTotal> = BTreeMap::new();
         for allocation in self.allocations.values() {
-            let total = frames.entry((allocation.stack.first(), allocation.kind)).or_default();
+            let line = crate::user_frame(&allocation.stack).or(allocation.stack.first());
+            let total = frames.entry((line, allocation.kind)).or_default();
             total.bytes += allocation.size;
             total.count += 1;
         }
@@ -443,7 +454,8 @@ pub struct KindTotal {
     pub count: u64,
 }
 
-/// Live allocations of one kind whose innermost Python frame is `frame` (None: no Python stack).
+/// Live allocations of one kind whose user line (`crate::user_frame`, else the innermost Python
+/// frame) is `frame` (None: no Python stack).
 #[derive(Debug, Clone, PartialEq)]
 pub struct FrameTotal {
     pub frame: Option<Frame>,
@@ -461,7 +473,7 @@ pub struct StackTotal<'a> {
 /// What one process holds, for tables and summaries.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LiveSummary {
-    /// Live bytes by innermost Python frame and kind, largest first.
+    /// Live bytes by the user's line (else the innermost Python frame) and kind, largest first.
     pub by_frame: Vec<FrameTotal>,
     /// A framework allocator's live blocks as gpuprof saw them.
     pub blocks: KindTotal,
