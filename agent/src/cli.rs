@@ -221,6 +221,10 @@ pub struct RuleArgs {
     /// Growth: consecutive rising windows that make a finding.
     #[arg(long, value_name = "N", default_value_t = 3)]
     pub growth_rises: u32,
+    /// Orphans: seconds a CUDA process's descendants may still hold GPU memory after it ends
+    /// before they are orphans holding memory.
+    #[arg(long, value_name = "SECS", default_value_t = 5.0)]
+    pub orphan_grace: f64,
 }
 
 impl RuleArgs {
@@ -231,9 +235,13 @@ impl RuleArgs {
         if self.growth_rises == 0 {
             anyhow::bail!("--growth-rises 0: give at least 1");
         }
+        if !(self.orphan_grace.is_finite() && self.orphan_grace >= 0.0) {
+            anyhow::bail!("--orphan-grace {}: give a number of seconds, 0 or more", self.orphan_grace);
+        }
         Ok(gpuprof_model::RuleConfig {
             growth_window_ns: (self.growth_window * 1e9) as u64,
             growth_rises: self.growth_rises,
+            orphan_grace_ns: (self.orphan_grace * 1e9) as u64,
         })
     }
 }

@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use gpuprof_model::{Analyzer, Event, Finding, RuleConfig};
 
+use crate::nvml::NvmlView;
 use crate::output::{self, EndOfRun, EventSink, Format};
 use crate::telemetry::Telemetry;
 
@@ -36,6 +37,8 @@ pub struct EventFlow {
     findings_file: Option<PathBuf>,
     notices: bool,
     events: u64,
+    /// What the driver says each followed process uses (nvidia-smi's figure), where NVML is.
+    nvml: NvmlView,
 }
 
 impl EventFlow {
@@ -51,6 +54,7 @@ impl EventFlow {
             findings_file: options.findings_file,
             notices: options.notices,
             events: 0,
+            nvml: NvmlView::open(),
         }
     }
 
@@ -72,10 +76,21 @@ impl EventFlow {
         self.sink.event(&event)
     }
 
-    /// Hands batches to the exporter and writes buffered output.
+    /// Findings that wait for time to pass (orphans after their grace period); hands batches to
+    /// the exporter and writes buffered output.
     pub fn flush(&mut self) -> Result<()> {
+        let now = gpuprof_model::event::wall_clock_ns();
+        let due = self.analyzer.tick(now);
+        if !due.is_empty() {
+            if let Some(telemetry) = &mut self.telemetry {
+                telemetry.findings(&due, self.analyzer.tracker());
+            }
+            self.found(due);
+        }
+        self.nvml.sample(self.analyzer.tracker(), now);
         if let Some(telemetry) = &mut self.telemetry {
-            telemetry.flush(self.analyzer.tracker(), gpuprof_model::event::wall_clock_ns());
+            telemetry.nvml_used(self.nvml.now().iter().map(|(pid, r)| (*pid, r.nvml_used)).collect());
+            telemetry.flush(self.analyzer.tracker(), now);
         }
         self.sink.flush().context("cannot write the output")
     }
@@ -111,6 +126,10 @@ impl EventFlow {
         &self.analyzer
     }
 
+    pub fn nvml(&self) -> &NvmlView {
+        &self.nvml
+    }
+
     pub fn telemetry(&self) -> Option<&Telemetry> {
         self.telemetry.as_ref()
     }
@@ -139,7 +158,7 @@ impl EventFlow {
         self.found(ended);
         let summaries = self.analyzer.tracker().summaries();
         self.sink
-            .finish(&EndOfRun { processes: &summaries, findings: &self.findings, lost_events })
+            .finish(&EndOfRun { processes: &summaries, findings: &self.findings, lost_events, nvml: self.nvml.last_seen() })
             .context("cannot write the output")?;
         if self.format != Format::Table && self.keep_findings {
             // The event stream stays pure jsonl; people read the findings on stderr.

@@ -15,6 +15,7 @@ pub mod export;
 pub mod flow;
 pub mod input;
 pub mod libcuda;
+pub mod nvml;
 pub mod output;
 pub mod pipeline;
 pub mod preflight;

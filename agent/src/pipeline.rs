@@ -185,6 +185,11 @@ impl<'c> Pipeline<'c> {
         self.flow.findings()
     }
 
+    /// What NVML says the followed processes use.
+    pub fn nvml(&self) -> &crate::nvml::NvmlView {
+        self.flow.nvml()
+    }
+
     /// Findings fired so far, kept or not.
     pub fn findings_fired(&self) -> u64 {
         self.flow.findings_fired()

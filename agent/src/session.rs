@@ -72,6 +72,7 @@ pub fn attach(pid: u32, wait: bool, args: &CaptureArgs) -> Result<u8> {
         session.pump(POLL_INTERVAL)?;
         if session.root_exited || !procfs::is_running(pid) {
             session.pump(Duration::ZERO)?;
+            follow_leftovers(&mut session, deadline, "process")?;
             break;
         }
         if deadline.is_some_and(|d| Instant::now() >= d) || signals::take().is_some() {
@@ -119,6 +120,9 @@ pub fn run(command: &[OsString], args: &CaptureArgs) -> Result<u8> {
     })?;
     // The exit tracepoint fires before the parent is told: the records are all there.
     session.pump(Duration::ZERO)?;
+    if status.is_some() {
+        follow_leftovers(&mut session, deadline, "command")?;
+    }
     session.finish()?;
     Ok(match status {
         Some(status) => exit_code_of(status),
@@ -127,6 +131,68 @@ pub fn run(command: &[OsString], args: &CaptureArgs) -> Result<u8> {
             0
         }
     })
+}
+
+/// The target ended, but processes it started may still hold GPU memory (workers left behind):
+/// say who holds what and follow them until they end, the deadline passes or a signal says
+/// stop.
+fn follow_leftovers(session: &mut Pipeline<'_>, deadline: Option<Instant>, what: &str) -> Result<()> {
+    let holders = leftovers(session);
+    if holders.is_empty() {
+        return Ok(());
+    }
+    eprintln!(
+        "gpuprof: the {what} exited, but {} still {}: following until they exit (Ctrl-C stops gpuprof and leaves them running; `kill {}` ends them)",
+        describe(&holders),
+        if holders.len() == 1 { "holds GPU memory" } else { "hold GPU memory" },
+        pids(&holders),
+    );
+    loop {
+        session.pump(POLL_INTERVAL)?;
+        session.tick();
+        let holders = leftovers(session);
+        if holders.is_empty() {
+            eprintln!("gpuprof: the processes left behind have exited");
+            return Ok(());
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) || signals::take().is_some() {
+            eprintln!(
+                "gpuprof: stopped following; still running and holding GPU memory: {} (follow them with `gpuprof attach PID`, end them with `kill {}`)",
+                describe(&holders),
+                pids(&holders)
+            );
+            return Ok(());
+        }
+    }
+}
+
+/// Live followed processes holding device memory or a CUDA context: (pid, comm, bytes, contexts).
+fn leftovers(session: &Pipeline<'_>) -> Vec<(u32, String, u64, u32)> {
+    session
+        .analyzer()
+        .tracker()
+        .live_processes()
+        .into_iter()
+        .filter(|p| (p.device_bytes() > 0 || p.contexts() > 0) && procfs::is_running(p.pid))
+        .map(|p| (p.pid, p.comm.to_string(), p.device_bytes(), p.contexts()))
+        .collect()
+}
+
+/// "pid 12 (python3) 1.0 GiB and a CUDA context, pid 13 (python3) a CUDA context".
+fn describe(holders: &[(u32, String, u64, u32)]) -> String {
+    let one = |(pid, comm, bytes, contexts): &(u32, String, u64, u32)| {
+        let held = match (*bytes, *contexts) {
+            (0, _) => "a CUDA context".to_string(),
+            (bytes, 0) => gpuprof_model::bytes::human(bytes),
+            (bytes, _) => format!("{} and a CUDA context", gpuprof_model::bytes::human(bytes)),
+        };
+        format!("pid {pid} ({comm}) {held}")
+    };
+    holders.iter().map(one).collect::<Vec<_>>().join(", ")
+}
+
+fn pids(holders: &[(u32, String, u64, u32)]) -> String {
+    holders.iter().map(|(pid, ..)| pid.to_string()).collect::<Vec<_>>().join(" ")
 }
 
 /// Runs `step` until the command exits (its status), or a second SIGINT/SIGTERM or the deadline

@@ -1,4 +1,4 @@
-//! The read side: `GET /api/v1/findings` (filters node, pid, kind, since, until),
+//! The read side: `GET /api/v1/findings` (filters node, pid, kind, severity, since, until),
 //! `GET /api/v1/processes` (node, detail), `GET /api/v1/profile` (node, pid: the process's
 //! latest memory profile as pprof, for `go tool pprof`, Pyroscope or Parca), Prometheus
 //! `GET /metrics`, and `GET /healthz`.

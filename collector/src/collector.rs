@@ -272,6 +272,7 @@ impl Collector {
                                 allocator.entry((device, point.time_unix_nano)).or_default().reserved = value;
                             }
                         }
+                        name::NVML_USED => state.nvml_gauge(&node, identity.pid, point.time_unix_nano, value),
                         name::LIVE_BYTES => {
                             let (layer, kind) = (attribute(name::ATTR_LAYER).unwrap_or(""), attribute(name::ATTR_KIND).unwrap_or(""));
                             state.live_gauge(&node, identity.pid, point.time_unix_nano, layer, kind, value);

@@ -62,12 +62,15 @@ struct StackLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RecentFindingLabels {
     id: String,
+    finding_id: String,
     node: String,
     namespace: String,
     pod: String,
     pid: String,
     comm: String,
     kind: String,
+    severity: String,
+    user_line: String,
     stack: String,
 }
 
@@ -75,6 +78,7 @@ struct RecentFindingLabels {
 struct FindingLabels {
     node: String,
     kind: String,
+    severity: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -103,6 +107,8 @@ pub fn render(collector: &Collector) -> String {
     let live = Family::<LiveLabels, Gauge>::default();
     let allocated = Family::<DeviceLabels, Gauge>::default();
     let reserved = Family::<DeviceLabels, Gauge>::default();
+    let nvml_used = Family::<ProcessLabels, Gauge>::default();
+    let not_probed = Family::<ProcessLabels, Gauge>::default();
     let findings = Family::<FindingLabels, Gauge>::default();
     let stacks = Family::<StackLabels, Gauge>::default();
     let recent = Family::<RecentFindingLabels, Gauge>::default();
@@ -133,10 +139,15 @@ pub fn render(collector: &Collector) -> String {
                     by_kind.insert(kind.as_str().to_string(), total.bytes);
                 }
             }
+            let by_kind_probed: u64 = by_kind.iter().filter(|(kind, _)| kind.as_str() != "host_pinned").map(|(_, bytes)| bytes).sum();
             for (kind, bytes) in by_kind {
                 live.get_or_create(&LiveLabels { process: process_labels.clone(), kind }).set(bytes as i64);
             }
             let Some(summary) = process.summary else { continue };
+            if let Some(used) = summary.nvml_used {
+                nvml_used.get_or_create(&process_labels).set(used as i64);
+                not_probed.get_or_create(&process_labels).set(used as i64 - by_kind_probed as i64);
+            }
             for (device, totals) in &summary.allocator {
                 let labels = DeviceLabels { process: process_labels.clone(), device: device.to_string() };
                 allocated.get_or_create(&labels).set(totals.allocated as i64);
@@ -160,20 +171,23 @@ pub fn render(collector: &Collector) -> String {
                 stacks.get_or_create(&labels).set(*bytes as i64);
             }
         }
-        for ((node, kind), count) in state.findings_by_kind() {
-            findings.get_or_create(&FindingLabels { node, kind: kind.as_str().into() }).set(count as i64);
+        for ((node, kind, severity), count) in state.findings_by_kind() {
+            findings.get_or_create(&FindingLabels { node, kind: kind.as_str().into(), severity: severity.as_str().into() }).set(count as i64);
         }
         for stored in state.recent_findings(RECENT_FINDINGS) {
             let finding = &stored.finding;
             let workload = state.workload(&stored.node, finding.pid).unwrap_or(&no_workload);
             let labels = RecentFindingLabels {
                 id: stored.id.to_string(),
+                finding_id: finding.finding_id.clone(),
                 node: stored.node.clone(),
                 namespace: workload.namespace.clone(),
                 pod: workload.pod.clone(),
                 pid: finding.pid.to_string(),
                 comm: finding.comm.clone(),
                 kind: finding.kind.as_str().into(),
+                severity: finding.severity.as_str().into(),
+                user_line: finding.user_frame.as_ref().map(|f| format!("{}:{} in {}", f.file, f.line, f.function)).unwrap_or_default(),
                 stack: stack_label(&finding.stack),
             };
             recent.get_or_create(&labels).set(finding.bytes as i64);
@@ -182,7 +196,13 @@ pub fn render(collector: &Collector) -> String {
     registry.register("gpuprof_live_bytes", "Device memory a process holds now, by kind (driver level)", live);
     registry.register("gpuprof_allocator_allocated_bytes", "Bytes in a framework allocator's live blocks (tensors), per device", allocated);
     registry.register("gpuprof_allocator_reserved_bytes", "Bytes a framework allocator holds in segments, its cache included, per device", reserved);
-    registry.register("gpuprof_findings", "Findings held, by node and kind", findings);
+    registry.register("gpuprof_nvml_used_bytes", "Device memory the driver accounts to a process, all devices (NVML, as nvidia-smi shows)", nvml_used);
+    registry.register(
+        "gpuprof_not_probed_bytes",
+        "NVML's used memory less the live device bytes of the probed calls: the CUDA context, modules, memory from before the capture or from calls not probed",
+        not_probed,
+    );
+    registry.register("gpuprof_findings", "Findings held, by node, kind and severity (leak: act on it; info: a fact)", findings);
     registry.register("gpuprof_top_stack_live_bytes", "Live bytes of the stacks holding the most, per live process (tensors where PyTorch's allocator reports, else driver allocations)", stacks);
     registry.register("gpuprof_recent_finding_bytes", "The most recent findings, one series each, valued at the bytes involved", recent);
 

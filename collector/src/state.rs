@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
 use gpuprof_model::track::{ProcessMemory, ProcessState, Tracker};
-use gpuprof_model::{Event, Finding, FindingKind, Frame, Layer, Op, Stack, StackTable};
+use gpuprof_model::{Event, Finding, FindingKind, Frame, Layer, Op, Severity, Stack, StackTable};
 use serde::{Deserialize, Serialize};
 
 /// A finding as the API serves it: the contract of docs/findings.md plus the node and an id.
@@ -36,6 +36,9 @@ pub struct ProcessSummary {
     /// Spans the node sent for the process (its trace's size).
     #[serde(default)]
     pub spans: u64,
+    /// Device memory the driver accounts to the process (NVML), as the node last reported it.
+    #[serde(default)]
+    pub nvml_used: Option<u64>,
 }
 
 /// The latest memory profile of a process: the pprof as the node sent it, and its samples.
@@ -91,6 +94,8 @@ pub struct FindingFilter {
     pub node: Option<String>,
     pub pid: Option<u32>,
     pub kind: Option<FindingKind>,
+    /// `leak` or `info`.
+    pub severity: Option<Severity>,
     /// Findings whose last_ts is at or after this (ns since the epoch).
     pub since: Option<u64>,
     /// Findings whose first_ts is before this.
@@ -123,6 +128,14 @@ pub struct ProcessView {
     pub top_stacks: Vec<StackView>,
     /// Spans the node sent for the process: its trace's size.
     pub spans: u64,
+    /// Device memory the driver accounts to the process (NVML, nvidia-smi's figure), where the
+    /// node has NVML.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nvml_used_bytes: Option<u64>,
+    /// `nvml_used_bytes` less the live device bytes of the probed calls: the CUDA context,
+    /// modules, memory from before the capture or from calls not probed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub not_probed_bytes: Option<i64>,
     /// The open driver allocations themselves, with `detail=true`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub allocations: Option<Vec<AllocationView>>,
@@ -183,7 +196,7 @@ impl State {
         let stored: Vec<StoredFinding> = findings
             .into_iter()
             .map(|finding| {
-                let process_since = instance_since(&node.tracker, finding.pid, finding.first_ts);
+                let process_since = node.tracker.instance_since(finding.pid, finding.first_ts);
                 StoredFinding { id: 0, node: node_name.to_string(), finding, process_since }
             })
             .collect();
@@ -216,6 +229,15 @@ impl State {
         }
     }
 
+    /// A node's NVML figure for one process, taken at `ts`.
+    pub fn nvml_gauge(&mut self, node_name: &str, pid: u32, ts: u64, bytes: u64) {
+        let summary = self.node(node_name).summaries.entry(pid).or_default();
+        if ts >= summary.gauges_ts {
+            summary.gauges_ts = ts;
+            summary.nvml_used = Some(bytes);
+        }
+    }
+
     /// Spans a node sent for one process.
     pub fn spans(&mut self, node_name: &str, pid: u32, count: u64) {
         self.node(node_name).summaries.entry(pid).or_default().spans += count;
@@ -242,15 +264,16 @@ impl State {
             .filter(|f| filter.node.as_ref().is_none_or(|n| *n == f.node))
             .filter(|f| filter.pid.is_none_or(|p| p == f.finding.pid))
             .filter(|f| filter.kind.is_none_or(|k| k == f.finding.kind))
+            .filter(|f| filter.severity.is_none_or(|s| s == f.finding.severity))
             .filter(|f| filter.since.is_none_or(|s| f.finding.last_ts >= s))
             .filter(|f| filter.until.is_none_or(|u| f.finding.first_ts < u))
             .collect()
     }
 
-    pub fn findings_by_kind(&self) -> BTreeMap<(String, FindingKind), u64> {
+    pub fn findings_by_kind(&self) -> BTreeMap<(String, FindingKind, Severity), u64> {
         let mut counts = BTreeMap::new();
         for f in &self.findings {
-            *counts.entry((f.node.clone(), f.finding.kind)).or_insert(0) += 1;
+            *counts.entry((f.node.clone(), f.finding.kind, f.finding.severity)).or_insert(0) += 1;
         }
         counts
     }
@@ -362,11 +385,6 @@ pub struct LiveProcess<'a> {
     pub summary: Option<&'a ProcessSummary>,
 }
 
-/// When the instance of `pid` that a finding at `ts` is about was first seen.
-fn instance_since(tracker: &Tracker, pid: u32, ts: u64) -> u64 {
-    tracker.processes().into_iter().filter(|p| p.pid == pid && p.first_ts <= ts).map(|p| p.first_ts).max().unwrap_or(ts)
-}
-
 fn view(node: &str, p: &ProcessMemory, summary: Option<&ProcessSummary>, detail: bool) -> ProcessView {
     let live = p.summary();
     let (state, exit_code) = match p.state {
@@ -392,7 +410,11 @@ fn view(node: &str, p: &ProcessMemory, summary: Option<&ProcessSummary>, detail:
         Some(summary) => summary.allocator.clone(),
         None => p.allocator_totals().iter().map(|(d, t)| (*d, AllocatorView { allocated: t.allocated, reserved: t.reserved })).collect(),
     };
+    let nvml_used_bytes = summary.and_then(|s| s.nvml_used);
+    let probed: u64 = live.by_kind.iter().filter(|(k, _)| **k != gpuprof_model::Kind::HostPinned).map(|(_, t)| t.bytes).sum();
     ProcessView {
+        nvml_used_bytes,
+        not_probed_bytes: nvml_used_bytes.map(|used| used as i64 - probed as i64),
         node: node.to_string(),
         pid: p.pid,
         ppid: p.ppid,

@@ -13,9 +13,11 @@ const FINDINGS: TableDefinition<u64, &[u8]> = TableDefinition::new("findings");
 const NODES: TableDefinition<&str, &[u8]> = TableDefinition::new("nodes");
 const CACHE_BYTES: usize = 64 << 20;
 /// Node states carry this first byte; a state of another version is not misread.
-const NODE_FORMAT: u8 = 2;
-/// Saved by collectors that ran the leak rules themselves: their node states are left behind.
-const RULES_AT_THE_COLLECTOR: u8 = 1;
+const NODE_FORMAT: u8 = 3;
+/// Node states of earlier collectors (1: the leak rules ran at the collector; 2: process
+/// summaries without NVML's figure): left behind, their processes come back with the node's
+/// next batches.
+const FORMATS_LEFT_BEHIND: [u8; 2] = [1, 2];
 
 pub struct Store {
     db: Database,
@@ -58,7 +60,7 @@ impl Store {
             let bytes = bytes.value();
             match bytes.first() {
                 Some(&NODE_FORMAT) => {}
-                Some(&RULES_AT_THE_COLLECTOR) => {
+                Some(format) if FORMATS_LEFT_BEHIND.contains(format) => {
                     // Its findings are kept; its processes come back with the node's next batches.
                     eprintln!("gpuprof-collector: node {} was saved by an older gpuprof-collector: its processes start afresh (its findings are kept)", name.value());
                     continue;

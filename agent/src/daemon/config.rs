@@ -77,6 +77,9 @@ pub struct DaemonArgs {
     /// Growth rule: consecutive rising windows that make a finding (default 3).
     #[arg(long, value_name = "N", env = "GPUPROF_GROWTH_RISES")]
     pub growth_rises: Option<u32>,
+    /// Orphan rule: seconds a CUDA process's descendants may hold memory after it ends (default 5).
+    #[arg(long, value_name = "SECS", env = "GPUPROF_ORPHAN_GRACE")]
+    pub orphan_grace: Option<f64>,
 }
 
 /// How the daemon captures.
@@ -116,6 +119,7 @@ struct FileConfig {
     no_stacks: Option<bool>,
     growth_window: Option<f64>,
     growth_rises: Option<u32>,
+    orphan_grace: Option<f64>,
 }
 
 /// Everything the daemon runs with, resolved and checked.
@@ -195,6 +199,7 @@ impl DaemonArgs {
         if growth_rises == 0 {
             bail!("growth_rises 0: give at least 1");
         }
+        let orphan_grace = seconds("orphan_grace", self.orphan_grace.or(file.orphan_grace).unwrap_or(5.0))?;
         Ok(DaemonConfig {
             otlp,
             node_name,
@@ -207,7 +212,11 @@ impl DaemonArgs {
             shim_socket,
             ring_buffer_bytes: buffer_mib << 20,
             python_stacks: !(self.no_stacks || file.no_stacks.unwrap_or(false)),
-            rules: RuleConfig { growth_window_ns: growth_window.as_nanos() as u64, growth_rises },
+            rules: RuleConfig {
+                growth_window_ns: growth_window.as_nanos() as u64,
+                growth_rises,
+                orphan_grace_ns: orphan_grace.as_nanos() as u64,
+            },
         })
     }
 }

@@ -100,7 +100,7 @@ fn convert(request: &ExportRequest<'_>, format: output::Format) -> Result<u8> {
         Some(gpuprof_recording::Ending::Closed { lost, .. }) => lost,
         _ => 0,
     };
-    sink.finish(&EndOfRun { processes: &[], findings: &[], lost_events: lost }).context("cannot write the export")?;
+    sink.finish(&EndOfRun { processes: &[], findings: &[], lost_events: lost, nvml: &std::collections::BTreeMap::new() }).context("cannot write the export")?;
     Ok(0)
 }
 

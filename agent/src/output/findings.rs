@@ -7,25 +7,32 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use gpuprof_model::bytes::human;
-use gpuprof_model::Finding;
+use gpuprof_model::{Finding, Severity};
 
-/// The readable list.
+/// The readable list: leaks first, then facts (`info`), each in the order they fired.
 pub fn write_table(writer: &mut dyn Write, findings: &[Finding]) -> io::Result<()> {
     writeln!(writer)?;
     if findings.is_empty() {
         return writeln!(writer, "Findings: none.");
     }
-    writeln!(writer, "Findings ({}):", findings.len())?;
-    for finding in findings {
+    let leaks = findings.iter().filter(|f| f.severity == Severity::Leak).count();
+    writeln!(writer, "Findings ({} leaks, {} info):", leaks, findings.len() - leaks)?;
+    let ordered = findings.iter().filter(|f| f.severity == Severity::Leak).chain(findings.iter().filter(|f| f.severity != Severity::Leak));
+    for finding in ordered {
         let peer = finding.peer_pid.map(|p| format!(" peer {p}")).unwrap_or_default();
         writeln!(
             writer,
-            "  {} pid {}{peer}: {} in {}",
+            "  {} [{}] pid {}{peer}: {} in {} (id {})",
             finding.kind.as_str(),
+            finding.severity.as_str(),
             finding.pid,
             human(finding.bytes),
-            finding.count
+            finding.count,
+            finding.finding_id,
         )?;
+        if let Some(user) = &finding.user_frame {
+            writeln!(writer, "    your line: {}:{} in {}", user.file, user.line, user.function)?;
+        }
         writeln!(writer, "    {}", finding.detail)?;
         for frame in &finding.stack {
             writeln!(writer, "      {}:{} in {}", frame.file, frame.line, frame.function)?;

@@ -55,6 +55,8 @@ pub struct EndOfRun<'a> {
     pub findings: &'a [Finding],
     /// Events the capture lost (a recording keeps the count).
     pub lost_events: u64,
+    /// NVML's used memory per process, last seen while it ran, beside what the probes saw.
+    pub nvml: &'a std::collections::BTreeMap<u32, crate::nvml::Reconciled>,
 }
 
 pub trait EventSink {

@@ -1,6 +1,6 @@
 //! `--format table`: a row per event as it happens, then live memory per process and kind.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::io::{self, Write};
 
 use gpuprof_model::driver_api::result_name;
@@ -10,6 +10,7 @@ use gpuprof_model::track::{LiveSummary, ProcessState};
 use gpuprof_model::bytes::human as human_bytes;
 
 use super::{EndOfRun, EventSink};
+use crate::nvml::Reconciled;
 
 /// Rows for driver calls, and for the exit of processes that made some; the fork and exec of
 /// every helper process (shells, launchers) stay in the jsonl stream only.
@@ -47,6 +48,16 @@ fn time_of_day(ts_ns: u64) -> String {
 fn short_frame(frame: &Frame) -> String {
     let file = frame.file.rsplit('/').next().unwrap_or(&frame.file);
     format!("{file}:{} {}", frame.line, frame.function)
+}
+
+/// The user's line, and the library function it called when that is another frame:
+/// "train.py:42 evaluate < Linear.forward".
+fn python_column(stack: &[Frame]) -> String {
+    match (gpuprof_model::user_frame(stack), stack.first()) {
+        (Some(user), Some(innermost)) if user != innermost => format!("{} < {}", short_frame(user), innermost.function),
+        (_, Some(innermost)) => short_frame(innermost),
+        (_, None) => String::new(),
+    }
 }
 
 fn result_text(code: i32) -> String {
@@ -87,7 +98,7 @@ impl EventSink for TableSink {
             (Layer::Process, Op::Exit) => (String::new(), format!("exit {}", event.exit_code.unwrap_or(0))),
             _ => (human_bytes(event.size), result_text(event.result)),
         };
-        let python = event.stack.first().map(short_frame).unwrap_or_default();
+        let python = python_column(&event.stack);
         writeln!(
             self.writer,
             "{:<12} {:>7} {:>7} {:<15} {:<30} {:<10} {:<11} {:<18} {:>10} {:<20} {}",
@@ -111,6 +122,7 @@ impl EventSink for TableSink {
 
     fn finish(&mut self, end: &EndOfRun<'_>) -> io::Result<()> {
         write_live_summary(&mut self.writer, end.processes)?;
+        write_nvml(&mut self.writer, end.processes, end.nvml)?;
         super::findings::write_table(&mut self.writer, end.findings)?;
         self.writer.flush()
     }
@@ -185,16 +197,41 @@ fn write_allocator_totals(writer: &mut dyn Write, processes: &[&LiveSummary]) ->
     Ok(())
 }
 
+/// Each process's used memory as the driver accounts it (NVML, nvidia-smi's figure) beside what
+/// the probed calls hold; the difference is memory no probed call made.
+fn write_nvml(writer: &mut dyn Write, processes: &[LiveSummary], nvml: &BTreeMap<u32, Reconciled>) -> io::Result<()> {
+    if nvml.is_empty() {
+        return Ok(());
+    }
+    writeln!(writer)?;
+    writeln!(writer, "GPU memory per process as the driver accounts it (NVML, as nvidia-smi shows), last seen while running;")?;
+    writeln!(writer, "NOT PROBED = NVML USED - PROBED CALLS: the CUDA context, modules, memory from before the capture or from calls gpuprof does not probe:")?;
+    writeln!(writer, "{:>7} {:<15} {:>14} {:>14} {:>14}", "PID", "COMM", "NVML USED", "PROBED CALLS", "NOT PROBED")?;
+    for (pid, seen) in nvml {
+        let comm = processes.iter().rev().find(|p| p.pid == *pid).map(|p| p.comm.as_str()).unwrap_or("");
+        writeln!(
+            writer,
+            "{:>7} {:<15} {:>14} {:>14} {:>14}",
+            pid,
+            comm,
+            seen.nvml_used,
+            seen.probed,
+            seen.not_probed()
+        )?;
+    }
+    Ok(())
+}
+
 /// Frames per process shown in the summary; the rest are summed in one line.
 const FRAMES_SHOWN: usize = 10;
 
-/// Live bytes grouped by the innermost Python frame of the allocating call.
+/// Live bytes grouped by the user's line of the allocating call.
 fn write_live_by_frame(writer: &mut dyn Write, processes: &[&LiveSummary]) -> io::Result<()> {
     if processes.iter().all(|p| p.by_frame.is_empty()) {
         return Ok(());
     }
     writeln!(writer)?;
-    writeln!(writer, "Live GPU memory at end, by innermost Python frame:")?;
+    writeln!(writer, "Live GPU memory at end, by the user's line (the innermost frame outside the standard library and installed packages):")?;
     writeln!(writer, "{:>7} {:<11} {:>14} {:>6}  FRAME", "PID", "KIND", "LIVE BYTES", "COUNT")?;
     for process in processes {
         for entry in process.by_frame.iter().take(FRAMES_SHOWN) {
@@ -230,5 +267,11 @@ mod tests {
         assert_eq!(time_of_day(((3600 + 2 * 60 + 3) * 1000 + 45) * 1_000_000), "01:02:03.045");
         assert_eq!(result_text(2), "2 OUT_OF_MEMORY");
         assert_eq!(result_text(0), "ok");
+        let frame = |file: &str, line, function: &str| Frame { file: file.into(), line, function: function.into() };
+        let stack = [frame("/v/lib/python3.12/site-packages/torch/nn/modules/linear.py", 134, "Linear.forward"), frame("/src/train.py", 42, "evaluate")];
+        assert_eq!(python_column(&stack), "train.py:42 evaluate < Linear.forward");
+        assert_eq!(python_column(&stack[1..]), "train.py:42 evaluate");
+        assert_eq!(python_column(&stack[..1]), "linear.py:134 Linear.forward");
+        assert_eq!(python_column(&[]), "");
     }
 }

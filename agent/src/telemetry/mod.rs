@@ -160,6 +160,8 @@ pub struct Telemetry {
     /// Event records of the full stream left out because the agent was over its memory cap.
     shed: u64,
     over_memory_cap: bool,
+    /// NVML's used memory per process in its latest sample.
+    nvml_used: BTreeMap<u32, u64>,
 }
 
 /// Records are handed to the client when this much is waiting (between flushes, at high rates).
@@ -195,6 +197,7 @@ impl Telemetry {
             last_profiles: now,
             shed: 0,
             over_memory_cap: false,
+            nvml_used: BTreeMap::new(),
         }
     }
 
@@ -242,7 +245,7 @@ impl Telemetry {
         for finding in fired {
             let ts = finding.last_ts;
             self.push_record(finding.pid, gpuprof_otlp::logs::finding_record(finding, ts));
-            let since = instance_since(tracker, finding.pid, finding.first_ts);
+            let since = tracker.instance_since(finding.pid, finding.first_ts);
             self.findings_sent += 1;
             let span = gpuprof_otlp::findings::span_of(finding, &self.node, since, self.findings_sent);
             self.spans.push((finding.pid, span));
@@ -330,8 +333,13 @@ impl Telemetry {
         self.push_record(process.pid, gpuprof_otlp::logs::profile_record(pprof, ts, reason.as_str()));
     }
 
+    /// NVML's used memory per process (nvidia-smi's figure), for the next gauges.
+    pub fn nvml_used(&mut self, used: BTreeMap<u32, u64>) {
+        self.nvml_used = used;
+    }
+
     fn process_metrics(&mut self, process: &ProcessMemory, ts: u64) {
-        let metrics = gpuprof_otlp::metrics::process_metrics(process, ts);
+        let metrics = gpuprof_otlp::metrics::process_metrics(process, ts, self.nvml_used.get(&process.pid).copied());
         let resource = self.identity(process.pid, &process.comm, process.ppid).resource();
         self.metrics.push(ResourceMetrics {
             resource: Some(resource),
@@ -462,11 +470,6 @@ impl std::fmt::Display for Delivered {
 /// The latest instance of `pid` (an exit closes it; it is still the one just seen).
 fn last_instance(tracker: &Tracker, pid: u32) -> Option<&ProcessMemory> {
     tracker.processes().into_iter().rev().find(|p| p.pid == pid && p.state != ProcessState::Running)
-}
-
-/// When the instance of `pid` that a finding at `ts` is about was first seen.
-pub fn instance_since(tracker: &Tracker, pid: u32, ts: u64) -> u64 {
-    tracker.processes().into_iter().filter(|p| p.pid == pid && p.first_ts <= ts).map(|p| p.first_ts).max().unwrap_or(ts)
 }
 
 fn logs_of(identity: ProcessIdentity, log_records: Vec<LogRecord>) -> ResourceLogs {

@@ -1,5 +1,7 @@
 //! What `gpuprof top` draws: a snapshot of the pipeline's state (the model) and the widgets.
 
+use std::collections::BTreeMap;
+
 use gpuprof_model::bytes::human;
 use gpuprof_model::track::{LiveSummary, ProcessState};
 use gpuprof_model::Finding;
@@ -9,6 +11,7 @@ use ratatui::text::Line;
 use ratatui::widgets::{Block, Borders, Cell, Paragraph, Row, Table, TableState, Wrap};
 use ratatui::Frame;
 
+use crate::nvml::Reconciled;
 use crate::pipeline::Pipeline;
 
 /// The columns the process table can be sorted by.
@@ -70,6 +73,8 @@ pub struct Model {
     processes: Vec<LiveSummary>,
     findings: Vec<Finding>,
     events: u64,
+    /// NVML's latest figures, where the machine has NVML.
+    nvml: BTreeMap<u32, Reconciled>,
 }
 
 impl Model {
@@ -82,7 +87,7 @@ impl Model {
             .map(|p| p.summary())
             .filter(|s| s.driver_calls > 0 || s.allocator.is_some())
             .collect();
-        Model { processes, findings: pipeline.findings().to_vec(), events: pipeline.events() }
+        Model { processes, findings: pipeline.findings().to_vec(), events: pipeline.events(), nvml: pipeline.nvml().now().clone() }
     }
 }
 
@@ -123,6 +128,11 @@ pub fn draw(frame: &mut Frame<'_>, model: &Model, state: &mut ViewState) {
             ProcessState::Replaced { .. } => "exec'd".to_string(),
         };
         let (allocated, reserved) = p.allocator.map_or((String::from("-"), String::from("-")), |a| (human(a.allocated), human(a.reserved)));
+        // NVML's figure and the part of it no probed call made (context, modules, …).
+        let (nvml, not_probed) = model.nvml.get(&p.pid).map_or((String::from("-"), String::from("-")), |r| {
+            let sign = if r.not_probed() < 0 { "-" } else { "" };
+            (human(r.nvml_used), format!("{sign}{}", human(r.not_probed().unsigned_abs())))
+        });
         Row::new(vec![
             Cell::from(p.pid.to_string()),
             Cell::from(p.comm.clone()),
@@ -130,6 +140,8 @@ pub fn draw(frame: &mut Frame<'_>, model: &Model, state: &mut ViewState) {
             Cell::from(human(device_bytes(p))),
             Cell::from(allocated),
             Cell::from(reserved),
+            Cell::from(nvml),
+            Cell::from(not_probed),
             Cell::from(p.imports.to_string()),
             Cell::from(p.contexts.to_string()),
             Cell::from(p.driver_calls.to_string()),
@@ -144,13 +156,15 @@ pub fn draw(frame: &mut Frame<'_>, model: &Model, state: &mut ViewState) {
             Constraint::Length(12),
             Constraint::Length(12),
             Constraint::Length(12),
+            Constraint::Length(12),
+            Constraint::Length(12),
             Constraint::Length(9),
             Constraint::Length(4),
             Constraint::Length(8),
         ],
     )
     .header(
-        Row::new(["PID", "COMM", "STATE", "DRIVER", "ALLOCATED", "RESERVED", "IPC OPEN", "CTX", "CALLS"])
+        Row::new(["PID", "COMM", "STATE", "DRIVER", "ALLOCATED", "RESERVED", "NVML USED", "NOT PROBED", "IPC OPEN", "CTX", "CALLS"])
             .style(Style::default().add_modifier(Modifier::BOLD)),
     )
     .row_highlight_style(Style::default().add_modifier(Modifier::REVERSED))
@@ -176,7 +190,7 @@ pub fn draw(frame: &mut Frame<'_>, model: &Model, state: &mut ViewState) {
             .collect(),
         None => vec![Line::from("no CUDA process yet")],
     };
-    let title = selected.map_or("Stacks".to_string(), |p| format!("Live bytes by innermost frame — pid {}", p.pid));
+    let title = selected.map_or("Stacks".to_string(), |p| format!("Live bytes by the user's line — pid {}", p.pid));
     frame.render_widget(Paragraph::new(stacks).block(Block::default().borders(Borders::ALL).title(title)), bottom[0]);
 
     let findings: Vec<Line> = model
@@ -184,7 +198,7 @@ pub fn draw(frame: &mut Frame<'_>, model: &Model, state: &mut ViewState) {
         .iter()
         .rev()
         .take(20)
-        .map(|f| Line::from(format!("{} pid {} {}: {}", f.kind.as_str(), f.pid, human(f.bytes), f.detail)))
+        .map(|f| Line::from(format!("{} [{}] pid {} {}: {}", f.kind.as_str(), f.severity.as_str(), f.pid, human(f.bytes), f.detail)))
         .collect();
     frame.render_widget(
         Paragraph::new(findings).wrap(Wrap { trim: true }).block(Block::default().borders(Borders::ALL).title("Findings")),
