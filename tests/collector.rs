@@ -17,7 +17,7 @@ use gpuprof_otlp::proto::collector::logs::v1::ExportLogsServiceRequest;
 use gpuprof_otlp::resource::ProcessIdentity;
 use prost::Message;
 use serde_json::Value;
-use support::collector::{allocator_gauges, collector_bin, handed_over, logs_request, logs_request_of, profile_record, records_request, synthetic, trainer, Collector};
+use support::collector::{allocator_gauges, collector_bin, handed_over, logs_request, logs_request_of, nvml_gauge, profile_record, records_request, synthetic, trainer, Collector};
 use support::*;
 
 const MIB: u64 = 1 << 20;
@@ -78,7 +78,8 @@ fn agents_over_grpc_and_http_give_the_collector_the_agents_own_findings() {
         handed_total += records;
     }
 
-    // Node a: the worker left the parent's IPC mapping open.
+    // Node a: the worker left the parent's IPC mapping open (its context serves the import: no
+    // worker_cuda_context).
     let (parent, worker) = (pid_of_role(&grpc.expected, "parent"), pid_of_role(&grpc.expected, "worker"));
     let a = collector.findings("?node=node-a");
     let summary: Vec<(String, u64, Option<u64>, u64)> = a
@@ -87,10 +88,7 @@ fn agents_over_grpc_and_http_give_the_collector_the_agents_own_findings() {
         .collect();
     assert_eq!(
         summary,
-        vec![
-            ("worker_cuda_context".to_string(), u64::from(worker), Some(u64::from(parent)), 0),
-            ("ipc_handle_not_closed".to_string(), u64::from(worker), Some(u64::from(parent)), 4 * MIB),
-        ]
+        vec![("ipc_handle_not_closed".to_string(), u64::from(worker), Some(u64::from(parent)), 4 * MIB)]
     );
     assert_eq!(a.iter().map(contract).collect::<Vec<_>>(), grpc.findings);
     assert!(a.iter().all(|f| f["node"] == "node-a"));
@@ -101,13 +99,15 @@ fn agents_over_grpc_and_http_give_the_collector_the_agents_own_findings() {
     let (parent, worker) = (pid_of_role(&http.expected, "parent"), pid_of_role(&http.expected, "worker"));
     let b = collector.findings("?node=node-b");
     assert_eq!(b.iter().map(contract).collect::<Vec<_>>(), http.findings);
-    assert_eq!(b[1]["kind"], "ipc_export_freed_while_imported");
-    assert_eq!((b[1]["pid"].as_u64(), b[1]["peer_pid"].as_u64()), (Some(u64::from(parent)), Some(u64::from(worker))));
+    assert_eq!(b.len(), 1);
+    assert_eq!(b[0]["kind"], "ipc_export_freed_while_imported");
+    assert_eq!((b[0]["pid"].as_u64(), b[0]["peer_pid"].as_u64()), (Some(u64::from(parent)), Some(u64::from(worker))));
 
     // Filters.
-    assert_eq!(collector.findings("").len(), 4);
-    assert_eq!(collector.findings(&format!("?kind=worker_cuda_context&pid={worker}")).len(), 1);
-    let after = b[1]["last_ts"].as_u64().unwrap() + 1;
+    assert_eq!(collector.findings("").len(), 2);
+    assert_eq!(collector.findings(&format!("?kind=ipc_export_freed_while_imported&pid={parent}")).len(), 1);
+    assert_eq!(collector.findings(&format!("?kind=ipc_export_freed_while_imported&pid={worker}")).len(), 0);
+    let after = b[0]["last_ts"].as_u64().unwrap() + 1;
     assert_eq!(collector.findings(&format!("?since={after}")).len(), 0);
     let (status, body) = collector.get("/api/v1/findings?kind=nonsense");
     assert_eq!(status, 400, "{body}");
@@ -116,9 +116,9 @@ fn agents_over_grpc_and_http_give_the_collector_the_agents_own_findings() {
     assert_eq!(collector.metric("gpuprof_collector_received_total{signal=\"log_records\"}"), handed_total);
     assert_eq!(
         collector.metric("gpuprof_collector_received_total{signal=\"spans\"}"),
-        allocations(&grpc.events) + allocations(&http.events) + 4
+        allocations(&grpc.events) + allocations(&http.events) + 2
     );
-    assert_eq!(collector.metric("gpuprof_findings{node=\"node-b\",kind=\"ipc_export_freed_while_imported\"}"), 1);
+    assert_eq!(collector.metric("gpuprof_findings{node=\"node-b\",kind=\"ipc_export_freed_while_imported\",severity=\"leak\"}"), 1);
 
     // The processes of a node, closed out at exit.
     let (status, body) = collector.get("/api/v1/processes?node=node-a");
@@ -282,6 +282,7 @@ fn promtool_accepts_the_metrics_and_the_values_are_the_nodes() {
     };
     assert_eq!(collector.post("/v1/logs", "application/x-protobuf", &logs_request_of(&pod, &events), None).0, 200);
     // Its node's profile of it (driver allocations: no framework allocator there).
+    assert_eq!(collector.post("/v1/metrics", "application/x-protobuf", &nvml_gauge(&pod, base + 2, 8 * MIB + 500 * MIB), None).0, 200);
     let profile = profile_record(base + 2, "driver", &[("step", 43, 5 * MIB, 1), ("step", 42, 3 * MIB, 1)]);
     assert_eq!(collector.post("/v1/logs", "application/x-protobuf", &records_request(&pod, vec![profile]), None).0, 200);
     // A PyTorch process: its allocator's gauges and a profile of its tensors.
@@ -296,6 +297,7 @@ fn promtool_accepts_the_metrics_and_the_values_are_the_nodes() {
     ];
     assert_eq!(collector.post("/v1/logs", "application/x-protobuf", &logs_request("node-p", 701, &exit), None).0, 200);
     let found = gpuprof_model::analyze(&exit, gpuprof_model::RuleConfig::default());
+    let finding_id = found[0].finding_id.clone();
     let finding = gpuprof_otlp::logs::finding_record(&found[0], base + 3);
     assert_eq!(collector.post("/v1/logs", "application/x-protobuf", &records_request(&trainer("node-p", 701), vec![finding]), None).0, 200);
 
@@ -311,10 +313,14 @@ fn promtool_accepts_the_metrics_and_the_values_are_the_nodes() {
     let torch_stack = "node=\"node-p\",namespace=\"ml\",pod=\"trainer-0\",pid=\"702\",comm=\"\",layer=\"allocator\"";
     assert_eq!(collector.metric(&format!("gpuprof_top_stack_live_bytes{{{torch_stack},rank=\"1\",stack=\"Linear.forward (/srv/train.py:128)\"}}")), 6 * MIB);
     assert_eq!(
-        collector.metric("gpuprof_recent_finding_bytes{id=\"1\",node=\"node-p\",namespace=\"\",pod=\"\",pid=\"701\",comm=\"trainer\",kind=\"exit_with_live_allocations\",stack=\"step (/srv/train.py:42)\"}"),
+        collector.metric(&format!("gpuprof_recent_finding_bytes{{id=\"1\",finding_id=\"{finding_id}\",node=\"node-p\",namespace=\"\",pod=\"\",pid=\"701\",comm=\"trainer\",kind=\"exit_with_live_allocations\",severity=\"leak\",user_line=\"/srv/train.py:42 in step\",stack=\"step (/srv/train.py:42)\"}}")),
         MIB
     );
-    assert_eq!(collector.metric("gpuprof_findings{node=\"node-p\",kind=\"exit_with_live_allocations\"}"), 1);
+    assert_eq!(collector.metric("gpuprof_findings{node=\"node-p\",kind=\"exit_with_live_allocations\",severity=\"leak\"}"), 1);
+    // NVML's figure for the pod's process: its 8 MiB of driver allocations and its context.
+    let pod_process = "node=\"node-p\",namespace=\"ml\",pod=\"trainer-0\",container=\"main\",pid=\"700\",comm=\"trainer\"";
+    assert_eq!(collector.metric(&format!("gpuprof_nvml_used_bytes{{{pod_process}}}")), 8 * MIB + 500 * MIB);
+    assert_eq!(collector.metric(&format!("gpuprof_not_probed_bytes{{{pod_process}}}")), 500 * MIB);
     assert_eq!(collector.metric("gpuprof_collector_received_profiles_total"), 2);
     let started = Instant::now();
     let mut promtool = Command::new("promtool")
@@ -379,8 +385,8 @@ fn the_python_sdk_is_accepted_and_forwarded_spans_decode_with_opentelemetry_prot
     // An agent whose worker leaves an IPC mapping open.
     let run = run_agent("peers", "ipc-left-open", &["--otlp-endpoint", &collector.grpc, "--node-name", "node-f"]);
     let allocation_spans = allocations(&run.events) as usize;
-    let spans = wait_for_spans(&received, 3 + allocation_spans + 2);
-    assert_eq!(spans.len(), 3 + allocation_spans + 2, "{}\n{spans:#?}", collector.get("/metrics").1);
+    let spans = wait_for_spans(&received, 3 + allocation_spans + 1);
+    assert_eq!(spans.len(), 3 + allocation_spans + 1, "{}\n{spans:#?}", collector.get("/metrics").1);
     drop(sink);
 
     let peer: Vec<&Value> = spans.iter().filter(|s| s["resource"]["service.name"] == "python-peer").collect();
@@ -409,20 +415,14 @@ fn the_python_sdk_is_accepted_and_forwarded_spans_decode_with_opentelemetry_prot
         .map(|s| (s["name"].as_str().unwrap(), &s["attributes"]["process.pid"], &s["attributes"]["gpuprof.finding.bytes"], s["status_code"].as_i64().unwrap()))
         .collect();
     let (w, four) = (Value::from(worker), Value::from(4 * MIB));
-    assert_eq!(
-        summary,
-        vec![
-            ("gpuprof.finding.worker_cuda_context", &w, &Value::from(0), 2),
-            ("gpuprof.finding.ipc_handle_not_closed", &w, &four, 2),
-        ]
-    );
+    assert_eq!(summary, vec![("gpuprof.finding.ipc_handle_not_closed", &w, &four, 2)]);
     for (span, finding) in findings.iter().zip(&api) {
         let since = finding["process_since"].as_u64().unwrap();
         let trace = gpuprof_otlp::ids::process_trace_id("node-f", worker, since);
         assert_eq!(span["trace_id"], gpuprof_model::hex::format_bytes(&trace).trim_start_matches("0x"));
         assert_eq!(span["attributes"]["gpuprof.finding.detail"], finding["detail"]);
     }
-    assert_eq!(collector.metric("gpuprof_collector_forwarded_spans_total"), (3 + allocation_spans + 2) as u64);
+    assert_eq!(collector.metric("gpuprof_collector_forwarded_spans_total"), (3 + allocation_spans + 1) as u64);
     collector.stop();
 }
 

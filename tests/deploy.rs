@@ -20,6 +20,8 @@ const COLLECTOR_METRICS: &[&str] = &[
     "gpuprof_live_bytes",
     "gpuprof_allocator_allocated_bytes",
     "gpuprof_allocator_reserved_bytes",
+    "gpuprof_nvml_used_bytes",
+    "gpuprof_not_probed_bytes",
     "gpuprof_findings",
     "gpuprof_recent_finding_bytes",
     "gpuprof_top_stack_live_bytes",
@@ -88,7 +90,7 @@ const OPTIONAL_OBJECTS: &[(&str, &str)] = &[
 ];
 
 /// Target expressions in the Fleet and Pipeline dashboards, and selectors of their variables.
-const DASHBOARD_EXPRESSIONS: usize = 17 + 23;
+const DASHBOARD_EXPRESSIONS: usize = 19 + 23;
 const VARIABLE_SELECTORS: usize = 3 + 1;
 
 /// The documented render of deploy/manifests/gpuprof.yaml (deploy/manifests/README.md).
@@ -594,7 +596,7 @@ fn the_otel_collector_routes_each_node_to_one_collector() {
 #[test]
 fn the_dashboards_metrics_are_served_by_a_running_collector_and_daemon() {
     use gpuprof_model::{Event, Layer, Op, Source};
-    use support::collector::{allocator_gauges, logs_request, profile_record, records_request, synthetic, trainer, Collector};
+    use support::collector::{allocator_gauges, logs_request, nvml_gauge, profile_record, records_request, synthetic, trainer, Collector};
 
     let dir = scratch("deploy_live_metrics");
     let collector = Collector::start(&dir.join("c.redb"), &["--forward-endpoint", "http://127.0.0.1:9"]);
@@ -602,6 +604,7 @@ fn the_dashboards_metrics_are_served_by_a_running_collector_and_daemon() {
     let segment = synthetic(base, 900, Op::Alloc, "cuMemAlloc_v2", 0x1000_0000, 2 << 20);
     assert_eq!(collector.post("/v1/logs", "application/x-protobuf", &logs_request("node-m", 900, &[segment]), None).0, 200);
     assert_eq!(collector.post("/v1/metrics", "application/x-protobuf", &allocator_gauges(&trainer("node-m", 900), base + 1, 1 << 20, 2 << 20), None).0, 200);
+    assert_eq!(collector.post("/v1/metrics", "application/x-protobuf", &nvml_gauge(&trainer("node-m", 900), base + 1, 514 << 20), None).0, 200);
     let profile = profile_record(base + 1, "allocator", &[("step", 42, 1 << 20, 1)]);
     assert_eq!(collector.post("/v1/logs", "application/x-protobuf", &records_request(&trainer("node-m", 900), vec![profile]), None).0, 200);
     let exit = Event::new(base + 2, 901, 901, Source::Ebpf, Layer::Process, Op::Exit, std::borrow::Cow::Borrowed("sched_process_exit"));

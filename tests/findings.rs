@@ -67,28 +67,17 @@ fn scenario(name: &str, env: &[(&str, String)], rule_args: &[&str]) -> Run {
 fn ipc_opened_and_closed_by_a_worker_is_clean() {
     let run = scenario("ipc-closed", &[], &[]);
     let (parent, worker) = (run.pid("parent"), run.pid("worker"));
-    // Only the worker's own context is worth a word.
-    assert_eq!(run.summary(), vec![(FindingKind::WorkerCudaContext, worker, Some(parent), 0, 1)]);
-    let detail = &run.findings[0].detail;
-    assert_eq!(
-        detail,
-        &format!("pid {worker} (python3), a child of CUDA process pid {parent} (python3), created its own CUDA context on device 0 (cuDevicePrimaryCtxRetain {}): each context takes hundreds of MiB of device memory; keep CUDA out of workers (DataLoader workers should return CPU tensors) or share tensors from the parent.", run.at(worker, "cuDevicePrimaryCtxRetain", 0))
-    );
-    assert_eq!(run.findings[0].stack, run.stack_of(worker, "cuDevicePrimaryCtxRetain", 0));
+    // The worker's context serves its import of the parent's buffer: nothing to say.
+    assert_eq!(run.summary(), vec![], "{:#?} (parent {parent}, worker {worker})", run.findings);
 }
 
 #[test]
 fn ipc_mapping_left_open_by_an_exiting_worker() {
     let run = scenario("ipc-left-open", &[], &[]);
     let (parent, worker) = (run.pid("parent"), run.pid("worker"));
-    assert_eq!(
-        run.summary(),
-        vec![
-            (FindingKind::WorkerCudaContext, worker, Some(parent), 0, 1),
-            (FindingKind::IpcHandleNotClosed, worker, Some(parent), 4 * MIB, 1),
-        ]
-    );
-    let finding = &run.findings[1];
+    // The worker's context serves the import: not a worker_cuda_context.
+    assert_eq!(run.summary(), vec![(FindingKind::IpcHandleNotClosed, worker, Some(parent), 4 * MIB, 1)]);
+    let finding = &run.findings[0];
     assert_eq!(finding.api.as_deref(), Some("cuIpcOpenMemHandle_v2"));
     assert!(finding.detail.starts_with(&format!(
         "pid {worker} (python3) exited without closing 1 IPC mapping (4.0 MiB) of pid {parent}'s memory, opened by cuIpcOpenMemHandle_v2 {}:",
@@ -105,17 +94,11 @@ fn ipc_mapping_left_open_by_an_exiting_worker() {
 fn exporter_frees_while_the_worker_still_has_it_open() {
     let run = scenario("export-freed", &[], &[]);
     let (parent, worker) = (run.pid("parent"), run.pid("worker"));
-    assert_eq!(
-        run.summary(),
-        vec![
-            (FindingKind::WorkerCudaContext, worker, Some(parent), 0, 1),
-            (FindingKind::IpcExportFreedWhileImported, parent, Some(worker), 4 * MIB, 1),
-        ]
-    );
-    assert_eq!(run.findings[1].api.as_deref(), Some("cuMemAlloc_v2"));
+    assert_eq!(run.summary(), vec![(FindingKind::IpcExportFreedWhileImported, parent, Some(worker), 4 * MIB, 1)]);
+    assert_eq!(run.findings[0].api.as_deref(), Some("cuMemAlloc_v2"));
     // The buffer's own stack; the free's is in the sentence.
-    assert_eq!(run.findings[1].stack, run.stack_of(parent, "cuMemAlloc_v2", 0));
-    assert!(run.findings[1].detail.contains(&format!("freed (cuMemFree_v2 {})", run.at(parent, "cuMemFree_v2", 0))), "{}", run.findings[1].detail);
+    assert_eq!(run.findings[0].stack, run.stack_of(parent, "cuMemAlloc_v2", 0));
+    assert!(run.findings[0].detail.contains(&format!("freed (cuMemFree_v2 {})", run.at(parent, "cuMemFree_v2", 0))), "{}", run.findings[0].detail);
 }
 
 #[test]
@@ -172,11 +155,17 @@ fn out_of_memory_pictures_every_process() {
     assert_eq!(
         run.summary(),
         vec![
-            (FindingKind::WorkerCudaContext, worker, Some(parent), 0, 1),
             (FindingKind::Oom, parent, None, 16 * MIB, 1),
+            (FindingKind::WorkerCudaContext, worker, Some(parent), 0, 1),
         ]
     );
-    let oom = &run.findings[1];
+    // The worker computes on its own (it imports nothing): its context is worth a word.
+    assert_eq!(
+        run.findings[1].detail,
+        format!("pid {worker} (python3), a child of CUDA process pid {parent} (python3), created its own CUDA context on device 0 (cuDevicePrimaryCtxRetain {}): each context takes hundreds of MiB of device memory; keep CUDA out of workers (DataLoader workers should return CPU tensors) or share tensors from the parent.", run.at(worker, "cuDevicePrimaryCtxRetain", 0))
+    );
+    assert_eq!(run.findings[1].stack, run.stack_of(worker, "cuDevicePrimaryCtxRetain", 0));
+    let oom = &run.findings[0];
     let picture: Vec<(u32, u64)> =
         oom.processes.iter().map(|p| (p.pid, p.live[&gpuprof_model::Kind::Device])).collect();
     assert_eq!(picture, vec![(worker, 40 * MIB), (parent, 16 * MIB)]);
@@ -245,5 +234,8 @@ fn report_refuses_corrupt_files_and_reads_truncated_ones_up_to_their_cut() {
     assert_eq!(findings.len(), 1);
     assert_eq!((findings[0].kind, findings[0].pid, findings[0].bytes), (FindingKind::ExitWithLiveAllocations, 7, 4096));
     let table = String::from_utf8(report(&clean, "table").stdout).unwrap();
-    assert!(table.contains("Findings (1):\n  exit_with_live_allocations pid 7: 4.0 KiB in 1\n"), "{table}");
+    assert!(
+        table.contains(&format!("Findings (1 leaks, 0 info):\n  exit_with_live_allocations [leak] pid 7: 4.0 KiB in 1 (id {})\n", findings[0].finding_id)),
+        "{table}"
+    );
 }

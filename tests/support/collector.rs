@@ -198,6 +198,28 @@ pub fn allocator_gauges(identity: &ProcessIdentity, ts: u64, allocated: u64, res
     .encode_to_vec()
 }
 
+/// A node's NVML gauge of one process (its used memory on every device).
+pub fn nvml_gauge(identity: &ProcessIdentity, ts: u64, used: u64) -> Vec<u8> {
+    use gpuprof_model::otel::metric as name;
+    use gpuprof_otlp::proto::collector::metrics::v1::ExportMetricsServiceRequest;
+    use gpuprof_otlp::proto::metrics::v1::{metric, number_data_point, Gauge, Metric, NumberDataPoint, ResourceMetrics, ScopeMetrics};
+    let point = NumberDataPoint { time_unix_nano: ts, value: Some(number_data_point::Value::AsInt(used as i64)), ..Default::default() };
+    let gauge = Metric {
+        name: name::NVML_USED.into(),
+        unit: "By".into(),
+        data: Some(metric::Data::Gauge(Gauge { data_points: vec![point] })),
+        ..Default::default()
+    };
+    ExportMetricsServiceRequest {
+        resource_metrics: vec![ResourceMetrics {
+            resource: Some(identity.resource()),
+            scope_metrics: vec![ScopeMetrics { scope: Some(gpuprof_otlp::scope()), metrics: vec![gauge], ..Default::default() }],
+            ..Default::default()
+        }],
+    }
+    .encode_to_vec()
+}
+
 /// What the agent's end-of-export line says it handed over: (log records, findings, profiles, spans, metric points).
 pub fn handed_over(stderr: &str) -> (u64, u64, u64, u64, u64) {
     let line = stderr.lines().find(|l| l.contains(": handed over ")).unwrap_or_else(|| panic!("no export line in\n{stderr}"));

@@ -77,6 +77,22 @@ pub fn standin_dir() -> &'static Path {
     })
 }
 
+/// A directory holding the libnvidia-ml stand-in as `libnvidia-ml.so.1` (for LD_LIBRARY_PATH, beside
+/// `standin_dir`): NVML's per-process used memory, as the libcuda stand-in accounts it.
+pub fn nvml_standin_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = build_dir().join("standin-nvml");
+        std::fs::create_dir_all(&dir).unwrap();
+        compile(
+            "libnvidia_ml_standin.c",
+            &dir.join("libnvidia-ml.so.1"),
+            &["-shared", "-fPIC", "-fvisibility=hidden", "-Wl,-soname,libnvidia-ml.so.1"],
+        );
+        dir
+    })
+}
+
 /// A directory holding the libcuda stand-in and no libcupti: a CUDA process CUPTI cannot watch.
 pub fn standin_dir_without_cupti() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
