@@ -114,6 +114,16 @@ impl Daemon {
         }
     }
 
+    /// Waits until `name` reaches at least `value`: for counts that other processes of the
+    /// machine (a test binary's helpers, a CI runner's) can add to.
+    fn wait_for_at_least(&self, name: &str, value: u64, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        while self.metric(name) < value {
+            assert!(Instant::now() < deadline, "{name} stayed under {value}: {:?}", self.metrics());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// SIGTERM: flushes, exits 0; returns what it said on the way out.
     fn stop(mut self) -> String {
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
@@ -337,7 +347,8 @@ fn the_daemon_keeps_one_event_per_call_the_shim_and_the_probes_both_see() {
     // Every CUDA report of the workload (the CPU one is neither capture's to record), and every
     // driver call (the shim sees them through CUPTI's callbacks, the daemon through its probes).
     let ShimmedTensors { expected, pid, reports, driver_calls } = tensors_with_the_shim(&dir, &socket);
-    daemon.wait_for("gpuprof_daemon_processes_exited_total", 1, Duration::from_secs(20));
+    // The node's other processes may exit too; the workload's own exit is checked in the events.
+    daemon.wait_for_at_least("gpuprof_daemon_processes_exited_total", 1, Duration::from_secs(20));
     daemon.wait_for("gpuprof_daemon_duplicates_dropped_total", reports + driver_calls, Duration::from_secs(10));
     let metrics = daemon.metrics();
     assert_eq!(metrics["gpuprof_daemon_shim_events_total"], reports + driver_calls);
