@@ -352,3 +352,58 @@ fn perf_event_links_capture_the_same_calls() {
     }
     assert_eq!(captured.len(), 6);
 }
+
+/// A library that calls the driver itself (NCCL's stand-in): each driver event names it, and
+/// where its thread has no Python frame, the table and the findings group its memory under it.
+#[test]
+fn driver_calls_name_the_module_that_made_them() {
+    let dir = scratch("caller_module");
+    let log = dir.join("expected.jsonl");
+    let out = dir.join("table.txt");
+    let events = dir.join("events.jsonl");
+    let script = "import ctypes\n\
+                  from cuda_driver import Driver\n\
+                  cuda = Driver(); cuda.init()\n\
+                  class UniqueId(ctypes.Structure): _fields_ = [('internal', ctypes.c_char * 128)]\n\
+                  nccl = ctypes.CDLL('libnccl.so.2'); uid = UniqueId(); assert nccl.ncclGetUniqueId(ctypes.byref(uid)) == 0\n\
+                  buffer = ctypes.c_void_p(); assert nccl.ncclMemAlloc(ctypes.byref(buffer), 2 << 20) == 0\n\
+                  nccl.ncclCommInitRank.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, UniqueId, ctypes.c_int]\n\
+                  comm = ctypes.c_void_p(); assert nccl.ncclCommInitRank(ctypes.byref(comm), 1, uid, 0) == 0\n\
+                  import time; time.sleep(1.5)\n";
+    // Once as events, once as a table: the same calls. The process lingers: its modules are
+    // named from its maps, read while it lives.
+    let mut pids = Vec::new();
+    for args in [["--format", "jsonl", "--output", events.to_str().unwrap()], ["--format", "table", "--output", out.to_str().unwrap()]] {
+        let mut cmd = Command::new(gpuprof());
+        cmd.arg("run").args(args).args(["--", python3(), "-c", script]);
+        workload_env(&mut cmd, &log);
+        cmd.env("LD_LIBRARY_PATH", format!("{}:{}", standin_dir().display(), nccl_standin_dir().display()));
+        let output = cmd.output().unwrap();
+        assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+        pids.push(read_expected(&log).last().unwrap()["pid"].as_u64().unwrap() as u32);
+    }
+    let pid = pids[0];
+    let captured = read_events(&events);
+    let allocs: Vec<&Event> = captured.iter().filter(|e| e.pid == pid && e.api == "cuMemAlloc_v2").collect();
+    let got: Vec<(u64, Option<&str>, bool, Option<u32>)> =
+        allocs.iter().map(|e| (e.size, e.caller_module.as_deref(), e.tid == e.pid, e.stack.first().map(|f| f.line))).collect();
+    // ncclMemAlloc on the Python thread (line 6 of the script); the communicator's buffer on
+    // NCCL's own thread, with no Python frame.
+    assert_eq!(got, vec![(2 << 20, Some("libnccl.so.2"), true, Some(6)), (4 << 20, Some("libnccl.so.2"), false, None)], "{allocs:#?}");
+    // Python's own ctypes calls into libcuda come from libffi's code.
+    let context = captured.iter().find(|e| e.pid == pid && e.api == "cuDevicePrimaryCtxRetain").unwrap();
+    assert!(context.caller_module.as_deref().is_some_and(|m| m.starts_with("libffi.so") || m.starts_with("_ctypes")), "{context:?}");
+
+    let table = std::fs::read_to_string(&out).unwrap();
+    let pid = pids[1];
+    let row = table.lines().find(|l| l.contains(" cuMemAlloc_v2 ") && l.contains("4.0 MiB")).unwrap_or_else(|| panic!("{table}"));
+    assert!(row.ends_with(" [libnccl.so.2]"), "{row}");
+    let by_line = table
+        .split("Live GPU memory at end, by the user's line (the innermost frame outside the standard library and installed packages):\n")
+        .nth(1)
+        .unwrap_or_else(|| panic!("{table}"));
+    let by_line: Vec<Vec<&str>> = by_line.lines().skip(1).take_while(|l| !l.is_empty()).map(|l| l.split_whitespace().collect()).collect();
+    assert_eq!(by_line[0], [pid.to_string().as_str(), "device", &(4u64 << 20).to_string(), "1", "[libnccl.so.2]"], "{table}");
+    let exit = table.lines().find(|l| l.contains("exited still holding 6.0 MiB")).unwrap_or_else(|| panic!("{table}"));
+    assert!(exit.ends_with("the largest, 4.0 MiB, came from cuMemAlloc_v2 called from libnccl.so.2 (no Python stack): release it once it is no longer needed (drop the tensor, torch.cuda.empty_cache()) instead of leaving it to the end of the process."), "{exit}");
+}

@@ -10,6 +10,7 @@ use gpuprof_ebpf::types::{gp_record, gp_record_kind};
 use gpuprof_model::driver_api::{self, CallValues};
 use gpuprof_model::event::{Event, Kind, Layer, Op, Source, PYTORCH_ALLOCATOR_API};
 
+use crate::callers::CallerModules;
 use crate::capture::Record;
 use crate::clock::Clock;
 use crate::procfs;
@@ -23,6 +24,7 @@ pub struct Decoder {
     /// names its thread on every call, an event must not allocate a name each time.
     names: HashMap<u32, ([u8; 16], Arc<str>)>,
     read_procfs: bool,
+    callers: CallerModules,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -49,12 +51,12 @@ impl std::fmt::Display for DecodeError {
 
 impl Decoder {
     pub fn new(clock: Clock) -> Self {
-        Decoder { clock, processes: HashMap::new(), names: HashMap::new(), read_procfs: true }
+        Decoder { clock, processes: HashMap::new(), names: HashMap::new(), read_procfs: true, callers: CallerModules::default() }
     }
 
     /// A decoder that never reads /proc (benchmarks, replay of recorded records).
     pub fn offline(clock: Clock) -> Self {
-        Decoder { clock, processes: HashMap::new(), names: HashMap::new(), read_procfs: false }
+        Decoder { clock, processes: HashMap::new(), names: HashMap::new(), read_procfs: false, callers: CallerModules::default() }
     }
 
     pub fn decode(&mut self, record: &Record) -> Result<Event, DecodeError> {
@@ -92,6 +94,9 @@ impl Decoder {
             Layer::Allocator => fill_allocator(full, &mut event),
             Layer::Process => fill_process(full, &mut event),
         }
+        if matches!(op, Op::Exit | Op::Exec) {
+            self.callers.forget(record.pid);
+        }
         if op == Op::Exit {
             self.processes.remove(&record.pid);
             self.names.remove(&record.pid);
@@ -128,8 +133,11 @@ impl Decoder {
         *info
     }
 
-    fn fill_driver(&self, full: &Record, event: &mut Event) {
+    fn fill_driver(&mut self, full: &Record, event: &mut Event) {
         let record = &full.header;
+        if self.read_procfs {
+            event.caller_module = self.callers.module_of(record.pid, record.caller);
+        }
         let api = driver_api::by_id(record.api).expect("checked by decode");
         let mut call = CallValues {
             result: record.result,

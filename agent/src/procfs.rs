@@ -124,6 +124,31 @@ fn parse_maps(maps: &str) -> Vec<MappedFile> {
     files
 }
 
+/// The executable file-backed mappings of a process: (start, end, the file's name), sorted.
+pub fn code_ranges(pid: u32) -> io::Result<Vec<(u64, u64, String)>> {
+    let maps = fs::read_to_string(format!("/proc/{pid}/maps"))?;
+    Ok(parse_code_ranges(&maps))
+}
+
+fn parse_code_ranges(maps: &str) -> Vec<(u64, u64, String)> {
+    let mut ranges = Vec::new();
+    for line in maps.lines() {
+        let mut fields = line.splitn(6, ' ');
+        let (Some(range), Some(perms)) = (fields.next(), fields.next()) else { continue };
+        let Some(path) = fields.nth(3).map(str::trim_start) else { continue };
+        if !perms.contains('x') || !path.starts_with('/') {
+            continue;
+        }
+        let Some((start, end)) = range.split_once('-') else { continue };
+        let (Ok(start), Ok(end)) = (u64::from_str_radix(start, 16), u64::from_str_radix(end, 16)) else { continue };
+        let path = path.strip_suffix(" (deleted)").unwrap_or(path);
+        let name = path.rsplit('/').next().unwrap_or(path);
+        ranges.push((start, end, name.to_string()));
+    }
+    ranges.sort();
+    ranges
+}
+
 /// A path of a process's mount namespace, opened from ours.
 pub fn path_in_root(pid: u32, path: &str) -> PathBuf {
     PathBuf::from(format!("/proc/{pid}/root{path}"))
@@ -148,6 +173,25 @@ mod tests {
             vec![
                 MappedFile { path: "/usr/lib/x86_64-linux-gnu/libcuda.so.580.95".into(), dev: "fd:01".into(), inode: 1234 },
                 MappedFile { path: "/tmp/dir with space/lib.so (deleted)".into(), dev: "fd:01".into(), inode: 99 },
+            ]
+        );
+    }
+
+    #[test]
+    fn names_the_file_of_each_code_range() {
+        let maps = "\
+7f0000000000-7f0000001000 r--p 00000000 fd:01 1234 /usr/lib/x86_64-linux-gnu/libcuda.so.580.95
+7f0000001000-7f0000002000 r-xp 00001000 fd:01 1234 /usr/lib/x86_64-linux-gnu/libcuda.so.580.95
+7e0000001000-7e0000003000 r-xp 00001000 fd:01 77 /site-packages/nvidia/nccl/lib/libnccl.so.2
+7f0000003000-7f0000004000 rwxp 00000000 00:00 0 
+7f0000005000-7f0000006000 r-xp 00000000 fd:01 99 /tmp/dir with space/ext.so (deleted)
+";
+        assert_eq!(
+            parse_code_ranges(maps),
+            vec![
+                (0x7e00_0000_1000, 0x7e00_0000_3000, "libnccl.so.2".to_string()),
+                (0x7f00_0000_1000, 0x7f00_0000_2000, "libcuda.so.580.95".to_string()),
+                (0x7f00_0000_5000, 0x7f00_0000_6000, "ext.so".to_string()),
             ]
         );
     }

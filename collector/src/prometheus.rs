@@ -187,7 +187,7 @@ pub fn render(collector: &Collector) -> String {
                 comm: finding.comm.clone(),
                 kind: finding.kind.as_str().into(),
                 severity: finding.severity.as_str().into(),
-                user_line: finding.user_frame.as_ref().map(|f| format!("{}:{} in {}", f.file, f.line, f.function)).unwrap_or_default(),
+                user_line: finding.user_frame.as_ref().map(|f| f.to_string()).unwrap_or_default(),
                 stack: stack_label(&finding.stack),
             };
             recent.get_or_create(&labels).set(finding.bytes as i64);

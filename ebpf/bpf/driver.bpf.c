@@ -28,6 +28,7 @@ enum gp_counter gp_counter_values = 0;
 
 struct pending_call {
 	__u64 ts_ns;
+	__u64 caller; /* the return address: at the first instruction it is at sp */
 	__u64 args[6];
 	__s32 device;
 	__u32 data_len;
@@ -164,6 +165,8 @@ static __always_inline int on_entry(struct pt_regs *ctx)
 	call->args[3] = PT_REGS_PARM4(ctx);
 	call->args[4] = PT_REGS_PARM5(ctx);
 	call->args[5] = PT_REGS_PARM6(ctx);
+	if (bpf_probe_read_user(&call->caller, sizeof(call->caller), (void *)PT_REGS_SP(ctx)))
+		call->caller = 0;
 
 	switch (cookie.shape) {
 	case GP_SHAPE_IPC_OPEN:
@@ -389,6 +392,7 @@ static __always_inline int on_return(struct pt_regs *ctx)
 	rec->api = cookie.api;
 	rec->result = result;
 	rec->device = call->device;
+	rec->caller = call->caller;
 	bpf_get_current_comm(rec->comm, sizeof(rec->comm));
 
 	/* The frames follow the handle when there is one, the header otherwise. */

@@ -78,7 +78,7 @@ struct gp_cookie {
  * One ring-buffer record: this header, then (in this order, each only when present)
  * GP_HANDLE_LEN bytes of handle (GP_FLAG_HANDLE), `stack_depth` struct gp_frame (innermost
  * first), and GP_FILENAME_LEN bytes of filename (exec records). Records carry only what they
- * have: most calls are the 88-byte header alone, which keeps per-event memory traffic down.
+ * have: most calls are the 96-byte header alone, which keeps per-event memory traffic down.
  */
 struct gp_record {
 	__u64 ts_ns;        /* CLOCK_MONOTONIC at the call's entry (or at the tracepoint) */
@@ -99,6 +99,8 @@ struct gp_record {
 	__u64 aux;          /* shape-specific: pitch; VMM map: the generic handle mapped; mem info:
 			     * total bytes; shareable fd handles: the kernel file object;
 			     * IPC open: flags; pool import: the pool */
+	__u64 caller;       /* driver records: the call's return address (user space names the
+			     * module that called libcuda); 0 when unreadable */
 	__u8 comm[GP_COMM_LEN];
 };
 

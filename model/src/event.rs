@@ -120,6 +120,18 @@ pub struct Frame {
     pub line: u32,
 }
 
+/// "train.py:42 in step"; the frame standing for a module with no Python stack
+/// (`Stack::of_module`) as "[libnccl.so.2]".
+impl std::fmt::Display for Frame {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.file == crate::stack::NATIVE_FILE {
+            write!(f, "{}", self.function)
+        } else {
+            write!(f, "{}:{} in {}", self.file, self.line, self.function)
+        }
+    }
+}
+
 /// One native frame.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct NativeFrame {
@@ -202,6 +214,10 @@ pub struct Event {
     /// `exec`: the program executed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub filename: Option<String>,
+    /// Driver events: the file name of the module whose code called libcuda (libnccl.so.2,
+    /// libcublasLt.so.13, libcudart.so.13, a user's extension), from the call's return address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub caller_module: Option<Arc<str>>,
     /// Python frames, innermost first; empty when the thread had none.
     #[serde(default)]
     pub stack: Stack,
@@ -242,8 +258,18 @@ impl Event {
             exit_code: None,
             signal: None,
             filename: None,
+            caller_module: None,
             stack: Stack::empty(),
             native: Vec::new(),
+        }
+    }
+
+    /// The stack memory is attributed to: the Python frames, else the module that called the
+    /// driver (`Stack::of_module`), else none.
+    pub fn attributed_stack(&self) -> Stack {
+        match &self.caller_module {
+            Some(module) if self.stack.is_empty() => Stack::of_module(module),
+            _ => self.stack.clone(),
         }
     }
 

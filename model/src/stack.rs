@@ -62,6 +62,32 @@ impl Stack {
     }
 }
 
+/// The file of the frame that stands for native code: a call made without Python frames,
+/// named by the module that made it.
+pub const NATIVE_FILE: &str = "<native>";
+
+impl Stack {
+    /// One frame, `[libnccl.so.2]` in `<native>`, for what a module did with no Python frame on
+    /// the thread: views, findings, exports and profiles group such memory by it. Shared per
+    /// module.
+    pub fn of_module(module: &str) -> Stack {
+        static MODULES: LazyLock<std::sync::Mutex<std::collections::HashMap<String, Stack>>> = LazyLock::new(Default::default);
+        let mut modules = MODULES.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        modules
+            .entry(module.to_string())
+            .or_insert_with(|| Stack::new(vec![Frame { function: format!("[{module}]"), file: NATIVE_FILE.to_string(), line: 0 }]))
+            .clone()
+    }
+
+    /// The module, when this stack is one made by `of_module`.
+    pub fn module(&self) -> Option<&str> {
+        match self.frames() {
+            [frame] if frame.file == NATIVE_FILE => frame.function.strip_prefix('[').and_then(|f| f.strip_suffix(']')),
+            _ => None,
+        }
+    }
+}
+
 impl Default for Stack {
     fn default() -> Self {
         Stack::empty()

@@ -68,6 +68,8 @@ pub enum Field {
     Filename = 18,
     /// Count, then (symbol string id, module string id, offset) each.
     Native = 19,
+    /// String id.
+    CallerModule = 20,
 }
 
 impl Field {

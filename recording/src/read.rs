@@ -305,6 +305,9 @@ impl Reader {
                 event.native.push(NativeFrame { symbol: self.string(symbol)?.to_string(), module: self.string(module)?.to_string(), offset });
             }
         }
+        if has(Field::CallerModule) {
+            event.caller_module = Some(self.string(take!(varint::get(data, d)))?.clone());
+        }
         self.deltas.ts = ts;
         self.deltas.pid = pid;
         if event.op == gpuprof_model::Op::Exit {

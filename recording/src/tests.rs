@@ -29,6 +29,7 @@ fn events() -> Vec<Event> {
     segment.addr = Some(0x7f20_0000_0000);
     segment.size = 20 << 20;
     segment.duration_ns = Some(91_000);
+    segment.caller_module = Some("libcudart.so.13".into());
     segment.stack = deep.clone();
     segment.comm = "python3".into();
     out.push(segment);
@@ -57,6 +58,7 @@ fn events() -> Vec<Event> {
     open.peer_pid = Some(4711);
     open.addr = Some(0x7fa0_0000_0000);
     open.handle = Some(vec![0xab; 64]);
+    open.caller_module = Some("libnccl.so.2".into());
     open.native = vec![NativeFrame { symbol: "ncclCommInitRank".into(), module: "libnccl.so.2".into(), offset: 0x1234 }];
     open.comm = "worker".into();
     out.push(open);

@@ -121,6 +121,7 @@ impl<W: Write> Writer<W> {
         let api = self.string_id(&event.api);
         let handle_type = event.handle_type.as_deref().map(|t| self.string_id(t));
         let filename = event.filename.as_deref().map(|f| self.string_id(f));
+        let caller_module = event.caller_module.as_deref().map(|m| self.string_id(m));
         let native: Vec<(u64, u64, u64)> = event
             .native
             .iter()
@@ -153,6 +154,7 @@ impl<W: Write> Writer<W> {
         set(Field::Signal, event.signal.is_some());
         set(Field::Filename, filename.is_some());
         set(Field::Native, !native.is_empty());
+        set(Field::CallerModule, caller_module.is_some());
 
         let p = &mut self.payload;
         p.clear();
@@ -225,6 +227,9 @@ impl<W: Write> Writer<W> {
                 varint::put(p, module);
                 varint::put(p, offset);
             }
+        }
+        if let Some(id) = caller_module {
+            varint::put(p, id);
         }
         self.deltas.ts = event.ts;
         self.deltas.pid = event.pid;

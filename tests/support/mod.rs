@@ -93,6 +93,22 @@ pub fn nvml_standin_dir() -> &'static Path {
     })
 }
 
+/// A directory holding the libnccl stand-in as `libnccl.so.2` (for LD_LIBRARY_PATH, beside
+/// `standin_dir`): a library that calls the driver from its own code and its own thread.
+pub fn nccl_standin_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = build_dir().join("standin-nccl");
+        std::fs::create_dir_all(&dir).unwrap();
+        compile(
+            "libnccl_standin.c",
+            &dir.join("libnccl.so.2"),
+            &["-shared", "-fPIC", "-fno-optimize-sibling-calls", "-fvisibility=hidden", "-Wl,-soname,libnccl.so.2", "-lpthread", "-ldl"],
+        );
+        dir
+    })
+}
+
 /// A directory holding the libcuda stand-in and no libcupti: a CUDA process CUPTI cannot watch.
 pub fn standin_dir_without_cupti() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();

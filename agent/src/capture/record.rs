@@ -133,6 +133,6 @@ mod tests {
         assert_eq!(record.frames, vec![(0x1000, 0x1010), (0x2000, 0x2020)]);
         // Cut short: the record says two frames, one came.
         assert!(Record::parse(&bytes[..bytes.len() - 16]).is_none());
-        assert_eq!(HEADER_LEN, 88);
+        assert_eq!(HEADER_LEN, 96);
     }
 }

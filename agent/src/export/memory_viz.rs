@@ -157,7 +157,7 @@ struct TraceEntry {
 
 impl TraceEntry {
     fn of(event: &Event, action: &'static str, size: u64) -> Self {
-        TraceEntry { action, addr: event.addr.unwrap_or(0), size, time_us: event.ts / 1000, stack: event.stack.clone() }
+        TraceEntry { action, addr: event.addr.unwrap_or(0), size, time_us: event.ts / 1000, stack: event.attributed_stack() }
     }
 }
 

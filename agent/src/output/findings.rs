@@ -31,11 +31,11 @@ pub fn write_table(writer: &mut dyn Write, findings: &[Finding]) -> io::Result<(
             finding.finding_id,
         )?;
         if let Some(user) = &finding.user_frame {
-            writeln!(writer, "    your line: {}:{} in {}", user.file, user.line, user.function)?;
+            writeln!(writer, "    your line: {user}")?;
         }
         writeln!(writer, "    {}", finding.detail)?;
         for frame in &finding.stack {
-            writeln!(writer, "      {}:{} in {}", frame.file, frame.line, frame.function)?;
+            writeln!(writer, "      {frame}")?;
         }
     }
     Ok(())

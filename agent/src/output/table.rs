@@ -55,6 +55,7 @@ fn short_frame(frame: &Frame) -> String {
 fn python_column(stack: &[Frame]) -> String {
     match (gpuprof_model::user_frame(stack), stack.first()) {
         (Some(user), Some(innermost)) if user != innermost => format!("{} < {}", short_frame(user), innermost.function),
+        (_, Some(innermost)) if innermost.file == gpuprof_model::stack::NATIVE_FILE => innermost.function.clone(),
         (_, Some(innermost)) => short_frame(innermost),
         (_, None) => String::new(),
     }
@@ -98,7 +99,7 @@ impl EventSink for TableSink {
             (Layer::Process, Op::Exit) => (String::new(), format!("exit {}", event.exit_code.unwrap_or(0))),
             _ => (human_bytes(event.size), result_text(event.result)),
         };
-        let python = python_column(&event.stack);
+        let python = python_column(&event.attributed_stack());
         writeln!(
             self.writer,
             "{:<12} {:>7} {:>7} {:<15} {:<30} {:<10} {:<11} {:<18} {:>10} {:<20} {}",
@@ -236,7 +237,7 @@ fn write_live_by_frame(writer: &mut dyn Write, processes: &[&LiveSummary]) -> io
     for process in processes {
         for entry in process.by_frame.iter().take(FRAMES_SHOWN) {
             let frame = match &entry.frame {
-                Some(frame) => format!("{}:{} in {}", frame.file, frame.line, frame.function),
+                Some(frame) => frame.to_string(),
                 None => "(no Python stack)".to_string(),
             };
             writeln!(

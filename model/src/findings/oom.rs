@@ -97,15 +97,16 @@ fn picture(event: &Event, world: &Tracker) -> Finding {
     } else {
         advice.join("; ")
     };
+    let stack = event.attributed_stack();
     let detail = format!(
         "{} of {} failed with out of memory in {} {}; at that moment gpuprof saw {} of device memory live in the processes it follows ({holders}): {advice}.",
         event.api,
         wording::bytes(event.size),
         wording::process(event.pid, &event.comm),
-        wording::at(&event.stack),
+        wording::at(&stack),
         wording::bytes(total),
     );
-    let mut finding = Finding::new(FindingKind::Oom, event.pid, &event.comm, event.size, 1, event.ts, event.ts, &event.stack, detail);
+    let mut finding = Finding::new(FindingKind::Oom, event.pid, &event.comm, event.size, 1, event.ts, event.ts, &stack, detail);
     finding.api = Some(event.api.to_string());
     finding.processes = processes;
     finding.fragmentation = fragmentation;

@@ -97,14 +97,14 @@ impl Rule {
             wording::process(event.pid, &event.comm),
             wording::process(parent.pid, &parent.comm),
             event.api,
-            wording::at(&event.stack),
+            wording::at(&event.attributed_stack()),
         );
         self.pending.push(Created {
             child: child_ref,
             comm: event.comm.to_string(),
             parent: parent.pid,
             detail,
-            stack: event.stack.to_vec(),
+            stack: event.attributed_stack().to_vec(),
             api: event.api.to_string(),
             ts: event.ts,
         });

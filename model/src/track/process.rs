@@ -227,7 +227,7 @@ impl ProcessMemory {
                 if let Some(segment) = self.segment_of(addr) {
                     self.allocator_segments.insert(segment, event.device.unwrap_or(0));
                 }
-                let stack = event.stack.clone();
+                let stack = event.attributed_stack();
                 self.blocks.insert(addr, allocation_of(event, addr, Kind::Device, stack));
             }
             Op::Free => {
@@ -362,7 +362,7 @@ impl ProcessMemory {
                 if space == Space::Pointer && kind != Kind::HostPinned {
                     self.segments.insert(addr, event.size);
                 }
-                let stack = event.stack.clone();
+                let stack = event.attributed_stack();
                 self.allocations.insert((space, addr), allocation_of(event, addr, kind, stack));
             }
             Op::Free => {
@@ -387,7 +387,7 @@ impl ProcessMemory {
                 if kind == Kind::Vmm {
                     self.segments.insert(addr, event.size);
                 }
-                let stack = event.stack.clone();
+                let stack = event.attributed_stack();
                 self.mappings.insert(addr, mapping_of(event, addr, kind, event.size, stack));
             }
             Op::Unmap => {
@@ -402,7 +402,7 @@ impl ProcessMemory {
                     Some((key, None)) => (Some(key), None, event.size),
                     None => (None, None, event.size),
                 };
-                let mapping = mapping_of(event, addr, kind, size, event.stack.clone());
+                let mapping = mapping_of(event, addr, kind, size, event.attributed_stack());
                 self.imports.insert((space, addr), Import { mapping, export, exporter });
             }
             Op::IpcClose => {

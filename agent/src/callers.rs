@@ -1,0 +1,91 @@
+//! Which module called the driver: the return address of a driver call, named by the file mapped
+//! there in the calling process (libnccl.so.2, libcublasLt.so.13, libcudart.so.13, a user's
+//! extension). Each process's code mappings are read once, and again when an address falls
+//! outside them (a library loaded since); an address still outside them then (code in anonymous
+//! memory) is remembered and not looked up again. The maps are read while the process lives: a
+//! process gone before its records are decoded has no caller modules.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use crate::procfs;
+
+#[derive(Default)]
+pub struct CallerModules {
+    processes: HashMap<u32, CodeRanges>,
+}
+
+struct CodeRanges {
+    /// (start, end, module), sorted by start.
+    ranges: Vec<(u64, u64, Arc<str>)>,
+    /// Addresses outside every file mapping at the last reading.
+    outside: HashSet<u64>,
+}
+
+impl CallerModules {
+    pub fn module_of(&mut self, pid: u32, addr: u64) -> Option<Arc<str>> {
+        if addr == 0 {
+            return None;
+        }
+        if let Some(module) = self.processes.get(&pid).and_then(|p| p.find(addr)) {
+            return Some(module);
+        }
+        if self.processes.get(&pid).is_some_and(|p| p.outside.contains(&addr)) {
+            return None;
+        }
+        let ranges = procfs::code_ranges(pid).unwrap_or_default();
+        let known: HashMap<&str, Arc<str>> = self
+            .processes
+            .get(&pid)
+            .map(|p| p.ranges.iter().map(|(_, _, m)| (&**m, m.clone())).collect())
+            .unwrap_or_default();
+        // Names already handed out stay shared.
+        let ranges = ranges.into_iter().map(|(start, end, name)| (start, end, known.get(name.as_str()).cloned().unwrap_or_else(|| name.into()))).collect();
+        let mut process = CodeRanges { ranges, outside: HashSet::new() };
+        let found = process.find(addr);
+        if found.is_none() {
+            process.outside.insert(addr);
+        }
+        self.processes.insert(pid, process);
+        found
+    }
+
+    /// The process ended or runs another program.
+    pub fn forget(&mut self, pid: u32) {
+        self.processes.remove(&pid);
+    }
+}
+
+impl CodeRanges {
+    fn find(&self, addr: u64) -> Option<Arc<str>> {
+        let at = self.ranges.partition_point(|(start, _, _)| *start <= addr);
+        let (_, end, module) = self.ranges.get(at.checked_sub(1)?)?;
+        (addr < *end).then(|| module.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_this_process_own_code_and_nothing_outside_it() {
+        let mut callers = CallerModules::default();
+        let me = std::process::id();
+        let here = names_this_process_own_code_and_nothing_outside_it as fn() as usize as u64;
+        let exe = std::env::current_exe().unwrap();
+        let name = exe.file_name().unwrap().to_str().unwrap();
+        assert_eq!(callers.module_of(me, here).as_deref(), Some(name));
+        assert_eq!(callers.module_of(me, 0), None);
+        assert_eq!(callers.module_of(me, 8), None);
+        let libc = libc_address();
+        assert!(callers.module_of(me, libc).unwrap().starts_with("libc.so"));
+    }
+
+    fn libc_address() -> u64 {
+        extern "C" {
+            fn getpid() -> i32;
+        }
+        getpid as unsafe extern "C" fn() -> i32 as usize as u64
+    }
+}
