@@ -124,11 +124,19 @@ pub struct Frame {
 /// (`Stack::of_module`) as "[libnccl.so.2]".
 impl std::fmt::Display for Frame {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.file == crate::stack::NATIVE_FILE {
+        if self.native_module().is_some() {
             write!(f, "{}", self.function)
         } else {
             write!(f, "{}:{} in {}", self.file, self.line, self.function)
         }
+    }
+}
+
+impl Frame {
+    /// The module, when this frame stands for native code with no Python stack
+    /// (`Stack::of_module`): "libnccl.so.2" of "[libnccl.so.2]".
+    pub fn native_module(&self) -> Option<&str> {
+        (self.file == crate::stack::NATIVE_FILE).then(|| self.function.trim_start_matches('[').trim_end_matches(']'))
     }
 }
 

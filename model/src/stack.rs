@@ -73,18 +73,13 @@ impl Stack {
     pub fn of_module(module: &str) -> Stack {
         static MODULES: LazyLock<std::sync::Mutex<std::collections::HashMap<String, Stack>>> = LazyLock::new(Default::default);
         let mut modules = MODULES.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(stack) = modules.get(module) {
+            return stack.clone();
+        }
         modules
             .entry(module.to_string())
             .or_insert_with(|| Stack::new(vec![Frame { function: format!("[{module}]"), file: NATIVE_FILE.to_string(), line: 0 }]))
             .clone()
-    }
-
-    /// The module, when this stack is one made by `of_module`.
-    pub fn module(&self) -> Option<&str> {
-        match self.frames() {
-            [frame] if frame.file == NATIVE_FILE => frame.function.strip_prefix('[').and_then(|f| f.strip_suffix(']')),
-            _ => None,
-        }
     }
 }
 

@@ -55,7 +55,7 @@ fn short_frame(frame: &Frame) -> String {
 fn python_column(stack: &[Frame]) -> String {
     match (gpuprof_model::user_frame(stack), stack.first()) {
         (Some(user), Some(innermost)) if user != innermost => format!("{} < {}", short_frame(user), innermost.function),
-        (_, Some(innermost)) if innermost.file == gpuprof_model::stack::NATIVE_FILE => innermost.function.clone(),
+        (_, Some(innermost)) if innermost.native_module().is_some() => innermost.to_string(),
         (_, Some(innermost)) => short_frame(innermost),
         (_, None) => String::new(),
     }

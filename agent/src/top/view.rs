@@ -182,9 +182,9 @@ pub fn draw(frame: &mut Frame<'_>, model: &Model, state: &mut ViewState) {
             .iter()
             .take(20)
             .map(|entry| {
-                let frame = entry.frame.as_ref().map_or("(no Python stack)".to_string(), |f| match f.file.as_str() {
-                    gpuprof_model::stack::NATIVE_FILE => f.function.clone(),
-                    file => format!("{}:{} {}", file.rsplit('/').next().unwrap_or(file), f.line, f.function),
+                let frame = entry.frame.as_ref().map_or("(no Python stack)".to_string(), |f| match f.native_module() {
+                    Some(_) => f.to_string(),
+                    None => format!("{}:{} {}", f.file.rsplit('/').next().unwrap_or(&f.file), f.line, f.function),
                 });
                 Line::from(format!("{:>10} {:<11} {frame}", human(entry.total.bytes), entry.kind.as_str()))
             })

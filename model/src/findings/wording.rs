@@ -8,10 +8,8 @@ use crate::event::Frame;
 /// function that made the call when that is another frame, or a note that there was no Python
 /// frame.
 pub fn at(stack: &[Frame]) -> String {
-    if let [frame] = stack {
-        if frame.file == crate::stack::NATIVE_FILE {
-            return format!("called from {} (no Python stack)", frame.function.trim_start_matches('[').trim_end_matches(']'));
-        }
+    if let Some(module) = stack.first().and_then(Frame::native_module) {
+        return format!("called from {module} (no Python stack)");
     }
     match (user_frame(stack), stack.first()) {
         (Some(user), Some(innermost)) if user != innermost => {
