@@ -163,6 +163,9 @@ pub struct CaptureArgs {
     /// Do not walk Python stacks (events get an empty `stack`).
     #[arg(long)]
     pub no_stacks: bool,
+    /// Do not read PyTorch's autograd state: backward-pass blocks keep no forward line.
+    #[arg(long)]
+    pub no_autograd: bool,
     /// Also write the leak findings, as a JSON array, to this file.
     #[arg(long, value_name = "FILE")]
     pub findings: Option<PathBuf>,

@@ -10,8 +10,9 @@ use gpuprof_ebpf::types::{gp_record, gp_record_kind};
 use gpuprof_model::driver_api::{self, CallValues};
 use gpuprof_model::event::{Event, Kind, Layer, Op, Source, PYTORCH_ALLOCATOR_API};
 
+use crate::autograd::NodeNames;
 use crate::callers::CallerModules;
-use crate::capture::Record;
+use crate::capture::{flags, Record};
 use crate::clock::Clock;
 use crate::procfs;
 
@@ -25,6 +26,7 @@ pub struct Decoder {
     names: HashMap<u32, ([u8; 16], Arc<str>)>,
     read_procfs: bool,
     callers: CallerModules,
+    nodes: NodeNames,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -51,12 +53,12 @@ impl std::fmt::Display for DecodeError {
 
 impl Decoder {
     pub fn new(clock: Clock) -> Self {
-        Decoder { clock, processes: HashMap::new(), names: HashMap::new(), read_procfs: true, callers: CallerModules::default() }
+        Decoder { clock, processes: HashMap::new(), names: HashMap::new(), read_procfs: true, callers: CallerModules::default(), nodes: NodeNames::default() }
     }
 
     /// A decoder that never reads /proc (benchmarks, replay of recorded records).
     pub fn offline(clock: Clock) -> Self {
-        Decoder { clock, processes: HashMap::new(), names: HashMap::new(), read_procfs: false, callers: CallerModules::default() }
+        Decoder { clock, processes: HashMap::new(), names: HashMap::new(), read_procfs: false, callers: CallerModules::default(), nodes: NodeNames::default() }
     }
 
     pub fn decode(&mut self, record: &Record) -> Result<Event, DecodeError> {
@@ -91,11 +93,12 @@ impl Decoder {
         event.ns_pid = info.ns_pid;
         match layer {
             Layer::Driver => self.fill_driver(full, &mut event),
-            Layer::Allocator => fill_allocator(full, &mut event),
+            Layer::Allocator => self.fill_allocator(full, &mut event),
             Layer::Process => fill_process(full, &mut event),
         }
         if matches!(op, Op::Exit | Op::Exec) {
             self.callers.forget(record.pid);
+            self.nodes.forget(record.pid);
         }
         if op == Op::Exit {
             self.processes.remove(&record.pid);
@@ -154,17 +157,26 @@ impl Decoder {
         }
         api.fill_event(event, &call);
     }
-}
 
-fn fill_allocator(full: &Record, event: &mut Event) {
-    let record = &full.header;
-    event.kind = Some(Kind::Device);
-    event.device = Some(record.device);
-    event.addr = Some(record.addr);
-    event.size = record.size;
-    if let Some(totals) = full.totals {
+    fn fill_allocator(&mut self, full: &Record, event: &mut Event) {
+        let record = &full.header;
+        event.kind = Some(Kind::Device);
+        event.device = Some(record.device);
+        event.addr = Some(record.addr);
+        event.size = record.size;
+        let Some(totals) = full.totals else { return };
         event.allocated = Some(totals.allocated);
         event.reserved = Some(totals.reserved);
+        if record.flags & flags::AUTOGRAD == 0 {
+            return;
+        }
+        event.autograd_seq = Some(totals.autograd_seq);
+        event.autograd_thread = Some(totals.autograd_thread);
+        if totals.autograd_node != 0 {
+            let name = if self.read_procfs { self.nodes.name_of(record.pid, totals.autograd_node) } else { None };
+            // A process gone before its records are read: still a backward block.
+            event.autograd_node = Some(name.unwrap_or_else(|| Arc::from("Node")));
+        }
     }
 }
 
@@ -195,7 +207,6 @@ fn c_string(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::capture::flags;
 
     fn record(kind: gp_record_kind) -> Record {
         let mut record = Record::default();

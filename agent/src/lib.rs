@@ -5,6 +5,7 @@
 //! `gpuprof_model::Analyzer` (tracker and leak rules) → `output`; `session` runs that loop for `attach` and `run`, `daemon` for every
 //! CUDA process of a node, `report` runs the rules over a recorded file.
 
+pub mod autograd;
 pub mod callers;
 pub mod capture;
 pub mod cli;

@@ -9,9 +9,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use gpuprof_model::event::{Event, Op};
+use gpuprof_model::autograd::ForwardStacks;
 use gpuprof_model::dedup::Dedup;
 use gpuprof_model::{Analyzer, Finding};
 
+use crate::autograd::{AutogradConfig, Configured};
 use crate::capture::{Capture, DropCounters, Record};
 use crate::clock::Clock;
 use crate::decode::Decoder;
@@ -31,6 +33,9 @@ const DISCOVERY_POLL: Duration = Duration::from_millis(2);
 pub struct PipelineOptions {
     pub flow: FlowOptions,
     pub print_stats: bool,
+    /// Read PyTorch's autograd state at each allocator event: backward-pass blocks get the
+    /// forward line of their node.
+    pub autograd: bool,
 }
 
 /// Which libraries of one process are probed.
@@ -38,11 +43,13 @@ pub struct PipelineOptions {
 struct Probed {
     libcuda: bool,
     libc10: bool,
+    /// Backward attribution configured (or known impossible) for the process's libtorch_cpu.
+    autograd: bool,
 }
 
 impl Probed {
-    fn both(&self) -> bool {
-        self.libcuda && self.libc10
+    fn all(&self) -> bool {
+        self.libcuda && self.libc10 && self.autograd
     }
 }
 
@@ -52,6 +59,9 @@ pub struct Pipeline<'c> {
     capture: &'c Capture,
     decoder: Decoder,
     pub(crate) python: Pythons,
+    /// None when backward attribution is off.
+    autograd: Option<AutogradConfig>,
+    forward_stacks: ForwardStacks,
     flow: EventFlow,
     /// With a second capture feeding the flow (the shim): one event per call.
     dedup: Option<Dedup>,
@@ -81,6 +91,8 @@ impl<'c> Pipeline<'c> {
             capture,
             decoder: Decoder::new(Clock::new()),
             python: Pythons::default(),
+            autograd: options.autograd.then(AutogradConfig::default),
+            forward_stacks: ForwardStacks::default(),
             flow: EventFlow::new(options.flow, sink),
             dedup: None,
             root,
@@ -123,6 +135,8 @@ impl<'c> Pipeline<'c> {
         if self.dedup.as_mut().is_some_and(|d| !d.admit(&event)) {
             return Ok(());
         }
+        let mut event = event;
+        self.forward_stacks.attribute(&mut event);
         self.flow.observe(event).context("cannot write the output")
     }
 
@@ -250,6 +264,7 @@ impl<'c> Pipeline<'c> {
         if self.dedup.as_mut().is_some_and(|d| !d.admit(&event)) {
             return Ok(());
         }
+        self.forward_stacks.attribute(&mut event);
         self.flow.observe(event)
     }
 
@@ -265,6 +280,7 @@ impl<'c> Pipeline<'c> {
             }
             Op::Exec => {
                 self.probed.remove(&event.pid);
+                self.forward_stacks.forget(event.pid);
                 self.python.look_for(event.pid);
             }
             Op::Exit => {
@@ -272,6 +288,7 @@ impl<'c> Pipeline<'c> {
                     self.exited_total += 1;
                 }
                 self.probed.remove(&event.pid);
+                self.forward_stacks.forget(event.pid);
                 self.python.forget(event.pid);
                 if Some(event.pid) == self.root {
                     self.root_exited = true;
@@ -300,7 +317,7 @@ impl<'c> Pipeline<'c> {
     /// container's copy): probe it as soon as it appears in the process's maps.
     pub fn discover_libraries(&mut self) {
         let pending: Vec<u32> =
-            self.alive.iter().copied().filter(|pid| !self.probed.get(pid).is_some_and(Probed::both)).collect();
+            self.alive.iter().copied().filter(|pid| !self.probed.get(pid).is_some_and(Probed::all)).collect();
         for pid in pending {
             let mut probed = self.probed.get(&pid).copied().unwrap_or_default();
             if !probed.libcuda {
@@ -321,7 +338,29 @@ impl<'c> Pipeline<'c> {
                 }
                 probed.libc10 = !libraries.is_empty();
             }
+            if probed.libc10 && !probed.autograd {
+                probed.autograd = self.configure_autograd(pid);
+            }
             self.probed.insert(pid, probed);
+        }
+    }
+
+    /// True once there is nothing more to do for this process's autograd (configured, off, or
+    /// impossible: said once); false to look again (libtorch_cpu not loaded yet).
+    fn configure_autograd(&mut self, pid: u32) -> bool {
+        let Some(autograd) = self.autograd.as_mut() else { return true };
+        match autograd.configure(self.capture, pid) {
+            Configured::Yes => {
+                tracing::debug!(pid, "reading autograd state");
+                true
+            }
+            Configured::NoLibrary => false,
+            Configured::No(reason) => {
+                if let Some(reason) = reason {
+                    self.notice(format!("warning: {reason}"));
+                }
+                true
+            }
         }
     }
 

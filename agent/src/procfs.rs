@@ -149,6 +149,31 @@ fn parse_code_ranges(maps: &str) -> Vec<(u64, u64, String)> {
     ranges
 }
 
+/// Where each file-backed mapping of a process starts that maps its file from offset 0 (a shared
+/// library's load base): (start, the file's name).
+pub fn load_bases(pid: u32) -> io::Result<Vec<(u64, String)>> {
+    let maps = fs::read_to_string(format!("/proc/{pid}/maps"))?;
+    Ok(parse_load_bases(&maps))
+}
+
+fn parse_load_bases(maps: &str) -> Vec<(u64, String)> {
+    let mut bases = Vec::new();
+    for line in maps.lines() {
+        let mut fields = line.splitn(6, ' ');
+        let (Some(range), Some(_), Some(offset)) = (fields.next(), fields.next(), fields.next()) else { continue };
+        let Some(path) = fields.nth(2).map(str::trim_start) else { continue };
+        if !path.starts_with('/') || u64::from_str_radix(offset, 16) != Ok(0) {
+            continue;
+        }
+        let Some(start) = range.split_once('-').and_then(|(start, _)| u64::from_str_radix(start, 16).ok()) else { continue };
+        let name = path.strip_suffix(" (deleted)").unwrap_or(path).rsplit('/').next().unwrap_or(path);
+        if !bases.iter().any(|(_, n)| n == name) {
+            bases.push((start, name.to_string()));
+        }
+    }
+    bases
+}
+
 /// A path of a process's mount namespace, opened from ours.
 pub fn path_in_root(pid: u32, path: &str) -> PathBuf {
     PathBuf::from(format!("/proc/{pid}/root{path}"))
@@ -193,6 +218,21 @@ mod tests {
                 (0x7f00_0000_1000, 0x7f00_0000_2000, "libcuda.so.580.95".to_string()),
                 (0x7f00_0000_5000, 0x7f00_0000_6000, "ext.so".to_string()),
             ]
+        );
+    }
+
+    #[test]
+    fn load_bases_are_the_mappings_of_file_offset_zero() {
+        let maps = "\
+7f0000000000-7f0000001000 r--p 00000000 fd:01 1234 /opt/torch/lib/libtorch_cpu.so
+7f0000001000-7f0000002000 r-xp 00001000 fd:01 1234 /opt/torch/lib/libtorch_cpu.so
+7f0000003000-7f0000004000 rw-p 00000000 00:00 0 
+7e0000000000-7e0000001000 r--p 00000000 fd:01 77      /opt/torch/lib/libc10.so (deleted)
+7e0000004000-7e0000005000 r--p 00000000 fd:01 77 /opt/torch/lib/libc10.so
+";
+        assert_eq!(
+            parse_load_bases(maps),
+            vec![(0x7f00_0000_0000, "libtorch_cpu.so".to_string()), (0x7e00_0000_0000, "libc10.so".to_string())]
         );
     }
 

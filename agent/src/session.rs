@@ -293,7 +293,7 @@ pub(crate) fn duration_of(args: &CaptureArgs) -> Result<Option<Duration>> {
 }
 
 fn pipeline_options(args: &CaptureArgs) -> Result<PipelineOptions> {
-    Ok(PipelineOptions { flow: flow_options(args)?, print_stats: args.stats })
+    Ok(PipelineOptions { flow: flow_options(args)?, print_stats: args.stats, autograd: !args.no_stacks && !args.no_autograd })
 }
 
 /// What `attach` and `run` do with their events, whichever capture makes them.

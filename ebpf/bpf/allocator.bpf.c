@@ -17,6 +17,47 @@
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 
+/*
+ * glibc x86-64: the thread pointer (fs base) points at the TCB, whose second word is the DTV
+ * pointer; dtv[-1] holds the DTV's length and each entry is 16 bytes, its first word the module's
+ * TLS block (TLS_DTV_UNALLOCATED, -1, until the thread first touches that module's thread-locals).
+ */
+#define GP_TCB_DTV 8
+#define GP_DTV_ENTRY 16
+#define GP_DTV_UNALLOCATED ((__u64)-1)
+
+/*
+ * PyTorch's autograd state of the calling thread, read from libtorch_cpu's thread-locals: the node
+ * being evaluated (backward pass) or the thread's sequence counter (forward pass). A few reads of
+ * memory the thread has just touched, no extra probe.
+ */
+static __always_inline void read_autograd(__u32 tgid, struct gp_record *rec, struct gp_allocator *out)
+{
+	struct gp_autograd *torch = bpf_map_lookup_elem(&torch_procs, &tgid);
+	struct task_struct *task = bpf_get_current_task_btf();
+	__u64 dtv, length, block, node;
+
+	if (!torch)
+		return;
+	if (bpf_probe_read_user(&dtv, sizeof(dtv), (void *)(task->thread.fsbase + GP_TCB_DTV)) ||
+	    bpf_probe_read_user(&length, sizeof(length), (void *)(dtv - GP_DTV_ENTRY)) || torch->module > length ||
+	    bpf_probe_read_user(&block, sizeof(block), (void *)(dtv + torch->module * GP_DTV_ENTRY)) || block == 0 ||
+	    block == GP_DTV_UNALLOCATED)
+		return;
+	if (bpf_probe_read_user(&node, sizeof(node), (void *)(block + torch->current_node)))
+		return;
+	if (node) {
+		if (bpf_probe_read_user(&out->autograd_node, sizeof(out->autograd_node), (void *)node) ||
+		    bpf_probe_read_user(&out->autograd_seq, sizeof(out->autograd_seq), (void *)(node + torch->node_sequence_nr)) ||
+		    bpf_probe_read_user(&out->autograd_thread, sizeof(out->autograd_thread), (void *)(node + torch->node_thread_id)))
+			return;
+	} else if (bpf_probe_read_user(&out->autograd_seq, sizeof(out->autograd_seq), (void *)(block + torch->sequence_nr)) ||
+		   bpf_probe_read_user(&out->autograd_thread, sizeof(out->autograd_thread), (void *)(block + torch->thread_id))) {
+		return;
+	}
+	rec->flags |= GP_FLAG_AUTOGRAD;
+}
+
 struct allocator_record {
 	struct gp_record rec;
 	struct gp_allocator totals;
@@ -68,6 +109,10 @@ static __always_inline int on_report(struct pt_regs *ctx)
 	rec->aux = (__u64)size;
 	thread->out.totals.allocated = PT_REGS_PARM3(ctx);
 	thread->out.totals.reserved = PT_REGS_PARM4(ctx);
+	thread->out.totals.autograd_node = 0;
+	thread->out.totals.autograd_seq = 0;
+	thread->out.totals.autograd_thread = 0;
+	read_autograd(rec->pid, rec, &thread->out.totals);
 	bpf_get_current_comm(rec->comm, sizeof(rec->comm));
 
 	__u32 depth = walk_python_stack(rec->pid, rec->tid, thread->out.frames, &thread->stack, &rec->flags);

@@ -24,10 +24,32 @@ enum gp_record_kind {
 /*
  * An allocator record: the header (addr = the block, size = its size, aux = the signed size as
  * reported: negative for a free, device = the CUDA device), then this, then the Python frames.
+ * The autograd fields are set when the header has GP_FLAG_AUTOGRAD (PyTorch's autograd state of
+ * the calling thread could be read): with a node being evaluated (the backward pass) they
+ * describe that node, else the thread itself (the forward pass).
  */
 struct gp_allocator {
 	__u64 allocated; /* the allocator's total of live blocks on that device, after the call */
 	__u64 reserved;  /* the allocator's total of segments held on that device */
+	__u64 autograd_node;   /* the vtable of the torch::autograd::Node being evaluated; 0: none */
+	__u64 autograd_seq;    /* that node's sequence_nr_; without a node, the thread's sequence
+				* counter (the number the next node it makes will take) */
+	__u64 autograd_thread; /* that node's thread_id_ (the thread that made it, as
+				* at::RecordFunction numbers threads); without a node, this thread's */
+};
+
+/*
+ * Where a process's PyTorch keeps the autograd state of each thread, set by user space per tgid
+ * from libtorch_cpu.so's symbol table and relocations (copied to forked children in the kernel).
+ * The thread-locals live in libtorch_cpu's TLS block: the thread's DTV entry `module` points at it.
+ */
+struct gp_autograd {
+	__u64 module;         /* libtorch_cpu.so's TLS module id (its DTV index) in this process */
+	__u32 sequence_nr;    /* block offset of at::sequence_number's counter (u64) */
+	__u32 thread_id;      /* block offset of at::RecordFunction's current thread id (u64) */
+	__u32 current_node;   /* block offset of the std::shared_ptr<Node> being evaluated */
+	__u16 node_sequence_nr; /* offset of Node::sequence_nr_ */
+	__u16 node_thread_id;   /* offset of Node::thread_id_ */
 };
 
 /* c10::DeviceType::CUDA: the only device whose blocks are recorded. */
@@ -195,6 +217,7 @@ struct gp_code {
 #define GP_FLAG_HANDLE 4          /* GP_HANDLE_LEN bytes of handle follow the header */
 #define GP_FLAG_STACK_TRUNCATED 8 /* the Python stack was deeper than GP_MAX_FRAMES */
 #define GP_FLAG_STACK_LOST 16     /* the thread has Python frames that could not be read */
+#define GP_FLAG_AUTOGRAD 32       /* allocator records: the gp_allocator autograd fields are set */
 
 /* Counters every program bumps instead of failing silently (index into the per-CPU array). */
 enum gp_counter {

@@ -31,6 +31,14 @@ struct {
 	__type(value, struct gp_python);
 } python_procs SEC(".maps");
 
+/* tgid → where its PyTorch keeps autograd's thread-locals (set by user space, copied on fork). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 8192);
+	__type(key, __u32);
+	__type(value, struct gp_autograd);
+} torch_procs SEC(".maps");
+
 /* tid → its PyThreadState, found once by walking the interpreter's thread list. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);

@@ -29,6 +29,10 @@ int BPF_PROG(on_fork, struct task_struct *parent, struct task_struct *child)
 	struct gp_python *python = bpf_map_lookup_elem(&python_procs, &parent_tgid);
 	if (python)
 		bpf_map_update_elem(&python_procs, &child_tgid, python, BPF_ANY);
+	/* ... and the same libtorch: a fork keeps the dynamic linker's module ids. */
+	struct gp_autograd *torch = bpf_map_lookup_elem(&torch_procs, &parent_tgid);
+	if (torch)
+		bpf_map_update_elem(&torch_procs, &child_tgid, torch, BPF_ANY);
 
 	struct gp_record *rec = reserve_record(GP_RECORD_FORK, sizeof(struct gp_record));
 	if (!rec)
@@ -58,8 +62,9 @@ int BPF_PROG(on_exec, struct task_struct *task, pid_t old_pid, struct linux_binp
 
 	if (!is_tracked(tgid))
 		return 0;
-	/* A new program: whatever interpreter the old one ran is gone. */
+	/* A new program: whatever interpreter and libraries the old one ran are gone. */
 	bpf_map_delete_elem(&python_procs, &tgid);
+	bpf_map_delete_elem(&torch_procs, &tgid);
 	struct gp_exec_record *exec = (struct gp_exec_record *)reserve_record(GP_RECORD_EXEC, sizeof(struct gp_exec_record));
 	if (!exec)
 		return 0;
@@ -86,6 +91,7 @@ int BPF_PROG(on_exit, struct task_struct *task)
 		return 0;
 	bpf_map_delete_elem(&tracked, &tgid);
 	bpf_map_delete_elem(&python_procs, &tgid);
+	bpf_map_delete_elem(&torch_procs, &tgid);
 
 	struct gp_record *rec = reserve_record(GP_RECORD_EXIT, sizeof(struct gp_record));
 	if (!rec)

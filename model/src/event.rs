@@ -8,6 +8,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::hex::{serde_addr, serde_bytes};
+use crate::autograd::StackOrigin;
 use crate::stack::Stack;
 
 /// Where an event was captured.
@@ -121,11 +122,14 @@ pub struct Frame {
 }
 
 /// "train.py:42 in step"; the frame standing for a module with no Python stack
-/// (`Stack::of_module`) as "[libnccl.so.2]".
+/// (`Stack::of_module`) as "[libnccl.so.2]"; the frame naming a backward block's autograd node
+/// as "AddmmBackward0 (backward)".
 impl std::fmt::Display for Frame {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         if self.native_module().is_some() {
             write!(f, "{}", self.function)
+        } else if self.autograd_node().is_some() {
+            write!(f, "{} (backward)", self.function)
         } else {
             write!(f, "{}:{} in {}", self.file, self.line, self.function)
         }
@@ -137,6 +141,11 @@ impl Frame {
     /// (`Stack::of_module`): "libnccl.so.2" of "[libnccl.so.2]".
     pub fn native_module(&self) -> Option<&str> {
         (self.file == crate::stack::NATIVE_FILE).then(|| self.function.trim_start_matches('[').trim_end_matches(']'))
+    }
+
+    /// The node, when this frame marks a backward block's forward stack (`autograd`).
+    pub fn autograd_node(&self) -> Option<&str> {
+        (self.file == crate::autograd::AUTOGRAD_FILE).then_some(self.function.as_str())
     }
 }
 
@@ -226,6 +235,22 @@ pub struct Event {
     /// libcublasLt.so.13, libcudart.so.13, a user's extension), from the call's return address.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub caller_module: Option<Arc<str>>,
+    /// Allocator events of PyTorch's backward pass: the class of the autograd node being evaluated
+    /// (`AddmmBackward0`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autograd_node: Option<Arc<str>>,
+    /// Allocator events: with `autograd_node`, that node's sequence number; without, the thread's
+    /// autograd sequence counter (the number the next node it makes takes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autograd_seq: Option<u64>,
+    /// Allocator events: with `autograd_node`, the thread that made the node; without, this
+    /// thread; as `at::RecordFunction` numbers threads (not a tid).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autograd_thread: Option<u64>,
+    /// Set when `stack` is not the thread's own: `forward` (the Python stack of the forward call
+    /// that made `autograd_node`, under a frame naming the node) or `forward_near`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stack_origin: Option<StackOrigin>,
     /// Python frames, innermost first; empty when the thread had none.
     #[serde(default)]
     pub stack: Stack,
@@ -267,6 +292,10 @@ impl Event {
             signal: None,
             filename: None,
             caller_module: None,
+            autograd_node: None,
+            autograd_seq: None,
+            autograd_thread: None,
+            stack_origin: None,
             stack: Stack::empty(),
             native: Vec::new(),
         }

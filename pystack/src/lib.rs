@@ -6,8 +6,11 @@
 //! - `discovery`: which module of a process holds `_PyRuntime`, and which version it is;
 //! - `memory`: reading another process's memory (or our own);
 //! - `code` + `linetable` + `strings`: code objects to `file:line function`, with a cache per
-//!   code object.
+//!   code object;
+//! - `autograd`: where PyTorch keeps the autograd state that links a backward-pass block to the
+//!   Python line of its forward op.
 
+pub mod autograd;
 pub mod code;
 pub mod discovery;
 pub mod linetable;

@@ -70,6 +70,12 @@ pub enum Field {
     Native = 19,
     /// String id.
     CallerModule = 20,
+    /// String id.
+    AutogradNode = 21,
+    AutogradSeq = 22,
+    AutogradThread = 23,
+    /// 0 forward, 1 forward_near.
+    StackOrigin = 24,
 }
 
 impl Field {
@@ -80,6 +86,7 @@ impl Field {
 
 /// Source, layer and op in one byte: source in bits 6–7, layer in 4–5, op in 0–3.
 pub mod codes {
+    use gpuprof_model::autograd::StackOrigin;
     use gpuprof_model::{Kind, Layer, Op, Source};
 
     pub const SOURCES: [Source; 2] = [Source::Ebpf, Source::Cupti];
@@ -124,6 +131,16 @@ pub mod codes {
 
     pub fn kind_of(code: u8) -> Option<Kind> {
         Kind::ALL.get(usize::from(code)).copied()
+    }
+
+    const ORIGINS: [StackOrigin; 2] = [StackOrigin::Forward, StackOrigin::ForwardNear];
+
+    pub fn origin_code(origin: StackOrigin) -> u8 {
+        index(&ORIGINS, &origin)
+    }
+
+    pub fn origin_of(code: u8) -> Option<StackOrigin> {
+        ORIGINS.get(usize::from(code)).copied()
     }
 }
 

@@ -308,6 +308,20 @@ impl Reader {
         if has(Field::CallerModule) {
             event.caller_module = Some(self.string(take!(varint::get(data, d)))?.clone());
         }
+        if has(Field::AutogradNode) {
+            event.autograd_node = Some(self.string(take!(varint::get(data, d)))?.clone());
+        }
+        if has(Field::AutogradSeq) {
+            event.autograd_seq = Some(take!(varint::get(data, d)));
+        }
+        if has(Field::AutogradThread) {
+            event.autograd_thread = Some(take!(varint::get(data, d)));
+        }
+        if has(Field::StackOrigin) {
+            let code = *take!(data.get(*d));
+            *d += 1;
+            event.stack_origin = Some(codes::origin_of(code).ok_or_else(|| self.corrupt(&format!("stack origin {code}")))?);
+        }
         self.deltas.ts = ts;
         self.deltas.pid = pid;
         if event.op == gpuprof_model::Op::Exit {

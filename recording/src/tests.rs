@@ -44,6 +44,13 @@ fn events() -> Vec<Event> {
         block.segment = Some(0x7f20_0000_0000);
         block.stack = deep.clone();
         block.comm = "python3".into();
+        // The third is a backward block with its node's forward stack.
+        block.autograd_seq = Some(41 + i);
+        block.autograd_thread = Some(1 + i / 2);
+        if i == 2 {
+            block.autograd_node = Some("AddmmBackward0".into());
+            block.stack_origin = Some(gpuprof_model::autograd::StackOrigin::ForwardNear);
+        }
         out.push(block);
     }
     let mut export = Event::new(1_800_000_000_000_003_000, 4711, 4711, Source::Ebpf, Layer::Driver, Op::IpcExport, Cow::Borrowed("cuMemExportToShareableHandle"));

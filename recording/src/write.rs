@@ -122,6 +122,7 @@ impl<W: Write> Writer<W> {
         let handle_type = event.handle_type.as_deref().map(|t| self.string_id(t));
         let filename = event.filename.as_deref().map(|f| self.string_id(f));
         let caller_module = event.caller_module.as_deref().map(|m| self.string_id(m));
+        let autograd_node = event.autograd_node.as_deref().map(|n| self.string_id(n));
         let native: Vec<(u64, u64, u64)> = event
             .native
             .iter()
@@ -155,6 +156,10 @@ impl<W: Write> Writer<W> {
         set(Field::Filename, filename.is_some());
         set(Field::Native, !native.is_empty());
         set(Field::CallerModule, caller_module.is_some());
+        set(Field::AutogradNode, autograd_node.is_some());
+        set(Field::AutogradSeq, event.autograd_seq.is_some());
+        set(Field::AutogradThread, event.autograd_thread.is_some());
+        set(Field::StackOrigin, event.stack_origin.is_some());
 
         let p = &mut self.payload;
         p.clear();
@@ -230,6 +235,12 @@ impl<W: Write> Writer<W> {
         }
         if let Some(id) = caller_module {
             varint::put(p, id);
+        }
+        for v in [autograd_node, event.autograd_seq, event.autograd_thread].into_iter().flatten() {
+            varint::put(p, v);
+        }
+        if let Some(origin) = event.stack_origin {
+            p.push(codes::origin_code(origin));
         }
         self.deltas.ts = event.ts;
         self.deltas.pid = event.pid;

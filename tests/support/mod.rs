@@ -208,6 +208,20 @@ pub fn libc10_cuda_standin() -> &'static Path {
     })
 }
 
+/// The libtorch_cpu stand-in (`libtorch_cpu.so`, next to the libc10 stand-in it reports to):
+/// autograd's thread-locals and nodes as PyTorch lays them out, and an "autograd thread".
+pub fn libtorch_cpu_standin() -> &'static Path {
+    static LIBRARY: OnceLock<PathBuf> = OnceLock::new();
+    LIBRARY.get_or_init(|| {
+        let libc10 = libc10_standin();
+        let dir = libc10.parent().unwrap();
+        let output = dir.join("libtorch_cpu.so");
+        let search = format!("-L{}", dir.display());
+        compile("libtorch_cpu_standin.c", &output, &["-shared", "-fPIC", "-fvisibility=hidden", &search, "-lc10", "-Wl,-rpath,$ORIGIN", "-lpthread"]);
+        output
+    })
+}
+
 /// gpuprof's in-process shim (`libgpuprof_shim.so`), brought up to date first: this package's
 /// tests do not build another package.
 pub fn shim_library() -> &'static Path {

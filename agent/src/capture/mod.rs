@@ -168,6 +168,7 @@ impl Capture {
         open_process.maps.counters.reuse_fd(driver.maps.counters.as_fd()).map_err(|e| load_error("share the counters", e))?;
         open_process.maps.python_procs.reuse_fd(driver.maps.python_procs.as_fd()).map_err(|e| load_error("share the Python map", e))?;
         open_process.maps.thread_states.reuse_fd(driver.maps.thread_states.as_fd()).map_err(|e| load_error("share the thread map", e))?;
+        open_process.maps.torch_procs.reuse_fd(driver.maps.torch_procs.as_fd()).map_err(|e| load_error("share the autograd map", e))?;
         let process = open_process.load().map_err(|e| load_error("load the process tracepoints", e))?;
 
         let allocator_object: &'static mut MaybeUninit<OpenObject> = Box::leak(Box::new(MaybeUninit::uninit()));
@@ -187,6 +188,7 @@ impl Capture {
         open_allocator.maps.counters.reuse_fd(driver.maps.counters.as_fd()).map_err(shared)?;
         open_allocator.maps.python_procs.reuse_fd(driver.maps.python_procs.as_fd()).map_err(shared)?;
         open_allocator.maps.thread_states.reuse_fd(driver.maps.thread_states.as_fd()).map_err(shared)?;
+        open_allocator.maps.torch_procs.reuse_fd(driver.maps.torch_procs.as_fd()).map_err(shared)?;
         let allocator = open_allocator.load().map_err(|e| load_error("load the allocator probe", e))?;
 
         let tracepoints = vec![
@@ -240,6 +242,19 @@ impl Capture {
             .python_procs
             .update(&pid.to_ne_bytes(), bytes, MapFlags::ANY)
             .with_context(|| format!("cannot configure Python stacks of pid {pid}"))
+    }
+
+    /// Tells the allocator probe where a process's PyTorch keeps autograd's thread-locals.
+    pub fn set_autograd(&self, pid: u32, config: &gpuprof_ebpf::types::gp_autograd) -> Result<()> {
+        // SAFETY: gp_autograd is a plain-old-data #[repr(C)] struct.
+        let bytes = unsafe {
+            std::slice::from_raw_parts((config as *const gpuprof_ebpf::types::gp_autograd).cast::<u8>(), std::mem::size_of_val(config))
+        };
+        self.driver
+            .maps
+            .torch_procs
+            .update(&pid.to_ne_bytes(), bytes, MapFlags::ANY)
+            .with_context(|| format!("cannot configure backward attribution of pid {pid}"))
     }
 
     /// The raw fd of the tracked-process map, for a child to add itself before exec.

@@ -11,6 +11,7 @@ pub mod flags {
     pub const HANDLE: u8 = 4;
     pub const STACK_TRUNCATED: u8 = 8;
     pub const STACK_LOST: u8 = 16;
+    pub const AUTOGRAD: u8 = 32;
 }
 
 const HANDLE_LEN: usize = 64;

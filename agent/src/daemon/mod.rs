@@ -48,7 +48,7 @@ pub fn run(args: &DaemonArgs) -> Result<u8> {
         track_callers: true,
         ..CaptureOptions::default()
     })?;
-    let options = PipelineOptions { flow: flow_options(&config), print_stats: false };
+    let options = PipelineOptions { flow: flow_options(&config), print_stats: false, autograd: config.python_stacks };
     let mut pipeline = Pipeline::new(&capture, options, sink_of(&config)?, None)
         .with_telemetry(config.otlp.clone().map(Telemetry::start).transpose()?);
     let shim = match &config.shim_socket {

@@ -52,6 +52,7 @@ pub fn run(args: &TopArgs) -> Result<u8> {
             keep_findings: true,
         },
         print_stats: false,
+        autograd: true,
     };
     let mut pipeline = Pipeline::new(&capture, options, Box::new(NullSink), None);
     follow_new_processes(&mut pipeline, args.pid);

@@ -11,6 +11,9 @@ pub fn at(stack: &[Frame]) -> String {
     if let Some(module) = stack.first().and_then(Frame::native_module) {
         return format!("called from {module} (no Python stack)");
     }
+    if let Some(node) = stack.first().and_then(Frame::autograd_node) {
+        return format!("in {node} (backward pass) of the forward call {}", at(&stack[1..]));
+    }
     match (user_frame(stack), stack.first()) {
         (Some(user), Some(innermost)) if user != innermost => {
             format!("at {}:{} in {} (through {})", user.file, user.line, user.function, innermost.function)
@@ -36,4 +39,27 @@ pub fn bytes(bytes: u64) -> String {
 /// "1 allocation", "3 allocations".
 pub fn count(n: u64, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(function: &str, file: &str, line: u32) -> Frame {
+        Frame { function: function.into(), file: file.into(), line }
+    }
+
+    #[test]
+    fn where_memory_was_asked_for() {
+        let forward = [
+            frame("Linear.forward", "/venv/lib/python3.12/site-packages/torch/nn/modules/linear.py", 134),
+            frame("Block.forward", "/srv/model.py", 58),
+        ];
+        assert_eq!(at(&forward), "at /srv/model.py:58 in Block.forward (through Linear.forward)");
+        let backward: Vec<Frame> = std::iter::once(frame("AddmmBackward0", crate::autograd::AUTOGRAD_FILE, 0)).chain(forward).collect();
+        assert_eq!(at(&backward), "in AddmmBackward0 (backward pass) of the forward call at /srv/model.py:58 in Block.forward (through Linear.forward)");
+        assert_eq!(backward[0].to_string(), "AddmmBackward0 (backward)");
+        assert_eq!(at(&[frame("[libnccl.so.2]", crate::stack::NATIVE_FILE, 0)]), "called from libnccl.so.2 (no Python stack)");
+        assert_eq!(at(&[]), "(no Python stack)");
+    }
 }

@@ -1,0 +1,95 @@
+//! Backward attribution, the agent's part: tells the allocator probe where a process's PyTorch
+//! keeps autograd's thread-locals (so each block says which autograd node, if any, was being
+//! evaluated, or which forward sequence number its thread was at), and names the nodes the probe
+//! reports by vtable. The forward line of a backward block is found from those numbers by
+//! `gpuprof_model::autograd::ForwardStacks`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use gpuprof_ebpf::types::gp_autograd;
+use gpuprof_pystack::autograd::{node_class, AutogradLayout, LIBRARY, NODE_SEQUENCE_NR, NODE_THREAD_ID};
+use gpuprof_pystack::RemoteMemory;
+
+use crate::capture::Capture;
+use crate::libcuda::LibraryFile;
+use crate::procfs;
+
+/// What is known about the libtorch_cpu.so files seen and the processes configured.
+#[derive(Default)]
+pub struct AutogradConfig {
+    /// By file identity: its layout, or why it has none (said once).
+    layouts: HashMap<(u64, u64), Option<AutogradLayout>>,
+}
+
+/// What configuring one process came to.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Configured {
+    /// The probe reads autograd's state in this process.
+    Yes,
+    /// The process has not loaded libtorch_cpu.so (yet).
+    NoLibrary,
+    /// The library is there but gives no layout (said in the notice), or the process is gone.
+    No(Option<String>),
+}
+
+impl AutogradConfig {
+    /// Configures the probe for a process that has loaded PyTorch.
+    pub fn configure(&mut self, capture: &Capture, pid: u32) -> Configured {
+        let Ok(bases) = procfs::load_bases(pid) else { return Configured::No(None) };
+        let Some(&(base, _)) = bases.iter().find(|(_, name)| name == LIBRARY) else { return Configured::NoLibrary };
+        let Ok(files) = crate::libcuda::mapped_matching(pid, |path| path.rsplit('/').next() == Some(LIBRARY)) else {
+            return Configured::No(None);
+        };
+        let Some(file) = files.first() else { return Configured::NoLibrary };
+        let (layout, first_failure) = self.layout_of(file);
+        let Some(layout) = layout else { return Configured::No(first_failure) };
+        let Some(module) = layout.module_id(&RemoteMemory { pid }, base) else {
+            return Configured::No(Some(format!("cannot read the TLS module id of {} in pid {pid}", file.path.display())));
+        };
+        let config = gp_autograd {
+            module,
+            sequence_nr: layout.sequence_nr,
+            thread_id: layout.thread_id,
+            current_node: layout.current_node,
+            node_sequence_nr: NODE_SEQUENCE_NR,
+            node_thread_id: NODE_THREAD_ID,
+        };
+        match capture.set_autograd(pid, &config) {
+            Ok(()) => Configured::Yes,
+            Err(error) => Configured::No(Some(format!("{error:#}"))),
+        }
+    }
+
+    fn layout_of(&mut self, file: &LibraryFile) -> (Option<AutogradLayout>, Option<String>) {
+        if let Some(known) = self.layouts.get(&file.identity) {
+            return (*known, None);
+        }
+        let (layout, failure) = match AutogradLayout::of_file(&file.path) {
+            Ok(layout) => (Some(layout), None),
+            Err(error) => (None, Some(error.to_string())),
+        };
+        self.layouts.insert(file.identity, layout);
+        (layout, failure)
+    }
+}
+
+/// Node class names by (pid, vtable), read from the process's RTTI once each.
+#[derive(Default)]
+pub struct NodeNames {
+    names: HashMap<(u32, u64), Option<Arc<str>>>,
+}
+
+impl NodeNames {
+    pub fn name_of(&mut self, pid: u32, vtable: u64) -> Option<Arc<str>> {
+        self.names
+            .entry((pid, vtable))
+            .or_insert_with(|| node_class(&RemoteMemory { pid }, vtable).map(Arc::from))
+            .clone()
+    }
+
+    /// The process ended or runs another program.
+    pub fn forget(&mut self, pid: u32) {
+        self.names.retain(|(p, _), _| *p != pid);
+    }
+}

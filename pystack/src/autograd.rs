@@ -1,0 +1,163 @@
+//! Where PyTorch's autograd keeps what links a backward-pass allocation to its forward line, found
+//! in `libtorch_cpu.so` itself rather than tabulated per release:
+//!
+//! - three thread-locals of libtorch_cpu's TLS block, by their symbol-table names (PyTorch's
+//!   wheels keep `.symtab`): the thread's sequence counter (`at::sequence_number`, the number the
+//!   next autograd node made on that thread takes), its id as `at::RecordFunction` numbers threads,
+//!   and the `std::shared_ptr<Node>` of the node the autograd engine is evaluating;
+//! - the library's TLS module id, from the GOT slot its local-dynamic TLS accesses use (an
+//!   `R_X86_64_DTPMOD64` relocation against no symbol), read in the running process;
+//! - a `torch::autograd::Node`'s `sequence_nr_` and `thread_id_` (torch/csrc/autograd/function.h:
+//!   after the vtable pointer and `enable_shared_from_this`'s weak pointer), and its class name
+//!   through the vtable's RTTI. Run on PyTorch 2.11; a libtorch_cpu.so without these symbols gets
+//!   a one-line warning and no attribution.
+
+use std::fs;
+use std::path::Path;
+
+use object::{Object, ObjectSymbol, RelocationFlags, RelocationTarget, SymbolKind};
+use thiserror::Error;
+
+use crate::memory::Memory;
+
+/// The library whose thread-locals hold autograd's state.
+pub const LIBRARY: &str = "libtorch_cpu.so";
+
+/// `at::sequence_number`'s per-thread counter.
+const SEQUENCE_NR: &str = "_ZN2at15sequence_number12_GLOBAL__N_112sequence_nr_E";
+/// `at::RecordFunction::currentThreadId()`'s per-thread id.
+const CURRENT_THREAD_ID: &str = "_ZN2at12_GLOBAL__N_118current_thread_id_E";
+/// The thread-local behind `torch::autograd::get_current_node()`: a `C10_DEFINE_TLS_static`
+/// (a lambda's `static thread_local std::shared_ptr<Node> var`, 16 bytes, the node first). A
+/// PyTorch that holds it in a `c10::intrusive_ptr` lays its nodes out differently: not matched.
+const CURRENT_NODE_MARK: &str = "tls_current_evaluating_node";
+
+/// torch/csrc/autograd/function.h: vptr (0), enable_shared_from_this's weak_ptr (8, 16),
+/// `const uint64_t sequence_nr_` (24), `topological_nr_` (32), `has_parent_` (40),
+/// `uint64_t thread_id_` (48).
+pub const NODE_SEQUENCE_NR: u16 = 24;
+pub const NODE_THREAD_ID: u16 = 48;
+
+const R_X86_64_DTPMOD64: u32 = 16;
+
+/// Where one libtorch_cpu.so file keeps autograd's thread-locals.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AutogradLayout {
+    /// The GOT slot (an address in the file) the dynamic linker fills with the module id.
+    pub module_slot: u64,
+    /// Offsets in the library's TLS block.
+    pub sequence_nr: u32,
+    pub thread_id: u32,
+    pub current_node: u32,
+}
+
+#[derive(Debug, Error)]
+pub enum AutogradError {
+    #[error("cannot read {path}: {reason}")]
+    Unreadable { path: String, reason: String },
+    #[error("{path} has no {what} in its symbol table (a build without one, or a PyTorch that keeps it differently): backward-pass blocks get no forward line")]
+    Missing { path: String, what: &'static str },
+}
+
+impl AutogradLayout {
+    /// Reads the layout from a libtorch_cpu.so file.
+    pub fn of_file(path: &Path) -> Result<AutogradLayout, AutogradError> {
+        let unreadable = |reason: String| AutogradError::Unreadable { path: path.display().to_string(), reason };
+        let missing = |what| AutogradError::Missing { path: path.display().to_string(), what };
+        let file = fs::File::open(path).map_err(|e| unreadable(e.to_string()))?;
+        // SAFETY: read-only mapping, dropped before returning; installers replace libraries by
+        // writing a new inode.
+        let data = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| unreadable(e.to_string()))?;
+        let elf = object::File::parse(&*data).map_err(|e| unreadable(format!("not an ELF file ({e})")))?;
+        let (mut sequence_nr, mut thread_id, mut current_node) = (None, None, None);
+        for symbol in elf.symbols().filter(|s| s.kind() == SymbolKind::Tls) {
+            let Ok(name) = symbol.name() else { continue };
+            let offset = u32::try_from(symbol.address()).ok();
+            if name == SEQUENCE_NR {
+                sequence_nr = offset;
+            } else if name == CURRENT_THREAD_ID {
+                thread_id = offset;
+            } else if name.contains(CURRENT_NODE_MARK) && symbol.size() == 16 {
+                current_node = offset;
+            }
+        }
+        let module_slot = elf
+            .dynamic_relocations()
+            .into_iter()
+            .flatten()
+            .find(|(_, relocation)| {
+                relocation.flags() == (RelocationFlags::Elf { r_type: R_X86_64_DTPMOD64 })
+                    && matches!(relocation.target(), RelocationTarget::Absolute | RelocationTarget::Symbol(object::SymbolIndex(0)))
+            })
+            .map(|(offset, _)| offset);
+        Ok(AutogradLayout {
+            module_slot: module_slot.ok_or_else(|| missing("module-local TLS relocation"))?,
+            sequence_nr: sequence_nr.ok_or_else(|| missing("at::sequence_number thread-local"))?,
+            thread_id: thread_id.ok_or_else(|| missing("at::RecordFunction thread id"))?,
+            current_node: current_node.ok_or_else(|| missing("current autograd node thread-local"))?,
+        })
+    }
+
+    /// The module id the dynamic linker gave the library in a process where it is loaded at
+    /// `base` (the address of its file offset 0).
+    pub fn module_id(&self, memory: &impl Memory, base: u64) -> Option<u64> {
+        memory.read_u64(base + self.module_slot).ok().filter(|&id| id > 0 && id < 1 << 20)
+    }
+}
+
+/// A node's class name ("AddmmBackward0") from its vtable: the RTTI object sits just before the
+/// first virtual function, and its second word is the mangled name
+/// (`N5torch8autograd9generated14AddmmBackward0E`).
+pub fn node_class(memory: &impl Memory, vtable: u64) -> Option<String> {
+    let type_info = memory.read_u64(vtable.checked_sub(8)?).ok()?;
+    let name = memory.read_u64(type_info.checked_add(8)?).ok()?;
+    let raw = read_c_string(memory, name, 256)?;
+    last_name_component(std::str::from_utf8(&raw).ok()?)
+}
+
+/// A NUL-terminated string of at most `max` bytes, read a page at a time (the string may end just
+/// before an unmapped page).
+fn read_c_string(memory: &impl Memory, addr: u64, max: usize) -> Option<Vec<u8>> {
+    const PAGE: u64 = 4096;
+    let mut out = Vec::new();
+    let mut at = addr;
+    while out.len() < max {
+        let len = ((PAGE - at % PAGE) as usize).min(max - out.len());
+        let chunk = memory.read_vec(at, len).ok()?;
+        if let Some(end) = chunk.iter().position(|&b| b == 0) {
+            out.extend_from_slice(&chunk[..end]);
+            return Some(out);
+        }
+        out.extend_from_slice(&chunk);
+        at += len as u64;
+    }
+    None
+}
+
+/// The innermost name of an Itanium-mangled type name: `AddmmBackward0` of
+/// `N5torch8autograd9generated14AddmmBackward0E`, `PyNode` of `N5torch8autograd6PyNodeE`.
+fn last_name_component(mangled: &str) -> Option<String> {
+    let mut rest = mangled.strip_prefix('N').map_or(mangled, |r| r.strip_suffix('E').unwrap_or(r));
+    let mut last = None;
+    while !rest.is_empty() {
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        let len: usize = rest[..digits].parse().ok()?;
+        let name = rest.get(digits..digits + len)?;
+        last = Some(name);
+        rest = &rest[digits + len..];
+    }
+    last.map(str::to_string)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn class_names_from_mangled_type_names() {
+        assert_eq!(last_name_component("N5torch8autograd9generated14AddmmBackward0E").as_deref(), Some("AddmmBackward0"));
+        assert_eq!(last_name_component("N5torch8autograd6PyNodeE").as_deref(), Some("PyNode"));
+        assert_eq!(last_name_component("14AccumulateGrad").as_deref(), Some("AccumulateGrad"));
+        assert_eq!(last_name_component("N5torch8autograd99tooshortE"), None);
+    }
+}
