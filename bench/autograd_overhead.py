@@ -1,0 +1,84 @@
+"""What backward attribution adds per allocator report, on this machine, through the libc10 and
+libtorch_cpu stand-ins: a Python loop (20 frames deep) makes autograd nodes that each report a
+forward block, and every 100 nodes a backward pass on the stand-in's autograd thread reports
+each node's gradient (alloc and free): three reports per node. Interleaved rounds of: plain,
+`gpuprof run --no-autograd`, `gpuprof run`. The figure: attribution's added time per report as a
+share of the capture's own added time per report (both measured in the same rounds).
+
+    sudo python3 bench/autograd_overhead.py [--gpuprof target/release/gpuprof] [--nodes 20000] [--rounds 3]
+"""
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+root = Path(__file__).resolve().parent.parent
+fixtures = root / "tests" / "fixtures"
+
+WORKLOAD = r'''
+import ctypes, os, sys, time
+torch = ctypes.CDLL(os.environ["LIBTORCH_CPU"])
+torch.gpuprof_standin_forward.argtypes = [ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64]
+nodes = int(sys.argv[1])
+time.sleep(0.5)  # gpuprof configures the process once libc10 is mapped
+
+def deep(n):
+    if n:
+        return deep(n - 1)
+    start = time.perf_counter()
+    for i in range(nodes):
+        torch.gpuprof_standin_forward(0, 4096, 8192)
+        if i % 100 == 99:
+            torch.gpuprof_standin_backward()
+    print(time.perf_counter() - start)
+
+deep(20)
+'''
+
+
+def build(out):
+    subprocess.run(["cc", "-O1", "-shared", "-fPIC", "-fvisibility=hidden", "-o", out / "libc10.so",
+                    fixtures / "libc10_standin.c"], check=True)
+    subprocess.run(["cc", "-O1", "-shared", "-fPIC", "-fvisibility=hidden", "-o", out / "libtorch_cpu.so",
+                    fixtures / "libtorch_cpu_standin.c", f"-L{out}", "-lc10", "-Wl,-rpath,$ORIGIN", "-lpthread"], check=True)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--gpuprof", default=str(root / "target" / "release" / "gpuprof"))
+    parser.add_argument("--nodes", type=int, default=20000)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        build(tmp)
+        (tmp / "workload.py").write_text(WORKLOAD)
+        env = dict(os.environ, LIBTORCH_CPU=str(tmp / "libtorch_cpu.so"))
+        command = [sys.executable, str(tmp / "workload.py"), str(args.nodes)]
+        modes = {
+            "plain": [],
+            "gpuprof --no-autograd": [args.gpuprof, "run", "--no-autograd", "--output", "/dev/null", "--"],
+            "gpuprof": [args.gpuprof, "run", "--output", "/dev/null", "--"],
+        }
+        seconds = {name: [] for name in modes}
+        for _ in range(args.rounds):
+            for name, prefix in modes.items():
+                out = subprocess.run([*prefix, *command], env=env, capture_output=True, text=True, check=True).stdout
+                seconds[name].append(float(out.strip().splitlines()[-1]))
+    reports = 3 * args.nodes
+    us = {name: statistics.median(v) * 1e6 / reports for name, v in seconds.items()}
+    print(f"{reports} allocator reports a run ({args.nodes} nodes, 20-frame stacks), {args.rounds} rounds, medians")
+    for name in modes:
+        print(f"{name:<24} {us[name]:8.2f} µs a report")
+    capture = us["gpuprof --no-autograd"] - us["plain"]
+    attribution = us["gpuprof"] - us["gpuprof --no-autograd"]
+    print(f"capture added {capture:.2f} µs a report; attribution added {attribution:.2f} µs "
+          f"({attribution / capture * 100:.1f}% of the capture's)")
+    print("raw: " + str(seconds))
+
+
+main()
