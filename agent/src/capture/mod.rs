@@ -233,27 +233,19 @@ impl Capture {
 
     /// Tells the stack walk where a process's CPython keeps its threads and frames.
     pub fn set_python(&self, pid: u32, config: &gpuprof_ebpf::types::gp_python) -> Result<()> {
-        // SAFETY: gp_python is a plain-old-data #[repr(C)] struct.
-        let bytes = unsafe {
-            std::slice::from_raw_parts((config as *const gpuprof_ebpf::types::gp_python).cast::<u8>(), std::mem::size_of_val(config))
-        };
         self.driver
             .maps
             .python_procs
-            .update(&pid.to_ne_bytes(), bytes, MapFlags::ANY)
+            .update(&pid.to_ne_bytes(), bytes_of(config), MapFlags::ANY)
             .with_context(|| format!("cannot configure Python stacks of pid {pid}"))
     }
 
     /// Tells the allocator probe where a process's PyTorch keeps autograd's thread-locals.
     pub fn set_autograd(&self, pid: u32, config: &gpuprof_ebpf::types::gp_autograd) -> Result<()> {
-        // SAFETY: gp_autograd is a plain-old-data #[repr(C)] struct.
-        let bytes = unsafe {
-            std::slice::from_raw_parts((config as *const gpuprof_ebpf::types::gp_autograd).cast::<u8>(), std::mem::size_of_val(config))
-        };
         self.driver
             .maps
             .torch_procs
-            .update(&pid.to_ne_bytes(), bytes, MapFlags::ANY)
+            .update(&pid.to_ne_bytes(), bytes_of(config), MapFlags::ANY)
             .with_context(|| format!("cannot configure backward attribution of pid {pid}"))
     }
 
@@ -413,4 +405,11 @@ impl Received {
 
 fn load_error(what: &str, error: libbpf_rs::Error) -> anyhow::Error {
     anyhow!("cannot {what} into the kernel: {error} (run with RUST_LOG=debug for libbpf's log)")
+}
+
+/// The bytes of a map value: one of the kernel contract's plain-old-data #[repr(C)] structs
+/// (generated from gpuprof.h, `Copy`, no pointers).
+fn bytes_of<T: Copy>(value: &T) -> &[u8] {
+    // SAFETY: T is a #[repr(C)] value type from gpuprof.h; its bytes are read, never written.
+    unsafe { std::slice::from_raw_parts((value as *const T).cast::<u8>(), std::mem::size_of::<T>()) }
 }
