@@ -1,5 +1,5 @@
 //! What happens to every event, whichever capture made it (the eBPF pipeline or the in-process
-//! shim): OTLP export, the tracker and leak rules, the output; and the end of a run: the last
+//! shim): the forward line of a backward-pass block, OTLP export, the tracker and leak rules, the output; and the end of a run: the last
 //! findings, the summaries, the findings table or file, the counters.
 
 use std::io;
@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use gpuprof_model::autograd::ForwardStacks;
 use gpuprof_model::{Analyzer, Event, Finding, RuleConfig};
 
 use crate::nvml::NvmlView;
@@ -39,6 +40,8 @@ pub struct EventFlow {
     events: u64,
     /// What the driver says each followed process uses (nvidia-smi's figure), where NVML is.
     nvml: NvmlView,
+    /// Forward lines of backward-pass blocks, by autograd sequence number.
+    forward_stacks: ForwardStacks,
 }
 
 impl EventFlow {
@@ -55,6 +58,7 @@ impl EventFlow {
             notices: options.notices,
             events: 0,
             nvml: NvmlView::open(),
+            forward_stacks: ForwardStacks::default(),
         }
     }
 
@@ -62,8 +66,9 @@ impl EventFlow {
         self.telemetry = telemetry;
     }
 
-    /// One event through export, tracker, rules and output.
+    /// One event through backward attribution, export, tracker, rules and output.
     pub fn observe(&mut self, mut event: Event) -> io::Result<()> {
+        self.forward_stacks.follow(&mut event);
         if let Some(telemetry) = &mut self.telemetry {
             telemetry.before(&event, self.analyzer.tracker());
         }

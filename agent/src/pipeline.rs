@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use gpuprof_model::event::{Event, Op};
-use gpuprof_model::autograd::ForwardStacks;
 use gpuprof_model::dedup::Dedup;
 use gpuprof_model::{Analyzer, Finding};
 
@@ -61,7 +60,6 @@ pub struct Pipeline<'c> {
     pub(crate) python: Pythons,
     /// None when backward attribution is off.
     autograd: Option<AutogradConfig>,
-    forward_stacks: ForwardStacks,
     flow: EventFlow,
     /// With a second capture feeding the flow (the shim): one event per call.
     dedup: Option<Dedup>,
@@ -92,7 +90,6 @@ impl<'c> Pipeline<'c> {
             decoder: Decoder::new(Clock::new()),
             python: Pythons::default(),
             autograd: options.autograd.then(AutogradConfig::default),
-            forward_stacks: ForwardStacks::default(),
             flow: EventFlow::new(options.flow, sink),
             dedup: None,
             root,
@@ -135,8 +132,6 @@ impl<'c> Pipeline<'c> {
         if self.dedup.as_mut().is_some_and(|d| !d.admit(&event)) {
             return Ok(());
         }
-        let mut event = event;
-        self.forward_stacks.attribute(&mut event);
         self.flow.observe(event).context("cannot write the output")
     }
 
@@ -264,7 +259,6 @@ impl<'c> Pipeline<'c> {
         if self.dedup.as_mut().is_some_and(|d| !d.admit(&event)) {
             return Ok(());
         }
-        self.forward_stacks.attribute(&mut event);
         self.flow.observe(event)
     }
 
@@ -280,7 +274,6 @@ impl<'c> Pipeline<'c> {
             }
             Op::Exec => {
                 self.probed.remove(&event.pid);
-                self.forward_stacks.forget(event.pid);
                 self.python.look_for(event.pid);
             }
             Op::Exit => {
@@ -288,7 +281,6 @@ impl<'c> Pipeline<'c> {
                     self.exited_total += 1;
                 }
                 self.probed.remove(&event.pid);
-                self.forward_stacks.forget(event.pid);
                 self.python.forget(event.pid);
                 if Some(event.pid) == self.root {
                     self.root_exited = true;

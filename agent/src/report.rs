@@ -5,6 +5,7 @@ use std::io::Write;
 use std::path::Path;
 
 use anyhow::{Context, Result};
+use gpuprof_model::autograd::ForwardStacks;
 use gpuprof_model::{Analyzer, Finding};
 
 use crate::cli::{ReportFormat, RuleArgs};
@@ -14,8 +15,11 @@ use crate::output::{self, findings};
 /// Returns gpuprof's exit code: 0 whenever the report ran, whatever it found.
 pub fn run(input: &Path, format: ReportFormat, output_path: Option<&Path>, rules: &RuleArgs) -> Result<u8> {
     let mut analyzer = Analyzer::new(rules.config()?);
+    // A shim's own file has no forward lines yet.
+    let mut forward_stacks = ForwardStacks::default();
     let mut found: Vec<Finding> = Vec::new();
     input::for_each_event(input, |mut event| {
+        forward_stacks.follow(&mut event);
         found.extend(analyzer.observe(&mut event));
         Ok(())
     })?;

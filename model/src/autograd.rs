@@ -82,6 +82,18 @@ impl ForwardStacks {
         }
     }
 
+    /// The next event of a stream, in order: attributed (a block already given its forward line,
+    /// as in a recording of a live capture, is left as it is), and a process that exits or runs
+    /// another program forgotten.
+    pub fn follow(&mut self, event: &mut Event) {
+        if event.stack_origin.is_none() {
+            self.attribute(event);
+        }
+        if event.layer == Layer::Process && matches!(event.op, Op::Exec | Op::Exit) {
+            self.forget(event.pid);
+        }
+    }
+
     /// The process ended or runs another program.
     pub fn forget(&mut self, pid: u32) {
         self.threads.retain(|(p, _), _| *p != pid);
@@ -196,6 +208,25 @@ mod tests {
         assert!(a.stack.same(&b.stack));
         stacks.forget(10);
         assert_eq!(backward(&mut stacks, 7, "AddmmBackward0"), (Vec::new(), None));
+    }
+
+    #[test]
+    fn a_stream_keeps_given_forward_lines_and_forgets_a_process_at_its_exit() {
+        let mut stacks = ForwardStacks::default();
+        stacks.follow(&mut block(Op::Alloc, 8, None, stack(20)));
+        // Already given its line (a recording of a live run): left as it is.
+        let mut given = block(Op::Alloc, 7, Some("AddmmBackward0"), stack(99));
+        given.stack_origin = Some(StackOrigin::ForwardNear);
+        stacks.follow(&mut given);
+        assert_eq!((lines(&given), given.stack_origin), (vec![("forward".to_string(), 99)], Some(StackOrigin::ForwardNear)));
+        let mut found = block(Op::Alloc, 7, Some("AddmmBackward0"), Stack::empty());
+        stacks.follow(&mut found);
+        assert_eq!((lines(&found), found.stack_origin), (vec![("AddmmBackward0".to_string(), 0), ("forward".to_string(), 20)], Some(StackOrigin::Forward)));
+        let mut exit = Event::new(2, 10, 10, Source::Ebpf, Layer::Process, Op::Exit, Cow::Borrowed("exit"));
+        stacks.follow(&mut exit);
+        let mut after = block(Op::Alloc, 7, Some("AddmmBackward0"), Stack::empty());
+        stacks.follow(&mut after);
+        assert_eq!((after.stack.is_empty(), after.stack_origin), (true, None));
     }
 
     #[test]

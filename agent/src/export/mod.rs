@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use gpuprof_model::event::{Event, Layer, Op, CUDA_ERROR_OUT_OF_MEMORY};
+use gpuprof_model::autograd::ForwardStacks;
 use gpuprof_model::{Analyzer, RuleConfig};
 
 use crate::input;
@@ -92,7 +93,10 @@ fn convert(request: &ExportRequest<'_>, format: output::Format) -> Result<u8> {
     let format = output::Format::resolve(Some(format), request.output.as_deref())?;
     let mut sink = output::sink(format, output::open_writer(request.output.as_deref())?, request.compress)?;
     let mut file = gpuprof_recording::EventFile::open(request.input)?;
-    while let Some(event) = file.next_event()? {
+    // A shim's own file has no forward lines yet: converted, it has.
+    let mut forward_stacks = ForwardStacks::default();
+    while let Some(mut event) = file.next_event()? {
+        forward_stacks.follow(&mut event);
         sink.event(&event).context("cannot write the export")?;
     }
     input::say_how_it_ended(request.input, file.ending());
@@ -127,6 +131,8 @@ fn stack_view(request: &ExportRequest<'_>) -> Result<u8> {
 /// replayed (after the tracker took it in).
 pub(crate) fn replay_to(input: &Path, moment: Moment, mut each: impl FnMut(&Event)) -> Result<Analyzer> {
     let mut analyzer = Analyzer::new(RuleConfig::default());
+    // A shim's own file has no forward lines yet.
+    let mut forward_stacks = ForwardStacks::default();
     let mut cut = Cut::new(moment);
     let mut reached = false;
     let mut file = gpuprof_recording::EventFile::open(input)?;
@@ -135,6 +141,7 @@ pub(crate) fn replay_to(input: &Path, moment: Moment, mut each: impl FnMut(&Even
             reached = true;
             break;
         }
+        forward_stacks.follow(&mut event);
         analyzer.observe(&mut event);
         each(&event);
         if cut.after(&event) {
