@@ -361,15 +361,7 @@ fn driver_calls_name_the_module_that_made_them() {
     let log = dir.join("expected.jsonl");
     let out = dir.join("table.txt");
     let events = dir.join("events.jsonl");
-    let script = "import ctypes\n\
-                  from cuda_driver import Driver\n\
-                  cuda = Driver(); cuda.init()\n\
-                  class UniqueId(ctypes.Structure): _fields_ = [('internal', ctypes.c_char * 128)]\n\
-                  nccl = ctypes.CDLL('libnccl.so.2'); uid = UniqueId(); assert nccl.ncclGetUniqueId(ctypes.byref(uid)) == 0\n\
-                  buffer = ctypes.c_void_p(); assert nccl.ncclMemAlloc(ctypes.byref(buffer), 2 << 20) == 0\n\
-                  nccl.ncclCommInitRank.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, UniqueId, ctypes.c_int]\n\
-                  comm = ctypes.c_void_p(); assert nccl.ncclCommInitRank(ctypes.byref(comm), 1, uid, 0) == 0\n\
-                  import time; time.sleep(1.5)\n";
+    let script = NCCL_CALLS;
     // Once as events, once as a table: the same calls. The process lingers: its modules are
     // named from its maps, read while it lives.
     let mut pids = Vec::new();
@@ -383,16 +375,7 @@ fn driver_calls_name_the_module_that_made_them() {
         pids.push(read_expected(&log).last().unwrap()["pid"].as_u64().unwrap() as u32);
     }
     let pid = pids[0];
-    let captured = read_events(&events);
-    let allocs: Vec<&Event> = captured.iter().filter(|e| e.pid == pid && e.api == "cuMemAlloc_v2").collect();
-    let got: Vec<(u64, Option<&str>, bool, Option<u32>)> =
-        allocs.iter().map(|e| (e.size, e.caller_module.as_deref(), e.tid == e.pid, e.stack.first().map(|f| f.line))).collect();
-    // ncclMemAlloc on the Python thread (line 6 of the script); the communicator's buffer on
-    // NCCL's own thread, with no Python frame.
-    assert_eq!(got, vec![(2 << 20, Some("libnccl.so.2"), true, Some(6)), (4 << 20, Some("libnccl.so.2"), false, None)], "{allocs:#?}");
-    // Python's own ctypes calls into libcuda come from libffi's code.
-    let context = captured.iter().find(|e| e.pid == pid && e.api == "cuDevicePrimaryCtxRetain").unwrap();
-    assert!(context.caller_module.as_deref().is_some_and(|m| m.starts_with("libffi.so") || m.starts_with("_ctypes")), "{context:?}");
+    assert_nccl_callers(&read_events(&events), pid);
 
     let table = std::fs::read_to_string(&out).unwrap();
     let pid = pids[1];

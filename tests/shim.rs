@@ -378,3 +378,69 @@ fn as_an_injection_library_the_shim_rebinds_the_allocators_import() {
         assert_eq!(frames, [("report_blocks", 20), ("main", 31), ("<module>", 37)]);
     }
 }
+
+/// `run --via shim` over the autograd workload: the shim reads autograd's thread-locals itself
+/// (libtorch_cpu's TLS block through the dynamic linker), the run matches them to forward lines:
+/// the same nodes and lines as eBPF capture. `--no-autograd` turns it off.
+#[test]
+fn via_the_shim_backward_blocks_carry_their_node_and_its_forward_line() {
+    shim_library();
+    let dir = scratch("shim_autograd");
+    for off in [false, true] {
+        let (log, events) = (dir.join(format!("expected-{off}.jsonl")), dir.join(format!("events-{off}.jsonl")));
+        let mut command = Command::new(gpuprof());
+        command.args(["run", "--via", "shim", "--output", events.to_str().unwrap()]);
+        if off {
+            command.arg("--no-autograd");
+        }
+        command.arg("--").arg(python3()).arg(workloads().join("autograd.py"));
+        workload_env(&mut command, &log);
+        command.env("GPUPROF_LIBTORCH_CPU", libtorch_cpu_standin());
+        let output = run(&mut command);
+        assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+        let captured = read_events(&events);
+        if !off {
+            assert_backward_attribution(&read_expected(&log), &captured);
+            continue;
+        }
+        let blocks: Vec<&gpuprof_model::Event> = captured.iter().filter(|e| e.layer == Layer::Allocator).collect();
+        assert_eq!(blocks.len(), 8 + 24);
+        assert!(blocks.iter().all(|e| e.autograd_seq.is_none() && e.autograd_node.is_none() && e.stack_origin.is_none()), "{blocks:#?}");
+    }
+}
+
+/// Driver calls seen by CUPTI's callbacks name the module that called the driver, as the eBPF
+/// probe does: NCCL's stand-in, from the Python thread and from its own.
+#[test]
+fn via_the_shim_driver_calls_name_the_module_that_made_them() {
+    shim_library();
+    let dir = scratch("shim_caller_module");
+    let (log, events) = (dir.join("expected.jsonl"), dir.join("events.jsonl"));
+    let mut command = Command::new(gpuprof());
+    command.args(["run", "--via", "shim", "--output", events.to_str().unwrap(), "--", python3(), "-c", NCCL_CALLS]);
+    workload_env(&mut command, &log);
+    command.env("LD_LIBRARY_PATH", format!("{}:{}", standin_dir().display(), nccl_standin_dir().display()));
+    let output = run(&mut command);
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    let pid = read_expected(&log).last().unwrap()["pid"].as_u64().unwrap() as u32;
+    assert_nccl_callers(&read_events(&events), pid);
+}
+
+/// With no agent the shim's file carries autograd's numbers and no forward lines; `gpuprof
+/// export` (here to jsonl) matches them as the live run does.
+#[test]
+fn a_shim_file_gets_its_forward_lines_when_exported() {
+    let dir = scratch("shim_autograd_file");
+    let (log, events, exported) = (dir.join("expected.jsonl"), dir.join("shim.jsonl"), dir.join("exported.jsonl"));
+    let mut command = shimmed(&[workloads().join("autograd.py").to_str().unwrap()], &log, &events);
+    command.env("GPUPROF_LIBTORCH_CPU", libtorch_cpu_standin());
+    let output = run(&mut command);
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    let raw = read_events(&events);
+    let backward: Vec<&gpuprof_model::Event> = raw.iter().filter(|e| e.autograd_node.is_some()).collect();
+    assert_eq!(backward.len(), 24);
+    assert!(backward.iter().all(|e| e.stack.is_empty() && e.stack_origin.is_none()), "{backward:#?}");
+    let export = run(Command::new(gpuprof()).args(["export", "--format", "jsonl", "--input", events.to_str().unwrap(), "--output", exported.to_str().unwrap()]));
+    assert_eq!(export.status.code(), Some(0), "{}", String::from_utf8_lossy(&export.stderr));
+    assert_backward_attribution(&read_expected(&log), &read_events(&exported));
+}

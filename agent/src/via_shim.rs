@@ -41,6 +41,7 @@ pub fn run(command: &[OsString], args: &CaptureArgs, shim: Option<&Path>) -> Res
         .args(program_args)
         .env("LD_PRELOAD", preload_with(&shim))
         .env("GPUPROF_SHIM_SOCKET", &socket)
+        .envs((args.no_autograd || args.no_stacks).then_some(("GPUPROF_SHIM_AUTOGRAD", "off")))
         .spawn()
         .with_context(|| format!("cannot run `{}`", program.display()))?;
     eprintln!("gpuprof: capturing `{}` through {} (no eBPF)", program.display(), shim.display());

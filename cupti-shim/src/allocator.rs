@@ -27,5 +27,6 @@ pub unsafe extern "C" fn report_memory_usage_to_profiler(ptr: *mut c_void, alloc
 
 fn record(ptr: u64, delta: i64, allocated: u64, reserved: u64, device_index: i8) {
     crate::cupti::start_if_driver_unwatched();
-    queue::record_call(sink::now_ns(), Call::Allocator { ptr, delta, allocated, reserved, device_index });
+    let autograd = crate::autograd::state();
+    queue::record_call(sink::now_ns(), Call::Allocator { ptr, delta, allocated, reserved, device_index, autograd });
 }

@@ -4,14 +4,17 @@
 //! starts once.
 //!
 //! It captures PyTorch's caching allocator by interposing `c10::reportMemoryUsageToProfiler`
-//! (every tensor block, with the allocator's totals and the Python stack), forwarding each call
+//! (every tensor block, with the allocator's totals, the Python stack and autograd's state:
+//! `autograd`), forwarding each call
 //! to the real function: preloaded, by symbol resolution; injected, by rewriting the callers'
-//! GOT slots. And the driver's memory entry points through CUPTI's callbacks (`cupti`),
+//! GOT slots. And the driver's memory entry points through CUPTI's callbacks (`cupti`, with the
+//! module that called the driver),
 //! cross-checked with CUPTI's memory activity records. Events leave through a bounded queue drained by a thread of the shim's
 //! own: to the local agent's Unix socket (`GPUPROF_SHIM_SOCKET`) or to a jsonl file
 //! (`GPUPROF_SHIM_OUTPUT`). The calling thread never waits: a full queue drops and counts.
 
 mod allocator;
+mod autograd;
 mod cupti;
 mod forward;
 mod got;

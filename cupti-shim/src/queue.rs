@@ -10,6 +10,7 @@ use std::sync::OnceLock;
 use crossbeam_queue::ArrayQueue;
 use gpuprof_model::driver_api::CallValues;
 
+use crate::autograd::AutogradState;
 use crate::ring::Ring;
 
 /// Python frames kept per event, innermost first (deeper stacks are cut and marked).
@@ -29,11 +30,13 @@ pub struct RawFrame {
 /// What one call was, as the calling thread saw it.
 #[derive(Debug, Clone, Copy)]
 pub enum Call {
-    /// A caching-allocator report (`c10::reportMemoryUsageToProfiler`).
-    Allocator { ptr: u64, delta: i64, allocated: u64, reserved: u64, device_index: i8 },
+    /// A caching-allocator report (`c10::reportMemoryUsageToProfiler`), with autograd's state
+    /// where PyTorch's libtorch_cpu.so has been found.
+    Allocator { ptr: u64, delta: i64, allocated: u64, reserved: u64, device_index: i8, autograd: Option<AutogradState> },
     /// A libcuda memory entry point, seen by a CUPTI callback at its exit: `api` indexes
-    /// `gpuprof_model::driver_api::DRIVER_APIS`.
-    Driver { api: u16, values: CallValues },
+    /// `gpuprof_model::driver_api::DRIVER_APIS`; `caller` is the return address into the module
+    /// that called the driver (0: not found).
+    Driver { api: u16, values: CallValues, caller: u64 },
 }
 
 /// One call as it was made, with the calling thread's Python stack.
@@ -56,7 +59,7 @@ impl CallRecord {
         ts_ns: 0,
         pid: 0,
         tid: 0,
-        call: Call::Allocator { ptr: 0, delta: 0, allocated: 0, reserved: 0, device_index: 0 },
+        call: Call::Allocator { ptr: 0, delta: 0, allocated: 0, reserved: 0, device_index: 0, autograd: None },
         codes_before: 0,
         frame_count: 0,
         frames: [RawFrame { code: 0, instr: 0 }; MAX_FRAMES],

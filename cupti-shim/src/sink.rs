@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use gpuprof_model::driver_api;
 use gpuprof_model::event::{Event, Kind, Layer, Op, Source, PYTORCH_ALLOCATOR_API};
 
+use crate::autograd::{self, NodeNames};
 use crate::queue::{self, Call, CallRecord, Record, COUNTERS};
 use crate::stacks::Stacks;
 
@@ -22,6 +23,8 @@ pub const OUTPUT_VAR: &str = "GPUPROF_SHIM_OUTPUT";
 pub const REPORT_VAR: &str = "GPUPROF_SHIM_REPORT";
 /// The sender's sleep when the queue is empty: the latency of an event, not of the caller.
 const IDLE: Duration = Duration::from_millis(2);
+/// How often the sender looks for libtorch_cpu.so until it is loaded (or refused).
+const TORCH_LOOK: Duration = Duration::from_millis(100);
 /// How long exit waits for the queue to be sent.
 const EXIT_DRAIN: Duration = Duration::from_secs(2);
 
@@ -153,7 +156,13 @@ fn run() {
     let mut batch = String::new();
     // Exits wait until the blocks queued before them are out.
     let mut exits: Vec<Event> = Vec::new();
+    let mut names = NodeNames::default();
+    let mut looked_for_torch = Instant::now() - TORCH_LOOK;
     loop {
+        if autograd::unconfigured() && looked_for_torch.elapsed() >= TORCH_LOOK {
+            autograd::configure();
+            looked_for_torch = Instant::now();
+        }
         let stopping = STOP.load(Ordering::Acquire);
         let other = |batch: &mut String, exits: &mut Vec<Event>, stacks: &mut Stacks| {
             while let Some(record) = queue::pop() {
@@ -176,7 +185,7 @@ fn run() {
                 other(&mut batch, &mut exits, &mut stacks);
             }
             let record = call.expect("set by the read");
-            let event = call_event(&record, &comm, ppid);
+            let event = call_event(&record, &comm, ppid, &mut names);
             push_call_line(&mut batch, &mut line, &event, &record, &mut stacks);
             if batch.len() >= 1 << 16 {
                 write(&mut destination, &batch);
@@ -254,9 +263,9 @@ fn event_of(record: Record, stacks: &mut Stacks, comm: &std::sync::Arc<str>, ppi
 }
 
 /// The event of a call, its stack left out (`push_call_line` writes it).
-fn call_event(record: &CallRecord, comm: &std::sync::Arc<str>, ppid: u32) -> Event {
+fn call_event(record: &CallRecord, comm: &std::sync::Arc<str>, ppid: u32, names: &mut NodeNames) -> Event {
     let mut event = match &record.call {
-        Call::Allocator { ptr, delta, allocated, reserved, device_index } => {
+        Call::Allocator { ptr, delta, allocated, reserved, device_index, autograd } => {
             let op = if *delta < 0 { Op::Free } else { Op::Alloc };
             let mut event = Event::new(record.ts_ns, record.pid, record.tid, Source::Cupti, Layer::Allocator, op, Cow::Borrowed(PYTORCH_ALLOCATOR_API));
             event.kind = Some(Kind::Device);
@@ -265,12 +274,20 @@ fn call_event(record: &CallRecord, comm: &std::sync::Arc<str>, ppid: u32) -> Eve
             event.size = delta.unsigned_abs();
             event.allocated = Some(*allocated);
             event.reserved = Some(*reserved);
+            if let Some(state) = autograd {
+                event.autograd_seq = Some(state.seq);
+                event.autograd_thread = Some(state.thread);
+                if state.node_vtable != 0 {
+                    event.autograd_node = Some(names.name_of(state.node_vtable));
+                }
+            }
             event
         }
-        Call::Driver { api, values } => {
+        Call::Driver { api, values, caller } => {
             let api = driver_api::by_id(*api).expect("the callback records table entries only");
             let mut event = Event::new(record.ts_ns, record.pid, record.tid, Source::Cupti, Layer::Driver, api.op, Cow::Borrowed(api.name));
             api.fill_event(&mut event, values);
+            event.caller_module = crate::cupti::caller::module_of(*caller);
             event
         }
     };

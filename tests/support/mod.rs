@@ -405,3 +405,63 @@ pub fn run_leaks(dir_name: &str, scenario: &str, env: &[(&str, String)], args: &
         stderr,
     }
 }
+
+/// The autograd workload's backward blocks (`workloads/autograd.py`), as it logged them: each
+/// node's gradient allocated and freed on the stand-in's engine thread with the node's class and
+/// the forward line that made the node under an `<autograd>` frame; forward blocks with their own
+/// stack and their thread's sequence counter.
+pub fn assert_backward_attribution(expected: &[Value], events: &[Event]) {
+    use gpuprof_model::event::{Layer, Op};
+    assert_eq!(expected.len(), 2 * 2 * 3, "two steps of two blocks of three nodes");
+    let backward: Vec<&Event> = events.iter().filter(|e| e.autograd_node.is_some()).collect();
+    // Each node's gradient, allocated and freed.
+    assert_eq!(backward.len(), 2 * expected.len());
+    let forward_thread = events.iter().find(|e| e.layer == Layer::Allocator && e.autograd_node.is_none()).unwrap();
+    for node in expected {
+        let grad = node["grad"].as_u64().unwrap();
+        let blocks: Vec<&&Event> = backward.iter().filter(|e| e.size == grad).collect();
+        assert_eq!(blocks.iter().map(|e| e.op).collect::<Vec<_>>(), [Op::Alloc, Op::Free], "{node}");
+        for block in blocks {
+            assert_eq!(block.autograd_node.as_deref(), node["node"].as_str(), "{node}");
+            assert_ne!(block.tid, forward_thread.tid);
+            assert_eq!(block.autograd_thread, forward_thread.autograd_thread);
+            assert_eq!(block.stack_origin.map(|o| o.as_str()), node["origin"].as_str(), "{node}");
+            let frames = block.stack.frames();
+            assert_eq!((frames[0].function.as_str(), frames[0].file.as_str()), (node["node"].as_str().unwrap(), "<autograd>"));
+            let forward: Vec<Value> = frames[1..].iter().map(|f| serde_json::json!({"function": f.function, "file": f.file, "line": f.line})).collect();
+            assert_eq!(Value::from(forward), node["stack"], "{node}");
+        }
+    }
+    // Forward blocks keep their own stack and carry their thread's sequence counter: 3 nodes a
+    // block, the addmm's output right after its node (1), the relu's after its (3).
+    let outputs: Vec<u64> = events
+        .iter()
+        .filter(|e| e.layer == Layer::Allocator && e.autograd_node.is_none())
+        .map(|e| e.autograd_seq.unwrap())
+        .collect();
+    assert_eq!(outputs, [1, 3, 4, 6, 7, 9, 10, 12]);
+}
+
+/// A Python program whose driver calls come from NCCL's stand-in (`libnccl.so.2`, found through
+/// `nccl_standin_dir`): ncclMemAlloc on the Python thread (line 6), the communicator's buffer on
+/// NCCL's own thread; then it lingers, so that its modules can be read from its maps.
+pub const NCCL_CALLS: &str = "import ctypes\n\
+    from cuda_driver import Driver\n\
+    cuda = Driver(); cuda.init()\n\
+    class UniqueId(ctypes.Structure): _fields_ = [('internal', ctypes.c_char * 128)]\n\
+    nccl = ctypes.CDLL('libnccl.so.2'); uid = UniqueId(); assert nccl.ncclGetUniqueId(ctypes.byref(uid)) == 0\n\
+    buffer = ctypes.c_void_p(); assert nccl.ncclMemAlloc(ctypes.byref(buffer), 2 << 20) == 0\n\
+    nccl.ncclCommInitRank.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, UniqueId, ctypes.c_int]\n\
+    comm = ctypes.c_void_p(); assert nccl.ncclCommInitRank(ctypes.byref(comm), 1, uid, 0) == 0\n\
+    import time; time.sleep(1.5)\n";
+
+/// `NCCL_CALLS`'s driver allocations name NCCL as their caller, the one on the Python thread
+/// with its line, the one on NCCL's thread with none; Python's own ctypes calls name libffi.
+pub fn assert_nccl_callers(captured: &[Event], pid: u32) {
+    let allocs: Vec<&Event> = captured.iter().filter(|e| e.pid == pid && e.api == "cuMemAlloc_v2").collect();
+    let got: Vec<(u64, Option<&str>, bool, Option<u32>)> =
+        allocs.iter().map(|e| (e.size, e.caller_module.as_deref(), e.tid == e.pid, e.stack.first().map(|f| f.line))).collect();
+    assert_eq!(got, vec![(2 << 20, Some("libnccl.so.2"), true, Some(6)), (4 << 20, Some("libnccl.so.2"), false, None)], "{allocs:#?}");
+    let context = captured.iter().find(|e| e.pid == pid && e.api == "cuDevicePrimaryCtxRetain").unwrap();
+    assert!(context.caller_module.as_deref().is_some_and(|m| m.starts_with("libffi.so") || m.starts_with("_ctypes")), "{context:?}");
+}

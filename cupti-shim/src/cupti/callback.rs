@@ -129,7 +129,7 @@ unsafe fn handle(domain: u32, cbid: u32, data: *const CUpti_CallbackData) {
     if let (0, Some((memory_kind, release))) = (result, counted_as(entry.kind, entry.op, values.addr)) {
         SEEN.add(memory_kind, release);
     }
-    queue::record_call(started, Call::Driver { api, values });
+    queue::record_call(started, Call::Driver { api, values, caller: super::caller::return_address() });
 }
 
 #[cfg(test)]

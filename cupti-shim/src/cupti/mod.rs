@@ -13,6 +13,7 @@
 
 mod activity;
 mod callback;
+pub mod caller;
 mod library;
 mod params;
 mod tally;
