@@ -1,9 +1,10 @@
 """Cost of backward attribution (reading autograd's thread-locals at each allocator event and
 matching backward blocks to forward lines), same run, interleaved rounds: plain, `gpuprof run
 --no-autograd` (allocator + driver capture with Python stacks) and `gpuprof run` (the same plus
-attribution). The figure is attribution's added step time over the plain step time.
+attribution), through eBPF or (`--via shim`) the in-process shim. The figure is attribution's
+added step time over the plain step time.
 
-    python3 bench_autograd.py GPUPROF_BIN [--model loop|gpt] [--rounds 5] [--steps 200]
+    python3 bench_autograd.py GPUPROF_BIN [--via ebpf|shim] [--model loop|gpt] [--rounds 5] [--steps 200]
 """
 import json
 import statistics
@@ -18,6 +19,7 @@ gpuprof = sys.argv[1]
 model = sys.argv[sys.argv.index("--model") + 1] if "--model" in sys.argv else "loop"
 rounds = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 5
 steps = sys.argv[sys.argv.index("--steps") + 1] if "--steps" in sys.argv else "200"
+via = sys.argv[sys.argv.index("--via") + 1] if "--via" in sys.argv else "ebpf"
 
 
 def loop(prefix=()):
@@ -26,15 +28,16 @@ def loop(prefix=()):
     return json.loads(out.strip().splitlines()[-1])
 
 
-without = [gpuprof, "run", "--no-autograd", "--output", "/dev/null", "--"]
+run = [gpuprof, "run", "--via", via, "--output", "/dev/null"]
 modes = {
     "plain": lambda: loop(),
-    "gpuprof --no-autograd": lambda: loop(without),
-    "gpuprof (with attribution)": lambda: loop([gpuprof, "run", "--output", "/dev/null", "--"]),
+    "gpuprof --no-autograd": lambda: loop([*run, "--no-autograd", "--"]),
+    "gpuprof (with attribution)": lambda: loop([*run, "--"]),
 }
 results, per_step = interleaved(modes, rounds)
-print(f"model: {model}")
-median, _ = table(results, per_step, steps, rounds)
+print(f"capture: {via}")
+described = {"loop": "encoder loop (6 layers, d_model 128)", "gpt": "GPT-style (12 layers, d_model 1024, bf16)"}
+median, _ = table(results, per_step, steps, rounds, model=described[model])
 paired = [(w - n) / p for p, n, w in zip(results["plain"], results["gpuprof --no-autograd"], results["gpuprof (with attribution)"])]
 added = median["gpuprof (with attribution)"] - median["gpuprof --no-autograd"]
 print(f"attribution added / plain step: {added / median['plain'] * 100:.2f}% of medians, "

@@ -16,13 +16,13 @@ def interleaved(modes, rounds):
     return results, per_step
 
 
-def table(results, per_step, steps, rounds, paired=False):
+def table(results, per_step, steps, rounds, paired=False, model="launch-bound 6-layer transformer (d=128)"):
     """Prints each mode's median step time against plain's (and, with `paired`, the median of
     each round's ratio to that round's plain run); returns (medians, paired ratios)."""
     median = {name: statistics.median(v) for name, v in results.items()}
     ratios = {name: statistics.median(m / p for m, p in zip(v, results["plain"])) for name, v in results.items()}
     plain = median["plain"]
-    print(f"launch-bound 6-layer transformer (d=128), {steps} steps, {rounds} rounds, medians; "
+    print(f"{model}, {steps} steps, {rounds} rounds, medians; "
           f"{per_step:.0f} allocator allocations per step")
     print(f"{'mode':<40} {'step ms':>9} {'vs plain':>9} {'added ms':>9}" + (f" {'paired':>8}" if paired else ""))
     for name in results:

@@ -2,10 +2,13 @@
 # GPU validation of caller_module: which library called libcuda, for every driver event of a
 # PyTorch training step and an NCCL all-reduce (docs/events.md).
 #
-#   GPUPROF_BIN=path/to/gpuprof OUT=/tmp/out tests/gpu/validate_callers.sh
+# With VIA=shim, through the in-process shim's CUPTI callbacks (libgpuprof_shim.so next to gpuprof).
+#
+#   GPUPROF_BIN=path/to/gpuprof OUT=/tmp/out [VIA=shim] tests/gpu/validate_callers.sh
 source "$(dirname "$0")/env.sh"
+via=${VIA:-ebpf}
 {
-  "$bin" run --format jsonl --output "$out/callers.jsonl" -- "$py" "$here/torch_callers.py" 2> "$out/callers.stderr"
+  "$bin" run --via "$via" --format jsonl --output "$out/callers.jsonl" -- "$py" "$here/torch_callers.py" 2> "$out/callers.stderr"
   echo "exit $?"
   grep -E "^gpuprof: [0-9]+ events" "$out/callers.stderr"
   python3 - "$out/callers.jsonl" <<'PY'
@@ -20,6 +23,6 @@ for line in open(sys.argv[1]):
 for key, n in sorted(rows.items(), key=lambda kv: -kv[1]):
     print(f"{n:6} {size[key]:>12}  {key[0]:<28} {key[1]:<24} {key[2]}")
 PY
-} > "$out/callers.log" 2>&1
+} > "$out/callers-$via.log" 2>&1
 xz -9 "$out/callers.jsonl"
-cat "$out/callers.log"
+cat "$out/callers-$via.log"
