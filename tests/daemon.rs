@@ -9,6 +9,7 @@ mod support;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -316,6 +317,10 @@ fn bad_settings_are_one_line_errors() {
     assert_eq!((code, stderr.as_str()), (Some(1), "gpuprof: error: scan_interval 5s: at most 1 second, or new processes are found late\n"));
     let (code, stderr) = daemon(&["--output", "/dev/null", "--capture", "shim"], &[]);
     assert_eq!((code, stderr.as_str()), (Some(1), "gpuprof: error: capture shim takes its events from processes running gpuprof's shim: give --shim-socket PATH (and the workloads GPUPROF_SHIM_SOCKET=PATH)\n"));
+    let (code, stderr) = daemon(&["--output", "/dev/null", "--capture", "shim", "--shim-socket", "/tmp/x.sock", "--shim-socket-mode", "0999"], &[]);
+    assert_eq!((code, stderr.as_str()), (Some(1), "gpuprof: error: shim_socket_mode 0999: give permission bits in octal, e.g. 0660\n"));
+    let (code, stderr) = daemon(&["--output", "/dev/null", "--capture", "shim", "--shim-socket", "/tmp/x.sock", "--shim-socket-group", "no-such-group"], &[]);
+    assert_eq!((code, stderr.as_str()), (Some(1), "gpuprof: error: shim_socket_group no-such-group: no such group on this machine: give its number or create it\n"));
     // A port already taken is named.
     let taken = TcpListener::bind("127.0.0.1:0").unwrap();
     let address = taken.local_addr().unwrap().to_string();
@@ -369,6 +374,76 @@ fn the_daemon_keeps_one_event_per_call_the_shim_and_the_probes_both_see() {
     assert_eq!(of_workload.iter().filter(|e| e.op == Op::Exit).count(), 1, "the kernel's exit alone");
 }
 
+/// The shim socket on a shared node: another, unprivileged user who can reach it sends events
+/// naming the captured process (an allocation, then a forged exit) while that process runs; the
+/// daemon refuses them (the kernel says who connected), counts and says so, and the process's
+/// capture is whole. By default the socket is not open to others at all.
+#[test]
+fn a_shim_connection_speaks_only_for_its_own_process() {
+    let _node = one_daemon_at_a_time();
+    let dir = scratch("daemon_shim_peer");
+    let events_path = dir.join("events.jsonl");
+    // A directory every user may pass through, as /run/gpuprof is on a node.
+    let shared = std::env::temp_dir().join(format!("gpuprof-test-peer-{}", std::process::id()));
+    std::fs::create_dir_all(&shared).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let socket = shared.join("shim.sock");
+    let daemon = Daemon::start(&["--capture", "shim", "--shim-socket", socket.to_str().unwrap(), "--shim-socket-mode", "0666", "--output", events_path.to_str().unwrap()]);
+    assert_eq!(std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777, 0o666);
+
+    let log = dir.join("expected.jsonl");
+    let mut workload = Command::new(python3());
+    workload.arg(workloads().join("tensors.py")).args(["--hold", "3"]);
+    workload_env(&mut workload, &log);
+    workload.env("LD_PRELOAD", shim_library()).env("GPUPROF_SHIM_SOCKET", &socket).env("GPUPROF_LIBC10_CUDA", libc10_cuda_standin());
+    let mut workload = workload.spawn().unwrap();
+    daemon.wait_for("gpuprof_daemon_processes_discovered_total", 1, Duration::from_secs(10));
+    let victim = workload.id();
+    let forged = |op: &str| {
+        format!(
+            r#"{{"ts":1,"pid":{victim},"tid":{victim},"comm":"python3","source":"cupti","layer":"{layer}","op":"{op}","api":"{api}","kind":"device","device":0,"addr":"0xdead0000","size":{size},"result":0,"stack":[]}}"#,
+            layer = if op == "exit" { "process" } else { "allocator" },
+            api = if op == "exit" { "exit" } else { "c10::reportMemoryUsageToProfiler" },
+            size = if op == "exit" { 0 } else { 1 << 30 },
+        )
+    };
+    let script = "import socket, sys\ns = socket.socket(socket.AF_UNIX)\ns.connect(sys.argv[1])\ns.sendall(sys.argv[2].encode() + b'\\n' + sys.argv[3].encode() + b'\\n')\ns.close()\n";
+    // setpriv execs the forger: the same pid.
+    let forger = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c", script, socket.to_str().unwrap(), &forged("alloc"), &forged("exit")])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let forger_pid = forger.id();
+    let forger = forger.wait_with_output().unwrap();
+    assert_eq!(forger.status.code(), Some(0), "{}", String::from_utf8_lossy(&forger.stderr));
+    daemon.wait_for("gpuprof_daemon_shim_refused_total", 2, Duration::from_secs(10));
+    assert!(workload.wait().unwrap().success());
+    daemon.wait_for("gpuprof_daemon_processes_exited_total", 1, Duration::from_secs(10));
+    let stderr = daemon.stop();
+    let _ = std::fs::remove_dir_all(&shared);
+    let said: Vec<&str> = stderr.lines().filter(|l| l.contains("refused events")).collect();
+    assert_eq!(
+        said,
+        [format!("gpuprof: warning: refused events for pid {victim} from pid {forger_pid} (uid 65534) on the shim socket: a process speaks only for itself; its events are counted, not taken")],
+        "{stderr}"
+    );
+
+    let expected = read_expected(&log);
+    let events = read_events(&events_path);
+    let of_victim: Vec<_> = events.iter().filter(|e| e.pid == victim).collect();
+    assert!(of_victim.iter().all(|e| e.addr != Some(0xdead0000)), "a forged block was taken");
+    let blocks: Vec<&Value> = expected.iter().filter(|e| e["layer"] == "allocator").collect();
+    let allocator: Vec<_> = of_victim.iter().filter(|e| e.layer == Layer::Allocator).collect();
+    assert_eq!(allocator.len(), blocks.len());
+    for (want, got) in blocks.iter().zip(&allocator) {
+        assert_eq!((want["op"].as_str().unwrap(), want["size"].as_u64().unwrap()), (got.op.as_str(), got.size));
+    }
+    // One exit, the process's own, after its last block.
+    let exits: Vec<usize> = of_victim.iter().enumerate().filter(|(_, e)| e.op == Op::Exit).map(|(i, _)| i).collect();
+    assert_eq!(exits, [of_victim.len() - 1]);
+}
+
 /// What tensors.py expected when it ran with the shim sending to a daemon.
 struct ShimmedTensors {
     expected: Vec<Value>,
@@ -411,6 +486,8 @@ fn without_ebpf_the_daemon_takes_the_shims_events() {
         &["--capture", "shim", "--shim-socket", socket.to_str().unwrap(), "--output", events_path.to_str().unwrap(), "--retain-exited", "1"],
     );
     assert_eq!(daemon.get("/readyz"), (200, "ready\n".to_string()));
+    // Not open to every user unless asked.
+    assert_eq!(std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777, 0o660);
     // The blocks, and the segments through the shim's CUPTI callbacks.
     let ShimmedTensors { pid, reports, driver_calls, .. } = tensors_with_the_shim(&dir, &socket);
     daemon.wait_for("gpuprof_daemon_processes_exited_total", 1, Duration::from_secs(10));

@@ -371,8 +371,8 @@ fn the_rendered_configuration_is_what_the_binaries_and_prometheus_accept() {
     };
     daemon_accepts(&objects, "libcuda = \"/host/driver/libcuda.so.1\"");
     // Without eBPF, on the shims' socket in a host directory the workloads share.
-    let shim_only = yaml_documents(&render_with_token(&["--set", "daemon.shim.enabled=true", "--set", "daemon.shim.only=true"]));
-    daemon_accepts(&shim_only, "shim_socket = \"/run/gpuprof/shim.sock\"\ncapture = \"shim\"");
+    let shim_only = yaml_documents(&render_with_token(&["--set", "daemon.shim.enabled=true", "--set", "daemon.shim.only=true", "--set", "daemon.shim.socketGroup=4242"]));
+    daemon_accepts(&shim_only, "shim_socket = \"/run/gpuprof/shim.sock\"\nshim_socket_mode = \"0660\"\nshim_socket_group = \"4242\"\ncapture = \"shim\"");
     validate(&dir, &shim_only);
     let daemonset = object(&shim_only, "DaemonSet", "gpuprof-daemon");
     let volume = daemonset["spec"]["template"]["spec"]["volumes"].as_array().unwrap().iter().find(|v| v["name"] == "shim-socket").unwrap();

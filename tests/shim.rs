@@ -345,7 +345,7 @@ fn run_via_shim_captures_without_privileges() {
     assert_eq!(
         stats,
         format!(
-            "gpuprof: {} events from 1 processes via the shim; dropped 0 (queue full in the process); stacks cut 0, unresolved 0; undecodable lines 0; processes closed out by hanging up 0; CUPTI driver callbacks in 1 (slot held by another subscriber 0, handed to a profiler 0, no libcupti 0, activity cross-check disagreed 0)",
+            "gpuprof: {} events from 1 processes via the shim; dropped 0 (queue full in the process); stacks cut 0, unresolved 0; undecodable lines 0; refused (naming another process) 0; processes closed out by hanging up 0; CUPTI driver callbacks in 1 (slot held by another subscriber 0, handed to a profiler 0, no libcupti 0, activity cross-check disagreed 0)",
             blocks.len() + segments.len() + 1
         )
     );

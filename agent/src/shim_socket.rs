@@ -1,6 +1,13 @@
 //! The agent's end of the shim's Unix socket: every process running gpuprof's shim connects and
 //! sends its events as jsonl, then (when it exits normally) a counters line. A thread per
 //! connection decodes the lines; the capture loop receives what they decoded.
+//!
+//! A connection speaks for its own process only: the kernel says which process connected
+//! (`SO_PEERCRED`), and an event that names another pid — a forged allocation, a forged exit of
+//! someone else's process — is refused and counted. The pid an event carries is the one the
+//! process sees (its own pid namespace); it is taken if it is any of the connected process's pids
+//! (`NSpid` in its /proc status) and replaced by the pid the agent sees. A process the agent
+//! cannot see (another pid namespace, no pid there) speaks for the first pid it names.
 
 use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader};
@@ -87,15 +94,49 @@ pub enum ShimMessage {
     Counters(ShimCounters),
     /// A line that was neither (counted, not fatal).
     Undecodable,
+    /// An event naming a process other than the one connected (counted, said once per connection).
+    Refused { first: bool, claimed: u32, peer: Option<u32>, uid: u32 },
     Closed { connection: u64 },
 }
 
-/// Listens on `path` (replacing a stale socket file) and decodes every connection in the background.
-pub fn listen(path: &Path) -> Result<Receiver<ShimMessage>> {
+impl ShimMessage {
+    /// The warning a refusal is said with (once per connection).
+    pub fn refusal_text(claimed: u32, peer: Option<u32>, uid: u32) -> String {
+        let peer = peer.map_or_else(|| "a process in another pid namespace".to_string(), |pid| format!("pid {pid}"));
+        format!("refused events for pid {claimed} from {peer} (uid {uid}) on the shim socket: a process speaks only for itself; its events are counted, not taken")
+    }
+}
+
+/// Who may connect to a socket the agent listens on: its mode, and the group that owns it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SocketAccess {
+    pub mode: u32,
+    pub group: Option<u32>,
+}
+
+impl SocketAccess {
+    /// The owner only.
+    pub const PRIVATE: SocketAccess = SocketAccess { mode: 0o600, group: None };
+}
+
+/// Listens on `path` (replacing a stale socket file) with the given access and decodes every
+/// connection in the background.
+pub fn listen(path: &Path, access: SocketAccess) -> Result<Receiver<ShimMessage>> {
     if path.exists() {
         std::fs::remove_file(path).with_context(|| format!("cannot replace {}", path.display()))?;
     }
-    let listener = UnixListener::bind(path).with_context(|| format!("cannot listen on {} for the shim", path.display()))?;
+    // Created with no access for others, then opened as far as asked: no moment open to all.
+    // SAFETY: umask only swaps the process's file-creation mask.
+    let previous = unsafe { libc::umask(0o177) };
+    let bound = UnixListener::bind(path);
+    // SAFETY: as above, restoring it.
+    unsafe { libc::umask(previous) };
+    let listener = bound.with_context(|| format!("cannot listen on {} for the shim", path.display()))?;
+    if let Some(gid) = access.group {
+        std::os::unix::fs::chown(path, None, Some(gid)).with_context(|| format!("cannot give {} to group {gid}", path.display()))?;
+    }
+    std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(access.mode))
+        .with_context(|| format!("cannot set mode {:o} on {}", access.mode, path.display()))?;
     let (messages, received) = mpsc::channel();
     std::thread::Builder::new()
         .name("gpuprof-shim-accept".into())
@@ -113,13 +154,79 @@ pub fn listen(path: &Path) -> Result<Receiver<ShimMessage>> {
 }
 
 fn read_connection(connection: u64, stream: UnixStream, messages: &Sender<ShimMessage>) {
+    let mut speaker = Speaker::of(&stream);
     for line in BufReader::new(stream).lines() {
         let Ok(line) = line else { break };
-        if messages.send(decode(connection, &line)).is_err() {
+        let message = match decode(connection, &line) {
+            ShimMessage::Event { connection, mut event } => match speaker.admit(&mut event) {
+                Ok(()) => ShimMessage::Event { connection, event },
+                Err(first) => ShimMessage::Refused { first, claimed: event.pid, peer: speaker.peer, uid: speaker.uid },
+            },
+            other => other,
+        };
+        if messages.send(message).is_err() {
             return;
         }
     }
     let _ = messages.send(ShimMessage::Closed { connection });
+}
+
+/// The process at the other end of one connection, as the kernel names it.
+struct Speaker {
+    /// Its pid as the agent sees it; None when it has none here (another pid namespace) or the
+    /// kernel did not say.
+    peer: Option<u32>,
+    uid: u32,
+    /// The pids it may name: its pid in each pid namespace it is in (the agent's first).
+    own: Vec<u32>,
+    refused_before: bool,
+}
+
+impl Speaker {
+    fn of(stream: &UnixStream) -> Speaker {
+        let (peer, uid) = peer_credentials(stream).map_or((None, u32::MAX), |(pid, uid)| ((pid > 0).then_some(pid), uid));
+        let own = peer.map(|pid| namespace_pids(pid).unwrap_or_else(|| vec![pid])).unwrap_or_default();
+        Speaker { peer, uid, own, refused_before: false }
+    }
+
+    /// Ok with the pid rewritten to the agent's view, or Err(first refusal on this connection).
+    fn admit(&mut self, event: &mut Event) -> std::result::Result<(), bool> {
+        if self.own.is_empty() {
+            // Not visible here: the first pid it names is the one it speaks for.
+            self.own.push(event.pid);
+        }
+        if !self.own.contains(&event.pid) {
+            let first = !self.refused_before;
+            self.refused_before = true;
+            return Err(first);
+        }
+        if let Some(peer) = self.peer {
+            if event.tid == event.pid {
+                event.tid = peer;
+            }
+            event.pid = peer;
+        }
+        Ok(())
+    }
+}
+
+/// (pid, uid) of the process that connected, from the kernel.
+fn peer_credentials(stream: &UnixStream) -> Option<(u32, u32)> {
+    use std::os::fd::AsRawFd;
+    let mut credentials = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut length = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: SO_PEERCRED fills a ucred of the given length on a connected Unix socket.
+    let status = unsafe {
+        libc::getsockopt(stream.as_raw_fd(), libc::SOL_SOCKET, libc::SO_PEERCRED, &mut credentials as *mut libc::ucred as *mut libc::c_void, &mut length)
+    };
+    (status == 0).then_some((credentials.pid as u32, credentials.uid))
+}
+
+/// A process's pid in every pid namespace it is in, the agent's first (`NSpid:` of its status).
+fn namespace_pids(pid: u32) -> Option<Vec<u32>> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find_map(|l| l.strip_prefix("NSpid:"))?;
+    line.split_whitespace().map(|p| p.parse().ok()).collect()
 }
 
 fn decode(connection: u64, line: &str) -> ShimMessage {
@@ -149,6 +256,8 @@ pub struct ShimProcesses {
     pub closed_without_exit: u64,
     pub counters: ShimCounters,
     pub undecodable: u64,
+    /// Events naming a process other than the one connected.
+    pub refused: u64,
 }
 
 impl ShimProcesses {
@@ -170,6 +279,12 @@ impl ShimProcesses {
                 }
                 ShimMessage::Counters(counters) => self.counters.add(&counters),
                 ShimMessage::Undecodable => self.undecodable += 1,
+                ShimMessage::Refused { first, claimed, peer, uid } => {
+                    self.refused += 1;
+                    if first {
+                        eprintln!("gpuprof: warning: {}", ShimMessage::refusal_text(claimed, peer, uid));
+                    }
+                }
                 ShimMessage::Closed { connection } => {
                     if let Some(Some(pid)) = self.connections.remove(&connection) {
                         self.processes_closed += 1;
@@ -199,12 +314,13 @@ impl ShimProcesses {
 
     pub fn stats_line(&self, events: u64) -> String {
         format!(
-            "{events} events from {} processes via the shim; dropped {} (queue full in the process); stacks cut {}, unresolved {}; undecodable lines {}; processes closed out by hanging up {}; CUPTI driver callbacks in {} (slot held by another subscriber {}, handed to a profiler {}, no libcupti {}, activity cross-check disagreed {})",
+            "{events} events from {} processes via the shim; dropped {} (queue full in the process); stacks cut {}, unresolved {}; undecodable lines {}; refused (naming another process) {}; processes closed out by hanging up {}; CUPTI driver callbacks in {} (slot held by another subscriber {}, handed to a profiler {}, no libcupti {}, activity cross-check disagreed {})",
             self.processes_seen,
             self.counters.dropped_queue_full,
             self.counters.stacks_cut,
             self.counters.stacks_unresolved,
             self.undecodable,
+            self.refused,
             self.closed_without_exit,
             self.counters.cupti.subscribed,
             self.counters.cupti.slot_taken,

@@ -32,7 +32,7 @@ pub fn run(command: &[OsString], args: &CaptureArgs, shim: Option<&Path>) -> Res
 
     let dir = socket_dir()?;
     let socket = dir.join("shim.sock");
-    let received = shim_socket::listen(&socket)?;
+    let received = shim_socket::listen(&socket, shim_socket::SocketAccess::PRIVATE)?;
 
     let sink = args.sink()?;
     let mut flow = EventFlow::new(flow_options(args)?, sink);

@@ -12,6 +12,7 @@ use clap::Args;
 use gpuprof_model::RuleConfig;
 use serde::Deserialize;
 
+use crate::shim_socket::SocketAccess;
 use crate::telemetry::{OtlpOptions, OtlpTuning, Protocol};
 
 /// `gpuprof daemon` flags. Each is optional here so that the file can fill what is not given.
@@ -65,6 +66,14 @@ pub struct DaemonArgs {
     /// GPUPROF_SHIM_SOCKET=PATH); a call both the shim and the probes see is kept once.
     #[arg(long, value_name = "PATH", env = "GPUPROF_SHIM_LISTEN")]
     pub shim_socket: Option<PathBuf>,
+    /// Who may connect to --shim-socket: its mode, in octal (default 0660: the daemon's user and
+    /// the socket's group). Each connection speaks only for its own process, whoever connects.
+    #[arg(long, value_name = "OCTAL", env = "GPUPROF_SHIM_SOCKET_MODE")]
+    pub shim_socket_mode: Option<String>,
+    /// The group that owns --shim-socket (a name or a number): give the workloads this group
+    /// (in Kubernetes, `supplementalGroups`) to let them connect under the default mode.
+    #[arg(long, value_name = "GROUP", env = "GPUPROF_SHIM_SOCKET_GROUP")]
+    pub shim_socket_group: Option<String>,
     /// Ring buffer size in MiB, a power of two (default 16).
     #[arg(long, value_name = "MIB", env = "GPUPROF_BUFFER_MIB")]
     pub buffer_mib: Option<u32>,
@@ -115,6 +124,8 @@ struct FileConfig {
     libcuda: Option<PathBuf>,
     capture: Option<CaptureMode>,
     shim_socket: Option<PathBuf>,
+    shim_socket_mode: Option<String>,
+    shim_socket_group: Option<String>,
     buffer_mib: Option<u32>,
     no_stacks: Option<bool>,
     growth_window: Option<f64>,
@@ -134,6 +145,7 @@ pub struct DaemonConfig {
     pub libcuda: Option<PathBuf>,
     pub capture: CaptureMode,
     pub shim_socket: Option<PathBuf>,
+    pub shim_access: SocketAccess,
     pub ring_buffer_bytes: u32,
     pub python_stacks: bool,
     pub rules: RuleConfig,
@@ -194,6 +206,10 @@ impl DaemonArgs {
         if capture == CaptureMode::Shim && shim_socket.is_none() {
             bail!("capture shim takes its events from processes running gpuprof's shim: give --shim-socket PATH (and the workloads GPUPROF_SHIM_SOCKET=PATH)");
         }
+        let shim_access = SocketAccess {
+            mode: socket_mode(self.shim_socket_mode.as_deref().or(file.shim_socket_mode.as_deref()).unwrap_or("0660"))?,
+            group: self.shim_socket_group.as_deref().or(file.shim_socket_group.as_deref()).map(group_id).transpose()?,
+        };
         let growth_window = seconds("growth_window", self.growth_window.or(file.growth_window).unwrap_or(10.0))?;
         let growth_rises = self.growth_rises.or(file.growth_rises).unwrap_or(3);
         if growth_rises == 0 {
@@ -210,6 +226,7 @@ impl DaemonArgs {
             libcuda: self.libcuda.clone().or(file.libcuda),
             capture,
             shim_socket,
+            shim_access,
             ring_buffer_bytes: buffer_mib << 20,
             python_stacks: !(self.no_stacks || file.no_stacks.unwrap_or(false)),
             rules: RuleConfig {
@@ -306,4 +323,27 @@ mod tests {
         let args = DaemonArgs { output: Some("x".into()), scan_interval: Some(2.0), ..Default::default() };
         assert!(args.resolve().unwrap_err().to_string().starts_with("scan_interval 2s: at most 1 second"));
     }
+}
+
+/// A socket mode in octal ("0660"); the set-id and sticky bits mean nothing on a socket.
+fn socket_mode(text: &str) -> Result<u32> {
+    match u32::from_str_radix(text.trim_start_matches("0o"), 8) {
+        Ok(mode) if mode <= 0o777 => Ok(mode),
+        _ => bail!("shim_socket_mode {text}: give permission bits in octal, e.g. 0660"),
+    }
+}
+
+/// A group by number or by name (from the system's group database).
+fn group_id(group: &str) -> Result<u32> {
+    if let Ok(gid) = group.parse::<u32>() {
+        return Ok(gid);
+    }
+    let name = std::ffi::CString::new(group).map_err(|_| anyhow::anyhow!("shim_socket_group {group:?}: not a group name"))?;
+    // SAFETY: getgrnam reads the group database; the entry is copied out before any other call.
+    let entry = unsafe { libc::getgrnam(name.as_ptr()) };
+    if entry.is_null() {
+        bail!("shim_socket_group {group}: no such group on this machine: give its number or create it");
+    }
+    // SAFETY: a non-null entry from getgrnam.
+    Ok(unsafe { (*entry).gr_gid })
 }

@@ -44,6 +44,7 @@ pub struct Snapshot {
     pub shim_events_total: u64,
     pub shim_dropped_total: u64,
     pub shim_undecodable_total: u64,
+    pub shim_refused_total: u64,
     pub duplicates_dropped_total: u64,
 }
 
@@ -158,6 +159,7 @@ fn render(s: &Snapshot) -> String {
     counter(&mut registry, "gpuprof_daemon_shim_events", "Events received from processes running gpuprof's shim", s.shim_events_total);
     counter(&mut registry, "gpuprof_daemon_shim_dropped", "Events shims dropped in their process (queue full), as they reported at exit", s.shim_dropped_total);
     counter(&mut registry, "gpuprof_daemon_shim_undecodable", "Lines from shims that were not events", s.shim_undecodable_total);
+    counter(&mut registry, "gpuprof_daemon_shim_refused", "Events from shims naming a process other than the one connected (refused)", s.shim_refused_total);
     counter(&mut registry, "gpuprof_daemon_duplicates_dropped", "Second copies of calls both the shim and the probes saw", s.duplicates_dropped_total);
     let mut text = String::new();
     encode(&mut text, &registry).expect("writing to a String cannot fail");

@@ -52,9 +52,9 @@ pub fn run(args: &DaemonArgs) -> Result<u8> {
     let mut pipeline = Pipeline::new(&capture, options, sink_of(&config)?, None)
         .with_telemetry(config.otlp.clone().map(Telemetry::start).transpose()?);
     let shim = match &config.shim_socket {
-        Some(path) => {
+        Some(_) => {
             pipeline = pipeline.with_dedup();
-            Some(listen_for_shims(path)?)
+            Some(listen_for_shims(&config)?)
         }
         None => None,
     };
@@ -115,7 +115,7 @@ fn run_shim_only(config: &DaemonConfig) -> Result<u8> {
     let health = health::Health::new();
     let listening = health::serve(config.listen, health.clone())?;
     let path = config.shim_socket.as_ref().expect("checked by the config");
-    let received = listen_for_shims(path)?;
+    let received = listen_for_shims(config)?;
     let mut flow = EventFlow::new(flow_options(config), sink_of(config)?);
     flow.set_telemetry(config.otlp.clone().map(Telemetry::start).transpose()?);
     let mut processes = ShimProcesses::default();
@@ -138,6 +138,7 @@ fn run_shim_only(config: &DaemonConfig) -> Result<u8> {
             shim_events_total: flow.events(),
             shim_dropped_total: processes.counters.dropped_queue_full,
             shim_undecodable_total: processes.undecodable,
+            shim_refused_total: processes.refused,
             ..Default::default()
         })
     };
@@ -180,12 +181,11 @@ fn sink_of(config: &DaemonConfig) -> Result<Box<dyn output::EventSink>> {
     })
 }
 
-/// The shims' socket; workloads run as any user, so everyone may connect (it only takes events in).
-fn listen_for_shims(path: &std::path::Path) -> Result<Receiver<ShimMessage>> {
-    let received = shim_socket::listen(path)?;
-    std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o666))
-        .with_context(|| format!("cannot open {} to every user", path.display()))?;
-    Ok(received)
+/// The shims' socket, open to whom the configuration says (each connection speaks only for its
+/// own process).
+fn listen_for_shims(config: &DaemonConfig) -> Result<Receiver<ShimMessage>> {
+    let path = config.shim_socket.as_ref().expect("checked by the config");
+    shim_socket::listen(path, config.shim_access)
 }
 
 /// Follows CUDA processes not followed yet and probes the libraries they map.
@@ -204,6 +204,7 @@ fn scan(pipeline: &mut Pipeline<'_>) {
 struct ShimCounts {
     events: u64,
     undecodable: u64,
+    refused: u64,
     counters: ShimCounters,
 }
 
@@ -219,6 +220,12 @@ impl ShimCounts {
                 }
                 ShimMessage::Counters(counters) => self.counters.add(&counters),
                 ShimMessage::Undecodable => self.undecodable += 1,
+                ShimMessage::Refused { first, claimed, peer, uid } => {
+                    self.refused += 1;
+                    if first {
+                        eprintln!("gpuprof: warning: {}", ShimMessage::refusal_text(claimed, peer, uid));
+                    }
+                }
                 ShimMessage::Closed { .. } => {}
             }
         }
@@ -248,6 +255,7 @@ fn publish(health: &health::Health, pipeline: &Pipeline<'_>, forgotten_total: u6
         shim_events_total: shim.events,
         shim_dropped_total: shim.counters.dropped_queue_full,
         shim_undecodable_total: shim.undecodable,
+        shim_refused_total: shim.refused,
         duplicates_dropped_total: pipeline.duplicates_dropped(),
     });
 }
