@@ -5,6 +5,8 @@ use std::fs;
 use std::path::Path;
 
 use anyhow::{bail, Result};
+use libbpf_rs::libbpf_sys;
+use libbpf_rs::{MapType, ProgramType};
 
 const BTF_PATH: &str = "/sys/kernel/btf/vmlinux";
 const UPROBE_PMU: &str = "/sys/bus/event_source/devices/uprobe/type";
@@ -53,7 +55,60 @@ fn check_kernel() -> Result<()> {
             "this kernel has no uprobe support ({UPROBE_PMU} is missing): gpuprof needs a kernel built with CONFIG_UPROBE_EVENTS=y"
         );
     }
+    let missing = missing_features(|feature| (feature.present)());
+    if !missing.is_empty() {
+        bail!("{}", refusal(&kernel_release(), &missing));
+    }
     Ok(())
+}
+
+/// A kernel feature the probes use, with the mainline release that brought it (README's floor
+/// is the newest of them). Probed, not read off the version: distributions backport them.
+pub struct KernelFeature {
+    pub what: &'static str,
+    pub since: &'static str,
+    present: fn() -> bool,
+}
+
+/// Newest first: the first one missing names the release to run.
+pub const KERNEL_FEATURES: [KernelFeature; 5] = [
+    KernelFeature { what: "bpf_loop (the Python stack walk)", since: "5.17", present: || uprobe_helper(libbpf_sys::BPF_FUNC_loop) },
+    KernelFeature {
+        what: "bpf_get_attach_cookie in uprobes (one program for every driver entry point)",
+        since: "5.15",
+        present: || uprobe_helper(libbpf_sys::BPF_FUNC_get_attach_cookie),
+    },
+    KernelFeature {
+        what: "task storage in uprobes (the calls in flight of each thread)",
+        since: "5.13",
+        present: || uprobe_helper(libbpf_sys::BPF_FUNC_task_storage_get),
+    },
+    KernelFeature { what: "bpf_get_current_task_btf", since: "5.11", present: || uprobe_helper(libbpf_sys::BPF_FUNC_get_current_task_btf) },
+    KernelFeature { what: "the BPF ring buffer", since: "5.8", present: || MapType::RingBuf.is_supported().unwrap_or(true) },
+];
+
+/// Whether a uprobe program may call `helper` here (uprobes are kprobe-type programs). A probe
+/// that cannot tell is taken as yes: loading then says what is wrong.
+fn uprobe_helper(helper: libbpf_sys::bpf_func_id) -> bool {
+    ProgramType::Kprobe.is_helper_supported(helper).unwrap_or(true)
+}
+
+fn missing_features(present: impl Fn(&KernelFeature) -> bool) -> Vec<&'static KernelFeature> {
+    KERNEL_FEATURES.iter().filter(|feature| !present(feature)).collect()
+}
+
+/// The one line that refuses a kernel lacking `missing` (newest first).
+fn refusal(release: &str, missing: &[&KernelFeature]) -> String {
+    let features: Vec<String> = missing.iter().map(|f| format!("{} (Linux {})", f.what, f.since)).collect();
+    format!(
+        "this kernel ({release}) lacks what gpuprof's probes use: {}: run gpuprof on Linux {} or newer, or capture without eBPF: `gpuprof run --via shim -- CMD` (docs/shim.md)",
+        features.join(", "),
+        missing[0].since
+    )
+}
+
+fn kernel_release() -> String {
+    fs::read_to_string("/proc/sys/kernel/osrelease").map_or_else(|_| "release unknown".to_string(), |r| r.trim().to_string())
 }
 
 fn effective_capabilities() -> Result<u64> {
@@ -70,6 +125,26 @@ fn parse_cap_eff(status: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_kernel_without_bpf_loop_is_refused_in_one_line_naming_the_release_to_run() {
+        let missing = missing_features(|feature| feature.since != "5.17" && feature.since != "5.15");
+        assert_eq!(missing.iter().map(|f| f.since).collect::<Vec<_>>(), ["5.17", "5.15"]);
+        assert_eq!(
+            refusal("5.14.0-70.el9.x86_64", &missing),
+            "this kernel (5.14.0-70.el9.x86_64) lacks what gpuprof's probes use: bpf_loop (the Python stack walk) (Linux 5.17), bpf_get_attach_cookie in uprobes (one program for every driver entry point) (Linux 5.15): run gpuprof on Linux 5.17 or newer, or capture without eBPF: `gpuprof run --via shim -- CMD` (docs/shim.md)"
+        );
+    }
+
+    #[test]
+    fn this_kernel_has_every_feature_the_probes_use() {
+        // The kernel tests run on (README: 5.17 or newer), probed for real.
+        let missing: Vec<&str> = missing_features(|feature| (feature.present)()).iter().map(|f| f.what).collect();
+        assert_eq!(missing, Vec::<&str>::new());
+        // The probe tells, rather than failing into "yes": a helper uprobes may not call is no.
+        assert_eq!(ProgramType::Kprobe.is_helper_supported(libbpf_sys::BPF_FUNC_loop).ok(), Some(true));
+        assert_eq!(ProgramType::Kprobe.is_helper_supported(libbpf_sys::BPF_FUNC_sk_redirect_map).ok(), Some(false));
+    }
 
     #[test]
     fn reads_effective_capabilities() {
