@@ -240,6 +240,45 @@ fn bad_input_gets_the_right_status_and_the_collector_keeps_serving() {
     collector.stop();
 }
 
+/// With a readers' token, the findings, processes and profile API and /metrics answer only who
+/// sends it — not the agents' token, which cannot read (nor the readers' write); /healthz stays
+/// open for probes.
+#[test]
+fn the_read_side_takes_its_own_token() {
+    let dir = scratch("collector_read_token");
+    let collector = Collector::start(&dir.join("c.redb"), &["--token", "s3cret", "--read-token", "r3ad"]);
+    let good = logs_request("node-r", 700, &[synthetic(1, 700, Op::Alloc, "cuMemAlloc_v2", 0x1000, 4096)]);
+    let protobuf = "application/x-protobuf";
+    assert_eq!(collector.post("/v1/logs", protobuf, &good, Some("r3ad")).0, 401);
+    assert_eq!(collector.post("/v1/logs", protobuf, &good, Some("s3cret")).0, 200);
+    let refused = (401, "missing or wrong read token (--read-token)\n".to_string());
+    for path in ["/api/v1/findings", "/api/v1/processes?node=node-r", "/api/v1/profile?node=node-r&pid=700", "/metrics"] {
+        assert_eq!(collector.get_as(path, None), refused, "{path}");
+        assert_eq!(collector.get_as(path, Some("s3cret")), refused, "{path}");
+        assert_eq!(collector.get_as(path, Some("r3adX")), refused, "{path}");
+    }
+    assert_eq!(collector.get_as("/api/v1/findings", Some("r3ad")), (200, "[]".to_string()));
+    let (status, processes) = collector.get_as("/api/v1/processes?node=node-r", Some("r3ad"));
+    assert_eq!(status, 200);
+    assert!(processes.contains("\"open_allocations\":1"), "{processes}");
+    let (status, metrics) = collector.get_as("/metrics", Some("r3ad"));
+    assert_eq!(status, 200);
+    assert!(metrics.contains("gpuprof_collector_refused_requests_total{reason=\"unauthenticated\"} 1"), "{metrics}");
+    assert_eq!(collector.get("/healthz"), (200, "ok\n".to_string()));
+    collector.stop();
+
+    // One token for both sides would let every agent read: refused.
+    let output = std::process::Command::new(collector_bin())
+        .args(["--db", dir.join("d.redb").to_str().unwrap(), "--token", "same", "--read-token", "same"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&output.stderr),
+        "gpuprof-collector: --read-token is the agents' --token: give readers a token of their own, so that an agent's cannot read and a reader's cannot write\n"
+    );
+}
+
 #[test]
 fn refuses_to_start_unsafely_or_on_a_corrupt_database() {
     let dir = scratch("collector_refusals");

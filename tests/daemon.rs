@@ -83,7 +83,16 @@ impl Daemon {
     }
 
     fn get(&self, path: &str) -> (u16, String) {
-        let mut response = self.agent.get(&format!("{}{path}", self.health)).call().unwrap();
+        self.get_as(path, None)
+    }
+
+    /// GET with `Authorization: Bearer <token>`.
+    fn get_as(&self, path: &str, token: Option<&str>) -> (u16, String) {
+        let mut request = self.agent.get(&format!("{}{path}", self.health));
+        if let Some(token) = token {
+            request = request.header("authorization", &format!("Bearer {token}"));
+        }
+        let mut response = request.call().unwrap();
         (response.status().as_u16(), response.body_mut().read_to_string().unwrap())
     }
 
@@ -442,6 +451,27 @@ fn a_shim_connection_speaks_only_for_its_own_process() {
     // One exit, the process's own, after its last block.
     let exits: Vec<usize> = of_victim.iter().enumerate().filter(|(_, e)| e.op == Op::Exit).map(|(i, _)| i).collect();
     assert_eq!(exits, [of_victim.len() - 1]);
+}
+
+/// With --metrics-token, /metrics answers only a scraper that sends it; the probes' endpoints
+/// stay open.
+#[test]
+fn the_daemons_metrics_take_a_token_when_one_is_set() {
+    let _node = one_daemon_at_a_time();
+    let dir = scratch("daemon_metrics_token");
+    let token_file = dir.join("token");
+    std::fs::write(&token_file, "m3trics\n").unwrap();
+    let socket = dir.join("shim.sock");
+    let daemon = Daemon::start(&["--capture", "shim", "--shim-socket", socket.to_str().unwrap(), "--output", "/dev/null", "--metrics-token-file", token_file.to_str().unwrap()]);
+    let refused = (401, "missing or wrong metrics token (--metrics-token)\n".to_string());
+    assert_eq!(daemon.get_as("/metrics", None), refused);
+    assert_eq!(daemon.get_as("/metrics", Some("m3tric")), refused);
+    let (status, metrics) = daemon.get_as("/metrics", Some("m3trics"));
+    assert_eq!(status, 200);
+    assert!(metrics.lines().any(|l| l == "gpuprof_daemon_shim_refused_total 0"), "{metrics}");
+    assert_eq!(daemon.get("/healthz"), (200, "ok\n".to_string()));
+    assert_eq!(daemon.get("/readyz"), (200, "ready\n".to_string()));
+    daemon.stop();
 }
 
 /// What tensors.py expected when it ran with the shim sending to a daemon.

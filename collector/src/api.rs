@@ -5,7 +5,8 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Query, State};
+use axum::extract::{Query, Request, State};
+use axum::middleware::{self, Next};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -21,8 +22,18 @@ pub fn routes(collector: Arc<Collector>) -> Router {
         .route("/api/v1/processes", get(processes))
         .route("/api/v1/profile", get(profile))
         .route("/metrics", get(metrics))
+        .route_layer(middleware::from_fn_with_state(collector.clone(), readers_only))
+        // Liveness probes carry no token.
         .route("/healthz", get(|| async { "ok\n" }))
         .with_state(collector)
+}
+
+/// With `--read-token`, what the collector knows is shown only to who sends it.
+async fn readers_only(State(collector): State<Arc<Collector>>, request: Request, next: Next) -> Response {
+    if collector.may_read(request.headers().get(header::AUTHORIZATION).map(|v| v.as_bytes())) {
+        return next.run(request).await;
+    }
+    (StatusCode::UNAUTHORIZED, [(header::WWW_AUTHENTICATE, "Bearer")], "missing or wrong read token (--read-token)\n").into_response()
 }
 
 async fn findings(State(collector): State<Arc<Collector>>, filter: Result<Query<FindingFilter>, axum::extract::rejection::QueryRejection>) -> Response {

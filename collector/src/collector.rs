@@ -104,12 +104,14 @@ impl Collector {
         }
     }
 
-    /// The `authorization` header (or gRPC metadata) carries the token, when one is required.
+    /// The `authorization` header (or gRPC metadata) carries the agents' token, when one is required.
     pub fn authorized(&self, authorization: Option<&[u8]>) -> bool {
-        let Some(token) = &self.config.token else { return true };
-        let Some(given) = authorization.and_then(|a| a.strip_prefix(b"Bearer ")) else { return false };
-        // Same time whatever the first wrong byte.
-        given.len() == token.len() && given.iter().zip(token.as_bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+        gpuprof_otlp::bearer::matches(self.config.token.as_deref(), authorization)
+    }
+
+    /// The `authorization` header carries the readers' token, when one is required.
+    pub fn may_read(&self, authorization: Option<&[u8]>) -> bool {
+        gpuprof_otlp::bearer::matches(self.config.read_token.as_deref(), authorization)
     }
 
     /// A token bucket per connection (peer address and port).

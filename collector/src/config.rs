@@ -26,6 +26,14 @@ pub struct Args {
     /// Read the bearer token from this file (a mounted secret).
     #[arg(long, env = "GPUPROF_COLLECTOR_TOKEN_FILE")]
     pub token_file: Option<PathBuf>,
+    /// Bearer token readers must send for the findings, processes and profile API and /metrics
+    /// (they show stacks with file paths and command names); separate from the agents' token.
+    /// /healthz stays open. Without one, whoever reaches --http-listen may read.
+    #[arg(long, env = "GPUPROF_COLLECTOR_READ_TOKEN", hide_env_values = true, conflicts_with = "read_token_file")]
+    pub read_token: Option<String>,
+    /// Read the readers' bearer token from this file (a mounted secret).
+    #[arg(long, env = "GPUPROF_COLLECTOR_READ_TOKEN_FILE")]
+    pub read_token_file: Option<PathBuf>,
     /// Largest OTLP request accepted, in MiB (larger: HTTP 413 / gRPC OUT_OF_RANGE).
     #[arg(long, env = "GPUPROF_COLLECTOR_MAX_REQUEST_MIB", default_value_t = 16)]
     pub max_request_mib: usize,
@@ -54,6 +62,7 @@ pub struct Config {
     pub http_listen: SocketAddr,
     pub db: PathBuf,
     pub token: Option<String>,
+    pub read_token: Option<String>,
     pub max_request_bytes: usize,
     pub rate_limit: f64,
     pub forward_endpoint: Option<String>,
@@ -64,18 +73,10 @@ pub struct Config {
 
 impl Args {
     pub fn config(self) -> Result<Config> {
-        let token = match (&self.token, &self.token_file) {
-            (Some(token), _) => Some(token.clone()),
-            (None, Some(path)) => Some(
-                std::fs::read_to_string(path)
-                    .with_context(|| format!("--token-file {}: cannot read it", path.display()))?
-                    .trim()
-                    .to_string(),
-            ),
-            (None, None) => None,
-        };
-        if token.as_deref() == Some("") {
-            bail!("the bearer token is empty: give a non-empty --token or --token-file");
+        let token = token_of(self.token.as_deref(), self.token_file.as_deref(), "--token")?;
+        let read_token = token_of(self.read_token.as_deref(), self.read_token_file.as_deref(), "--read-token")?;
+        if read_token.is_some() && read_token == token {
+            bail!("--read-token is the agents' --token: give readers a token of their own, so that an agent's cannot read and a reader's cannot write");
         }
         for (flag, addr) in [("--grpc-listen", self.grpc_listen), ("--http-listen", self.http_listen)] {
             if token.is_none() && !addr.ip().is_loopback() {
@@ -102,6 +103,7 @@ impl Args {
             http_listen: self.http_listen,
             db: self.db,
             token,
+            read_token,
             max_request_bytes: self.max_request_mib << 20,
             rate_limit: positive("--rate-limit", self.rate_limit)?,
             forward_endpoint: self.forward_endpoint,
@@ -110,4 +112,19 @@ impl Args {
             checkpoint_every: Duration::from_secs_f64(positive("--checkpoint-secs", self.checkpoint_secs)?),
         })
     }
+}
+
+/// A bearer token given as a value or in a file (`flag` and `flag-file`); empty is refused.
+fn token_of(value: Option<&str>, file: Option<&std::path::Path>, flag: &str) -> Result<Option<String>> {
+    let token = match (value, file) {
+        (Some(token), _) => Some(token.to_string()),
+        (None, Some(path)) => Some(
+            std::fs::read_to_string(path).with_context(|| format!("{flag}-file {}: cannot read it", path.display()))?.trim().to_string(),
+        ),
+        (None, None) => None,
+    };
+    if token.as_deref() == Some("") {
+        bail!("the bearer token is empty: give a non-empty {flag} or {flag}-file");
+    }
+    Ok(token)
 }

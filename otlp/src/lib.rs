@@ -3,6 +3,7 @@
 //! log records back into the same events and its findings into spans. Both sides use this crate,
 //! so the encoding is written once. Attribute names come from `gpuprof_model::otel`.
 
+pub mod bearer;
 pub mod client;
 pub mod findings;
 pub mod ids;

@@ -65,7 +65,16 @@ impl Collector {
     }
 
     pub fn get(&self, path: &str) -> (u16, String) {
-        let mut response = self.agent.get(&format!("{}{path}", self.http)).call().unwrap();
+        self.get_as(path, None)
+    }
+
+    /// GET with `Authorization: Bearer <token>`.
+    pub fn get_as(&self, path: &str, token: Option<&str>) -> (u16, String) {
+        let mut request = self.agent.get(&format!("{}{path}", self.http));
+        if let Some(token) = token {
+            request = request.header("authorization", &format!("Bearer {token}"));
+        }
+        let mut response = request.call().unwrap();
         (response.status().as_u16(), response.body_mut().read_to_string().unwrap())
     }
 

@@ -49,6 +49,13 @@ pub struct DaemonArgs {
     /// Where /healthz, /readyz and /metrics are served (default 0.0.0.0:9464).
     #[arg(long, value_name = "ADDR", env = "GPUPROF_LISTEN")]
     pub listen: Option<SocketAddr>,
+    /// Bearer token a scraper must send for /metrics (/healthz and /readyz stay open for the
+    /// kubelet's probes).
+    #[arg(long, value_name = "TOKEN", env = "GPUPROF_METRICS_TOKEN", hide_env_values = true)]
+    pub metrics_token: Option<String>,
+    /// Read the /metrics bearer token from this file (a mounted secret).
+    #[arg(long, value_name = "FILE", env = "GPUPROF_METRICS_TOKEN_FILE")]
+    pub metrics_token_file: Option<PathBuf>,
     /// Seconds between scans of /proc for processes that map libcuda or libc10 (default 0.5).
     #[arg(long, value_name = "SECS", env = "GPUPROF_SCAN_INTERVAL")]
     pub scan_interval: Option<f64>,
@@ -107,6 +114,8 @@ struct FileConfig {
     otlp_protocol: Option<String>,
     otlp_token: Option<String>,
     otlp_token_file: Option<PathBuf>,
+    metrics_token: Option<String>,
+    metrics_token_file: Option<PathBuf>,
     otlp_events: Option<crate::telemetry::EventStream>,
     otlp_metrics_interval: Option<f64>,
     otlp_profile_interval: Option<f64>,
@@ -140,6 +149,8 @@ pub struct DaemonConfig {
     pub node_name: Option<String>,
     pub output: Option<PathBuf>,
     pub listen: SocketAddr,
+    /// What a scraper must send for /metrics.
+    pub metrics_token: Option<String>,
     pub scan_interval: Duration,
     pub retain_exited: Duration,
     pub libcuda: Option<PathBuf>,
@@ -163,16 +174,9 @@ impl DaemonArgs {
                 .map_err(|_| anyhow::anyhow!("otlp_protocol = \"{name}\" in the config file: give grpc or http"))?,
             (None, None) => Protocol::Grpc,
         };
-        let token = match (self.otlp_token.clone().or(file.otlp_token.clone()), self.otlp_token_file.clone().or(file.otlp_token_file.clone())) {
-            (Some(token), _) => Some(token),
-            (None, Some(path)) => Some(
-                std::fs::read_to_string(&path)
-                    .with_context(|| format!("otlp token file {}: cannot read it", path.display()))?
-                    .trim()
-                    .to_string(),
-            ),
-            (None, None) => None,
-        };
+        let token = token_of(self.otlp_token.clone().or(file.otlp_token.clone()), self.otlp_token_file.clone().or(file.otlp_token_file.clone()), "otlp")?;
+        let metrics_token =
+            token_of(self.metrics_token.clone().or(file.metrics_token.clone()), self.metrics_token_file.clone().or(file.metrics_token_file.clone()), "metrics")?;
         let node_name = self.node_name.clone().or(file.node_name.clone());
         let memory_cap_mib = self.memory_cap_mib.or(file.memory_cap_mib).unwrap_or(256);
         if memory_cap_mib < 64 {
@@ -221,6 +225,7 @@ impl DaemonArgs {
             node_name,
             output,
             listen: self.listen.or(file.listen).unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 9464))),
+            metrics_token,
             scan_interval,
             retain_exited: seconds("retain_exited", self.retain_exited.or(file.retain_exited).unwrap_or(300.0))?,
             libcuda: self.libcuda.clone().or(file.libcuda),
@@ -346,4 +351,19 @@ fn group_id(group: &str) -> Result<u32> {
     }
     // SAFETY: a non-null entry from getgrnam.
     Ok(unsafe { (*entry).gr_gid })
+}
+
+/// A token given as a value or in a file (`what`: "otlp" or "metrics", for the error).
+fn token_of(value: Option<String>, file: Option<PathBuf>, what: &str) -> Result<Option<String>> {
+    let token = match (value, file) {
+        (Some(token), _) => Some(token),
+        (None, Some(path)) => {
+            Some(std::fs::read_to_string(&path).with_context(|| format!("{what} token file {}: cannot read it", path.display()))?.trim().to_string())
+        }
+        (None, None) => None,
+    };
+    if token.as_deref() == Some("") {
+        bail!("the {what} token is empty: give a non-empty --{what}-token or --{what}-token-file");
+    }
+    Ok(token)
 }

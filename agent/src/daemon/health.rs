@@ -79,7 +79,8 @@ impl Health {
 }
 
 /// Binds `listen` now (so a taken port is an error at start) and serves from a new thread.
-pub fn serve(listen: SocketAddr, health: Arc<Health>) -> Result<SocketAddr> {
+/// Serves /healthz, /readyz and /metrics (the last only to who sends `metrics_token`, if one is set).
+pub fn serve(listen: SocketAddr, metrics_token: Option<String>, health: Arc<Health>) -> Result<SocketAddr> {
     let listener = std::net::TcpListener::bind(listen)
         .with_context(|| format!("cannot listen on {listen} for /healthz and /metrics: give another address with --listen"))?;
     listener.set_nonblocking(true).context("cannot set up the health listener")?;
@@ -89,10 +90,23 @@ pub fn serve(listen: SocketAddr, health: Arc<Health>) -> Result<SocketAddr> {
         .name("gpuprof-health".into())
         .spawn(move || {
             runtime.block_on(async move {
+                let metrics_token: Arc<Option<String>> = Arc::new(metrics_token);
+                let scrapers_only = axum::middleware::from_fn(move |request: axum::extract::Request, next: axum::middleware::Next| {
+                    let token = metrics_token.clone();
+                    async move {
+                        let authorization = request.headers().get(header::AUTHORIZATION).map(|v| v.as_bytes().to_vec());
+                        if gpuprof_otlp::bearer::matches(token.as_deref(), authorization.as_deref()) {
+                            next.run(request).await
+                        } else {
+                            (StatusCode::UNAUTHORIZED, [(header::WWW_AUTHENTICATE, "Bearer")], "missing or wrong metrics token (--metrics-token)\n").into_response()
+                        }
+                    }
+                });
                 let app = axum::Router::new()
+                    .route("/metrics", get(metrics))
+                    .route_layer(scrapers_only)
                     .route("/healthz", get(healthz))
                     .route("/readyz", get(readyz))
-                    .route("/metrics", get(metrics))
                     .with_state(health);
                 match tokio::net::TcpListener::from_std(listener) {
                     Ok(listener) => {

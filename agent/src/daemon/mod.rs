@@ -40,7 +40,7 @@ pub fn run(args: &DaemonArgs) -> Result<u8> {
     preflight::check_ebpf_capture()?;
     signals::install();
     let health = health::Health::new();
-    let listening = health::serve(config.listen, health.clone())?;
+    let listening = health::serve(config.listen, config.metrics_token.clone(), health.clone())?;
 
     let capture = Capture::load(CaptureOptions {
         ring_buffer_bytes: config.ring_buffer_bytes,
@@ -113,7 +113,7 @@ pub fn run(args: &DaemonArgs) -> Result<u8> {
 fn run_shim_only(config: &DaemonConfig) -> Result<u8> {
     signals::install();
     let health = health::Health::new();
-    let listening = health::serve(config.listen, health.clone())?;
+    let listening = health::serve(config.listen, config.metrics_token.clone(), health.clone())?;
     let path = config.shim_socket.as_ref().expect("checked by the config");
     let received = listen_for_shims(config)?;
     let mut flow = EventFlow::new(flow_options(config), sink_of(config)?);
