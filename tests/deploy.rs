@@ -87,6 +87,9 @@ const OPTIONAL_OBJECTS: &[(&str, &str)] = &[
     ("Service", "gpuprof-otel-collector"),
     ("ServiceMonitor", "gpuprof-collector"),
     ("PodMonitor", "gpuprof-daemon"),
+    ("Secret", "gpuprof-read-token"),
+    ("NetworkPolicy", "gpuprof-collector"),
+    ("NetworkPolicy", "gpuprof-daemon"),
 ];
 
 /// Target expressions in the Fleet and Pipeline dashboards, and selectors of their variables.
@@ -233,6 +236,9 @@ fn helm_lint_passes_and_bad_values_fail_with_their_reason() {
     let no_token = helm(&["template", "gpuprof", chart]);
     assert!(!no_token.status.success());
     assert!(text(&no_token.stderr).contains("set auth.token or auth.existingSecret"), "{}", text(&no_token.stderr));
+    let same = helm(&["template", "gpuprof", chart, "--set", "auth.token=x", "--set", "auth.readToken=x"]);
+    assert!(!same.status.success());
+    assert!(text(&same.stderr).contains("auth.readToken is auth.token: give readers a token of their own"), "{}", text(&same.stderr));
 
     for bad in ["daemon.listenPort=notanumber", "daemon.config.scan_intervall=0.5", "daemon.config.buffer_mib=3", "daemon.otlpProtocol=udp"] {
         let output = helm(&["template", "gpuprof", chart, "--set", "auth.token=x", "--set", bad]);
@@ -247,13 +253,47 @@ fn the_chart_renders_valid_objects_with_the_documented_security() {
     let defaults = yaml_documents(&render_with_token(&[]));
     let found: BTreeSet<_> = defaults.iter().map(kind_and_name).collect();
     assert_eq!(found, expected(&[DEFAULT_OBJECTS]));
-    let everything = yaml_documents(&render_with_token(&["--set", "otelCollector.enabled=true", "--set", "serviceMonitor.enabled=true"]));
+    let everything = yaml_documents(&render_with_token(&[
+        "--set",
+        "otelCollector.enabled=true",
+        "--set",
+        "serviceMonitor.enabled=true",
+        "--set",
+        "auth.readToken=r3ad",
+        "--set",
+        "networkPolicy.enabled=true",
+        "--set",
+        "networkPolicy.readers[0].namespaceSelector.matchLabels.team=monitoring",
+    ]));
     let found: BTreeSet<_> = everything.iter().map(kind_and_name).collect();
     assert_eq!(found, expected(&[DEFAULT_OBJECTS, OPTIONAL_OBJECTS]));
     validate(&dir, &everything);
     for object in &everything {
         assert_eq!(object["metadata"]["namespace"], "gpuprof", "{:?} has no namespace", kind_and_name(object));
     }
+    // Readers' token: the collector reads it from its Secret, the daemons take it for /metrics,
+    // the monitors send it.
+    let read_secret = serde_json::json!({"name": "gpuprof-read-token", "key": "token"});
+    let collector_pod = &object(&everything, "Deployment", "gpuprof-collector")["spec"]["template"]["spec"];
+    assert!(strings(&collector_pod["containers"][0]["args"]).contains(&"--read-token-file=/etc/gpuprof/read-token/token"));
+    let read_volume = collector_pod["volumes"].as_array().unwrap().iter().find(|v| v["name"] == "read-token").unwrap();
+    assert_eq!(read_volume["secret"]["secretName"], "gpuprof-read-token");
+    let daemon_env = &object(&everything, "DaemonSet", "gpuprof-daemon")["spec"]["template"]["spec"]["containers"][0]["env"];
+    let metrics_token = daemon_env.as_array().unwrap().iter().find(|e| e["name"] == "GPUPROF_METRICS_TOKEN").unwrap();
+    assert_eq!(metrics_token["valueFrom"]["secretKeyRef"], read_secret);
+    for (kind, name, endpoints) in [("ServiceMonitor", "gpuprof-collector", "endpoints"), ("PodMonitor", "gpuprof-daemon", "podMetricsEndpoints")] {
+        let authorization = &object(&everything, kind, name)["spec"][endpoints][0]["authorization"];
+        assert_eq!(authorization, &serde_json::json!({"type": "Bearer", "credentials": read_secret}), "{kind}");
+    }
+    // OTLP from the release's daemons and OpenTelemetry Collector; the API and /metrics from the readers.
+    let readers = serde_json::json!([{"namespaceSelector": {"matchLabels": {"team": "monitoring"}}}]);
+    let collector_policy = &object(&everything, "NetworkPolicy", "gpuprof-collector")["spec"];
+    let senders: Vec<&str> = collector_policy["ingress"][0]["from"].as_array().unwrap().iter().map(|p| p["podSelector"]["matchLabels"]["app.kubernetes.io/component"].as_str().unwrap()).collect();
+    assert_eq!(senders, ["daemon", "otel-collector"]);
+    assert_eq!(collector_policy["ingress"][0]["ports"], serde_json::json!([{"port": 4317, "protocol": "TCP"}, {"port": 4318, "protocol": "TCP"}]));
+    assert_eq!(collector_policy["ingress"][1], serde_json::json!({"from": readers, "ports": [{"port": 4318, "protocol": "TCP"}]}));
+    let daemon_policy = &object(&everything, "NetworkPolicy", "gpuprof-daemon")["spec"];
+    assert_eq!(daemon_policy["ingress"], serde_json::json!([{"from": readers, "ports": [{"port": 9464, "protocol": "TCP"}]}]));
 
     // The daemon: every process of the node in view, three capabilities, nothing privileged.
     let daemon = object(&defaults, "DaemonSet", "gpuprof-daemon");

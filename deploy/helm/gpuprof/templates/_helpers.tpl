@@ -46,6 +46,17 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 {{- end -}}
 
+{{/* The readers' token Secret, or "" when reading is open. */}}
+{{- define "gpuprof.readTokenSecret" -}}
+{{- if and .Values.auth.readToken .Values.auth.existingReadSecret -}}
+{{- fail "set only one of auth.readToken and auth.existingReadSecret" -}}
+{{- else if .Values.auth.existingReadSecret -}}
+{{- .Values.auth.existingReadSecret -}}
+{{- else if .Values.auth.readToken -}}
+{{- printf "%s-read-token" (include "gpuprof.fullname" .) -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "gpuprof.serviceAccountName" -}}
 {{- if .root.Values.serviceAccount.create -}}
 {{- printf "%s-%s" (include "gpuprof.fullname" .root) .component -}}
