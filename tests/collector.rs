@@ -405,7 +405,7 @@ fn wait_for_spans(path: &Path, count: usize) -> Vec<Value> {
 fn the_python_sdk_is_accepted_and_forwarded_spans_decode_with_opentelemetry_proto() {
     let dir = scratch("collector_peer_sink");
     let received = dir.join("forwarded.jsonl");
-    let mut sink = KillOnDrop(Command::new(python3())
+    let mut sink = KillOnDrop(Command::new(tools_python())
         .arg(fixtures().join("otlp/sink.py"))
         .arg(&received)
         .stdout(Stdio::piped())
@@ -417,7 +417,7 @@ fn the_python_sdk_is_accepted_and_forwarded_spans_decode_with_opentelemetry_prot
     let collector = Collector::start(&dir.join("c.redb"), &["--forward-endpoint", &format!("http://127.0.0.1:{port}")]);
 
     // The OpenTelemetry Python SDK, over OTLP/HTTP.
-    let sdk = Command::new(python3()).arg(fixtures().join("otlp/sdk_spans.py")).arg(&collector.http).output().unwrap();
+    let sdk = Command::new(tools_python()).arg(fixtures().join("otlp/sdk_spans.py")).arg(&collector.http).output().unwrap();
     assert_eq!(String::from_utf8_lossy(&sdk.stdout), "SUCCESS SUCCESS SUCCESS\n", "{}", String::from_utf8_lossy(&sdk.stderr));
     assert_eq!(sdk.status.code(), Some(0));
 

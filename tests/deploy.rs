@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
-use support::{collector::collector_bin, gpuprof, python3, scratch};
+use support::{collector::collector_bin, gpuprof, scratch, test_tools, tools_python};
 
 /// Sample names of the collector's /metrics, as Prometheus stores them (counters end in _total).
 const COLLECTOR_METRICS: &[&str] = &[
@@ -61,7 +61,8 @@ const KUBERNETES_VERSIONS: &[&str] = &["1.30.0", "1.37.0"];
 /// Kinds of prometheus-operator, validated against their CRDs' schemas instead.
 const CRD_KINDS: &[&str] = &["ServiceMonitor", "PodMonitor"];
 /// Where scripts/install-prerequisites.sh puts @kubernetes-models/prometheus-operator.
-const MONITOR_MODELS: &str = "/usr/local/lib/gpuprof-test-tools/node_modules/@kubernetes-models/prometheus-operator";
+/// Under the test tools (scripts/install-prerequisites.sh).
+const MONITOR_MODELS: &str = "node_modules/@kubernetes-models/prometheus-operator";
 
 /// Objects of `helm template gpuprof … --namespace gpuprof --set auth.token=…`.
 const DEFAULT_OBJECTS: &[(&str, &str)] = &[
@@ -128,9 +129,9 @@ fn text(bytes: &[u8]) -> String {
 
 /// Python with the given modules, or a failure that says how to get them.
 fn python(modules: &str, script: &str, stdin: &str) -> Output {
-    let check = run(python3(), &["-c", &format!("import {modules}")], None);
+    let check = run(&tools_python(), &["-c", &format!("import {modules}")], None);
     assert!(check.status.success(), "python3 lacks {modules}: {INSTALL}\n{}", text(&check.stderr));
-    run(python3(), &["-c", script], Some(stdin))
+    run(&tools_python(), &["-c", script], Some(stdin))
 }
 
 fn helm(args: &[&str]) -> Output {
@@ -206,19 +207,19 @@ fn validate(dir: &Path, objects: &[Value]) {
         args.extend(["-k", version]);
     }
     args.push(file.to_str().unwrap());
-    let check = run(python3(), &["-c", "import kubernetes_validate"], None);
+    let check = run(&tools_python(), &["-c", "import kubernetes_validate"], None);
     assert!(check.status.success(), "kubernetes-validate is missing: {INSTALL}");
-    let output = run(python3(), &args, None);
+    let output = run(&tools_python(), &args, None);
     let report = text(&output.stdout);
     assert!(output.status.success(), "kubernetes-validate:\n{report}{}", text(&output.stderr));
     let passed = report.lines().filter(|l| l.starts_with("INFO ") && l.contains(" passed for resource ")).count();
     assert_eq!(passed, core.len() * KUBERNETES_VERSIONS.len(), "every object validated, none skipped:\n{report}");
 
     // prometheus-operator's kinds: the models of its npm package (installed by the prerequisites).
-    let models = Path::new(MONITOR_MODELS);
+    let models = test_tools().join(MONITOR_MODELS);
     assert!(models.join("package.json").exists(), "{} is missing: {INSTALL}", models.display());
     let script = support::fixtures().join("deploy").join("validate_monitors.mjs");
-    let output = run("node", &[script.to_str().unwrap(), MONITOR_MODELS], Some(&serde_json::to_string(&custom).unwrap()));
+    let output = run("node", &[script.to_str().unwrap(), models.to_str().unwrap()], Some(&serde_json::to_string(&custom).unwrap()));
     assert!(output.status.success(), "prometheus-operator objects do not match their CRDs: {}", text(&output.stderr));
     assert_eq!(text(&output.stdout).lines().count(), custom.len());
 }

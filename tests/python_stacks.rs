@@ -97,7 +97,8 @@ fn offset_tables_match_each_versions_headers() {
 
 #[test]
 fn cpython_313_publishes_the_same_offsets() {
-    let (_, python) = pythons().into_iter().find(|(label, _)| label == "3.13").unwrap();
+    // Outside CI a machine without 3.13 has nothing to compare here (pythons() said so).
+    let Some((_, python)) = pythons().into_iter().find(|(label, _)| label == "3.13") else { return };
     let mut child = Command::new(&python)
         .args(["-c", "import sys, time; print('ready', flush=True); time.sleep(30)"])
         .stdout(Stdio::piped())
