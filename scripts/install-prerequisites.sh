@@ -63,9 +63,10 @@ if ! command -v cargo >/dev/null; then
   echo "gpuprof: cargo is missing: install the Rust toolchain (https://rustup.rs) and run this again" >&2
   exit 1
 fi
-# bpftrace (benchmark baseline) reads tracefs from its standard mount point.
+# bpftrace (the benchmarks' baseline, not the tests) reads tracefs from its standard mount point.
 if [ ! -e /sys/kernel/tracing/uprobe_events ] && [ -d /sys/kernel/tracing ]; then
-  mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null || true
+  mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null \
+    || echo "gpuprof: cannot mount tracefs on /sys/kernel/tracing: the benchmarks' bpftrace baseline will not run (the tests do not need it)" >&2
 fi
 # The CPython versions the stack tests read, from pyenv (`pyenv root`/versions/3.X.*).
 pyenv_root=$( (pyenv root 2>/dev/null) || echo "${PYENV_ROOT:-$HOME/.pyenv}")
