@@ -52,7 +52,7 @@ PY
   until curl -sf 127.0.0.1:9465/readyz > /dev/null; do sleep 0.05; done
   LD_PRELOAD="$shim" GPUPROF_SHIM_SOCKET="$out/shim.sock" "$py" "$here/torch_allocator.py" > "$out/daemon-shim.facts.json"
   sleep 2.5
-  curl -s 127.0.0.1:9465/metrics | grep -E "^gpuprof_daemon_(events|shim_events|duplicates_dropped|shim_dropped)_total"
+  curl -s 127.0.0.1:9465/metrics | grep -E "^gpuprof_daemon_(events|shim_events|duplicates_dropped|shim_dropped|shim_refused)_total"
   kill -TERM $dpid; wait $dpid; echo "daemon exit $?"
   "$py" "$here/compare_allocator.py" "$out/daemon-shim.jsonl" "$out/daemon-shim.facts.json"
   "$py" - "$out" <<'PY'
