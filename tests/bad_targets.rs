@@ -106,6 +106,7 @@ fn missing_privileges_name_the_capabilities() {
         .expect("setpriv (util-linux) is installed");
     std::fs::remove_dir_all(&dir).unwrap();
     assert_one_line_error(&output, "missing privileges CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE: ");
+    assert_one_line_error(&output, "or capture without them from inside the process: `gpuprof run --via shim -- CMD`");
     assert!(String::from_utf8_lossy(&output.stderr).contains("setcap cap_bpf,cap_perfmon,cap_sys_ptrace+ep"));
 }
 

@@ -166,3 +166,59 @@ fn the_picture_at_an_out_of_memory_failure() {
     assert_eq!(output.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&output.stderr).contains("has fewer than 2 out-of-memory failures"));
 }
+
+/// `gpuprof export … | head -1`: the reader leaves after one line; gpuprof stops writing and
+/// exits quietly (0, nothing on stderr), as a Unix filter does.
+#[test]
+fn a_reader_that_leaves_early_ends_the_export_quietly() {
+    use std::io::{BufRead, Write};
+    let dir = scratch("export_closed_pipe");
+    let input = dir.join("many.jsonl");
+    let mut file = std::io::BufWriter::new(std::fs::File::create(&input).unwrap());
+    // Far more than a pipe holds, so that writing goes on after the reader has left.
+    for i in 0..20_000u64 {
+        let mut event = Event::new(1_000 + i, 42, 42, gpuprof_model::event::Source::Ebpf, Layer::Driver, Op::Alloc, "cuMemAlloc_v2".into());
+        event.addr = Some(0x7f00_0000_0000 + i * 4096);
+        event.size = 4096;
+        writeln!(file, "{}", serde_json::to_string(&event).unwrap()).unwrap();
+    }
+    file.flush().unwrap();
+    drop(file);
+    let mut child = Command::new(gpuprof())
+        .args(["export", "--format", "jsonl", "--input", input.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut first).unwrap();
+    assert!(first.contains("\"addr\":\"0x7f0000000000\""), "{first}");
+    let output = child.wait_with_output().unwrap();
+    assert_eq!((output.status.code(), String::from_utf8_lossy(&output.stderr).into_owned()), (Some(0), String::new()));
+}
+
+/// A view of nothing is an error with a hint, before any file is made; moments outside the
+/// recording are refused, each in one line.
+#[test]
+fn empty_and_impossible_moments_are_refused_with_a_hint() {
+    let (input, events) = record("export_moments");
+    let path = input.display().to_string();
+    let said = |output: &std::process::Output| (output.status.code(), String::from_utf8_lossy(&output.stderr).into_owned());
+    // tensors.py frees every block before it ends.
+    let empty = format!("gpuprof: error: no live GPU memory at the end in {path}: every block was freed by then; pick a moment with --at SECS or --oom N\n");
+    assert_eq!(said(&export(&input, &["--format", "folded"])), (Some(1), empty.clone()));
+    let svg = input.with_file_name("end.svg");
+    assert_eq!(said(&export(&input, &["--format", "flamegraph", "--output", svg.to_str().unwrap()])), (Some(1), empty));
+    assert!(!svg.exists(), "an empty flame graph was written");
+    let span = (events.last().unwrap().ts - events[0].ts) as f64 / 1e9;
+    assert_eq!(
+        said(&export(&input, &["--format", "folded", "--at", "99999"])),
+        (Some(1), format!("gpuprof: error: --at 99999 is past the end of {path}: its events span {span:.3} s; give at most that, or leave --at out for the end\n"))
+    );
+    let (code, stderr) = said(&export(&input, &["--format", "folded", "--oom", "0"]));
+    assert_eq!(code, Some(2));
+    assert!(stderr.starts_with("error: invalid value '0' for '--oom <N>': 0 is not in 1.."), "{stderr}");
+    let (code, stderr) = said(&export(&input, &["--format", "folded", "--at=-1"]));
+    assert_eq!(code, Some(2));
+    assert!(stderr.starts_with("error: invalid value '-1' for '--at <SECS>': -1 is not a number of seconds from the first event (0 or more)"), "{stderr}");
+}

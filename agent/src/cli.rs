@@ -75,11 +75,11 @@ pub enum Command {
         #[arg(long, value_name = "PID")]
         pid: Option<u32>,
         /// Take the view this many seconds after the first event instead of at the end.
-        #[arg(long, value_name = "SECS", conflicts_with = "oom")]
+        #[arg(long, value_name = "SECS", conflicts_with = "oom", value_parser = seconds_in)]
         at: Option<f64>,
         /// Take the view at the N-th out-of-memory failure (1 = the first).
-        #[arg(long, value_name = "N")]
-        oom: Option<usize>,
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+        oom: Option<u64>,
         /// Folded/flamegraph: count tensors (allocator blocks), driver allocations, or pick per process.
         #[arg(long, value_enum, default_value = "auto")]
         layer: StackLayer,
@@ -109,7 +109,8 @@ pub enum Command {
         #[command(flatten)]
         capture: CaptureArgs,
         /// How to capture: eBPF probes (root or CAP_BPF/CAP_PERFMON/CAP_SYS_PTRACE), or gpuprof's
-        /// shim preloaded into the command (no privileges; PyTorch's allocator only, for now).
+        /// shim preloaded into the command (no privileges: PyTorch's allocator, and the driver's
+        /// memory calls through CUPTI; docs/shim.md).
         #[arg(long, value_enum, default_value = "ebpf")]
         via: Via,
         /// The shim library (default: libgpuprof_shim.so next to gpuprof, or $GPUPROF_SHIM).
@@ -256,4 +257,12 @@ pub enum ReportFormat {
     Json,
     /// A readable list of findings.
     Table,
+}
+
+/// A moment in a recording: seconds after its first event, 0 or more.
+fn seconds_in(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(secs) if secs.is_finite() && secs >= 0.0 => Ok(secs),
+        _ => Err(format!("{text} is not a number of seconds from the first event (0 or more)")),
+    }
 }

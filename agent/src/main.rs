@@ -23,7 +23,7 @@ fn main() -> ExitCode {
         Command::Export { input, format, output, pid, at, oom, layer, from, to, max_entries, compress } => {
             let moment = match (at, oom) {
                 (Some(secs), _) => export::Moment::At(secs),
-                (None, Some(n)) => export::Moment::Oom(n),
+                (None, Some(n)) => export::Moment::Oom(n as usize),
                 (None, None) => export::Moment::End,
             };
             let window = export::TraceWindow { from, to, max_entries };
@@ -33,9 +33,15 @@ fn main() -> ExitCode {
     };
     match outcome {
         Ok(code) => ExitCode::from(code),
+        // The reader went away (`gpuprof export … | head`): what it wanted was written.
+        Err(error) if reader_went_away(&error) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("gpuprof: error: {error:#}");
             ExitCode::from(1)
         }
     }
+}
+
+fn reader_went_away(error: &anyhow::Error) -> bool {
+    error.chain().any(|cause| cause.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe))
 }

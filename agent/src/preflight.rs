@@ -37,7 +37,7 @@ fn check_privileges() -> Result<()> {
     }
     if !missing.is_empty() {
         bail!(
-            "missing privileges {}: gpuprof loads eBPF probes (CAP_BPF, CAP_PERFMON) and reads other processes' memory maps (CAP_SYS_PTRACE); run it as root (sudo) or grant them with `setcap cap_bpf,cap_perfmon,cap_sys_ptrace+ep $(command -v gpuprof)`",
+            "missing privileges {}: gpuprof loads eBPF probes (CAP_BPF, CAP_PERFMON) and reads other processes' memory maps (CAP_SYS_PTRACE); run it as root (sudo), grant them with `setcap cap_bpf,cap_perfmon,cap_sys_ptrace+ep $(command -v gpuprof)`, or capture without them from inside the process: `gpuprof run --via shim -- CMD`",
             missing.join(", ")
         );
     }

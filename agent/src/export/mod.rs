@@ -112,11 +112,16 @@ fn stack_view(request: &ExportRequest<'_>) -> Result<u8> {
     let analyzer = replay_to(request.input, request.moment, |_| ())?;
     let at_end = request.moment == Moment::End;
     let lines = folded::lines(analyzer.tracker(), request.layer, at_end);
+    // Said before any file is made: an empty view is a wrong moment, not a result.
+    if lines.is_empty() {
+        bail!(
+            "no live GPU memory {} in {}: every block was freed by then; pick a moment with --at SECS or --oom N",
+            where_in(request.moment),
+            request.input.display()
+        );
+    }
     let mut writer = output::open_writer(request.output.as_deref())?;
     if request.format == ExportFormat::Flamegraph {
-        if lines.is_empty() {
-            bail!("no live memory with a stack at that moment in {}: nothing to draw", request.input.display());
-        }
         folded::flamegraph(&lines, title(request.moment), &mut writer)?;
     } else {
         for line in &lines {
@@ -137,6 +142,7 @@ pub(crate) fn replay_to(input: &Path, moment: Moment, mut each: impl FnMut(&Even
     let mut reached = false;
     let mut file = gpuprof_recording::EventFile::open(input)?;
     while let Some(mut event) = file.next_event()? {
+        cut.last_ts = event.ts;
         if cut.before(&event) {
             reached = true;
             break;
@@ -152,10 +158,13 @@ pub(crate) fn replay_to(input: &Path, moment: Moment, mut each: impl FnMut(&Even
     if !reached {
         input::say_how_it_ended(input, file.ending());
     }
-    if let Moment::Oom(n) = moment {
-        if !reached {
-            bail!("{} has fewer than {n} out-of-memory failures", input.display());
+    match moment {
+        Moment::Oom(n) if !reached => bail!("{} has fewer than {n} out-of-memory failures", input.display()),
+        Moment::At(secs) if !reached => {
+            let span = cut.span_secs();
+            bail!("--at {secs} is past the end of {}: its events span {span:.3} s; give at most that, or leave --at out for the end", input.display())
         }
+        _ => {}
     }
     Ok(analyzer)
 }
@@ -164,12 +173,19 @@ pub(crate) fn replay_to(input: &Path, moment: Moment, mut each: impl FnMut(&Even
 struct Cut {
     moment: Moment,
     first_ts: Option<u64>,
+    /// The newest event read so far.
+    last_ts: u64,
     ooms: usize,
 }
 
 impl Cut {
     fn new(moment: Moment) -> Self {
-        Cut { moment, first_ts: None, ooms: 0 }
+        Cut { moment, first_ts: None, last_ts: 0, ooms: 0 }
+    }
+
+    /// Seconds from the first event to the newest read.
+    fn span_secs(&self) -> f64 {
+        self.first_ts.map_or(0.0, |first| self.last_ts.saturating_sub(first) as f64 / 1e9)
     }
 
     /// True when `event` already lies past the moment (it is not replayed).
@@ -192,9 +208,13 @@ impl Cut {
 }
 
 fn title(moment: Moment) -> String {
+    format!("gpuprof: live GPU memory by Python stack, {}", where_in(moment))
+}
+
+fn where_in(moment: Moment) -> String {
     match moment {
-        Moment::End => "gpuprof: live GPU memory by Python stack, at the end".to_string(),
-        Moment::At(secs) => format!("gpuprof: live GPU memory by Python stack, {secs} s in"),
-        Moment::Oom(n) => format!("gpuprof: live GPU memory by Python stack, at out-of-memory failure {n}"),
+        Moment::End => "at the end".to_string(),
+        Moment::At(secs) => format!("{secs} s in"),
+        Moment::Oom(n) => format!("at out-of-memory failure {n}"),
     }
 }
