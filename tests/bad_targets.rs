@@ -88,6 +88,24 @@ fn wait_gives_up_when_the_process_exits_first() {
     );
 }
 
+/// `--duration` bounds the wait for libcuda too: a process that never loads it is given up on.
+#[test]
+fn wait_ends_at_the_duration() {
+    let mut idle = Command::new("sleep").arg("30").spawn().unwrap();
+    let started = std::time::Instant::now();
+    let output = Command::new(gpuprof()).args(["attach", &idle.id().to_string(), "--wait", "--duration", "0.5"]).output().unwrap();
+    let took = started.elapsed();
+    idle.kill().unwrap();
+    idle.wait().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert_eq!(
+        stderr.lines().last().unwrap(),
+        format!("gpuprof: error: process {} did not load libcuda.so within --duration 0.5 s: nothing was captured", idle.id())
+    );
+    assert!(took < std::time::Duration::from_secs(10), "took {took:?}");
+}
+
 #[test]
 fn missing_privileges_name_the_capabilities() {
     // A copy an unprivileged user can run, wherever the checkout lives.

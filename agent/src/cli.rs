@@ -28,7 +28,7 @@ pub enum Command {
     Attach {
         /// The process to capture.
         pid: u32,
-        /// If the process has not loaded libcuda yet, wait until it does.
+        /// If the process has not loaded libcuda yet, wait until it does (at most --duration).
         #[arg(long)]
         wait: bool,
         #[command(flatten)]

@@ -55,7 +55,8 @@ pub fn attach(pid: u32, wait: bool, args: &CaptureArgs) -> Result<u8> {
     tracing::debug!(elapsed_ms = started.elapsed().as_millis() as u64, "processes tracked, interpreters found");
     if libraries.is_empty() {
         eprintln!("gpuprof: waiting for process {pid} ({}) to load libcuda.so", procfs::comm(pid));
-        libraries = wait_for_libcuda(pid)?;
+        // --duration bounds the wait too (then the capture, from when it starts).
+        libraries = wait_for_libcuda(pid, duration.map(|d| (started + d, d)))?;
     }
     for library in &libraries {
         session.attach(library)?;
@@ -322,10 +323,14 @@ fn target_libraries(pid: u32, args: &CaptureArgs) -> Result<Vec<LibraryFile>> {
     }
 }
 
-fn wait_for_libcuda(pid: u32) -> Result<Vec<LibraryFile>> {
+/// Waits for `pid` to map libcuda, until `limit` (its deadline and the --duration it came from).
+fn wait_for_libcuda(pid: u32, limit: Option<(Instant, Duration)>) -> Result<Vec<LibraryFile>> {
     loop {
         if !procfs::is_running(pid) {
             bail!("process {pid} exited before it loaded libcuda.so");
+        }
+        if let Some((_, duration)) = limit.filter(|(deadline, _)| Instant::now() >= *deadline) {
+            bail!("process {pid} did not load libcuda.so within --duration {} s: nothing was captured", duration.as_secs_f64());
         }
         if signals::take().is_some() {
             bail!("interrupted while waiting for process {pid} to load libcuda.so");
