@@ -222,3 +222,30 @@ fn empty_and_impossible_moments_are_refused_with_a_hint() {
     assert_eq!(code, Some(2));
     assert!(stderr.starts_with("error: invalid value '-1' for '--at <SECS>': -1 is not a number of seconds from the first event (0 or more)"), "{stderr}");
 }
+
+/// The short spellings and the file argument say the same as the long flags.
+#[test]
+fn short_flags_and_a_file_argument_are_the_long_flags() {
+    let (input, _) = record("export_short_flags");
+    let path = input.to_str().unwrap();
+    let run = |args: &[&str]| {
+        let output = Command::new(gpuprof()).args(args).output().unwrap();
+        assert_eq!(output.status.code(), Some(0), "{args:?}: {}", String::from_utf8_lossy(&output.stderr));
+        output.stdout
+    };
+    let long = run(&["export", "--input", path, "--format", "jsonl"]);
+    assert!(!long.is_empty());
+    assert_eq!(run(&["export", path, "-f", "jsonl"]), long);
+    assert_eq!(run(&["export", "-i", path, "-f", "jsonl"]), long);
+    let long = run(&["report", "--input", path, "--format", "table"]);
+    assert_eq!(run(&["report", path, "-f", "table"]), long);
+    let out = input.with_file_name("report.json");
+    run(&["report", path, "-o", out.to_str().unwrap()]);
+    assert_eq!(std::fs::read_to_string(&out).unwrap().into_bytes(), run(&["report", path]));
+    // One spelling of a pid for every verb: attach takes `-p` too.
+    let output = Command::new(gpuprof()).args(["attach", "-p", "4194304"]).output().unwrap();
+    assert_eq!(
+        (output.status.code(), String::from_utf8_lossy(&output.stderr).into_owned()),
+        (Some(1), "gpuprof: error: no process with pid 4194304: check the pid with `ps -p 4194304` (it may have exited)\n".to_string())
+    );
+}

@@ -25,9 +25,14 @@ pub struct Cli {
 pub enum Command {
     /// Capture a running process (and its children) until it exits or --duration passes.
     #[command(after_help = "Example:\n  sudo gpuprof attach 4711 --duration 60 --format table")]
+    #[command(group = clap::ArgGroup::new("target").required(true).args(["pid", "pid_flag"]))]
     Attach {
         /// The process to capture.
-        pid: u32,
+        #[arg(value_name = "PID")]
+        pid: Option<u32>,
+        /// The process to capture (as `top --pid` and `export --pid` spell it).
+        #[arg(short = 'p', long = "pid", value_name = "PID")]
+        pid_flag: Option<u32>,
         /// If the process has not loaded libcuda yet, wait until it does (at most --duration).
         #[arg(long)]
         wait: bool,
@@ -35,16 +40,20 @@ pub enum Command {
         capture: CaptureArgs,
     },
     /// Leak findings of a recorded event file (a recording or jsonl, as `attach`/`run` write them).
-    #[command(after_help = "Example:\n  gpuprof report --input run.gpuprof --format table")]
+    #[command(after_help = "Example:\n  gpuprof report run.gpuprof -f table")]
+    #[command(group = clap::ArgGroup::new("file").required(true).args(["input", "input_flag"]))]
     Report {
         /// The event file (a recording or jsonl).
-        #[arg(long, value_name = "FILE")]
-        input: PathBuf,
+        #[arg(value_name = "FILE")]
+        input: Option<PathBuf>,
+        /// The event file, as a flag.
+        #[arg(short = 'i', long = "input", value_name = "FILE")]
+        input_flag: Option<PathBuf>,
         /// Output format.
-        #[arg(long, value_enum, default_value = "json")]
+        #[arg(short, long, value_enum, default_value = "json")]
         format: ReportFormat,
         /// Write the output here instead of stdout.
-        #[arg(long, value_name = "FILE")]
+        #[arg(short, long, value_name = "FILE")]
         output: Option<PathBuf>,
         #[command(flatten)]
         rules: RuleArgs,
@@ -53,7 +62,7 @@ pub enum Command {
     #[command(after_help = "Keys: q quit, ↑/↓ select a process, s change the sort.\nExample:\n  sudo gpuprof top")]
     Top {
         /// Only this process and its descendants.
-        #[arg(long, value_name = "PID")]
+        #[arg(short, long, value_name = "PID")]
         pid: Option<u32>,
         /// Seconds between redraws.
         #[arg(long, value_name = "SECS", default_value_t = 0.5)]
@@ -61,18 +70,22 @@ pub enum Command {
     },
     /// Views of a recorded event file: folded stacks, a flame graph, a PyTorch memory_viz
     /// snapshot, or the events themselves as jsonl (or jsonl as a recording).
-    #[command(after_help = "Examples:\n  gpuprof export --input run.gpuprof --format flamegraph --output live.svg\n  gpuprof export --input run.gpuprof --format memory-viz --output snap.pickle --from 60 --to 90\n  gpuprof export --input run.gpuprof --format folded --oom 1\n  gpuprof export --input run.gpuprof --format jsonl --output run.jsonl")]
+    #[command(after_help = "Examples:\n  gpuprof export run.gpuprof -f flamegraph -o live.svg\n  gpuprof export run.gpuprof -f memory-viz -o snap.pickle --from 60 --to 90\n  gpuprof export run.gpuprof -f folded --oom 1\n  gpuprof export run.gpuprof -f jsonl -o run.jsonl")]
+    #[command(group = clap::ArgGroup::new("file").required(true).args(["input", "input_flag"]))]
     Export {
         /// The event file (a recording or jsonl).
-        #[arg(long, value_name = "FILE")]
-        input: PathBuf,
-        #[arg(long, value_enum)]
+        #[arg(value_name = "FILE")]
+        input: Option<PathBuf>,
+        /// The event file, as a flag.
+        #[arg(short = 'i', long = "input", value_name = "FILE")]
+        input_flag: Option<PathBuf>,
+        #[arg(short, long, value_enum)]
         format: ExportFormat,
         /// Write the output here instead of stdout.
-        #[arg(long, value_name = "FILE")]
+        #[arg(short, long, value_name = "FILE")]
         output: Option<PathBuf>,
         /// memory-viz: the process to snapshot (default: the one with the most tensor events).
-        #[arg(long, value_name = "PID")]
+        #[arg(short, long, value_name = "PID")]
         pid: Option<u32>,
         /// Take the view this many seconds after the first event instead of at the end.
         #[arg(long, value_name = "SECS", conflicts_with = "oom", value_parser = seconds_in)]
@@ -140,13 +153,13 @@ pub enum Compression {
 #[derive(Debug, Args)]
 pub struct CaptureArgs {
     /// Stop after this many seconds.
-    #[arg(long, value_name = "SECS")]
+    #[arg(short, long, value_name = "SECS")]
     pub duration: Option<f64>,
     /// Output format [default: recording for an --output named *.gpuprof, else jsonl].
-    #[arg(long, value_enum)]
+    #[arg(short, long, value_enum)]
     pub format: Option<Format>,
     /// Write the output here instead of stdout.
-    #[arg(long, value_name = "FILE")]
+    #[arg(short, long, value_name = "FILE")]
     pub output: Option<PathBuf>,
     /// Recordings: compress with zstd (`none` writes them plain, ~2x larger, a little cheaper).
     #[arg(long, value_enum, default_value = "zstd")]

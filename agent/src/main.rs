@@ -14,13 +14,18 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     let outcome = match cli.command {
-        Command::Attach { pid, wait, capture } => session::attach(pid, wait, &capture),
+        Command::Attach { pid, pid_flag, wait, capture } => {
+            session::attach(pid.or(pid_flag).expect("clap requires one of them"), wait, &capture)
+        }
         Command::Run { capture, command, via: Via::Ebpf, .. } => session::run(&command, &capture),
         Command::Run { capture, command, via: Via::Shim, shim } => via_shim::run(&command, &capture, shim.as_deref()),
         Command::Daemon { daemon: args } => daemon::run(&args),
         Command::Top { pid, interval } => top::run(&top::TopArgs { pid, interval }),
-        Command::Report { input, format, output, rules } => report::run(&input, format, output.as_deref(), &rules),
-        Command::Export { input, format, output, pid, at, oom, layer, from, to, max_entries, compress } => {
+        Command::Report { input, input_flag, format, output, rules } => {
+            report::run(&input.or(input_flag).expect("clap requires one of them"), format, output.as_deref(), &rules)
+        }
+        Command::Export { input, input_flag, format, output, pid, at, oom, layer, from, to, max_entries, compress } => {
+            let input = input.or(input_flag).expect("clap requires one of them");
             let moment = match (at, oom) {
                 (Some(secs), _) => export::Moment::At(secs),
                 (None, Some(n)) => export::Moment::Oom(n as usize),
