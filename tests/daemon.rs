@@ -328,6 +328,9 @@ fn bad_settings_are_one_line_errors() {
     assert_eq!((code, stderr.as_str()), (Some(1), "gpuprof: error: capture shim takes its events from processes running gpuprof's shim: give --shim-socket PATH (and the workloads GPUPROF_SHIM_SOCKET=PATH)\n"));
     let (code, stderr) = daemon(&["--output", "/dev/null", "--capture", "shim", "--shim-socket", "/tmp/x.sock", "--shim-socket-mode", "0999"], &[]);
     assert_eq!((code, stderr.as_str()), (Some(1), "gpuprof: error: shim_socket_mode 0999: give permission bits in octal, e.g. 0660\n"));
+    // The workloads' variable names the daemon's socket too (the mode's error shows it was taken).
+    let (code, stderr) = daemon(&["--output", "/dev/null", "--capture", "shim", "--shim-socket-mode", "0999"], &[("GPUPROF_SHIM_SOCKET", "/tmp/x.sock")]);
+    assert_eq!((code, stderr.as_str()), (Some(1), "gpuprof: error: shim_socket_mode 0999: give permission bits in octal, e.g. 0660\n"));
     let (code, stderr) = daemon(&["--output", "/dev/null", "--capture", "shim", "--shim-socket", "/tmp/x.sock", "--shim-socket-group", "no-such-group"], &[]);
     assert_eq!((code, stderr.as_str()), (Some(1), "gpuprof: error: shim_socket_group no-such-group: no such group on this machine: give its number or create it\n"));
     // A port already taken is named.

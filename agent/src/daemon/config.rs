@@ -70,8 +70,8 @@ pub struct DaemonArgs {
     #[arg(long, value_enum, env = "GPUPROF_CAPTURE")]
     pub capture: Option<CaptureMode>,
     /// Also take events from processes running gpuprof's shim, on this Unix socket (give them
-    /// GPUPROF_SHIM_SOCKET=PATH); a call both the shim and the probes see is kept once.
-    #[arg(long, value_name = "PATH", env = "GPUPROF_SHIM_LISTEN")]
+    /// the same GPUPROF_SHIM_SOCKET=PATH); a call both the shim and the probes see is kept once.
+    #[arg(long, value_name = "PATH", env = "GPUPROF_SHIM_SOCKET")]
     pub shim_socket: Option<PathBuf>,
     /// Who may connect to --shim-socket: its mode, in octal (default 0660: the daemon's user and
     /// the socket's group). Each connection speaks only for its own process, whoever connects.
@@ -206,7 +206,12 @@ impl DaemonArgs {
             bail!("buffer_mib {buffer_mib}: give a power of two from 1 to 1024");
         }
         let capture = self.capture.or(file.capture).unwrap_or(CaptureMode::Ebpf);
-        let shim_socket = self.shim_socket.clone().or(file.shim_socket);
+        let shim_socket = self.shim_socket.clone().or(file.shim_socket).or_else(|| {
+            // The name this setting had before it took the workloads' one.
+            let old = std::env::var_os("GPUPROF_SHIM_LISTEN")?;
+            eprintln!("gpuprof: warning: GPUPROF_SHIM_LISTEN is now GPUPROF_SHIM_SOCKET (the workloads' name for the same socket); taking it this time");
+            Some(PathBuf::from(old))
+        });
         if capture == CaptureMode::Shim && shim_socket.is_none() {
             bail!("capture shim takes its events from processes running gpuprof's shim: give --shim-socket PATH (and the workloads GPUPROF_SHIM_SOCKET=PATH)");
         }
