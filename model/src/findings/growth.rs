@@ -123,7 +123,9 @@ impl Rule {
 
     fn close_windows(&mut self, ts: u64, world: &Tracker) -> Vec<Finding> {
         let window = self.config.growth_window_ns.max(1);
-        let end = *self.window_end.get_or_insert(ts + window);
+        // Windows lie on the clock, not after the first event seen: a file that leaves out
+        // events (a shell's fork, before the job) judges the same windows as the live capture.
+        let end = *self.window_end.get_or_insert(ts - ts % window + window);
         if ts < end {
             return Vec::new();
         }

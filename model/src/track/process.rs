@@ -106,6 +106,13 @@ pub struct ProcessMemory {
     allocator_segments: HashMap<u64, i32>,
     contexts: u32,
     driver_calls: u64,
+    /// Bytes of live driver allocations (every kind) and of live allocator blocks, kept as they
+    /// change: views that look after every event (the peak) cannot sum the tables each time.
+    allocation_bytes: u64,
+    block_bytes: u64,
+    /// What the allocator already held when gpuprof first heard from it (attached to a running
+    /// process): its first report's totals less what gpuprof saw happen.
+    before_capture: Option<AllocatorTotals>,
 }
 
 /// A framework allocator's view of one device.
@@ -137,7 +144,26 @@ impl ProcessMemory {
             allocator_segments: HashMap::new(),
             contexts: 0,
             driver_calls: 0,
+            allocation_bytes: 0,
+            block_bytes: 0,
+            before_capture: None,
         }
+    }
+
+    /// Live bytes of the allocator's blocks (`tensors`) or of driver allocations, every kind.
+    pub fn live_bytes(&self, tensors: bool) -> u64 {
+        if tensors {
+            self.block_bytes
+        } else {
+            self.allocation_bytes
+        }
+    }
+
+    /// What the allocator held before gpuprof saw its first report: allocated (live tensors)
+    /// and reserved (its segments) that no captured event made. None before any report, and
+    /// zeros for a process captured from its start.
+    pub fn before_capture(&self) -> Option<AllocatorTotals> {
+        self.before_capture
     }
 
     /// The segment (driver allocation or VMM mapping) containing `addr`, by its start.
@@ -228,14 +254,34 @@ impl ProcessMemory {
                     self.allocator_segments.insert(segment, event.device.unwrap_or(0));
                 }
                 let stack = event.attributed_stack();
-                self.blocks.insert(addr, allocation_of(event, addr, Kind::Device, stack));
+                self.block_bytes += event.size;
+                if let Some(replaced) = self.blocks.insert(addr, allocation_of(event, addr, Kind::Device, stack)) {
+                    self.block_bytes -= replaced.size;
+                }
             }
             Op::Free => {
-                self.blocks.remove(&addr);
+                if let Some(freed) = self.blocks.remove(&addr) {
+                    self.block_bytes -= freed.size;
+                }
             }
             _ => {}
         }
         if let (Some(allocated), Some(reserved)) = (event.allocated, event.reserved) {
+            if self.before_capture.is_none() {
+                // The report's totals already count this event's block; segments gpuprof saw
+                // allocated are not from before.
+                let allocated_before = match event.op {
+                    Op::Alloc => allocated.saturating_sub(event.size),
+                    Op::Free => allocated + event.size,
+                    _ => allocated,
+                };
+                let seen_segments: u64 = self.allocations.values().filter(|a| a.is_device_memory()).map(|a| a.size).sum();
+                self.before_capture = Some(AllocatorTotals {
+                    allocated: allocated_before,
+                    reserved: reserved.saturating_sub(seen_segments),
+                    ts: event.ts,
+                });
+            }
             let device = event.device.unwrap_or(0);
             self.allocator_totals.insert(device, AllocatorTotals { allocated, reserved, ts: event.ts });
         }
@@ -336,6 +382,7 @@ impl ProcessMemory {
             by_frame,
             blocks,
             allocator,
+            before_capture: self.before_capture.filter(|b| b.allocated > 0 || b.reserved > 0),
             pid: self.pid,
             ppid: self.ppid,
             comm: self.comm.to_string(),
@@ -363,10 +410,14 @@ impl ProcessMemory {
                     self.segments.insert(addr, event.size);
                 }
                 let stack = event.attributed_stack();
-                self.allocations.insert((space, addr), allocation_of(event, addr, kind, stack));
+                self.allocation_bytes += event.size;
+                if let Some(replaced) = self.allocations.insert((space, addr), allocation_of(event, addr, kind, stack)) {
+                    self.allocation_bytes -= replaced.size;
+                }
             }
             Op::Free => {
                 if let Some(freed) = self.allocations.remove(&(space, addr)) {
+                    self.allocation_bytes -= freed.size;
                     if space == Space::Pointer {
                         self.segments.remove(&addr);
                     }
@@ -480,6 +531,8 @@ pub struct LiveSummary {
     /// The allocator's own totals (all devices), when it reported any: allocated vs reserved,
     /// whose gap is its cache.
     pub allocator: Option<AllocatorTotals>,
+    /// What the allocator held before gpuprof first heard from it, when anything (attach, top).
+    pub before_capture: Option<AllocatorTotals>,
     pub pid: u32,
     pub ppid: Option<u32>,
     pub comm: String,
