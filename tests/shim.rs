@@ -6,7 +6,8 @@
 //! CUPTI stand-in's callbacks, become exactly the driver events the workload expects, cross-checked
 //! with CUPTI's activity records; without CUPTI (none installed, or its one slot held by a
 //! profiler) that is said once and the allocator path goes on; with no agent the events go to the
-//! file named by GPUPROF_SHIM_OUTPUT; a full queue drops and counts, never blocks.
+//! file named by GPUPROF_SHIM_OUTPUT, and a process may wait for its own to be written there
+//! (`gpuprof_shim_flush`); a full queue drops and counts, never blocks.
 
 mod support;
 
@@ -96,6 +97,21 @@ fn a_worker_ending_with_os_exit_loses_nothing() {
     expected.extend((0..50u64).map(|i| (Layer::Allocator, Op::Alloc, 0x7f00_0000_0000 + i * 512)));
     expected.push((Layer::Process, Op::Exit, 0));
     assert_eq!(of_child, expected);
+}
+
+/// A process that reads its own events (the pytest plugin) calls `gpuprof_shim_flush`: when it
+/// returns, every report made before it is in the file, none left in the queue.
+#[test]
+fn a_flush_returns_once_every_queued_report_is_written() {
+    let dir = scratch("shim_flush");
+    let events = dir.join("events.jsonl");
+    let output = run(&mut shimmed(&[workloads().join("shim_flush.py").to_str().unwrap(), "3000"], &dir.join("log"), &events));
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "before 0\nflushed 0, lines 3000\n");
+    let captured = read_events(&events);
+    let addrs: Vec<u64> = captured.iter().filter(|e| e.layer == Layer::Allocator).map(|e| e.addr.unwrap()).collect();
+    assert_eq!(addrs, (0..3000u64).map(|i| 0x7f00_0000_0000 + i * 512).collect::<Vec<_>>());
+    assert_eq!((captured.len(), captured.last().unwrap().op), (3001, Op::Exit));
 }
 
 /// The driver calls a workload expects (the allocator's reports left out).

@@ -160,6 +160,16 @@ pub fn pop_call(read: impl FnOnce(&CallRecord)) -> bool {
     ring().pop_with(read)
 }
 
+/// Call records reserved so far (a flush waits until the sender has written up to here).
+pub fn calls_reserved() -> usize {
+    ring().reserved()
+}
+
+/// Call records the sender has taken from the ring so far.
+pub fn calls_taken() -> usize {
+    ring().taken()
+}
+
 /// True when other records wait (a code object must be known before the blocks that use it).
 pub fn others_waiting() -> bool {
     !queue().is_empty()

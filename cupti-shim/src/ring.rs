@@ -61,6 +61,16 @@ impl<T: Copy> Ring<T> {
         }
     }
 
+    /// Positions reserved by writers so far: a record pushed before this call is at a lower one.
+    pub fn reserved(&self) -> usize {
+        self.tail.load(Ordering::Acquire)
+    }
+
+    /// Positions the reader has taken so far (every record below it has been read).
+    pub fn taken(&self) -> usize {
+        self.head.load(Ordering::Acquire)
+    }
+
     /// Hands the oldest published record to `read` and frees its slot; false when there is none
     /// (or the oldest is still being written). One thread only may read.
     pub fn pop_with(&self, read: impl FnOnce(&T)) -> bool {
@@ -72,7 +82,7 @@ impl<T: Copy> Ring<T> {
         // SAFETY: published and not yet freed: the writer is done with it.
         read(unsafe { &*slot.value.get() });
         slot.sequence.store(position + self.mask + 1, Ordering::Release);
-        self.head.store(position + 1, Ordering::Relaxed);
+        self.head.store(position + 1, Ordering::Release);
         true
     }
 }
@@ -92,8 +102,10 @@ mod tests {
         while ring.pop_with(|v| out.push(*v)) {}
         assert_eq!(out, [1, 2, 3, 4]);
         assert!(ring.push_with(|v| *v = 5));
+        assert_eq!((ring.reserved(), ring.taken()), (5, 4));
         assert!(ring.pop_with(|v| assert_eq!(*v, 5)));
         assert!(!ring.pop_with(|_| unreachable!()));
+        assert_eq!((ring.reserved(), ring.taken()), (5, 5));
     }
 
     #[test]

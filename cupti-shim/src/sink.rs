@@ -3,11 +3,13 @@
 //! them to the local agent's Unix socket (`GPUPROF_SHIM_SOCKET`) or, with no agent listening, to
 //! the jsonl file `GPUPROF_SHIM_OUTPUT` (appended to; several processes may share it). At exit
 //! what is queued is sent; drops are said on stderr and, to an agent, in a last counters line.
+//! `gpuprof_shim_flush` lets the process itself wait until what it queued is written (the pytest
+//! plugin reads each test's events from the file right after the test).
 
 use std::borrow::Cow;
 use std::io::Write;
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use gpuprof_model::driver_api;
@@ -27,6 +29,8 @@ const IDLE: Duration = Duration::from_millis(2);
 const TORCH_LOOK: Duration = Duration::from_millis(100);
 /// How long exit waits for the queue to be sent.
 const EXIT_DRAIN: Duration = Duration::from_secs(2);
+/// How long `gpuprof_shim_flush` waits for the sender.
+const FLUSH_WAIT: Duration = Duration::from_secs(2);
 
 static RUNNING: AtomicBool = AtomicBool::new(false);
 static STOP: AtomicBool = AtomicBool::new(false);
@@ -37,6 +41,8 @@ static EXITING: AtomicBool = AtomicBool::new(false);
 static SENDER_PID: AtomicU32 = AtomicU32::new(0);
 static UNRESOLVED: AtomicU64 = AtomicU64::new(0);
 static SENT: AtomicU64 = AtomicU64::new(0);
+/// Call records (ring positions) whose events the sender has written to its destination.
+static WRITTEN: AtomicUsize = AtomicUsize::new(0);
 
 pub fn now_ns() -> u64 {
     gpuprof_model::event::wall_clock_ns()
@@ -65,6 +71,8 @@ pub fn forget_sender_after_fork() {
     SENDER_PID.store(0, Ordering::Relaxed);
     UNRESOLVED.store(0, Ordering::Relaxed);
     SENT.store(0, Ordering::Relaxed);
+    // The parent's records were dropped from the child's ring: nothing before here is owed.
+    WRITTEN.store(queue::calls_taken(), Ordering::Release);
 }
 
 /// At exit: an exit record, then up to EXIT_DRAIN for everything to go out.
@@ -99,6 +107,34 @@ pub fn flush_before_exit() {
             if drained { "" } else { "; the rest of the queue was not sent in time" }
         );
     }
+}
+
+/// Waits until every call record this process queued before the call (allocator reports,
+/// driver calls) has been written by the sender to its destination, up to FLUSH_WAIT; returns 0
+/// when it has (or nothing was ever queued), -1 when the sender did not get there in time. For
+/// a process that reads its own events (the pytest plugin, through ctypes, which releases the
+/// GIL for the wait); never called by the shim itself.
+#[no_mangle]
+pub extern "C" fn gpuprof_shim_flush() -> libc::c_int {
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() } as u32;
+    if !RUNNING.load(Ordering::Acquire) || SENDER_PID.load(Ordering::Acquire) != pid {
+        // No sender in this process: nothing was queued here since it started (or forked).
+        return 0;
+    }
+    let target = queue::calls_reserved();
+    let started = Instant::now();
+    while WRITTEN.load(Ordering::Acquire) < target {
+        if DRAINED.load(Ordering::Acquire) {
+            // The sender has stopped at exit, having sent all it could.
+            return 0;
+        }
+        if started.elapsed() >= FLUSH_WAIT {
+            return -1;
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    0
 }
 
 /// `_exit`, which `os._exit` calls (multiprocessing and DataLoader workers end that way) and
@@ -190,6 +226,7 @@ fn run() {
             if batch.len() >= 1 << 16 {
                 write(&mut destination, &batch);
                 batch.clear();
+                WRITTEN.store(queue::calls_taken(), Ordering::Release);
             }
         }
         for exit in exits.drain(..) {
@@ -199,6 +236,8 @@ fn run() {
             write(&mut destination, &batch);
             batch.clear();
         }
+        // Everything taken from the ring is out (or could not be sent, which flushing cannot fix).
+        WRITTEN.store(queue::calls_taken(), Ordering::Release);
         if stopping {
             let counters = serde_json::json!({"gpuprof_shim": {
                 "pid": std::process::id(),
