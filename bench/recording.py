@@ -7,7 +7,8 @@
    build itself): events lost, the agent's CPU per event (its events a second on one core).
 2. Size: the recording's events exported to jsonl and to a plain recording — the same events in
    each format: bytes an event.
-3. Exports: report, folded, flamegraph, memory-viz and jsonl of a recording with millions of
+3. Exports: report, summary, folded (at the peak and at the end), flamegraph, speedscope,
+   memory-viz and jsonl of a recording with millions of
    events (the capture above, repeated with --copies), their time and peak memory per million
    events; with --baseline, the landed build's exports of the same events as jsonl.
 
@@ -126,7 +127,11 @@ def main():
     exports = {
         "report": ["report", "--format", "json"],
         "folded": ["export", "--format", "folded"],
+        # The peak (the default since) takes one more pass over the file than the end.
+        "folded --end": ["export", "--format", "folded", "--end"],
         "flamegraph": ["export", "--format", "flamegraph", "--output", str(work / "f.svg")],
+        "speedscope": ["export", "--format", "speedscope", "--output", str(work / "s.json")],
+        "summary": ["summary", "--format", "json"],
         "memory-viz": ["export", "--format", "memory-viz", "--output", str(work / "s.pickle")],
         "jsonl": ["export", "--format", "jsonl", "--output", "/dev/null"],
     }
@@ -134,7 +139,7 @@ def main():
     for name, argv in exports.items():
         seconds, peak, _ = measured([GPUPROF, *argv, "--input", long_recording])
         timings[name] = {"s_per_million": seconds * 1e6 / long_events, "peak_mib": peak}
-        if args.baseline and name != "jsonl":
+        if args.baseline and name not in ("jsonl", "folded --end", "speedscope", "summary"):
             base_argv = [a.replace("f.svg", "b.svg").replace("s.pickle", "b.pickle") for a in argv]
             # The landed build loads every event: give it a tenth of the events, and at most 12 GiB.
             tenth = work / "tenth.jsonl"

@@ -85,7 +85,7 @@ fn table_shows_the_allocator_curves_at_the_end() {
     assert!(last["reserved"].as_u64().unwrap() > 0);
     let at = table.lines().position(|l| l == "PyTorch caching allocator at end:").expect("allocator section");
     let row: Vec<&str> = table.lines().nth(at + 2).unwrap().split_whitespace().collect();
-    assert_eq!(row, [pid.to_string(), "0".into(), "0".into(), "0".into(), "0".into()]);
+    assert_eq!(row, [pid.to_string().as_str(), "0", "B", "0", "B", "0", "B", "0"]);
 }
 
 #[test]

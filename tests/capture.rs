@@ -185,12 +185,13 @@ fn run_returns_the_command_exit_code() {
     let dir = scratch("exit_codes");
     let log = dir.join("expected.jsonl");
     let out = dir.join("events.jsonl");
-    let output = gpuprof_run(&["--output", out.to_str().unwrap()], &["sh", "-c", "exit 7"], &log);
+    // The shell makes no CUDA call: --all-processes keeps its exit in the stream.
+    let output = gpuprof_run(&["--all-processes", "--output", out.to_str().unwrap()], &["sh", "-c", "exit 7"], &log);
     assert_eq!(output.status.code(), Some(7));
     let exit = read_events(&out).into_iter().find(|e| e.op == Op::Exit).unwrap();
     assert_eq!((exit.exit_code, exit.signal), (Some(7), None));
 
-    let output = gpuprof_run(&["--output", out.to_str().unwrap()], &["sh", "-c", "kill -9 $$"], &log);
+    let output = gpuprof_run(&["--all-processes", "--output", out.to_str().unwrap()], &["sh", "-c", "kill -9 $$"], &log);
     assert_eq!(output.status.code(), Some(137));
     let exit = read_events(&out).into_iter().find(|e| e.op == Op::Exit).unwrap();
     assert_eq!((exit.exit_code, exit.signal), (Some(137), Some(9)));
@@ -213,26 +214,29 @@ fn table_format_sums_live_memory_per_process_and_kind() {
     let pid = read_expected(&log)[0]["pid"].as_u64().unwrap().to_string();
 
     let rows: Vec<Vec<&str>> = table.lines().map(|l| l.split_whitespace().collect()).collect();
-    assert_eq!(rows[0][..4], ["TIME", "PID", "TID", "COMM"]);
+    assert_eq!(rows[0], ["TIME", "PID", "COMM", "CALL", "OP", "SIZE", "RESULT", "PYTHON"]);
     let oom = rows.iter().find(|r| r.contains(&"OUT_OF_MEMORY")).expect("the failed call has a row");
-    assert_eq!(oom[4..7], ["cuMemAlloc_v2", "alloc", "device"]);
+    assert_eq!(oom[1..8], [pid.as_str(), "python3", "cuMemAlloc_v2", "alloc", "1024.0", "TiB", "OUT_OF_MEMORY"]);
     // Each row ends with the innermost Python frame of the call.
     assert_eq!(oom[oom.len() - 2..], ["cuda_driver.py:149", "Driver.call"]);
+    // Every line fits 120 columns.
+    assert!(table.lines().all(|l| l.chars().count() <= 120), "{table}");
     let summary_at = table.lines().position(|l| l.starts_with("Live GPU memory at end, per process")).unwrap();
     let summary: Vec<&Vec<&str>> =
         rows[summary_at + 2..].iter().take_while(|r| !r.is_empty()).filter(|r| r.first() == Some(&pid.as_str())).collect();
     // pid ppid comm state kind bytes count mapped(2 words) ipc ctx
     assert_eq!(summary.len(), 2, "{table}");
-    assert_eq!(summary[0][3..7], ["exited(0)", "device", "4194304", "2"]);
-    assert_eq!(summary[1][3..7], ["exited(0)", "host_pinned", "65536", "1"]);
-    assert_eq!(summary[0][9..], ["0", "1"]);
+    assert_eq!(summary[0][3..8], ["exited(0)", "device", "4.0", "MiB", "2"]);
+    assert_eq!(summary[1][3..8], ["exited(0)", "host_pinned", "64.0", "KiB", "1"]);
+    assert_eq!(summary[0][10..], ["0", "1"]);
     let by_frame_at = table.lines().position(|l| l == "Live GPU memory at end, by the user's line (the innermost frame outside the standard library and installed packages):").unwrap();
     let by_frame: Vec<&Vec<&str>> = rows[by_frame_at + 2..].iter().take_while(|r| !r.is_empty()).collect();
     assert_eq!(by_frame.len(), 2, "{table}");
-    assert_eq!(by_frame[0][..4], [pid.as_str(), "device", "4194304", "2"]);
-    assert!(by_frame[0][4].ends_with("tests/fixtures/workloads/cuda_driver.py:149"), "{table}");
-    assert_eq!(by_frame[0][5..], ["in", "Driver.call"]);
-    assert_eq!(by_frame[1][..4], [pid.as_str(), "host_pinned", "65536", "1"]);
+    assert_eq!(by_frame[0][..5], [pid.as_str(), "device", "4.0", "MiB", "2"]);
+    // The long path loses its middle, never its end.
+    assert!(by_frame[0][5].ends_with("workloads/cuda_driver.py:149"), "{table}");
+    assert_eq!(by_frame[0][6..], ["in", "Driver.call"]);
+    assert_eq!(by_frame[1][..5], [pid.as_str(), "host_pinned", "64.0", "KiB", "1"]);
     // The process left 4 MiB of device memory behind: the findings say so, after the summary,
     // each with the Python stack of its call.
     let findings_at = table.lines().position(|l| l == "Findings (2 leaks, 0 info):").expect("findings listed");
@@ -240,14 +244,25 @@ fn table_format_sums_live_memory_per_process_and_kind() {
     assert!(findings[0].starts_with(&format!("  oom [leak] pid {pid}: 1024.0 TiB in 1 (id ")), "{table}");
     // The workload's own frame (cuda_driver.py is a test fixture, not a package): its line.
     assert!(findings[1].starts_with("    your line: ") && findings[1].ends_with(" in Driver.call"), "{table}");
-    assert!(findings[2].contains("failed with out of memory in pid") && findings[2].contains("at that moment gpuprof saw 4.0 MiB of device memory live in the processes it follows"), "{table}");
-    assert!(findings[3].contains("cuda_driver.py:") && findings[3].ends_with(" in Driver.call"), "{table}");
-    assert!(findings[4].contains("cuda_driver.py:") && findings[4].ends_with(" in Driver.mem_alloc"), "{table}");
-    assert_eq!(findings[5], "      <string>:6 in <module>");
+    let (detail, frames_at) = detail_at(&findings, 2);
+    assert!(detail.contains("failed with out of memory in pid") && detail.contains("at that moment gpuprof saw 4.0 MiB of device memory live in the processes it follows"), "{table}");
+    assert!(findings[frames_at].contains("cuda_driver.py:") && findings[frames_at].ends_with(" in Driver.call"), "{table}");
+    assert!(findings[frames_at + 1].contains("cuda_driver.py:") && findings[frames_at + 1].ends_with(" in Driver.mem_alloc"), "{table}");
+    assert_eq!(findings[frames_at + 2], "      <string>:6 in <module>");
     let exit_at = findings.iter().position(|l| l.starts_with("  exit_with_live_allocations")).unwrap();
     assert!(findings[exit_at].starts_with(&format!("  exit_with_live_allocations [leak] pid {pid}: 4.0 MiB in 2 (id ")), "{table}");
-    assert!(findings[exit_at + 2].starts_with(&format!("    pid {pid} (python3) exited still holding 4.0 MiB of device memory in 2 allocations; the largest, 3.0 MiB, came from cuMemAlloc_v2 at ")), "{table}");
-    assert_eq!(findings[exit_at + 5], "      <string>:3 in <module>");
+    let (detail, frames_at) = detail_at(&findings, exit_at + 2);
+    assert!(detail.starts_with(&format!("pid {pid} (python3) exited still holding 4.0 MiB of device memory in 2 allocations; the largest, 3.0 MiB, came from cuMemAlloc_v2 at ")), "{table}");
+    assert_eq!(findings[frames_at + 2], "      <string>:3 in <module>");
+    // The detail wraps at 120 columns.
+    assert!(findings.iter().all(|l| l.chars().count() <= 120), "{table}");
+}
+
+/// A finding's detail in the findings table, starting at line `at`: its wrapped lines (indented
+/// 4) joined into one sentence, and where its stack (indented 6) begins.
+fn detail_at(findings: &[&str], at: usize) -> (String, usize) {
+    let end = (at..findings.len()).find(|&i| !findings[i].starts_with("    ") || findings[i].starts_with("      ")).unwrap_or(findings.len());
+    (findings[at..end].iter().map(|l| l.trim()).collect::<Vec<_>>().join(" "), end)
 }
 
 /// A stopped agent cannot drain the ring buffer: the records that did not fit are counted, and
@@ -386,7 +401,9 @@ fn driver_calls_name_the_module_that_made_them() {
         .nth(1)
         .unwrap_or_else(|| panic!("{table}"));
     let by_line: Vec<Vec<&str>> = by_line.lines().skip(1).take_while(|l| !l.is_empty()).map(|l| l.split_whitespace().collect()).collect();
-    assert_eq!(by_line[0], [pid.to_string().as_str(), "device", &(4u64 << 20).to_string(), "1", "[libnccl.so.2]"], "{table}");
-    let exit = table.lines().find(|l| l.contains("exited still holding 6.0 MiB")).unwrap_or_else(|| panic!("{table}"));
+    assert_eq!(by_line[0], [pid.to_string().as_str(), "device", "4.0", "MiB", "1", "[libnccl.so.2]"], "{table}");
+    let lines: Vec<&str> = table.lines().collect();
+    let at = lines.iter().position(|l| l.contains("exited still holding 6.0 MiB")).unwrap_or_else(|| panic!("{table}"));
+    let (exit, _) = detail_at(&lines, at);
     assert!(exit.ends_with("the largest, 4.0 MiB, came from cuMemAlloc_v2 called from libnccl.so.2 (no Python stack): release it once it is no longer needed (drop the tensor, torch.cuda.empty_cache()) instead of leaving it to the end of the process."), "{exit}");
 }

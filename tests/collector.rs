@@ -41,7 +41,9 @@ struct AgentRun {
 }
 
 fn run_agent(name: &str, scenario: &str, otlp: &[&str]) -> AgentRun {
-    let run = run_leaks(&format!("collector_{name}"), scenario, &[], otlp);
+    // OTLP carries every event; the file keeps them all too, to be counted against it.
+    let args: Vec<&str> = otlp.iter().copied().chain(["--all-processes"]).collect();
+    let run = run_leaks(&format!("collector_{name}"), scenario, &[], &args);
     AgentRun { findings: run.findings, events: read_events(&run.events), expected: run.expected, stderr: run.stderr }
 }
 

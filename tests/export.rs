@@ -204,12 +204,23 @@ fn empty_and_impossible_moments_are_refused_with_a_hint() {
     let (input, events) = record("export_moments");
     let path = input.display().to_string();
     let said = |output: &std::process::Output| (output.status.code(), String::from_utf8_lossy(&output.stderr).into_owned());
-    // tensors.py frees every block before it ends.
-    let empty = format!("gpuprof: error: no live GPU memory at the end in {path}: every block was freed by then; pick a moment with --at SECS or --oom N\n");
-    assert_eq!(said(&export(&input, &["--format", "folded"])), (Some(1), empty.clone()));
+    // tensors.py frees every block before it ends: its end is empty, its peak (the default) not.
+    let empty = format!("gpuprof: error: no live GPU memory at the end in {path}: every block was freed by then; leave the moment out for the peak, or pick one with --at SECS or --oom N\n");
+    assert_eq!(said(&export(&input, &["--format", "folded", "--end"])), (Some(1), empty.clone()));
     let svg = input.with_file_name("end.svg");
-    assert_eq!(said(&export(&input, &["--format", "flamegraph", "--output", svg.to_str().unwrap()])), (Some(1), empty));
+    assert_eq!(said(&export(&input, &["--format", "flamegraph", "--end", "--output", svg.to_str().unwrap()])), (Some(1), empty));
     assert!(!svg.exists(), "an empty flame graph was written");
+    let peak = export(&input, &["--format", "folded"]);
+    assert_eq!(said(&peak), (Some(0), String::new()));
+    // The peak is the most tensor bytes live at once, as the events add up.
+    let bytes: u64 = String::from_utf8_lossy(&peak.stdout).lines().map(|l| l.rsplit_once(' ').unwrap().1.parse::<u64>().unwrap()).sum();
+    let (mut live, mut most) = (0u64, 0u64);
+    for block in events.iter().filter(|e| e.layer == gpuprof_model::event::Layer::Allocator) {
+        live = if block.op == Op::Alloc { live + block.size } else { live - block.size };
+        most = most.max(live);
+    }
+    assert_eq!(bytes, most);
+    assert!(most > 6 * 1024 * 1024, "{most}");
     let span = (events.last().unwrap().ts - events[0].ts) as f64 / 1e9;
     assert_eq!(
         said(&export(&input, &["--format", "folded", "--at", "99999"])),

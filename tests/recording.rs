@@ -228,7 +228,9 @@ fn every_export_of_a_two_million_event_recording_stays_within_its_memory_bound()
     let snapshot = dir.join("snap.pickle");
     let svg = dir.join("live.svg");
     let exports: Vec<(Vec<&str>, &str)> = vec![
-        (vec!["export", "--format", "folded"], "folded"),
+        (vec!["export", "--format", "folded", "--end"], "folded"),
+        (vec!["export", "--format", "folded"], "folded at the peak"),
+        (vec!["summary", "--format", "json"], "summary"),
         (vec!["export", "--format", "flamegraph", "--output", svg.to_str().unwrap()], "flamegraph"),
         (vec!["export", "--format", "memory-viz", "--pid", "103", "--output", snapshot.to_str().unwrap()], "memory-viz"),
         (vec!["export", "--format", "jsonl", "--output", "/dev/null"], "jsonl"),

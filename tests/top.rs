@@ -73,12 +73,28 @@ fn top_shows_a_cuda_process_and_quits_on_q() {
         .trim_matches(|c| c == '│' || c == ' ')
         .split_whitespace()
         .collect();
-    // PID COMM STATE DRIVER ALLOCATED RESERVED NVML-USED NOT-PROBED IPC CTX CALLS (no NVML here)
-    assert_eq!(row, [pid.as_str(), "python3", "running", "11.0", "MiB", "-", "-", "-", "-", "0", "1", "4"], "{screen}");
+    // PID COMM STATE DRIVER ALLOCATED RESERVED BEFORE NVML-USED NOT-PROBED IPC CTX CALLS (no NVML
+    // here, no allocator)
+    assert_eq!(row, [pid.as_str(), "python3", "running", "11.0", "MiB", "-", "-", "-", "-", "-", "0", "1", "4"], "{screen}");
     assert!(screen.contains("1 CUDA processes"), "{screen}");
     assert!(screen.contains(&format!("Live bytes by the user's line — pid {pid}")), "{screen}");
     assert!(screen.lines().any(|l| l.contains("11.0 MiB device") && l.contains("Driver.call")), "{screen}");
     assert!(screen.lines().any(|l| l.contains("64.0 KiB host_pinned")), "{screen}");
+
+    // An exited process stays, with what it held when it ended, and no longer counts as running.
+    workload.kill().unwrap();
+    workload.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let screen = loop {
+        let screen = tmux.screen();
+        if screen.contains("0 CUDA processes") || Instant::now() > deadline {
+            break screen;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let row = screen.lines().find(|l| l.contains(&format!("│{pid} ")) || l.contains(&format!(" {pid} "))).unwrap_or_else(|| panic!("{screen}"));
+    assert!(row.contains("exited(137)") && row.contains("11.0 MiB"), "{screen}");
+    assert!(screen.contains("exit_with_live_allocations [leak] pid"), "{screen}");
 
     tmux.run(&["send-keys", "-t", "top", "q"]);
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -86,6 +102,4 @@ fn top_shows_a_cuda_process_and_quits_on_q() {
         std::thread::sleep(Duration::from_millis(100));
     }
     assert_eq!(std::fs::read_to_string(&exit_file).expect("top exited").trim(), "0");
-    workload.kill().unwrap();
-    workload.wait().unwrap();
 }

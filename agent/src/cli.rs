@@ -59,7 +59,7 @@ pub enum Command {
         rules: RuleArgs,
     },
     /// A live view of every CUDA process on the machine (or one process tree).
-    #[command(after_help = "Keys: q quit, ↑/↓ select a process, s change the sort.\nExample:\n  sudo gpuprof top")]
+    #[command(after_help = "Keys: q quit, ↑/↓ select a process, s change the sort, PgUp/PgDn scroll the findings.\nExited processes stay a minute, dimmed. BEFORE: what the allocator held before top started.\nExample:\n  sudo gpuprof top")]
     Top {
         /// Only this process and its descendants.
         #[arg(short, long, value_name = "PID")]
@@ -68,9 +68,9 @@ pub enum Command {
         #[arg(long, value_name = "SECS", default_value_t = 0.5)]
         interval: f64,
     },
-    /// Views of a recorded event file: folded stacks, a flame graph, a PyTorch memory_viz
-    /// snapshot, or the events themselves as jsonl (or jsonl as a recording).
-    #[command(after_help = "Examples:\n  gpuprof export run.gpuprof -f flamegraph -o live.svg\n  gpuprof export run.gpuprof -f memory-viz -o snap.pickle --from 60 --to 90\n  gpuprof export run.gpuprof -f folded --oom 1\n  gpuprof export run.gpuprof -f jsonl -o run.jsonl")]
+    /// Views of a recorded event file: folded stacks, a flame graph, speedscope, a PyTorch
+    /// memory_viz snapshot, or the events themselves as jsonl (or jsonl as a recording).
+    #[command(after_help = "Examples:\n  gpuprof export run.gpuprof -f flamegraph -o peak.svg\n  gpuprof export run.gpuprof -f speedscope -o peak.speedscope.json\n  gpuprof export run.gpuprof -f memory-viz -o snap.pickle --from 60 --to 90\n  gpuprof export run.gpuprof -f folded --oom 1\n  gpuprof export run.gpuprof -f jsonl -o run.jsonl")]
     #[command(group = clap::ArgGroup::new("file").required(true).args(["input", "input_flag"]))]
     Export {
         /// The event file (a recording or jsonl).
@@ -87,11 +87,18 @@ pub enum Command {
         /// memory-viz: the process to snapshot (default: the one with the most tensor events).
         #[arg(short, long, value_name = "PID")]
         pid: Option<u32>,
-        /// Take the view this many seconds after the first event instead of at the end.
-        #[arg(long, value_name = "SECS", conflicts_with = "oom", value_parser = seconds_in)]
+        /// Take the view when the processes held the most memory together (the default, but
+        /// for memory-viz, whose default is the end).
+        #[arg(long, group = "moment")]
+        peak: bool,
+        /// Take the view at the end of the recording.
+        #[arg(long, group = "moment")]
+        end: bool,
+        /// Take the view this many seconds after the first event.
+        #[arg(long, value_name = "SECS", group = "moment", value_parser = seconds_in)]
         at: Option<f64>,
         /// Take the view at the N-th out-of-memory failure (1 = the first).
-        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+        #[arg(long, value_name = "N", group = "moment", value_parser = clap::value_parser!(u64).range(1..))]
         oom: Option<u64>,
         /// Folded/flamegraph: count tensors (allocator blocks), driver allocations, or pick per process.
         #[arg(long, value_enum, default_value = "auto")]
@@ -109,6 +116,32 @@ pub enum Command {
         /// recording: compress with zstd, or write it plain.
         #[arg(long, value_enum, default_value = "zstd")]
         compress: Compression,
+    },
+    /// The lines that held the most GPU memory, per process: at the peak, at the end, and
+    /// allocated over the whole recording.
+    #[command(after_help = "Examples:\n  gpuprof summary run.gpuprof\n  gpuprof summary run.gpuprof -p 4711 --top 25")]
+    #[command(group = clap::ArgGroup::new("file").required(true).args(["input", "input_flag"]))]
+    Summary {
+        /// The event file (a recording or jsonl).
+        #[arg(value_name = "FILE")]
+        input: Option<PathBuf>,
+        /// The event file, as a flag.
+        #[arg(short = 'i', long = "input", value_name = "FILE")]
+        input_flag: Option<PathBuf>,
+        /// Only this process.
+        #[arg(short, long, value_name = "PID")]
+        pid: Option<u32>,
+        /// Lines shown per process.
+        #[arg(short = 'n', long, value_name = "N", default_value_t = 10)]
+        top: usize,
+        /// Count tensors (allocator blocks), driver allocations, or pick per process.
+        #[arg(long, value_enum, default_value = "auto")]
+        layer: StackLayer,
+        #[arg(short, long, value_enum, default_value = "table")]
+        format: crate::export::summary::SummaryFormat,
+        /// Write the output here instead of stdout.
+        #[arg(short, long, value_name = "FILE")]
+        output: Option<PathBuf>,
     },
     /// Capture every CUDA process of this node, for as long as it runs (the Kubernetes DaemonSet).
     #[command(after_help = "Settings come from flags, then GPUPROF_* environment variables, then the --config TOML file.\nExamples:\n  sudo gpuprof daemon --otlp-endpoint http://gpuprof-collector:4317\n  sudo gpuprof daemon --config /etc/gpuprof/daemon.toml")]
@@ -155,12 +188,18 @@ pub struct CaptureArgs {
     /// Stop after this many seconds.
     #[arg(short, long, value_name = "SECS")]
     pub duration: Option<f64>,
-    /// Output format [default: recording for an --output named *.gpuprof, else jsonl].
+    /// Output format [default: a recording to a file named after the job; with --output, a
+    /// recording for *.gpuprof, else jsonl].
     #[arg(short, long, value_enum)]
     pub format: Option<Format>,
-    /// Write the output here instead of stdout.
+    /// Write the output here (`-`: stdout) [default: gpuprof-NAME-YYYYMMDD-HHMMSS.gpuprof in
+    /// the current directory; stdout when only --format is given].
     #[arg(short, long, value_name = "FILE")]
     pub output: Option<PathBuf>,
+    /// jsonl: also write the fork, exec and exit of processes that never make a CUDA call
+    /// (shells, launchers), which are left out otherwise.
+    #[arg(long)]
+    pub all_processes: bool,
     /// Recordings: compress with zstd (`none` writes them plain, ~2x larger, a little cheaper).
     #[arg(long, value_enum, default_value = "zstd")]
     pub compress: Compression,
@@ -210,14 +249,13 @@ pub struct OtlpArgs {
 }
 
 impl CaptureArgs {
-    /// The output these flags ask for: its file (or stdout) behind the right sink.
-    pub fn sink(&self) -> anyhow::Result<Box<dyn crate::output::EventSink>> {
-        let format = Format::resolve(self.format, self.output.as_deref())?;
-        crate::output::sink(format, crate::output::open_writer(self.output.as_deref())?, self.compress == Compression::Zstd)
+    /// Where the capture goes; `name` names the file when gpuprof chooses it.
+    pub fn destination(&self, name: &str) -> anyhow::Result<crate::output::Destination> {
+        crate::output::Destination::resolve(self.format, self.output.as_deref(), name)
     }
 
-    pub fn resolved_format(&self) -> Format {
-        Format::resolve(self.format, self.output.as_deref()).unwrap_or(Format::Jsonl)
+    pub fn sink(&self, destination: &crate::output::Destination) -> anyhow::Result<Box<dyn crate::output::EventSink>> {
+        crate::output::capture_sink(destination, self.compress == Compression::Zstd, self.all_processes)
     }
 }
 

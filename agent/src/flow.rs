@@ -18,6 +18,8 @@ use crate::telemetry::Telemetry;
 pub struct FlowOptions {
     pub rules: RuleConfig,
     pub format: Format,
+    /// The file the events go to (None: stdout): its end-of-run summary goes to stderr then.
+    pub output_file: Option<PathBuf>,
     pub findings_file: Option<PathBuf>,
     /// Say findings and notices on stderr (off under a full-screen view).
     pub notices: bool,
@@ -35,8 +37,10 @@ pub struct EventFlow {
     /// OTLP export, when `--otlp-endpoint` names a collector.
     telemetry: Option<Telemetry>,
     format: Format,
+    output_file: Option<PathBuf>,
     findings_file: Option<PathBuf>,
     notices: bool,
+
     events: u64,
     /// What the driver says each followed process uses (nvidia-smi's figure), where NVML is.
     nvml: NvmlView,
@@ -54,6 +58,7 @@ impl EventFlow {
             sink,
             telemetry: None,
             format: options.format,
+            output_file: options.output_file,
             findings_file: options.findings_file,
             notices: options.notices,
             events: 0,
@@ -162,12 +167,20 @@ impl EventFlow {
         }
         self.found(ended);
         let summaries = self.analyzer.tracker().summaries();
-        self.sink
-            .finish(&EndOfRun { processes: &summaries, findings: &self.findings, lost_events, nvml: self.nvml.last_seen() })
-            .context("cannot write the output")?;
-        if self.format != Format::Table && self.keep_findings {
+        let end = EndOfRun { processes: &summaries, findings: &self.findings, lost_events, nvml: self.nvml.last_seen() };
+        self.sink.finish(&end).context("cannot write the output")?;
+        // A file gpuprof named is not kept when nothing was captured (its sink removed it).
+        let to_file = self.output_file.as_deref().filter(|f| self.format != Format::None && f.exists());
+        match to_file {
+            // The events went to a file: the terminal gets what they add up to.
+            Some(_) if self.format != Format::Table && self.keep_findings => {
+                output::write_end_of_run(&mut io::stderr(), &end).context("cannot write to stderr")?
+            }
             // The event stream stays pure jsonl; people read the findings on stderr.
-            output::findings::write_table(&mut io::stderr(), &self.findings).context("cannot write to stderr")?;
+            None if self.format != Format::Table && self.keep_findings => {
+                output::findings::write_table(&mut io::stderr(), &self.findings).context("cannot write to stderr")?
+            }
+            _ => {}
         }
         if let Some(path) = &self.findings_file {
             output::findings::save_json(path, &self.findings)?;
@@ -176,6 +189,11 @@ impl EventFlow {
         if let Some(telemetry) = self.telemetry.take() {
             eprintln!("gpuprof: {}", telemetry.finish(self.analyzer.tracker()));
         }
+        // Not for /dev/null and the like: nothing there to look at.
+        if let Some(file) = to_file.filter(|f| self.notices && f.is_file()) {
+            output::write_next_steps(&mut io::stderr(), file, self.events).context("cannot write to stderr")?;
+        }
         Ok(())
     }
 }
+

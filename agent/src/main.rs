@@ -19,17 +19,24 @@ fn main() -> ExitCode {
         }
         Command::Run { capture, command, via: Via::Ebpf, .. } => session::run(&command, &capture),
         Command::Run { capture, command, via: Via::Shim, shim } => via_shim::run(&command, &capture, shim.as_deref()),
+        Command::Summary { input, input_flag, pid, top, layer, format, output } => {
+            let input = input.or(input_flag).expect("clap requires one of them");
+            export::summary::run(&export::summary::SummaryRequest { input: &input, output: output.as_deref(), pid, layer, top, format })
+        }
         Command::Daemon { daemon: args } => daemon::run(&args),
         Command::Top { pid, interval } => top::run(&top::TopArgs { pid, interval }),
         Command::Report { input, input_flag, format, output, rules } => {
             report::run(&input.or(input_flag).expect("clap requires one of them"), format, output.as_deref(), &rules)
         }
-        Command::Export { input, input_flag, format, output, pid, at, oom, layer, from, to, max_entries, compress } => {
+        Command::Export { input, input_flag, format, output, pid, peak, end, at, oom, layer, from, to, max_entries, compress } => {
             let input = input.or(input_flag).expect("clap requires one of them");
-            let moment = match (at, oom) {
-                (Some(secs), _) => export::Moment::At(secs),
-                (None, Some(n)) => export::Moment::Oom(n as usize),
-                (None, None) => export::Moment::End,
+            let moment = match (peak, end, at, oom) {
+                (true, ..) => export::Moment::Peak,
+                (_, true, ..) => export::Moment::End,
+                (_, _, Some(secs), _) => export::Moment::At(secs),
+                (_, _, None, Some(n)) => export::Moment::Oom(n as usize),
+                _ if format == export::ExportFormat::MemoryViz => export::Moment::End,
+                _ => export::Moment::Peak,
             };
             let window = export::TraceWindow { from, to, max_entries };
             let compress = compress == gpuprof::cli::Compression::Zstd;

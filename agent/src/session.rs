@@ -17,6 +17,7 @@ use crate::capture::{Capture, CaptureOptions};
 use crate::cli::CaptureArgs;
 use crate::flow::FlowOptions;
 use crate::libcuda::{self, LibraryFile};
+use crate::output::Destination;
 use crate::pipeline::{Pipeline, PipelineOptions};
 use crate::{preflight, procfs, signals};
 
@@ -41,10 +42,11 @@ pub fn attach(pid: u32, wait: bool, args: &CaptureArgs) -> Result<u8> {
             procfs::comm(pid)
         );
     }
+    let destination = args.destination(&format!("{}-{pid}", procfs::comm(pid)))?;
     let capture = Capture::load(capture_options(args)?)?;
     tracing::debug!(elapsed_ms = started.elapsed().as_millis() as u64, "probes loaded");
-    let sink = args.sink()?;
-    let mut session = Pipeline::new(&capture, pipeline_options(args)?, sink, Some(pid)).with_telemetry(args.otlp.start()?);
+    let sink = args.sink(&destination)?;
+    let mut session = Pipeline::new(&capture, pipeline_options(args, &destination)?, sink, Some(pid)).with_telemetry(args.otlp.start()?);
     session.add_process(pid)?;
     for child in procfs::descendants(pid) {
         // A descendant that exits meanwhile is simply not there to track.
@@ -98,8 +100,9 @@ pub fn run(command: &[OsString], args: &CaptureArgs) -> Result<u8> {
         Some(path) => Some(LibraryFile::open(path.clone()).with_context(|| format!("--libcuda {}", path.display()))?),
         None => libcuda::resolve_for_loader().and_then(|path| LibraryFile::open(path).ok()),
     };
+    let destination = args.destination(&crate::output::name_of_command(command))?;
     let capture = Capture::load(capture_options(args)?)?;
-    let sink = args.sink()?;
+    let sink = args.sink(&destination)?;
     match &library {
         Some(library) => {
             let attachment = capture.attach_library(library)?;
@@ -112,7 +115,7 @@ pub fn run(command: &[OsString], args: &CaptureArgs) -> Result<u8> {
     }
 
     let mut child = spawn_tracked(&capture, &program, program_args)?;
-    let mut session = Pipeline::new(&capture, pipeline_options(args)?, sink, Some(child.id())).with_telemetry(args.otlp.start()?);
+    let mut session = Pipeline::new(&capture, pipeline_options(args, &destination)?, sink, Some(child.id())).with_telemetry(args.otlp.start()?);
     let deadline = duration.map(|d| Instant::now() + d);
     let status = supervise(&mut child, deadline, || {
         session.pump(POLL_INTERVAL)?;
@@ -293,15 +296,16 @@ pub(crate) fn duration_of(args: &CaptureArgs) -> Result<Option<Duration>> {
         .transpose()
 }
 
-fn pipeline_options(args: &CaptureArgs) -> Result<PipelineOptions> {
-    Ok(PipelineOptions { flow: flow_options(args)?, print_stats: args.stats, autograd: !args.no_stacks && !args.no_autograd })
+fn pipeline_options(args: &CaptureArgs, destination: &Destination) -> Result<PipelineOptions> {
+    Ok(PipelineOptions { flow: flow_options(args, destination)?, print_stats: args.stats, autograd: !args.no_stacks && !args.no_autograd })
 }
 
 /// What `attach` and `run` do with their events, whichever capture makes them.
-pub(crate) fn flow_options(args: &CaptureArgs) -> Result<FlowOptions> {
+pub(crate) fn flow_options(args: &CaptureArgs, destination: &Destination) -> Result<FlowOptions> {
     Ok(FlowOptions {
         rules: args.rules.config()?,
-        format: args.resolved_format(),
+        format: destination.format,
+        output_file: destination.file.clone(),
         findings_file: args.findings.clone(),
         notices: true,
         keep_findings: true,

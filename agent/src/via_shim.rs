@@ -34,8 +34,9 @@ pub fn run(command: &[OsString], args: &CaptureArgs, shim: Option<&Path>) -> Res
     let socket = dir.join("shim.sock");
     let received = shim_socket::listen(&socket, shim_socket::SocketAccess::PRIVATE)?;
 
-    let sink = args.sink()?;
-    let mut flow = EventFlow::new(flow_options(args)?, sink);
+    let destination = args.destination(&crate::output::name_of_command(command))?;
+    let sink = args.sink(&destination)?;
+    let mut flow = EventFlow::new(flow_options(args, &destination)?, sink);
     flow.set_telemetry(args.otlp.start()?);
     let mut child = Command::new(&program)
         .args(program_args)

@@ -171,7 +171,7 @@ fn run_shim_only(config: &DaemonConfig) -> Result<u8> {
 }
 
 fn flow_options(config: &DaemonConfig) -> FlowOptions {
-    FlowOptions { rules: config.rules, format: Format::Jsonl, findings_file: None, notices: true, keep_findings: false }
+    FlowOptions { rules: config.rules, format: Format::Jsonl, output_file: None, findings_file: None, notices: true, keep_findings: false }
 }
 
 fn sink_of(config: &DaemonConfig) -> Result<Box<dyn output::EventSink>> {

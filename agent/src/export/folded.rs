@@ -10,23 +10,44 @@ use gpuprof_model::track::{Allocation, ProcessMemory, Tracker};
 
 use super::StackLayer;
 
-/// One line per (process, kind, stack) with live bytes, sorted.
-pub fn lines(tracker: &Tracker, layer: StackLayer, include_exited: bool) -> Vec<String> {
+/// Live bytes of one (process, kind, stack).
+pub struct LiveStack<'a> {
+    pub pid: u32,
+    pub comm: &'a str,
+    /// "tensors" for allocator blocks, else the driver allocation's kind.
+    pub kind: &'a str,
+    /// Innermost frame first, as events carry it.
+    pub stack: &'a [Frame],
+    pub bytes: u64,
+}
+
+/// Every (process, kind, stack) holding live bytes, by process then stack.
+pub fn stacks(tracker: &Tracker, layer: StackLayer, include_exited: bool) -> Vec<LiveStack<'_>> {
     let processes: Vec<&ProcessMemory> = if include_exited { tracker.processes() } else { tracker.live_processes() };
-    let mut totals: BTreeMap<String, u64> = BTreeMap::new();
+    let mut totals: BTreeMap<(u32, &str, &[Frame]), (&str, u64)> = BTreeMap::new();
     for process in processes {
         let use_blocks = match layer {
             StackLayer::Allocator => true,
             StackLayer::Driver => false,
             StackLayer::Auto => !process.allocator_totals().is_empty(),
         };
-        let (what, live): (&str, Vec<&Allocation>) =
-            if use_blocks { ("tensors", process.blocks()) } else { ("", process.allocations()) };
+        let live: Vec<&Allocation> = if use_blocks { process.blocks() } else { process.allocations() };
         for allocation in live {
-            let kind = if what.is_empty() { allocation.kind.as_str() } else { what };
-            let key = format!("pid {} {};{kind};{}", process.pid, clean(&process.comm), path(&allocation.stack));
-            *totals.entry(key).or_default() += allocation.size;
+            let kind = if use_blocks { "tensors" } else { allocation.kind.as_str() };
+            totals.entry((process.pid, kind, &allocation.stack)).or_insert((&process.comm, 0)).1 += allocation.size;
         }
+    }
+    totals
+        .into_iter()
+        .map(|((pid, kind, stack), (comm, bytes))| LiveStack { pid, comm, kind, stack, bytes })
+        .collect()
+}
+
+/// One folded line per stack as it reads (two files of one base name are one frame), sorted.
+pub fn lines(stacks: &[LiveStack<'_>]) -> Vec<String> {
+    let mut totals: BTreeMap<String, u64> = BTreeMap::new();
+    for s in stacks {
+        *totals.entry(format!("pid {} {};{};{}", s.pid, clean(s.comm), s.kind, path(s.stack))).or_default() += s.bytes;
     }
     totals.into_iter().map(|(stack, bytes)| format!("{stack} {bytes}")).collect()
 }
@@ -36,12 +57,12 @@ fn path(stack: &[Frame]) -> String {
     if stack.is_empty() {
         return "(no Python stack)".to_string();
     }
-    stack
-        .iter()
-        .rev()
-        .map(|f| format!("{} ({}:{})", clean(&f.function), clean(f.file.rsplit('/').next().unwrap_or(&f.file)), f.line))
-        .collect::<Vec<_>>()
-        .join(";")
+    stack.iter().rev().map(frame_name).collect::<Vec<_>>().join(";")
+}
+
+/// "forward (model.py:12)", as flame graphs and speedscope name a frame.
+pub fn frame_name(frame: &Frame) -> String {
+    format!("{} ({}:{})", clean(&frame.function), clean(frame.file.rsplit('/').next().unwrap_or(&frame.file)), frame.line)
 }
 
 /// Folded lines use ';' between frames and ' ' before the count.

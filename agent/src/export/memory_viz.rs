@@ -27,7 +27,8 @@ pub fn export(request: &ExportRequest<'_>) -> Result<u8> {
     let mut allocator_segments: HashMap<u32, HashSet<u64>> = HashMap::new();
     let mut first_ts = None;
     let mut devices = 1usize;
-    let analyzer = replay_to(request.input, request.moment, |event| {
+    let moment = super::resolve(request.input, request.moment, super::StackLayer::Allocator)?.moment;
+    let analyzer = replay_to(request.input, moment, |event| {
         first_ts.get_or_insert(event.ts);
         devices = devices.max(event.device.unwrap_or(0).max(0) as usize + 1);
         if event.layer == Layer::Allocator {
@@ -51,7 +52,7 @@ pub fn export(request: &ExportRequest<'_>) -> Result<u8> {
     let mut traces = Traces { devices: vec![VecDeque::new(); devices], max_entries: window.max_entries, dropped: 0 };
     let mut segment_sizes: HashMap<u64, u64> = HashMap::new();
     let (pid, instance_start) = (process.pid, process.first_ts);
-    replay_to(request.input, request.moment, |event| {
+    replay_to(request.input, moment, |event| {
         if event.pid != pid || event.ts < instance_start {
             return;
         }

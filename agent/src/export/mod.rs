@@ -8,6 +8,9 @@
 
 mod folded;
 mod memory_viz;
+pub mod peak;
+mod speedscope;
+pub mod summary;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -29,6 +32,8 @@ pub enum ExportFormat {
     Flamegraph,
     /// A pickled snapshot for PyTorch's memory_viz (torch.cuda._memory_viz, pytorch.org/memory_viz).
     MemoryViz,
+    /// Live bytes by stack for speedscope (speedscope.app), one profile per process.
+    Speedscope,
     /// Every event as a line of the jsonl contract (docs/events.md).
     Jsonl,
     /// Every event into a compact recording (from jsonl, say).
@@ -49,11 +54,33 @@ pub enum StackLayer {
 /// Where in the recording the view is taken.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Moment {
+    /// When the processes held the most memory together (the default).
+    Peak,
     End,
     /// Seconds after the first event.
     At(f64),
     /// The n-th (1-based) out-of-memory failure.
     Oom(usize),
+    /// Right after the n-th event (where a peak was found).
+    AfterEvents(u64),
+}
+
+/// A moment made concrete: the peak found, and how titles and errors name it.
+pub(crate) struct Resolved {
+    pub moment: Moment,
+    pub described: String,
+}
+
+/// Finds the peak when that is the moment (one pass over the file).
+pub(crate) fn resolve(input: &Path, moment: Moment, layer: StackLayer) -> Result<Resolved> {
+    if moment != Moment::Peak {
+        return Ok(Resolved { moment, described: where_in(moment) });
+    }
+    let peak = peak::find(input, layer)?;
+    Ok(Resolved {
+        moment: Moment::AfterEvents(peak.events),
+        described: format!("at the peak, {:.3} s in ({} live)", peak.secs, gpuprof_model::bytes::human(peak.bytes)),
+    })
 }
 
 /// Which trace entries a memory_viz snapshot keeps.
@@ -84,7 +111,7 @@ pub fn run(request: &ExportRequest<'_>) -> Result<u8> {
     match request.format {
         ExportFormat::Jsonl => convert(request, output::Format::Jsonl),
         ExportFormat::Recording => convert(request, output::Format::Recording),
-        ExportFormat::Folded | ExportFormat::Flamegraph => stack_view(request),
+        ExportFormat::Folded | ExportFormat::Flamegraph | ExportFormat::Speedscope => stack_view(request),
         ExportFormat::MemoryViz => memory_viz::export(request),
     }
 }
@@ -109,23 +136,27 @@ fn convert(request: &ExportRequest<'_>, format: output::Format) -> Result<u8> {
 }
 
 fn stack_view(request: &ExportRequest<'_>) -> Result<u8> {
-    let analyzer = replay_to(request.input, request.moment, |_| ())?;
+    let resolved = resolve(request.input, request.moment, request.layer)?;
+    let analyzer = replay_to(request.input, resolved.moment, |_| ())?;
     let at_end = request.moment == Moment::End;
-    let lines = folded::lines(analyzer.tracker(), request.layer, at_end);
+    let stacks = folded::stacks(analyzer.tracker(), request.layer, at_end);
     // Said before any file is made: an empty view is a wrong moment, not a result.
-    if lines.is_empty() {
+    if stacks.is_empty() {
         bail!(
-            "no live GPU memory {} in {}: every block was freed by then; pick a moment with --at SECS or --oom N",
-            where_in(request.moment),
+            "no live GPU memory {} in {}: every block was freed by then; leave the moment out for the peak, or pick one with --at SECS or --oom N",
+            resolved.described,
             request.input.display()
         );
     }
     let mut writer = output::open_writer(request.output.as_deref())?;
-    if request.format == ExportFormat::Flamegraph {
-        folded::flamegraph(&lines, title(request.moment), &mut writer)?;
-    } else {
-        for line in &lines {
-            writeln!(writer, "{line}")?;
+    let title = format!("gpuprof: live GPU memory by Python stack, {}", resolved.described);
+    match request.format {
+        ExportFormat::Flamegraph => folded::flamegraph(&folded::lines(&stacks), title, &mut writer)?,
+        ExportFormat::Speedscope => speedscope::write(&stacks, &title, &mut writer)?,
+        _ => {
+            for line in folded::lines(&stacks) {
+                writeln!(writer, "{line}")?;
+            }
         }
     }
     writer.flush().context("cannot write the export")?;
@@ -176,11 +207,12 @@ struct Cut {
     /// The newest event read so far.
     last_ts: u64,
     ooms: usize,
+    events: u64,
 }
 
 impl Cut {
     fn new(moment: Moment) -> Self {
-        Cut { moment, first_ts: None, last_ts: 0, ooms: 0 }
+        Cut { moment, first_ts: None, last_ts: 0, ooms: 0, events: 0 }
     }
 
     /// Seconds from the first event to the newest read.
@@ -197,8 +229,12 @@ impl Cut {
         }
     }
 
-    /// True when the moment is `event` itself (the n-th out-of-memory failure).
+    /// True when the moment is `event` itself (the n-th out-of-memory failure, the n-th event).
     fn after(&mut self, event: &Event) -> bool {
+        self.events += 1;
+        if let Moment::AfterEvents(n) = self.moment {
+            return self.events == n;
+        }
         let Moment::Oom(n) = self.moment else { return false };
         if event.layer == Layer::Driver && event.op == Op::Alloc && event.result == CUDA_ERROR_OUT_OF_MEMORY {
             self.ooms += 1;
@@ -207,13 +243,11 @@ impl Cut {
     }
 }
 
-fn title(moment: Moment) -> String {
-    format!("gpuprof: live GPU memory by Python stack, {}", where_in(moment))
-}
-
 fn where_in(moment: Moment) -> String {
     match moment {
         Moment::End => "at the end".to_string(),
+        Moment::Peak => "at the peak".to_string(),
+        Moment::AfterEvents(n) => format!("after event {n}"),
         Moment::At(secs) => format!("{secs} s in"),
         Moment::Oom(n) => format!("at out-of-memory failure {n}"),
     }

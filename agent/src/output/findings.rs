@@ -9,6 +9,8 @@ use anyhow::{Context, Result};
 use gpuprof_model::bytes::human;
 use gpuprof_model::{Finding, Severity};
 
+use super::text::{fit, wrap, COLUMNS};
+
 /// The readable list: leaks first, then facts (`info`), each in the order they fired.
 pub fn write_table(writer: &mut dyn Write, findings: &[Finding]) -> io::Result<()> {
     writeln!(writer)?;
@@ -31,11 +33,13 @@ pub fn write_table(writer: &mut dyn Write, findings: &[Finding]) -> io::Result<(
             finding.finding_id,
         )?;
         if let Some(user) = &finding.user_frame {
-            writeln!(writer, "    your line: {user}")?;
+            writeln!(writer, "{}", fit(&format!("    your line: {user}"), COLUMNS))?;
         }
-        writeln!(writer, "    {}", finding.detail)?;
+        for line in wrap(&finding.detail, COLUMNS, "    ") {
+            writeln!(writer, "{line}")?;
+        }
         for frame in &finding.stack {
-            writeln!(writer, "      {frame}")?;
+            writeln!(writer, "{}", fit(&format!("      {frame}"), COLUMNS))?;
         }
     }
     Ok(())

@@ -1,10 +1,13 @@
 //! Where captured events go: a compact recording, one JSON object per line, or a readable table
 //! with an end-of-run summary of live memory per process and kind.
 
+mod cuda_only;
+mod destination;
 pub mod findings;
 mod jsonl;
 mod recording;
 mod table;
+pub mod text;
 
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
@@ -15,9 +18,11 @@ use gpuprof_model::event::Event;
 use gpuprof_model::track::LiveSummary;
 use gpuprof_model::Finding;
 
+pub use cuda_only::CudaProcessesOnly;
+pub use destination::{name_of_command, ChosenFileSink, Destination};
 pub use jsonl::JsonlSink;
 pub use recording::RecordingSink;
-pub use table::{write_live_summary, TableSink};
+pub use table::{python_column, write_end_of_run, write_live_summary, TableSink};
 
 /// The output formats of `attach` and `run`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -83,6 +88,17 @@ impl EventSink for NullSink {
     }
 }
 
+/// The sink of `attach` and `run`: jsonl keeps to the processes that touch CUDA unless
+/// `all_processes` (the table always does).
+pub fn capture_sink(destination: &Destination, compress: bool, all_processes: bool) -> Result<Box<dyn EventSink>> {
+    let inner = sink(destination.format, open_writer(destination.file.as_deref())?, compress)?;
+    let inner: Box<dyn EventSink> = match &destination.file {
+        Some(path) if destination.chosen => Box::new(ChosenFileSink::new(inner, path.clone())),
+        _ => inner,
+    };
+    Ok(if destination.format == Format::Jsonl && !all_processes { Box::new(CudaProcessesOnly::new(inner)) } else { inner })
+}
+
 /// Stdout, or the file named by `--output` (created or truncated).
 pub fn open_writer(output: Option<&Path>) -> Result<Box<dyn Write>> {
     Ok(match output {
@@ -101,4 +117,34 @@ pub fn sink(format: Format, writer: Box<dyn Write>, compress: bool) -> Result<Bo
         Format::Recording => Box::new(RecordingSink::new(writer, compress).context("cannot start the recording")?),
         Format::None => Box::new(NullSink),
     })
+}
+
+/// What to run on the file a capture wrote.
+pub fn write_next_steps(writer: &mut dyn Write, file: &Path, events: u64) -> io::Result<()> {
+    let name = shell_word(&file.to_string_lossy());
+    writeln!(writer, "gpuprof: wrote {events} events to {name}; next:")?;
+    let steps = [
+        (format!("gpuprof summary {name}"), "the lines holding the most, per process"),
+        (format!("gpuprof report {name} -f table"), "leak findings with their stacks"),
+        (format!("gpuprof export {name} -f flamegraph -o peak.svg"), "live memory by stack at the peak"),
+    ];
+    let width = steps.iter().map(|(command, _)| command.len()).max().unwrap_or(0);
+    let fits = steps.iter().all(|(_, what)| 2 + width + 4 + what.len() <= text::COLUMNS);
+    for (command, what) in steps {
+        if fits {
+            writeln!(writer, "  {command:<width$}  # {what}")?;
+        } else {
+            writeln!(writer, "  # {what}\n  {command}")?;
+        }
+    }
+    Ok(())
+}
+
+/// Quoted for a POSIX shell when it needs to be.
+fn shell_word(text: &str) -> String {
+    if !text.is_empty() && text.chars().all(|c| c.is_ascii_alphanumeric() || "._-/+=:@%,".contains(c)) {
+        text.to_string()
+    } else {
+        format!("'{}'", text.replace('\'', "'\\''"))
+    }
 }

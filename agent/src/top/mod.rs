@@ -47,6 +47,7 @@ pub fn run(args: &TopArgs) -> Result<u8> {
         flow: FlowOptions {
             rules: RuleConfig::default(),
             format: Format::Jsonl,
+            output_file: None,
             findings_file: None,
             notices: false,
             keep_findings: true,
@@ -90,6 +91,8 @@ fn view_loop(terminal: &mut ratatui::DefaultTerminal, pipeline: &mut Pipeline<'_
                     KeyCode::Down | KeyCode::Char('j') => state.select_next(),
                     KeyCode::Up | KeyCode::Char('k') => state.select_previous(),
                     KeyCode::Char('s') => state.next_sort(),
+                    KeyCode::PageDown => state.scroll_findings(5),
+                    KeyCode::PageUp => state.scroll_findings(-5),
                     _ => {}
                 }
                 last_draw = None;

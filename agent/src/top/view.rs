@@ -50,6 +50,8 @@ pub struct ViewState {
     table: TableState,
     sort: SortKey,
     rows: usize,
+    /// Lines the findings pane is scrolled down by.
+    findings_scroll: u16,
 }
 
 impl ViewState {
@@ -66,7 +68,14 @@ impl ViewState {
     pub fn next_sort(&mut self) {
         self.sort = self.sort.next();
     }
+
+    pub fn scroll_findings(&mut self, lines: i32) {
+        self.findings_scroll = (self.findings_scroll as i32 + lines).max(0) as u16;
+    }
 }
+
+/// How long an exited process stays in the table (dimmed), for its last figures and findings.
+pub const KEEP_EXITED_NS: u64 = 60_000_000_000;
 
 /// One redraw's worth of state, taken from the pipeline.
 pub struct Model {
@@ -79,11 +88,18 @@ pub struct Model {
 
 impl Model {
     pub fn from_pipeline(pipeline: &Pipeline<'_>) -> Model {
+        let since = gpuprof_model::event::wall_clock_ns().saturating_sub(KEEP_EXITED_NS);
         let processes = pipeline
             .analyzer()
             .tracker()
-            .live_processes()
+            .processes()
             .into_iter()
+            .filter(|p| match p.state {
+                ProcessState::Running => true,
+                ProcessState::Exited { ts, .. } => ts >= since,
+                // An exec'd image is the same process under a new table.
+                ProcessState::Replaced { .. } => false,
+            })
             .map(|p| p.summary())
             .filter(|s| s.driver_calls > 0 || s.allocator.is_some())
             .collect();
@@ -97,11 +113,16 @@ fn device_bytes(process: &LiveSummary) -> u64 {
 
 pub fn draw(frame: &mut Frame<'_>, model: &Model, state: &mut ViewState) {
     let mut processes: Vec<&LiveSummary> = model.processes.iter().collect();
+    // Running processes first, each group in the chosen order.
     match state.sort {
-        SortKey::Driver => processes.sort_by_key(|p| std::cmp::Reverse(device_bytes(p))),
-        SortKey::Allocated => processes.sort_by_key(|p| std::cmp::Reverse(p.allocator.map_or(0, |a| a.allocated))),
-        SortKey::Reserved => processes.sort_by_key(|p| std::cmp::Reverse(p.allocator.map_or(0, |a| a.reserved))),
-        SortKey::Pid => processes.sort_by_key(|p| p.pid),
+        SortKey::Driver => processes.sort_by_key(|p| (p.state != ProcessState::Running, std::cmp::Reverse(device_bytes(p)))),
+        SortKey::Allocated => {
+            processes.sort_by_key(|p| (p.state != ProcessState::Running, std::cmp::Reverse(p.allocator.map_or(0, |a| a.allocated))))
+        }
+        SortKey::Reserved => {
+            processes.sort_by_key(|p| (p.state != ProcessState::Running, std::cmp::Reverse(p.allocator.map_or(0, |a| a.reserved))))
+        }
+        SortKey::Pid => processes.sort_by_key(|p| (p.state != ProcessState::Running, p.pid)),
     }
     state.rows = processes.len();
     if state.table.selected().is_none_or(|i| i >= processes.len()) {
@@ -113,8 +134,8 @@ pub fn draw(frame: &mut Frame<'_>, model: &Model, state: &mut ViewState) {
         .constraints([Constraint::Length(1), Constraint::Percentage(50), Constraint::Min(6)])
         .split(frame.area());
     let header = format!(
-        "gpuprof top — {} CUDA processes, {} events, {} findings — sorted by {} — q quit, ↑/↓ select, s sort",
-        processes.len(),
+        "gpuprof top — {} CUDA processes, {} events, {} findings — sorted by {} — q quit, ↑/↓ select, s sort, PgUp/PgDn findings",
+        processes.iter().filter(|p| p.state == ProcessState::Running).count(),
         model.events,
         model.findings.len(),
         state.sort.name()
@@ -133,29 +154,34 @@ pub fn draw(frame: &mut Frame<'_>, model: &Model, state: &mut ViewState) {
             let sign = if r.not_probed() < 0 { "-" } else { "" };
             (human(r.nvml_used), format!("{sign}{}", human(r.not_probed().unsigned_abs())))
         });
-        Row::new(vec![
+        // Held before gpuprof first heard from the allocator: in no figure it counted itself.
+        let before = p.before_capture.map_or(String::from("-"), |b| human(b.reserved));
+        let row = Row::new(vec![
             Cell::from(p.pid.to_string()),
             Cell::from(p.comm.clone()),
             Cell::from(state_text),
             Cell::from(human(device_bytes(p))),
             Cell::from(allocated),
             Cell::from(reserved),
+            Cell::from(before),
             Cell::from(nvml),
             Cell::from(not_probed),
             Cell::from(p.imports.to_string()),
             Cell::from(p.contexts.to_string()),
             Cell::from(p.driver_calls.to_string()),
-        ])
+        ]);
+        if p.state == ProcessState::Running { row } else { row.style(Style::default().add_modifier(Modifier::DIM)) }
     });
     let table = Table::new(
         rows,
         [
             Constraint::Length(8),
             Constraint::Length(16),
-            Constraint::Length(10),
             Constraint::Length(12),
             Constraint::Length(12),
             Constraint::Length(12),
+            Constraint::Length(12),
+            Constraint::Length(11),
             Constraint::Length(12),
             Constraint::Length(12),
             Constraint::Length(9),
@@ -164,7 +190,7 @@ pub fn draw(frame: &mut Frame<'_>, model: &Model, state: &mut ViewState) {
         ],
     )
     .header(
-        Row::new(["PID", "COMM", "STATE", "DRIVER", "ALLOCATED", "RESERVED", "NVML USED", "NOT PROBED", "IPC OPEN", "CTX", "CALLS"])
+        Row::new(["PID", "COMM", "STATE", "DRIVER", "ALLOCATED", "RESERVED", "BEFORE", "NVML USED", "NOT PROBED", "IPC OPEN", "CTX", "CALLS"])
             .style(Style::default().add_modifier(Modifier::BOLD)),
     )
     .row_highlight_style(Style::default().add_modifier(Modifier::REVERSED))
@@ -194,15 +220,29 @@ pub fn draw(frame: &mut Frame<'_>, model: &Model, state: &mut ViewState) {
     let title = selected.map_or("Stacks".to_string(), |p| format!("Live bytes by the user's line — pid {}", p.pid));
     frame.render_widget(Paragraph::new(stacks).block(Block::default().borders(Borders::ALL).title(title)), bottom[0]);
 
+    // Newest first; the first line of each is short, the detail follows indented.
     let findings: Vec<Line> = model
         .findings
         .iter()
         .rev()
-        .take(20)
-        .map(|f| Line::from(format!("{} [{}] pid {} {}: {}", f.kind.as_str(), f.severity.as_str(), f.pid, human(f.bytes), f.detail)))
+        .flat_map(|f| {
+            [
+                Line::from(format!("{} [{}] pid {}: {}", f.kind.as_str(), f.severity.as_str(), f.pid, human(f.bytes))),
+                Line::from(format!("  {}", f.detail)),
+            ]
+        })
         .collect();
+    let most = (findings.len() as u16).saturating_sub(1);
+    state.findings_scroll = state.findings_scroll.min(most);
+    let title = match model.findings.len() {
+        0 => "Findings".to_string(),
+        n => format!("Findings ({n}, newest first)"),
+    };
     frame.render_widget(
-        Paragraph::new(findings).wrap(Wrap { trim: true }).block(Block::default().borders(Borders::ALL).title("Findings")),
+        Paragraph::new(findings)
+            .wrap(Wrap { trim: true })
+            .scroll((state.findings_scroll, 0))
+            .block(Block::default().borders(Borders::ALL).title(title)),
         bottom[1],
     );
 }
