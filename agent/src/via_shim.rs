@@ -72,15 +72,25 @@ pub fn run(command: &[OsString], args: &CaptureArgs, shim: Option<&Path>) -> Res
     })
 }
 
-/// `--shim`, else next to the gpuprof executable.
+/// `--shim`, else next to the gpuprof executable (a cargo build), else in `../lib/gpuprof/` from
+/// it (where the wheel installs it: `<prefix>/bin/gpuprof`, `<prefix>/lib/gpuprof/`; docs/install.md).
 fn shim_library(given: Option<&Path>) -> Result<PathBuf> {
     let path = match given {
         Some(path) => path.to_path_buf(),
-        None => std::env::current_exe().context("cannot find gpuprof's own path")?.with_file_name(SHIM_FILE),
+        None => {
+            let exe = std::env::current_exe().context("cannot find gpuprof's own path")?;
+            let dir = exe.parent().unwrap_or(Path::new("/"));
+            let (beside, installed) = (dir.join(SHIM_FILE), dir.join("../lib/gpuprof").join(SHIM_FILE));
+            if beside.is_file() || !installed.is_file() {
+                beside
+            } else {
+                installed
+            }
+        }
     };
     if !path.is_file() {
         bail!(
-            "the shim library {} does not exist: build it with `cargo build -p gpuprof-shim` (it is installed next to gpuprof), or name it with --shim PATH",
+            "the shim library {} does not exist: build it with `cargo build -p gpuprof-shim` (it is installed next to gpuprof, or in ../lib/gpuprof/ by the wheel), or name it with --shim PATH",
             path.display()
         );
     }
