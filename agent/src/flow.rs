@@ -189,8 +189,9 @@ impl EventFlow {
         if let Some(telemetry) = self.telemetry.take() {
             eprintln!("gpuprof: {}", telemetry.finish(self.analyzer.tracker()));
         }
-        // Not for /dev/null and the like: nothing there to look at.
-        if let Some(file) = to_file.filter(|f| self.notices && f.is_file()) {
+        // For files `summary`, `report` and `export` read; not for /dev/null and the like.
+        let readable = matches!(self.format, Format::Recording | Format::Jsonl);
+        if let Some(file) = to_file.filter(|f| self.notices && readable && f.is_file()) {
             output::write_next_steps(&mut io::stderr(), file, self.events).context("cannot write to stderr")?;
         }
         Ok(())

@@ -52,6 +52,8 @@ impl EventSink for ChosenFileSink {
         self.inner.finish(end)?;
         self.keep = self.cuda_events > 0;
         if !self.keep {
+            // Now, not when dropped: what comes after the sink looks for the file.
+            let _ = std::fs::remove_file(&self.path);
             eprintln!("gpuprof: no CUDA call was captured: no recording kept");
         }
         Ok(())
