@@ -192,11 +192,12 @@ del x
         .spawn()
         .unwrap();
     let mut stderr = BufReader::new(agent.stderr.take().unwrap());
-    wait_for_stderr(&mut stderr, "capturing pid");
+    let mut said = wait_for_stderr(&mut stderr, "capturing pid");
     writeln!(workload.stdin.as_mut().unwrap(), "go").unwrap();
     assert!(wait_with_limit(&mut workload, Duration::from_secs(60)).success());
     assert!(wait_with_limit(&mut agent, Duration::from_secs(30)).success());
-    let rest: Vec<String> = stderr.lines().map(Result::unwrap).collect();
+    said.extend(stderr.lines().map(Result::unwrap));
+    let rest = said;
     let table = std::fs::read_to_string(&out).unwrap_or_else(|e| panic!("{e}: {rest:?}"));
     let lines: Vec<&str> = table.lines().collect();
     let at = lines
