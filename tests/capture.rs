@@ -368,6 +368,36 @@ fn perf_event_links_capture_the_same_calls() {
     assert_eq!(captured.len(), 6);
 }
 
+/// A driver call names no device: each event gets the device of the context its thread made
+/// current last — set, pushed over and popped back, per thread, as a rank's threads and NCCL's do.
+#[test]
+fn driver_calls_carry_the_device_of_their_thread_current_context() {
+    let dir = scratch("current_context_device");
+    let (log, out) = (dir.join("expected.jsonl"), dir.join("events.jsonl"));
+    let script = "from cuda_driver import Driver\n\
+                  import ctypes, threading\n\
+                  cuda = Driver(); ctx0 = cuda.init()\n\
+                  ctx1 = cuda.primary_ctx_retain(1)\n\
+                  cuda.mem_alloc(1 << 20)\n\
+                  assert cuda.call('cuCtxSetCurrent', ctx1) == 0\n\
+                  cuda.mem_alloc(2 << 20)\n\
+                  assert cuda.call('cuCtxPushCurrent_v2', ctx0) == 0\n\
+                  cuda.mem_alloc(3 << 20)\n\
+                  assert cuda.call('cuCtxPopCurrent_v2', ctypes.byref(ctypes.c_void_p())) == 0\n\
+                  cuda.mem_alloc(4 << 20)\n\
+                  def other():\n    assert cuda.call('cuCtxSetCurrent', ctx0) == 0; cuda.mem_alloc(5 << 20)\n\
+                  t = threading.Thread(target=other); t.start(); t.join()\n\
+                  cuda.mem_alloc(6 << 20)\n";
+    let output = gpuprof_run(&["-f", "jsonl", "-o", out.to_str().unwrap()], &[python3(), "-c", script], &log);
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    assert_same_calls(&expected_calls(&read_expected(&log)), &driver_events(&read_events(&out)));
+    let devices: Vec<(u64, Option<i32>)> =
+        read_events(&out).iter().filter(|e| e.api == "cuMemAlloc_v2").map(|e| (e.size >> 20, e.device)).collect();
+    // Context 0 current after init; then 1; 0 pushed over it; popped back to 1; another thread
+    // on 0 while this one stays on 1.
+    assert_eq!(devices, [(1, Some(0)), (2, Some(1)), (3, Some(0)), (4, Some(1)), (5, Some(0)), (6, Some(1))]);
+}
+
 /// A library that calls the driver itself (NCCL's stand-in): each driver event names it, and
 /// where its thread has no Python frame, the table and the findings group its memory under it.
 #[test]

@@ -51,9 +51,22 @@ struct driver_record {
 struct pending_calls {
 	struct pending_call call[PENDING_SLOTS];
 	__u32 api_plus_one[PENDING_SLOTS]; /* 0: free */
+	/* The thread's current context as the probes saw it made current (0: not seen), and the
+	 * one a push replaced, for the pop. */
+	__u64 current_ctx;
+	__u64 pushed_over;
 	struct driver_record out;
 	struct stack_scratch stack;
 };
+
+/* Each context's device, from the call that made it (primary retain, create): a driver call
+ * names no device, the thread's current context does. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u64);
+	__type(value, __s32);
+} ctx_device SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
@@ -140,6 +153,15 @@ static __always_inline int on_entry(struct pt_regs *ctx)
 							   BPF_LOCAL_STORAGE_GET_F_CREATE);
 	if (!calls) {
 		count(GP_COUNTER_PENDING_FULL);
+		return 0;
+	}
+	if (cookie.shape == GP_SHAPE_CTX_CURRENT) {
+		if (cookie.param == 1) {
+			calls->current_ctx = calls->pushed_over;
+		} else {
+			calls->pushed_over = calls->current_ctx;
+			calls->current_ctx = PT_REGS_PARM1(ctx);
+		}
 		return 0;
 	}
 	/* A free slot, or one this API left behind (a call that never returned). */
@@ -360,6 +382,8 @@ static __always_inline int on_return(struct pt_regs *ctx)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 	struct gp_cookie cookie = read_cookie(ctx);
+	if (cookie.shape == GP_SHAPE_CTX_CURRENT)
+		return 0; /* nothing pending: the entry did all there is */
 	struct pending_calls *calls = bpf_task_storage_get(&pending, bpf_get_current_task_btf(), NULL, 0);
 	__u32 slot = PENDING_SLOTS;
 
@@ -408,6 +432,19 @@ static __always_inline int on_return(struct pt_regs *ctx)
 		frames = (struct gp_frame *)out->handle;
 	}
 	calls->api_plus_one[slot] = 0;
+	if (ok && rec->addr && (cookie.shape == GP_SHAPE_CTX_RETAIN || cookie.shape == GP_SHAPE_CTX_CREATE)) {
+		__s32 device = rec->device;
+
+		bpf_map_update_elem(&ctx_device, &rec->addr, &device, BPF_ANY);
+		if (cookie.shape == GP_SHAPE_CTX_CREATE) /* a created context is made current */
+			calls->current_ctx = rec->addr;
+	}
+	if (rec->device < 0 && calls->current_ctx) {
+		__s32 *device = bpf_map_lookup_elem(&ctx_device, &calls->current_ctx);
+
+		if (device)
+			rec->device = *device;
+	}
 
 	__u32 depth = walk_python_stack(rec->pid, rec->tid, frames, &calls->stack, &rec->flags);
 	rec->stack_depth = depth;

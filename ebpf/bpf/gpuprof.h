@@ -82,6 +82,8 @@ enum gp_shape {
 	GP_SHAPE_MEM_INFO = 19,      /* out u64* free arg0, out u64* total arg1 */
 	GP_SHAPE_MEM_INFO32 = 20,    /* legacy: out u32* free arg0, out u32* total arg1 */
 	GP_SHAPE_OUT_PTR_SIZE32 = 21, /* legacy: out u64* arg0, u32 size arg1 */
+	GP_SHAPE_CTX_CURRENT = 22,   /* no record: CUcontext arg0 made the thread's current (param 0),
+				      * or the one pushed before it made current again (param 1: pop) */
 };
 
 /* CUmemAllocationHandleType values whose handle bytes differ in length. */

@@ -130,6 +130,26 @@ pub const DRIVER_APIS: &[DriverApi] = &[
     api("cuMemGetInfo", Op::MemInfo, None, A::MemInfo32),
 ];
 
+/// Entry points that make a context the calling thread's current one: probed, never recorded. A
+/// driver call names no device; the thread's current context does, so each record gets the
+/// device of the context last made current on its thread (`pop`: the one a push replaced).
+pub const CONTEXT_SWITCHES: &[(&str, ContextSwitch)] = &[
+    ("cuCtxSetCurrent", ContextSwitch::Set),
+    ("cuCtxPushCurrent_v2", ContextSwitch::Set),
+    ("cuCtxPushCurrent", ContextSwitch::Set),
+    ("cuCtxPopCurrent_v2", ContextSwitch::Pop),
+    ("cuCtxPopCurrent", ContextSwitch::Pop),
+];
+
+/// What a context switch does to the thread's current context.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ContextSwitch {
+    /// Its first argument becomes current.
+    Set,
+    /// The context before the last push becomes current again.
+    Pop,
+}
+
 /// The table entry with this index (the id carried in capture records).
 pub fn by_id(id: u16) -> Option<&'static DriverApi> {
     DRIVER_APIS.get(usize::from(id))

@@ -2,7 +2,7 @@
 //! probe on the shared BPF programs, with a cookie carrying its API id and argument shape.
 
 use gpuprof_ebpf::types::{gp_cookie, gp_shape};
-use gpuprof_model::driver_api::{ArgLayout, DRIVER_APIS};
+use gpuprof_model::driver_api::{ArgLayout, ContextSwitch, CONTEXT_SWITCHES, DRIVER_APIS};
 
 /// The BPF shape that reads an argument layout.
 fn shape_of(layout: ArgLayout) -> (gp_shape, u8) {
@@ -46,13 +46,20 @@ pub fn cookie(api: u16, layout: ArgLayout) -> u64 {
     unsafe { std::mem::transmute::<gp_cookie, u64>(cookie) }
 }
 
-/// Every driver probe, in table order.
+/// Every driver probe, in table order, then the context switches (ids after the table's; they
+/// make no record, only the thread's current context).
 pub fn driver_probes() -> Vec<DriverProbe> {
-    DRIVER_APIS
-        .iter()
-        .enumerate()
-        .map(|(id, api)| DriverProbe { symbol: api.name, cookie: cookie(id as u16, api.args) })
-        .collect()
+    let recorded = DRIVER_APIS.iter().enumerate().map(|(id, api)| DriverProbe { symbol: api.name, cookie: cookie(id as u16, api.args) });
+    let switches = CONTEXT_SWITCHES.iter().enumerate().map(|(i, (symbol, switch))| {
+        let param = match switch {
+            ContextSwitch::Set => 0,
+            ContextSwitch::Pop => 1,
+        };
+        let cookie = gp_cookie { api: (DRIVER_APIS.len() + i) as u16, shape: gp_shape::GP_SHAPE_CTX_CURRENT.0 as u8, param, reserved: 0 };
+        // SAFETY: as in `cookie`.
+        DriverProbe { symbol, cookie: unsafe { std::mem::transmute::<gp_cookie, u64>(cookie) } }
+    });
+    recorded.chain(switches).collect()
 }
 
 #[cfg(test)]
@@ -69,9 +76,14 @@ mod tests {
     }
 
     #[test]
-    fn one_probe_per_table_entry() {
+    fn one_probe_per_table_entry_then_the_context_switches() {
         let probes = driver_probes();
-        assert_eq!(probes.len(), DRIVER_APIS.len());
+        assert_eq!(probes.len(), DRIVER_APIS.len() + CONTEXT_SWITCHES.len());
         assert_eq!(probes[0].symbol, "cuMemAlloc_v2");
+        let pop = &probes[DRIVER_APIS.len() + 3];
+        assert_eq!(pop.symbol, "cuCtxPopCurrent_v2");
+        assert_eq!(pop.cookie & 0xffff, (DRIVER_APIS.len() + 3) as u64);
+        assert_eq!((pop.cookie >> 16) & 0xff, u64::from(gp_shape::GP_SHAPE_CTX_CURRENT.0));
+        assert_eq!((pop.cookie >> 24) & 0xff, 1);
     }
 }
