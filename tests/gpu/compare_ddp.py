@@ -1,0 +1,40 @@
+"""What validate_ddp.sh's capture says per rank and device, beside each rank's own PyTorch
+figures: python3 compare_ddp.py OUT (reads OUT/ddp.jsonl[.gz] and OUT/ranks.jsonl)."""
+import collections
+import gzip
+import json
+import os
+import sys
+
+out = sys.argv[1]
+path = os.path.join(out, "ddp.jsonl")
+events = [json.loads(line) for line in (open(path) if os.path.exists(path) else gzip.open(path + ".gz", "rt"))]
+ranks = {r["pid"]: r for r in (json.loads(line) for line in open(os.path.join(out, "ranks.jsonl")) if line.strip())}
+MiB = 1 << 20
+for pid, rank in sorted(ranks.items(), key=lambda kv: kv[1]["rank"]):
+    mine = [e for e in events if e["pid"] == pid]
+    tensors = [e for e in mine if e["layer"] == "allocator"]
+    driver = [e for e in mine if e["layer"] == "driver"]
+    print(f"rank {rank['rank']} pid {pid} device {rank['device']}")
+    print(f"  tensor events by device: {dict(collections.Counter(e.get('device') for e in tensors))}; "
+          f"allocations {sum(e['op'] == 'alloc' for e in tensors)} (PyTorch: {rank['alloc_count']})")
+    print(f"  driver events by device: {dict(collections.Counter(e.get('device') for e in driver))}")
+    live = collections.defaultdict(int)  # (device, kind) -> bytes, at the end of the capture
+    sizes = {}
+    for e in driver:
+        if e["result"] != 0 or e["op"] not in ("alloc", "free") or e.get("kind") is None:
+            continue
+        key = (e["kind"], e["addr"])
+        if e["op"] == "alloc":
+            sizes[key] = (e.get("device"), e["size"])
+            live[(e.get("device"), e["kind"])] += e["size"]
+        elif key in sizes:
+            device, size = sizes.pop(key)
+            live[(device, e["kind"])] -= size
+    print("  driver bytes allocated and not freed, by (device, kind):",
+          {f"{d}/{k}": f"{b / MiB:.1f} MiB" for (d, k), b in sorted(live.items(), key=str) if b})
+    nccl = [e for e in driver if (e.get("caller_module") or "").startswith("libnccl")]
+    print(f"  NCCL: {len(nccl)} driver calls, cuMemCreate {sum(e['size'] for e in nccl if e['api'] == 'cuMemCreate') / MiB:.1f} MiB "
+          f"on devices {dict(collections.Counter(e.get('device') for e in nccl if e['api'] == 'cuMemCreate'))}")
+    imports = [e for e in driver if e["op"] == "ipc_open"]
+    print(f"  imports {len(imports)}, peers {dict(collections.Counter(e.get('peer_pid') for e in imports))}")
