@@ -381,7 +381,7 @@ fn driver_calls_carry_the_device_of_their_thread_current_context() {
                   cuda.mem_alloc(1 << 20)\n\
                   assert cuda.call('cuCtxSetCurrent', ctx1) == 0\n\
                   cuda.mem_alloc(2 << 20)\n\
-                  assert cuda.call('cuCtxPushCurrent_v2', ctx0) == 0\n\
+                  assert cuda.call('cuCtxPushCurrent_v2', ctypes.c_void_p(ctx0)) == 0\n\
                   cuda.mem_alloc(3 << 20)\n\
                   assert cuda.call('cuCtxPopCurrent_v2', ctypes.byref(ctypes.c_void_p())) == 0\n\
                   cuda.mem_alloc(4 << 20)\n\
