@@ -1,0 +1,68 @@
+//! Several GPUs, one process each, as DDP over NCCL runs them — on the libcuda stand-in's two
+//! devices (tests/fixtures/workloads/ranks.py): every rank's driver calls carry its device, the
+//! VMM buffers the ranks share are matched export to import across processes, and a rank killed
+//! while the other holds its imported buffer leaves the findings it should.
+
+mod support;
+
+use gpuprof_model::event::{Event, Layer, Op};
+use gpuprof_model::{Finding, FindingKind, Severity};
+use support::*;
+
+const MIB: u64 = 1 << 20;
+
+#[test]
+fn ranks_on_two_devices_share_buffers_and_one_dies_holding_the_others() {
+    let dir = scratch("multi_gpu_ranks");
+    let (log, out, findings) = (dir.join("expected.jsonl"), dir.join("events.jsonl"), dir.join("findings.json"));
+    let script = workloads().join("ranks.py");
+    let output = gpuprof_run(
+        &["-f", "jsonl", "-o", out.to_str().unwrap(), "--findings", findings.to_str().unwrap()],
+        &[python3(), script.to_str().unwrap()],
+        &log,
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("lost 0 "), "{stderr}");
+    let expected = read_expected(&log);
+    let events = read_events(&out);
+    let ranks = [pid_of_role(&expected, "rank0"), pid_of_role(&expected, "rank1")];
+
+    let calls_of = |pid: u32| -> Vec<&Event> { events.iter().filter(|e| e.pid == pid && e.layer == Layer::Driver).collect() };
+    for (device, &pid) in ranks.iter().enumerate() {
+        let want: Vec<_> = expected_calls(&expected).into_iter().filter(|e| e["pid"] == pid).collect();
+        assert_same_calls(&want, &calls_of(pid));
+        // Every call of the rank, the plain cuMemAlloc included, on the rank's own device.
+        let devices: Vec<Option<i32>> = calls_of(pid).iter().map(|e| e.device).collect();
+        assert_eq!(devices, vec![Some(device as i32); want.len()], "rank {device}");
+    }
+
+    // Each rank imports the other's export: the same kernel file object, the exporter as peer.
+    let export_of = |pid: u32| calls_of(pid).into_iter().find(|e| e.op == Op::IpcExport).unwrap().handle_object.clone();
+    let import_of = |pid: u32| calls_of(pid).into_iter().find(|e| e.op == Op::IpcOpen).unwrap();
+    for (me, other) in [(ranks[0], ranks[1]), (ranks[1], ranks[0])] {
+        let import = import_of(me);
+        assert_eq!(import.peer_pid, Some(other));
+        assert!(import.handle_object.is_some());
+        assert_eq!(import.handle_object, export_of(other));
+    }
+    let exit = |pid: u32| events.iter().find(|e| e.pid == pid && e.op == Op::Exit).unwrap();
+    assert_eq!((exit(ranks[1]).exit_code, exit(ranks[1]).signal), (Some(137), Some(9)));
+    assert_eq!(exit(ranks[0]).exit_code, Some(0));
+
+    // Rank 1, killed: its own memory (1 buffer of 2 MiB, its 2 MiB VMM buffer) and rank 0's
+    // buffer it still had open. Rank 0 let go of rank 1's buffer after the death (a VMM handle
+    // keeps that memory alive by design: no finding), and ended holding its own 1 MiB and VMM
+    // buffer.
+    let findings: Vec<Finding> = serde_json::from_str(&std::fs::read_to_string(&findings).unwrap()).unwrap();
+    let summary: Vec<(FindingKind, Severity, u32, Option<u32>, u64, u64)> =
+        findings.iter().map(|f| (f.kind, f.severity, f.pid, f.peer_pid, f.bytes, f.count)).collect();
+    assert_eq!(
+        summary,
+        [
+            (FindingKind::ExitWithLiveAllocations, Severity::Leak, ranks[1], None, 4 * MIB, 2),
+            (FindingKind::IpcHandleNotClosed, Severity::Leak, ranks[1], Some(ranks[0]), 2 * MIB, 1),
+            (FindingKind::ExitWithLiveAllocations, Severity::Leak, ranks[0], None, 3 * MIB, 2),
+        ]
+    );
+}
