@@ -73,9 +73,9 @@ fn top_shows_a_cuda_process_and_quits_on_q() {
         .trim_matches(|c| c == '│' || c == ' ')
         .split_whitespace()
         .collect();
-    // PID COMM STATE DRIVER ALLOCATED RESERVED BEFORE NVML-USED NOT-PROBED IPC CTX CALLS (no NVML
-    // here, no allocator)
-    assert_eq!(row, [pid.as_str(), "python3", "running", "11.0", "MiB", "-", "-", "-", "-", "-", "0", "1", "4"], "{screen}");
+    // PID COMM STATE DEV DRIVER ALLOCATED RESERVED BEFORE NVML-USED NOT-PROBED IPC CTX CALLS (no
+    // NVML here, no allocator); device 0's context current.
+    assert_eq!(row, [pid.as_str(), "python3", "running", "0", "11.0", "MiB", "-", "-", "-", "-", "-", "0", "1", "4"], "{screen}");
     assert!(screen.contains("1 CUDA processes"), "{screen}");
     assert!(screen.contains(&format!("Live bytes by the user's line — pid {pid}")), "{screen}");
     assert!(screen.lines().any(|l| l.contains("11.0 MiB device") && l.contains("Driver.call")), "{screen}");

@@ -160,6 +160,7 @@ pub fn draw(frame: &mut Frame<'_>, model: &Model, state: &mut ViewState) {
             Cell::from(p.pid.to_string()),
             Cell::from(p.comm.clone()),
             Cell::from(state_text),
+            Cell::from(if p.devices.is_empty() { "-".to_string() } else { p.devices.iter().map(i32::to_string).collect::<Vec<_>>().join(",") }),
             Cell::from(human(device_bytes(p))),
             Cell::from(allocated),
             Cell::from(reserved),
@@ -178,6 +179,7 @@ pub fn draw(frame: &mut Frame<'_>, model: &Model, state: &mut ViewState) {
             Constraint::Length(8),
             Constraint::Length(16),
             Constraint::Length(12),
+            Constraint::Length(5),
             Constraint::Length(12),
             Constraint::Length(12),
             Constraint::Length(12),
@@ -190,7 +192,7 @@ pub fn draw(frame: &mut Frame<'_>, model: &Model, state: &mut ViewState) {
         ],
     )
     .header(
-        Row::new(["PID", "COMM", "STATE", "DRIVER", "ALLOCATED", "RESERVED", "BEFORE", "NVML USED", "NOT PROBED", "IPC OPEN", "CTX", "CALLS"])
+        Row::new(["PID", "COMM", "STATE", "DEV", "DRIVER", "ALLOCATED", "RESERVED", "BEFORE", "NVML USED", "NOT PROBED", "IPC OPEN", "CTX", "CALLS"])
             .style(Style::default().add_modifier(Modifier::BOLD)),
     )
     .row_highlight_style(Style::default().add_modifier(Modifier::REVERSED))

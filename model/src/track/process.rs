@@ -378,7 +378,15 @@ impl ProcessMemory {
             reserved: self.allocator_totals.values().map(|t| t.reserved).sum(),
             ts: self.allocator_totals.values().map(|t| t.ts).max().unwrap_or(0),
         });
+        let devices: std::collections::BTreeSet<i32> = self
+            .allocations
+            .values()
+            .chain(self.blocks.values())
+            .filter_map(|a| a.device)
+            .chain(self.allocator_totals.keys().copied())
+            .collect();
         LiveSummary {
+            devices: devices.into_iter().collect(),
             by_frame,
             blocks,
             allocator,
@@ -533,6 +541,8 @@ pub struct LiveSummary {
     pub allocator: Option<AllocatorTotals>,
     /// What the allocator held before gpuprof first heard from it, when anything (attach, top).
     pub before_capture: Option<AllocatorTotals>,
+    /// The CUDA devices its live memory is on (one per rank in a data-parallel job), ascending.
+    pub devices: Vec<i32>,
     pub pid: u32,
     pub ppid: Option<u32>,
     pub comm: String,

@@ -137,6 +137,12 @@ fn live_bytes_follow_every_alloc_and_free_of_both_layers() {
     tracker.apply(&driver(8, 10, Op::Free, "cuMemFreeHost", Kind::HostPinned, 0x5000, 0));
     let process = tracker.process(10).unwrap();
     assert_eq!((process.live_bytes(false), process.live_bytes(true)), (2 << 20, 256));
+    // The blocks report device 0; a driver allocation on device 1 adds it.
+    assert_eq!(process.summary().devices, [0]);
+    let mut on_one = driver(9, 10, Op::Alloc, "cuMemAlloc_v2", Kind::Device, 0x7e00_0000_0000, 1 << 20);
+    on_one.device = Some(1);
+    tracker.apply(&on_one);
+    assert_eq!(tracker.process(10).unwrap().summary().devices, [0, 1]);
 }
 
 #[test]
