@@ -1,12 +1,19 @@
 //! Several GPUs, one process each, as DDP over NCCL runs them — on the libcuda stand-in's two
 //! devices (tests/fixtures/workloads/ranks.py): every rank's driver calls carry its device, the
 //! VMM buffers the ranks share are matched export to import across processes, and a rank killed
-//! while the other holds its imported buffer leaves the findings it should.
+//! while the other holds its imported buffer leaves the findings it should; the collector shows
+//! each rank's memory on its device.
 
 mod support;
 
 use gpuprof_model::event::{Event, Layer, Op};
 use gpuprof_model::{Finding, FindingKind, Severity};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use support::collector::Collector;
 use support::*;
 
 const MIB: u64 = 1 << 20;
@@ -16,11 +23,47 @@ fn ranks_on_two_devices_share_buffers_and_one_dies_holding_the_others() {
     let dir = scratch("multi_gpu_ranks");
     let (log, out, findings) = (dir.join("expected.jsonl"), dir.join("events.jsonl"), dir.join("findings.json"));
     let script = workloads().join("ranks.py");
-    let output = gpuprof_run(
-        &["-f", "jsonl", "-o", out.to_str().unwrap(), "--findings", findings.to_str().unwrap()],
-        &[python3(), script.to_str().unwrap()],
-        &log,
-    );
+    let collector = Collector::start(&dir.join("c.redb"), &[]);
+    let hold = dir.join("hold");
+    let mut command = Command::new(gpuprof());
+    command
+        .args(["run", "-f", "jsonl", "-o", out.to_str().unwrap(), "--findings", findings.to_str().unwrap()])
+        .args(["--otlp-endpoint", &collector.grpc, "--node-name", "ranks-node", "--"])
+        .args([python3(), script.to_str().unwrap()])
+        .env("GPUPROF_RANKS_HOLD", &hold)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    workload_env(&mut command, &log);
+    let agent = command.spawn().unwrap();
+
+    // While both ranks hold their buffers, the collector shows each one's device memory on its
+    // own device: a 1 MiB (rank 0) or 2 MiB (rank 1) buffer and a 2 MiB VMM buffer.
+    let marker = |rank: u32| PathBuf::from(format!("{}.rank{rank}", hold.display()));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !(marker(0).exists() && marker(1).exists()) {
+        assert!(Instant::now() < deadline, "the ranks never got to hold their buffers");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let by_device = |processes: &Value, pid: u32| {
+        processes.as_array().unwrap().iter().find(|p| p["pid"] == pid && p["state"] == "running").map(|p| p["live_bytes_by_device"].clone())
+    };
+    let ranks_now = [pid_of_role(&read_expected(&log), "rank0"), pid_of_role(&read_expected(&log), "rank1")];
+    let want = [json!({ "0": 3 * MIB }), json!({ "1": 4 * MIB })];
+    let processes = loop {
+        let (status, text) = collector.get("/api/v1/processes?node=ranks-node");
+        assert_eq!(status, 200);
+        let processes: Value = serde_json::from_str(&text).unwrap();
+        let seen = [by_device(&processes, ranks_now[0]), by_device(&processes, ranks_now[1])];
+        if seen.iter().zip(&want).all(|(seen, want)| seen.as_ref() == Some(want)) || Instant::now() > deadline {
+            break processes;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    for (rank, want) in want.iter().enumerate() {
+        assert_eq!(by_device(&processes, ranks_now[rank]).as_ref(), Some(want), "rank {rank}: {processes:#}");
+    }
+    std::fs::write(&hold, "").unwrap();
+    let output = agent.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(0), "{stderr}");
     assert!(stderr.contains("lost 0 "), "{stderr}");

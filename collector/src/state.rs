@@ -115,6 +115,9 @@ pub struct ProcessView {
     pub exit_code: Option<i32>,
     /// Live bytes by kind (driver level).
     pub live_bytes: BTreeMap<String, u64>,
+    /// Live device memory (driver level) per CUDA device, where the calls' device is known: a
+    /// rank's GPU in a data-parallel job.
+    pub live_bytes_by_device: BTreeMap<i32, u64>,
     pub open_allocations: usize,
     pub ipc_imports: usize,
     pub contexts: u32,
@@ -424,6 +427,7 @@ fn view(node: &str, p: &ProcessMemory, summary: Option<&ProcessSummary>, detail:
         state,
         exit_code,
         live_bytes: live.by_kind.iter().map(|(k, t)| (k.as_str().to_string(), t.bytes)).collect(),
+        live_bytes_by_device: live.by_device.iter().map(|(d, t)| (*d, t.bytes)).collect(),
         open_allocations: p.allocations().len(),
         ipc_imports: p.imports().len(),
         contexts: p.contexts(),

@@ -385,8 +385,17 @@ impl ProcessMemory {
             .filter_map(|a| a.device)
             .chain(self.allocator_totals.keys().copied())
             .collect();
+        let mut by_device: BTreeMap<i32, KindTotal> = BTreeMap::new();
+        for allocation in self.allocations.values().filter(|a| a.is_device_memory()) {
+            if let Some(device) = allocation.device {
+                let total = by_device.entry(device).or_default();
+                total.bytes += allocation.size;
+                total.count += 1;
+            }
+        }
         LiveSummary {
             devices: devices.into_iter().collect(),
+            by_device,
             by_frame,
             blocks,
             allocator,
@@ -543,6 +552,9 @@ pub struct LiveSummary {
     pub before_capture: Option<AllocatorTotals>,
     /// The CUDA devices its live memory is on (one per rank in a data-parallel job), ascending.
     pub devices: Vec<i32>,
+    /// Live driver allocations of device memory (pinned host left out) per device, where the call's
+    /// device is known.
+    pub by_device: BTreeMap<i32, KindTotal>,
     pub pid: u32,
     pub ppid: Option<u32>,
     pub comm: String,

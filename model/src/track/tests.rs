@@ -142,7 +142,10 @@ fn live_bytes_follow_every_alloc_and_free_of_both_layers() {
     let mut on_one = driver(9, 10, Op::Alloc, "cuMemAlloc_v2", Kind::Device, 0x7e00_0000_0000, 1 << 20);
     on_one.device = Some(1);
     tracker.apply(&on_one);
-    assert_eq!(tracker.process(10).unwrap().summary().devices, [0, 1]);
+    let summary = tracker.process(10).unwrap().summary();
+    assert_eq!(summary.devices, [0, 1]);
+    // Device 0's segment was allocated with no device named; device 1's is counted.
+    assert_eq!(summary.by_device.into_iter().collect::<Vec<_>>(), [(1, KindTotal { bytes: 1 << 20, count: 1 })]);
 }
 
 #[test]
