@@ -18,6 +18,8 @@ for pid, rank in sorted(ranks.items(), key=lambda kv: kv[1]["rank"]):
     print(f"rank {rank['rank']} pid {pid} device {rank['device']}")
     print(f"  tensor events by device: {dict(collections.Counter(e.get('device') for e in tensors))}; "
           f"allocations {sum(e['op'] == 'alloc' for e in tensors)} (PyTorch: {rank['alloc_count']})")
+    print(f"  allocator's peak allocated {max(e['allocated'] for e in tensors)} (PyTorch's allocated_bytes.all.peak: "
+          f"{rank['peak_allocated']}), most reserved {max(e['reserved'] for e in tensors)} (reserved when it printed: {rank['reserved']})")
     print(f"  driver events by device: {dict(collections.Counter(e.get('device') for e in driver))}")
     live = collections.defaultdict(int)  # (device, kind) -> bytes, at the end of the capture
     sizes = {}
