@@ -1,8 +1,8 @@
 //! Several GPUs, one process each, as DDP over NCCL runs them — on the libcuda stand-in's two
 //! devices (tests/fixtures/workloads/ranks.py): every rank's driver calls carry its device, the
 //! VMM buffers the ranks share are matched export to import across processes, and a rank killed
-//! while the other holds its imported buffer leaves the findings it should; the collector shows
-//! each rank's memory on its device.
+//! while the other holds its imported buffer leaves the findings it should, each naming its rank;
+//! the collector shows each rank's memory on its device.
 
 mod support;
 
@@ -98,14 +98,21 @@ fn ranks_on_two_devices_share_buffers_and_one_dies_holding_the_others() {
     // keeps that memory alive by design: no finding), and ended holding its own 1 MiB and VMM
     // buffer.
     let findings: Vec<Finding> = serde_json::from_str(&std::fs::read_to_string(&findings).unwrap()).unwrap();
-    let summary: Vec<(FindingKind, Severity, u32, Option<u32>, u64, u64)> =
-        findings.iter().map(|f| (f.kind, f.severity, f.pid, f.peer_pid, f.bytes, f.count)).collect();
+    // Each names its rank (RANK in the process's environment, as torchrun sets it).
+    let summary: Vec<(FindingKind, Severity, u32, Option<u32>, Option<u32>, u64, u64)> =
+        findings.iter().map(|f| (f.kind, f.severity, f.pid, f.rank, f.peer_pid, f.bytes, f.count)).collect();
     assert_eq!(
         summary,
         [
-            (FindingKind::ExitWithLiveAllocations, Severity::Leak, ranks[1], None, 4 * MIB, 2),
-            (FindingKind::IpcHandleNotClosed, Severity::Leak, ranks[1], Some(ranks[0]), 2 * MIB, 1),
-            (FindingKind::ExitWithLiveAllocations, Severity::Leak, ranks[0], None, 3 * MIB, 2),
+            (FindingKind::ExitWithLiveAllocations, Severity::Leak, ranks[1], Some(1), None, 4 * MIB, 2),
+            (FindingKind::IpcHandleNotClosed, Severity::Leak, ranks[1], Some(1), Some(ranks[0]), 2 * MIB, 1),
+            (FindingKind::ExitWithLiveAllocations, Severity::Leak, ranks[0], Some(0), None, 3 * MIB, 2),
         ]
     );
+    assert!(stderr.contains(&format!("  ipc_handle_not_closed [leak] pid {} (rank 1) peer {}: 2.0 MiB in 1 (id ", ranks[1], ranks[0])), "{stderr}");
+    // The collector serves the same.
+    let (_, served) = collector.get("/api/v1/findings?node=ranks-node");
+    let served: Vec<Value> = serde_json::from_str(&served).unwrap();
+    let served: Vec<(u64, Option<u64>)> = served.iter().map(|f| (f["pid"].as_u64().unwrap(), f["rank"].as_u64())).collect();
+    assert_eq!(served, [(ranks[1] as u64, Some(1)), (ranks[1] as u64, Some(1)), (ranks[0] as u64, Some(0))]);
 }

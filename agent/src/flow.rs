@@ -2,12 +2,14 @@
 //! shim): the forward line of a backward-pass block, OTLP export, the tracker and leak rules, the output; and the end of a run: the last
 //! findings, the summaries, the findings table or file, the counters.
 
+use std::collections::HashMap;
 use std::io;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use gpuprof_model::autograd::ForwardStacks;
+use gpuprof_model::event::{Layer, Op};
 use gpuprof_model::{Analyzer, Event, Finding, RuleConfig};
 
 use crate::nvml::NvmlView;
@@ -46,6 +48,9 @@ pub struct EventFlow {
     nvml: NvmlView,
     /// Forward lines of backward-pass blocks, by autograd sequence number.
     forward_stacks: ForwardStacks,
+    /// Each process's rank in a distributed job, read once at its first CUDA call (None: no
+    /// RANK in its environment), so findings name it.
+    ranks: HashMap<u32, Option<u32>>,
 }
 
 impl EventFlow {
@@ -64,6 +69,7 @@ impl EventFlow {
             events: 0,
             nvml: NvmlView::open(),
             forward_stacks: ForwardStacks::default(),
+            ranks: HashMap::new(),
         }
     }
 
@@ -77,7 +83,18 @@ impl EventFlow {
         if let Some(telemetry) = &mut self.telemetry {
             telemetry.before(&event, self.analyzer.tracker());
         }
-        let fired = self.analyzer.observe(&mut event);
+        match (event.layer, event.op) {
+            // A new image may be another rank (or none).
+            (Layer::Process, Op::Exec) => {
+                self.ranks.remove(&event.pid);
+            }
+            (Layer::Process, _) => {}
+            _ => {
+                self.ranks.entry(event.pid).or_insert_with(|| crate::procfs::rank(event.pid));
+            }
+        }
+        let mut fired = self.analyzer.observe(&mut event);
+        self.name_ranks(&mut fired);
         if let Some(telemetry) = &mut self.telemetry {
             telemetry.after(&event, &fired, self.analyzer.tracker());
         }
@@ -90,7 +107,8 @@ impl EventFlow {
     /// the exporter and writes buffered output.
     pub fn flush(&mut self) -> Result<()> {
         let now = gpuprof_model::event::wall_clock_ns();
-        let due = self.analyzer.tick(now);
+        let mut due = self.analyzer.tick(now);
+        self.name_ranks(&mut due);
         if !due.is_empty() {
             if let Some(telemetry) = &mut self.telemetry {
                 telemetry.findings(&due, self.analyzer.tracker());
@@ -103,6 +121,13 @@ impl EventFlow {
             telemetry.flush(self.analyzer.tracker(), now);
         }
         self.sink.flush().context("cannot write the output")
+    }
+
+    /// The rank of each finding's process, where its environment said one.
+    fn name_ranks(&self, findings: &mut [Finding]) {
+        for finding in findings {
+            finding.rank = self.ranks.get(&finding.pid).copied().flatten();
+        }
     }
 
     /// A line for the person at the terminal (quiet while a full-screen view owns it).
@@ -161,7 +186,8 @@ impl EventFlow {
     /// stderr (and in `--findings`), then `stats` and the export's own account.
     /// `lost_events`: what the capture dropped (a recording keeps the count).
     pub fn finish(mut self, stats: &str, lost_events: u64) -> Result<()> {
-        let ended = self.analyzer.finish();
+        let mut ended = self.analyzer.finish();
+        self.name_ranks(&mut ended);
         if let Some(telemetry) = &mut self.telemetry {
             telemetry.findings(&ended, self.analyzer.tracker());
         }

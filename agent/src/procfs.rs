@@ -26,6 +26,21 @@ pub fn comm(pid: u32) -> String {
         .unwrap_or_default()
 }
 
+/// The rank a distributed launcher (torchrun, torch.distributed, DeepSpeed, Accelerate) gave the
+/// process: `RANK` in the environment it was started with. `None` when it has none, or it is
+/// gone or not ours to read.
+pub fn rank(pid: u32) -> Option<u32> {
+    let environ = fs::read(format!("/proc/{pid}/environ")).ok()?;
+    rank_in(&environ)
+}
+
+fn rank_in(environ: &[u8]) -> Option<u32> {
+    environ
+        .split(|&b| b == 0)
+        .find_map(|entry| entry.strip_prefix(b"RANK="))
+        .and_then(|value| std::str::from_utf8(value).ok()?.parse().ok())
+}
+
 /// State and parent from /proc/PID/stat; `None` when the process is gone.
 pub fn stat(pid: u32) -> Option<(char, u32)> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -181,6 +196,15 @@ pub fn path_in_root(pid: u32, path: &str) -> PathBuf {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn the_rank_is_the_rank_variable_alone() {
+        assert_eq!(rank_in(b"PATH=/usr/bin\0LOCAL_RANK=3\0RANK=11\0WORLD_SIZE=16\0"), Some(11));
+        assert_eq!(rank_in(b"LOCAL_RANK=3\0GROUP_RANK=1\0"), None);
+        assert_eq!(rank_in(b"RANK=x\0"), None);
+        assert_eq!(rank_in(b""), None);
+    }
+
     use super::*;
 
     #[test]

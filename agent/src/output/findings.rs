@@ -22,9 +22,10 @@ pub fn write_table(writer: &mut dyn Write, findings: &[Finding]) -> io::Result<(
     let ordered = findings.iter().filter(|f| f.severity == Severity::Leak).chain(findings.iter().filter(|f| f.severity != Severity::Leak));
     for finding in ordered {
         let peer = finding.peer_pid.map(|p| format!(" peer {p}")).unwrap_or_default();
+        let rank = finding.rank.map(|r| format!(" (rank {r})")).unwrap_or_default();
         writeln!(
             writer,
-            "  {} [{}] pid {}{peer}: {} in {} (id {})",
+            "  {} [{}] pid {}{rank}{peer}: {} in {} (id {})",
             finding.kind.as_str(),
             finding.severity.as_str(),
             finding.pid,

@@ -142,6 +142,10 @@ pub struct Finding {
     /// request: its free memory is in pieces too small, or in the wrong pool.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub fragmentation: bool,
+    /// The process's rank in a distributed job (`RANK` in its environment), where the live
+    /// capture could read it; a report of a file has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank: Option<u32>,
 }
 
 impl Finding {
@@ -167,6 +171,7 @@ impl Finding {
             stacks: Vec::new(),
             segment_bytes: None,
             fragmentation: false,
+            rank: None,
         }
     }
 
