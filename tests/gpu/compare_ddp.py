@@ -9,7 +9,15 @@ import sys
 out = sys.argv[1]
 path = os.path.join(out, "ddp.jsonl")
 events = [json.loads(line) for line in (open(path) if os.path.exists(path) else gzip.open(path + ".gz", "rt"))]
-ranks = {r["pid"]: r for r in (json.loads(line) for line in open(os.path.join(out, "ranks.jsonl")) if line.strip())}
+def objects(text):
+    """The JSON objects in text: the ranks print at once, their lines may run together."""
+    decoder, at = json.JSONDecoder(), 0
+    while (at := text.find("{", at)) >= 0:
+        value, at = decoder.raw_decode(text, at)
+        yield value
+
+
+ranks = {r["pid"]: r for r in objects(open(os.path.join(out, "ranks.jsonl")).read())}
 MiB = 1 << 20
 for pid, rank in sorted(ranks.items(), key=lambda kv: kv[1]["rank"]):
     mine = [e for e in events if e["pid"] == pid]
@@ -40,3 +48,15 @@ for pid, rank in sorted(ranks.items(), key=lambda kv: kv[1]["rank"]):
           f"on devices {dict(collections.Counter(e.get('device') for e in nccl if e['api'] == 'cuMemCreate'))}")
     imports = [e for e in driver if e["op"] == "ipc_open"]
     print(f"  imports {len(imports)}, peers {dict(collections.Counter(e.get('peer_pid') for e in imports))}")
+
+processes_path = os.path.join(out, "processes.json")
+if os.path.exists(processes_path):
+    print("collector, while the ranks held their memory:")
+    for view in json.load(open(processes_path)):
+        if view["pid"] in ranks and view["state"] == "running":
+            print(f"  pid {view['pid']} (rank {ranks[view['pid']]['rank']}): live_bytes_by_device "
+                  f"{ {d: f'{b / MiB:.1f} MiB' for d, b in view['live_bytes_by_device'].items()} }, allocator "
+                  f"{ {d: a['allocated'] for d, a in view['allocator'].items()} }")
+findings_path = os.path.join(out, "ddp.findings.json")
+if os.path.exists(findings_path):
+    print("findings:", [(f["kind"], f["pid"], f.get("rank")) for f in json.load(open(findings_path))])
