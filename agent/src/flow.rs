@@ -42,7 +42,6 @@ pub struct EventFlow {
     output_file: Option<PathBuf>,
     findings_file: Option<PathBuf>,
     notices: bool,
-
     events: u64,
     /// What the driver says each followed process uses (nvidia-smi's figure), where NVML is.
     nvml: NvmlView,
@@ -154,7 +153,12 @@ impl EventFlow {
     /// findings they can no longer cause). Returns how many were dropped.
     pub fn forget_exited(&mut self, age: Duration) -> usize {
         let horizon = gpuprof_model::event::wall_clock_ns().saturating_sub(age.as_nanos() as u64);
-        self.analyzer.forget_closed_before(horizon)
+        let forgotten = self.analyzer.forget_closed_before(horizon);
+        // Ranks of processes no longer followed go too: a daemon sees processes come and go for
+        // months.
+        let tracker = self.analyzer.tracker();
+        self.ranks.retain(|pid, _| tracker.process(*pid).is_some());
+        forgotten
     }
 
     pub fn analyzer(&self) -> &Analyzer {
