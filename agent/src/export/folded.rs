@@ -26,11 +26,7 @@ pub fn stacks(tracker: &Tracker, layer: StackLayer, include_exited: bool) -> Vec
     let processes: Vec<&ProcessMemory> = if include_exited { tracker.processes() } else { tracker.live_processes() };
     let mut totals: BTreeMap<(u32, &str, &[Frame]), (&str, u64)> = BTreeMap::new();
     for process in processes {
-        let use_blocks = match layer {
-            StackLayer::Allocator => true,
-            StackLayer::Driver => false,
-            StackLayer::Auto => !process.allocator_totals().is_empty(),
-        };
+        let use_blocks = layer.counts_tensors(process);
         let live: Vec<&Allocation> = if use_blocks { process.blocks() } else { process.allocations() };
         for allocation in live {
             let kind = if use_blocks { "tensors" } else { allocation.kind.as_str() };

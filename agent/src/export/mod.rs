@@ -51,6 +51,18 @@ pub enum StackLayer {
     Allocator,
 }
 
+impl StackLayer {
+    /// Whether the view counts this process's allocator blocks (tensors) rather than its driver
+    /// allocations.
+    pub fn counts_tensors(self, process: &gpuprof_model::track::ProcessMemory) -> bool {
+        match self {
+            StackLayer::Allocator => true,
+            StackLayer::Driver => false,
+            StackLayer::Auto => !process.allocator_totals().is_empty(),
+        }
+    }
+}
+
 /// Where in the recording the view is taken.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Moment {

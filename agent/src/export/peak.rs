@@ -26,12 +26,7 @@ pub struct Peak {
 
 /// What a process counts for in a view of `layer`.
 pub fn view_bytes(process: &ProcessMemory, layer: StackLayer) -> u64 {
-    let tensors = match layer {
-        StackLayer::Allocator => true,
-        StackLayer::Driver => false,
-        StackLayer::Auto => !process.allocator_totals().is_empty(),
-    };
-    process.live_bytes(tensors)
+    process.live_bytes(layer.counts_tensors(process))
 }
 
 /// The first instant the total is highest. An error when nothing was ever live.

@@ -132,10 +132,9 @@ fn process_summary(
 ) -> ProcessSummary {
     // The newest instance of the pid decides its name and what it counts.
     let last = end.processes().into_iter().filter(|p| p.pid == pid).last();
-    let tensors = match request.layer {
-        StackLayer::Allocator => true,
-        StackLayer::Driver => false,
-        StackLayer::Auto => last.is_some_and(|p| !p.allocator_totals().is_empty()),
+    let tensors = match last {
+        Some(process) => request.layer.counts_tensors(process),
+        None => request.layer == StackLayer::Allocator,
     };
     let mut rows: HashMap<String, Row> = HashMap::new();
     for (place, (by_tensors, by_driver)) in allocated {

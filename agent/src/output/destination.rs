@@ -3,10 +3,10 @@
 //! a summary and the next commands rather than a flood of events.
 
 use std::ffi::OsStr;
-use std::io::{self, IsTerminal};
+use std::io;
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 
 use gpuprof_model::event::{Event, Layer};
 
@@ -71,23 +71,12 @@ impl Drop for ChosenFileSink {
 impl Destination {
     /// `name`: what the file is named after when gpuprof names it ("train" for `python train.py`).
     pub fn resolve(given: Option<Format>, output: Option<&Path>, name: &str) -> Result<Destination> {
-        let to_stdout = output.is_some_and(|p| p == Path::new("-"));
-        let destination = match (given, output) {
-            (given, Some(_)) if to_stdout => Destination { format: given.unwrap_or(Format::Jsonl), file: None, chosen: false },
-            (given, Some(path)) => {
-                let by_name = match path.extension() {
-                    Some(extension) if extension == RECORDING_EXTENSION => Format::Recording,
-                    _ => Format::Jsonl,
-                };
-                Destination { format: given.unwrap_or(by_name), file: Some(path.to_path_buf()), chosen: false }
-            }
-            (Some(format), None) => Destination { format, file: None, chosen: false },
-            (None, None) => Destination { format: Format::Recording, file: Some(unused_name(name)), chosen: true },
-        };
-        if destination.format == Format::Recording && destination.file.is_none() && io::stdout().is_terminal() {
-            bail!("--format recording is binary: give --output FILE.gpuprof (or redirect stdout)");
+        if given.is_none() && output.is_none() {
+            return Ok(Destination { format: Format::Recording, file: Some(unused_name(name)), chosen: true });
         }
-        Ok(destination)
+        // `-o -` is stdout; the rest is what --format and --output always meant.
+        let file = output.filter(|path| *path != Path::new("-"));
+        Ok(Destination { format: Format::resolve(given, file)?, file: file.map(Path::to_path_buf), chosen: false })
     }
 }
 
