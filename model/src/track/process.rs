@@ -110,6 +110,9 @@ pub struct ProcessMemory {
     /// change: views that look after every event (the peak) cannot sum the tables each time.
     allocation_bytes: u64,
     block_bytes: u64,
+    /// Bytes of live driver allocations of device memory (pinned host memory left out), per
+    /// device (None: the call named none), kept as they change for the timelines of a report.
+    device_memory: BTreeMap<Option<i32>, u64>,
     /// What the allocator already held when gpuprof first heard from it (attached to a running
     /// process): its first report's totals less what gpuprof saw happen.
     before_capture: Option<AllocatorTotals>,
@@ -146,6 +149,7 @@ impl ProcessMemory {
             driver_calls: 0,
             allocation_bytes: 0,
             block_bytes: 0,
+            device_memory: BTreeMap::new(),
             before_capture: None,
         }
     }
@@ -157,6 +161,12 @@ impl ProcessMemory {
         } else {
             self.allocation_bytes
         }
+    }
+
+    /// Bytes of live driver allocations of device memory on `device` (None: allocations whose
+    /// call named no device); pinned host memory is not counted.
+    pub fn device_memory(&self, device: Option<i32>) -> u64 {
+        self.device_memory.get(&device).copied().unwrap_or(0)
     }
 
     /// What the allocator held before gpuprof saw its first report: allocated (live tensors)
@@ -412,6 +422,21 @@ impl ProcessMemory {
         }
     }
 
+    fn count_device_memory(&mut self, allocation: &Allocation, live: bool) {
+        if !allocation.is_device_memory() {
+            return;
+        }
+        let bytes = self.device_memory.entry(allocation.device).or_default();
+        if live {
+            *bytes += allocation.size;
+        } else {
+            *bytes -= allocation.size;
+            if *bytes == 0 {
+                self.device_memory.remove(&allocation.device);
+            }
+        }
+    }
+
     /// Applies a successful driver call; returns the allocation it released, if any.
     pub(super) fn apply_driver(
         &mut self,
@@ -427,14 +452,18 @@ impl ProcessMemory {
                     self.segments.insert(addr, event.size);
                 }
                 let stack = event.attributed_stack();
+                let allocation = allocation_of(event, addr, kind, stack);
+                self.count_device_memory(&allocation, true);
                 self.allocation_bytes += event.size;
-                if let Some(replaced) = self.allocations.insert((space, addr), allocation_of(event, addr, kind, stack)) {
+                if let Some(replaced) = self.allocations.insert((space, addr), allocation) {
                     self.allocation_bytes -= replaced.size;
+                    self.count_device_memory(&replaced, false);
                 }
             }
             Op::Free => {
                 if let Some(freed) = self.allocations.remove(&(space, addr)) {
                     self.allocation_bytes -= freed.size;
+                    self.count_device_memory(&freed, false);
                     if space == Space::Pointer {
                         self.segments.remove(&addr);
                     }

@@ -166,3 +166,28 @@ fn memory_held_before_the_capture_is_the_first_report_less_what_was_seen() {
     tracker.apply(&block(6, 12, Op::Free, 0x7d00_0000_0000, 1024, 0, 2 << 20));
     assert_eq!(tracker.process(12).unwrap().before_capture().map(|b| (b.allocated, b.reserved)), Some((1024, 2 << 20)));
 }
+
+#[test]
+fn device_memory_is_kept_per_device_as_it_changes() {
+    let mut tracker = Tracker::new();
+    let on = |mut event: Event, device: Option<i32>| {
+        event.device = device;
+        event
+    };
+    tracker.apply(&on(driver(1, 10, Op::Alloc, "cuMemAlloc_v2", Kind::Device, 0x1000, 4096), Some(0)));
+    tracker.apply(&on(driver(2, 10, Op::Alloc, "cuMemAlloc_v2", Kind::Device, 0x9000, 8192), Some(1)));
+    tracker.apply(&on(driver(3, 10, Op::Alloc, "cuMemCreate", Kind::Vmm, 0x77, 2 << 20), Some(1)));
+    tracker.apply(&on(driver(4, 10, Op::Alloc, "cuMemAllocHost_v2", Kind::HostPinned, 0x5000, 100), Some(0)));
+    tracker.apply(&driver(5, 10, Op::Alloc, "cuMemAlloc_v2", Kind::Device, 0x20000, 512));
+    let process = tracker.process(10).unwrap();
+    assert_eq!(process.device_memory(Some(0)), 4096);
+    assert_eq!(process.device_memory(Some(1)), 8192 + (2 << 20));
+    assert_eq!(process.device_memory(None), 512);
+    // The same address allocated again without a free replaces the old allocation.
+    tracker.apply(&on(driver(6, 10, Op::Alloc, "cuMemAlloc_v2", Kind::Device, 0x1000, 1024), Some(0)));
+    tracker.apply(&on(driver(7, 10, Op::Free, "cuMemRelease", Kind::Vmm, 0x77, 0), Some(1)));
+    let process = tracker.process(10).unwrap();
+    assert_eq!(process.device_memory(Some(0)), 1024);
+    assert_eq!(process.device_memory(Some(1)), 8192);
+    assert_eq!(process.summary().by_device[&1].bytes, 8192);
+}
