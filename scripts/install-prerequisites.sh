@@ -3,7 +3,8 @@
 # clang for the BPF programs, what the vendored libbpf/libelf/zlib build needs, gcc for the
 # test fixtures, util-linux for the privilege and namespace tests, tmux for the terminal view's
 # test, bpftrace for the benchmark, prometheus for promtool (the collector's /metrics test),
-# golang-go for `go tool pprof` (the real consumer the memory-profile tests read profiles with);
+# golang-go for `go tool pprof` (the real consumer the memory-profile tests read profiles with),
+# chromium for the HTML report's tests (they open it headless and drive it as a person would);
 # and, in a virtual environment of their own (never the system Python: Debian 12 and Ubuntu 24.04
 # mark it externally managed, PEP 668), the OpenTelemetry Python SDK and protobuf bindings the
 # collector's real-peer test drives and kubernetes-validate for the chart's, and a wheelhouse with
@@ -15,7 +16,7 @@ set -euo pipefail
 
 tools=${GPUPROF_TEST_TOOLS:-/usr/local/lib/gpuprof-test-tools}
 packages=(clang llvm libelf-dev zlib1g-dev pkg-config autoconf autopoint automake libtool flex bison
-          gawk make gcc libc6-dev binutils util-linux python3 python3-venv bpftrace tmux prometheus golang-go)
+          gawk make gcc libc6-dev binutils util-linux python3 python3-venv bpftrace tmux prometheus golang-go chromium)
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")

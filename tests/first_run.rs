@@ -97,7 +97,7 @@ fn run_with_no_flags_records_to_a_named_file_and_says_what_next() {
         .collect();
     assert_eq!(
         next,
-        [format!("gpuprof summary {name}"), format!("gpuprof report {name} -f table"), format!("gpuprof export {name} -f flamegraph -o peak.svg")]
+        [format!("gpuprof summary {name}"), format!("gpuprof report {name} -f table"), format!("gpuprof export {name} -f flamegraph -o peak.svg"), format!("gpuprof export {name} -f html -o report.html")]
     );
     // Every line but the capture's one-line account fits 120 columns.
     for line in lines.iter().filter(|l| !l.contains(" events (") && !l.starts_with("gpuprof: probing")) {

@@ -68,9 +68,9 @@ pub enum Command {
         #[arg(long, value_name = "SECS", default_value_t = 0.5)]
         interval: f64,
     },
-    /// Views of a recorded event file: folded stacks, a flame graph, speedscope, a PyTorch
-    /// memory_viz snapshot, or the events themselves as jsonl (or jsonl as a recording).
-    #[command(after_help = "Examples:\n  gpuprof export run.gpuprof -f flamegraph -o peak.svg\n  gpuprof export run.gpuprof -f speedscope -o peak.speedscope.json\n  gpuprof export run.gpuprof -f memory-viz -o snap.pickle --from 60 --to 90\n  gpuprof export run.gpuprof -f folded --oom 1\n  gpuprof export run.gpuprof -f jsonl -o run.jsonl")]
+    /// Views of a recorded event file: an HTML report, folded stacks, a flame graph, speedscope,
+    /// a PyTorch memory_viz snapshot, or the events themselves as jsonl (or jsonl as a recording).
+    #[command(after_help = "Examples:\n  gpuprof export run.gpuprof -f html -o report.html\n  gpuprof export run.gpuprof -f flamegraph -o peak.svg\n  gpuprof export run.gpuprof -f speedscope -o peak.speedscope.json\n  gpuprof export run.gpuprof -f memory-viz -o snap.pickle --from 60 --to 90\n  gpuprof export run.gpuprof -f folded --oom 1\n  gpuprof export run.gpuprof -f jsonl -o run.jsonl")]
     #[command(group = clap::ArgGroup::new("file").required(true).args(["input", "input_flag"]))]
     Export {
         /// The event file (a recording or jsonl).
@@ -84,7 +84,8 @@ pub enum Command {
         /// Write the output here instead of stdout.
         #[arg(short, long, value_name = "FILE")]
         output: Option<PathBuf>,
-        /// memory-viz: the process to snapshot (default: the one with the most tensor events).
+        /// memory-viz: the process to snapshot (default: the one with the most tensor events);
+        /// html: the process the page shows first (default: all).
         #[arg(short, long, value_name = "PID")]
         pid: Option<u32>,
         /// Take the view when the processes held the most memory together (the default, but
@@ -222,6 +223,10 @@ pub struct CaptureArgs {
     /// Also write the leak findings, as a JSON array, to this file.
     #[arg(long, value_name = "FILE")]
     pub findings: Option<PathBuf>,
+    /// When the capture ends, also write its HTML report here (as `export --format html`):
+    /// timelines, the stacks behind any instant, the findings; one file that opens offline.
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
     #[command(flatten)]
     pub rules: RuleArgs,
     #[command(flatten)]
@@ -251,7 +256,26 @@ pub struct OtlpArgs {
 impl CaptureArgs {
     /// Where the capture goes; `name` names the file when gpuprof chooses it.
     pub fn destination(&self, name: &str) -> anyhow::Result<crate::output::Destination> {
-        crate::output::Destination::resolve(self.format, self.output.as_deref(), name)
+        let destination = crate::output::Destination::resolve(self.format, self.output.as_deref(), name)?;
+        let readable = matches!(destination.format, Format::Recording | Format::Jsonl) && destination.file.is_some();
+        if let Some(html) = self.html.as_deref().filter(|_| !readable) {
+            anyhow::bail!(
+                "--html {} reads the events from the file the capture writes: leave --output and --format out (a recording named after the job) or give --output FILE.gpuprof or FILE.jsonl",
+                html.display()
+            );
+        }
+        Ok(destination)
+    }
+
+    /// `--html`: the report of the file the capture wrote (none when it kept no file).
+    pub fn write_html(&self, destination: &crate::output::Destination) -> anyhow::Result<()> {
+        let (Some(html), Some(events)) = (self.html.as_deref(), destination.file.as_deref()) else { return Ok(()) };
+        if !events.is_file() {
+            return Ok(());
+        }
+        crate::export::html::write_file(events, html)?;
+        eprintln!("gpuprof: wrote the report to {}; open it in a browser", html.display());
+        Ok(())
     }
 
     pub fn sink(&self, destination: &crate::output::Destination) -> anyhow::Result<Box<dyn crate::output::EventSink>> {

@@ -84,6 +84,7 @@ pub fn attach(pid: u32, wait: bool, args: &CaptureArgs) -> Result<u8> {
         session.tick();
     }
     session.finish()?;
+    args.write_html(&destination)?;
     Ok(0)
 }
 
@@ -128,6 +129,7 @@ pub fn run(command: &[OsString], args: &CaptureArgs) -> Result<u8> {
         follow_leftovers(&mut session, deadline, "command")?;
     }
     session.finish()?;
+    args.write_html(&destination)?;
     Ok(match status {
         Some(status) => exit_code_of(status),
         None => {

@@ -63,6 +63,7 @@ pub fn run(command: &[OsString], args: &CaptureArgs, shim: Option<&Path>) -> Res
     let _ = std::fs::remove_dir_all(&dir);
     let stats = run.stats_line(flow.events());
     flow.finish(&stats, run.dropped())?;
+    args.write_html(&destination)?;
     Ok(match status {
         Some(status) => exit_code_of(status),
         None => {

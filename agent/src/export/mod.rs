@@ -7,6 +7,7 @@
 //! memory_viz, at most `--max-entries` trace entries), however long the recording.
 
 mod folded;
+pub mod html;
 mod memory_viz;
 pub mod peak;
 mod speedscope;
@@ -34,6 +35,9 @@ pub enum ExportFormat {
     MemoryViz,
     /// Live bytes by stack for speedscope (speedscope.app), one profile per process.
     Speedscope,
+    /// One self-contained HTML page: timelines per process and device, the stacks behind any
+    /// instant, the findings (docs/views.md).
+    Html,
     /// Every event as a line of the jsonl contract (docs/events.md).
     Jsonl,
     /// Every event into a compact recording (from jsonl, say).
@@ -125,6 +129,7 @@ pub fn run(request: &ExportRequest<'_>) -> Result<u8> {
         ExportFormat::Recording => convert(request, output::Format::Recording),
         ExportFormat::Folded | ExportFormat::Flamegraph | ExportFormat::Speedscope => stack_view(request),
         ExportFormat::MemoryViz => memory_viz::export(request),
+        ExportFormat::Html => html::export(request),
     }
 }
 

@@ -36,7 +36,21 @@ pub fn find(input: &Path, layer: StackLayer) -> Result<Peak> {
 
 /// `find`, with `each` seeing every event after the tracker took it in; also returns the
 /// tracker's state at the end.
-pub fn find_with(input: &Path, layer: StackLayer, mut each: impl FnMut(&Event, &Tracker)) -> Result<(Peak, Analyzer)> {
+pub fn find_with(input: &Path, layer: StackLayer, each: impl FnMut(&Event, &Tracker)) -> Result<(Peak, Analyzer)> {
+    let (peak, analyzer, events) = scan(input, layer, each)?;
+    match peak {
+        Some(peak) => Ok((peak, analyzer)),
+        None => bail!(
+            "no GPU memory was ever live in {} ({events} events): nothing to show at its peak; check it with `gpuprof report {}`",
+            input.display(),
+            input.display()
+        ),
+    }
+}
+
+/// One pass: the peak (None when nothing was ever live), the rules' state at the end, and the
+/// number of events.
+pub fn scan(input: &Path, layer: StackLayer, mut each: impl FnMut(&Event, &Tracker)) -> Result<(Option<Peak>, Analyzer, u64)> {
     let mut analyzer = Analyzer::new(RuleConfig::default());
     let mut forward_stacks = ForwardStacks::default();
     let mut counted: HashMap<u32, u64> = HashMap::new();
@@ -58,12 +72,5 @@ pub fn find_with(input: &Path, layer: StackLayer, mut each: impl FnMut(&Event, &
         }
     }
     crate::input::say_how_it_ended(input, file.ending());
-    if peak.bytes == 0 {
-        bail!(
-            "no GPU memory was ever live in {} ({events} events): nothing to show at its peak; check it with `gpuprof report {}`",
-            input.display(),
-            input.display()
-        );
-    }
-    Ok((peak, analyzer))
+    Ok(((peak.bytes > 0).then_some(peak), analyzer, events))
 }

@@ -127,6 +127,7 @@ pub fn write_next_steps(writer: &mut dyn Write, file: &Path, events: u64) -> io:
         (format!("gpuprof summary {name}"), "the lines holding the most, per process"),
         (format!("gpuprof report {name} -f table"), "leak findings with their stacks"),
         (format!("gpuprof export {name} -f flamegraph -o peak.svg"), "live memory by stack at the peak"),
+        (format!("gpuprof export {name} -f html -o report.html"), "timelines, stacks at any instant, findings"),
     ];
     let width = steps.iter().map(|(command, _)| command.len()).max().unwrap_or(0);
     let fits = steps.iter().all(|(_, what)| 2 + width + 4 + what.len() <= text::COLUMNS);
