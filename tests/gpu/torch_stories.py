@@ -62,7 +62,7 @@ def eval_oom():
     try:
         evaluate(model, 8192)
     except torch.OutOfMemoryError as error:
-        say("evaluator", oom=str(error).split("\n")[0][:200])
+        say("evaluator", oom=str(error).split("\n")[0][:800])
     done.set()
     other.join()
 
