@@ -709,3 +709,235 @@ fn the_binaries_need_only_glibc_and_libgcc_at_run_time() {
         assert!(libraries.iter().any(|l| l == "libc.so.6"), "{libraries:?}");
     }
 }
+
+// ---- gpuprof inject ---------------------------------------------------------------------------
+
+const SHIM: &str = "/gpuprof/libgpuprof_shim.so";
+
+fn inject(args: &[&str], input: &str) -> Output {
+    let mut all = vec!["inject"];
+    all.extend_from_slice(args);
+    run(gpuprof(), &all, Some(input))
+}
+
+fn fixture(name: &str) -> String {
+    std::fs::read_to_string(support::fixtures().join("inject").join(name)).unwrap()
+}
+
+/// What gpuprof inject's sidecar is, with the defaults or the flags the test gave.
+struct Expected<'a> {
+    image: &'a str,
+    collector: &'a str,
+    protocol: &'a str,
+    port: u16,
+    token: Option<(&'a str, &'a str)>,
+    variable: &'a str,
+}
+
+const DEFAULTS: Expected<'static> = Expected {
+    image: concat!("gpuprof:", env!("CARGO_PKG_VERSION")),
+    collector: "http://gpuprof-collector.gpuprof:4317",
+    protocol: "grpc",
+    port: 9464,
+    token: None,
+    variable: "LD_PRELOAD",
+};
+
+fn expected_sidecar(expected: &Expected<'_>, targets: &[&str]) -> Value {
+    let field = |name: &str, path: &str| serde_json::json!({ "name": name, "valueFrom": { "fieldRef": { "fieldPath": path } } });
+    let mut env = vec![
+        serde_json::json!({ "name": "GPUPROF_OTLP_ENDPOINT", "value": expected.collector }),
+        serde_json::json!({ "name": "GPUPROF_OTLP_PROTOCOL", "value": expected.protocol }),
+        field("K8S_NODE_NAME", "spec.nodeName"),
+        field("K8S_POD_NAME", "metadata.name"),
+        field("K8S_NAMESPACE", "metadata.namespace"),
+        field("K8S_POD_UID", "metadata.uid"),
+        serde_json::json!({ "name": "GPUPROF_WORKLOAD_CONTAINER", "value": targets.join(",") }),
+    ];
+    if let Some((secret, key)) = expected.token {
+        env.push(serde_json::json!({ "name": "GPUPROF_OTLP_TOKEN", "valueFrom": { "secretKeyRef": { "name": secret, "key": key } } }));
+    }
+    serde_json::json!({
+        "name": "gpuprof",
+        "image": expected.image,
+        "imagePullPolicy": "IfNotPresent",
+        "restartPolicy": "Always",
+        "args": ["daemon", "--sidecar", "/gpuprof", "--listen", format!("0.0.0.0:{}", expected.port)],
+        "env": env,
+        "ports": [{ "name": "gpuprof-health", "containerPort": expected.port }],
+        "startupProbe": { "httpGet": { "path": "/readyz", "port": expected.port }, "periodSeconds": 1, "failureThreshold": 60 },
+        "volumeMounts": [{ "name": "gpuprof", "mountPath": "/gpuprof" }],
+        "resources": { "requests": { "cpu": "50m", "memory": "64Mi" }, "limits": { "memory": "256Mi" } },
+        "securityContext": {
+            "runAsNonRoot": true, "runAsUser": 65532, "runAsGroup": 65532, "allowPrivilegeEscalation": false,
+            "readOnlyRootFilesystem": true, "capabilities": { "drop": ["ALL"] }, "seccompProfile": { "type": "RuntimeDefault" }
+        }
+    })
+}
+
+/// Checks every field gpuprof inject adds to a pod spec, and takes them out again: what is left
+/// must be the spec as it was.
+fn take_out_sidecar(spec: &mut Value, expected: &Expected<'_>, targets: &[&str]) {
+    let object = spec.as_object_mut().unwrap();
+    let init = object.get_mut("initContainers").unwrap().as_array_mut().unwrap();
+    assert_eq!(init.remove(0), expected_sidecar(expected, targets));
+    if init.is_empty() {
+        object.remove("initContainers");
+    }
+    let volumes = object.get_mut("volumes").unwrap().as_array_mut().unwrap();
+    assert_eq!(volumes.pop().unwrap(), serde_json::json!({ "name": "gpuprof", "emptyDir": {} }));
+    assert!(volumes.iter().all(|v| v["name"] != "gpuprof"));
+    if volumes.is_empty() {
+        object.remove("volumes");
+    }
+    for container in object.get_mut("containers").unwrap().as_array_mut().unwrap() {
+        let name = container["name"].as_str().unwrap().to_string();
+        let container = container.as_object_mut().unwrap();
+        if !targets.contains(&name.as_str()) {
+            assert!(!container.get("env").is_some_and(|e| e.as_array().unwrap().iter().any(|v| v["name"] == "GPUPROF_SHIM_SOCKET")), "{name}");
+            continue;
+        }
+        let env = container.get_mut("env").unwrap().as_array_mut().unwrap();
+        assert_eq!(env.pop().unwrap(), serde_json::json!({ "name": "GPUPROF_SHIM_SOCKET", "value": "/gpuprof/shim.sock" }), "{name}");
+        let preload = env.iter().position(|v| v["name"] == expected.variable).unwrap_or_else(|| panic!("{name} has no {}", expected.variable));
+        let value = env[preload]["value"].as_str().unwrap().to_string();
+        match value.strip_prefix(&format!("{SHIM}:")) {
+            Some(before) => env[preload]["value"] = Value::String(before.to_string()),
+            None => {
+                assert_eq!(value, SHIM, "{name}");
+                env.remove(preload);
+            }
+        }
+        if env.is_empty() {
+            container.remove("env");
+        }
+        let mounts = container.get_mut("volumeMounts").unwrap().as_array_mut().unwrap();
+        assert_eq!(mounts.pop().unwrap(), serde_json::json!({ "name": "gpuprof", "mountPath": "/gpuprof", "readOnly": true }), "{name}");
+        if mounts.is_empty() {
+            container.remove("volumeMounts");
+        }
+    }
+}
+
+fn pod_spec<'a>(document: &'a mut Value) -> &'a mut Value {
+    let kind = document["kind"].as_str().unwrap().to_string();
+    match kind.as_str() {
+        "Pod" => &mut document["spec"],
+        "CronJob" => &mut document["spec"]["jobTemplate"]["spec"]["template"]["spec"],
+        _ => &mut document["spec"]["template"]["spec"],
+    }
+}
+
+#[test]
+fn inject_adds_the_sidecar_to_every_pod_template_and_nothing_else() {
+    let input = fixture("workloads.yaml");
+    let output = inject(&[], &input);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    assert_eq!(
+        text(&output.stderr),
+        "gpuprof: injected document 1 (Pod notebook), document 2 (Job train), document 3 (Deployment inference), document 5 (StatefulSet embeddings), document 6 (CronJob nightly-eval); already injected none; no pod template (unchanged) document 4 (Service inference)\n"
+    );
+    let injected = text(&output.stdout);
+    let objects = yaml_documents(&injected);
+    let originals = yaml_documents(&input);
+    assert_eq!(objects.len(), 6);
+    // Kubernetes' own schemas accept them: native sidecars are 1.29+, the oldest checked is 1.30.
+    validate(&scratch("inject_workloads"), &objects);
+
+    // Only GPU containers where some ask for one; every container where none does.
+    let targets: [&[&str]; 6] = [&["jupyter"], &["trainer"], &["server"], &[], &["encoder"], &["eval"]];
+    for ((mut object, original), targets) in objects.into_iter().zip(originals).zip(targets) {
+        if !targets.is_empty() {
+            take_out_sidecar(pod_spec(&mut object), &DEFAULTS, targets);
+        }
+        assert_eq!(object, original);
+    }
+    // The Job's own LD_PRELOAD stays, after the shim; its init container runs after the sidecar.
+    let job = &yaml_documents(&injected)[1]["spec"]["template"]["spec"];
+    assert_eq!(job["containers"][0]["env"][0]["value"], format!("{SHIM}:/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"));
+    assert_eq!(job["initContainers"][1]["name"], "fetch-data");
+
+    // Again: nothing changes.
+    let again = inject(&[], &injected);
+    assert!(again.status.success(), "{}", text(&again.stderr));
+    assert_eq!(text(&again.stdout), injected);
+    assert!(text(&again.stderr).starts_with("gpuprof: injected none; already injected document 1 (Pod notebook), document 2 (Job train)"), "{}", text(&again.stderr));
+}
+
+#[test]
+fn inject_takes_the_collector_the_token_the_containers_and_cuda_injection() {
+    let job = fixture("workloads.yaml").split("\n---\n").nth(1).unwrap().to_string();
+    let dir = scratch("inject_flags");
+    let job_file = dir.join("job.yaml");
+    std::fs::write(&job_file, &job).unwrap();
+    let out_file = dir.join("job.profiled.yaml");
+    let args = [
+        job_file.to_str().unwrap(), "-o", out_file.to_str().unwrap(), "--image", "registry.example/gpuprof:0.1.0",
+        "--collector", "http://otel.monitoring:4318", "--otlp-protocol", "http", "--token-secret", "gpuprof-auth/token",
+        "--container", "log-shipper", "--container", "trainer", "--via", "cuda-injection", "--port", "9500",
+    ];
+    let output = inject(&args, "");
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    assert!(output.stdout.is_empty());
+    let mut object = yaml_document(&std::fs::read_to_string(&out_file).unwrap());
+    validate(&dir, &[object.clone()]);
+    let expected = Expected {
+        image: "registry.example/gpuprof:0.1.0",
+        collector: "http://otel.monitoring:4318",
+        protocol: "http",
+        port: 9500,
+        token: Some(("gpuprof-auth", "token")),
+        variable: "CUDA_INJECTION64_PATH",
+    };
+    take_out_sidecar(pod_spec(&mut object), &expected, &["log-shipper", "trainer"]);
+    assert_eq!(object, yaml_document(&job));
+}
+
+#[test]
+fn inject_patches_each_replica_of_a_pytorchjob() {
+    let input = fixture("pytorchjob.yaml");
+    let output = inject(&[], &input);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    assert_eq!(text(&output.stderr), "gpuprof: injected document 1 (PyTorchJob ddp); already injected none; no pod template (unchanged) none\n");
+    let mut object = yaml_document(&text(&output.stdout));
+    // No schema knows PyTorchJob: each replica's pod template is validated as a Pod.
+    let pods: Vec<Value> = ["Master", "Worker"]
+        .iter()
+        .map(|role| serde_json::json!({ "apiVersion": "v1", "kind": "Pod", "metadata": { "name": role.to_lowercase() }, "spec": object["spec"]["pytorchReplicaSpecs"][role]["template"]["spec"] }))
+        .collect();
+    validate(&scratch("inject_pytorchjob"), &pods);
+    for role in ["Master", "Worker"] {
+        take_out_sidecar(&mut object["spec"]["pytorchReplicaSpecs"][role]["template"]["spec"], &DEFAULTS, &["pytorch"]);
+    }
+    assert_eq!(object, yaml_document(&input));
+}
+
+#[test]
+fn inject_refuses_what_it_cannot_patch_and_writes_nothing() {
+    let refused = fixture("refused.yaml");
+    let documents: Vec<&str> = refused.split("\n---\n").collect();
+    let cases = [
+        (documents[0], "gpuprof: error: stdin: document 1 (Job preload-from-configmap): cannot inject: container trainer sets LD_PRELOAD from valueFrom: gpuprof cannot put its shim in front; set it literally, or use --via cuda-injection"),
+        (documents[1], "gpuprof: error: stdin: document 1 (Pod volume-taken): cannot inject: it already has a volume named gpuprof that is not gpuprof's: rename that volume"),
+        (documents[2], "gpuprof: error: stdin: document 1 (Deployment no-template): cannot inject: it has no spec.template.spec"),
+        (documents[3], "gpuprof: error: stdin: document 1 (no kind no-kind): cannot inject: it names no kind: every Kubernetes object has apiVersion and kind"),
+        ("kind: [Pod", "gpuprof: error: stdin: not YAML: "),
+    ];
+    for (input, said) in cases {
+        let output = inject(&[], input);
+        assert_eq!(output.status.code(), Some(1), "{input}");
+        assert!(output.stdout.is_empty());
+        let stderr = text(&output.stderr);
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(stderr.starts_with(said), "{stderr}");
+    }
+    // A refused document anywhere in a stream: nothing of the stream is written.
+    let stream = format!("{}\n---\n{}", fixture("pytorchjob.yaml"), documents[1]);
+    let output = inject(&[], &stream);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(output.stdout.is_empty());
+    assert!(text(&output.stderr).contains("document 2 (Pod volume-taken)"), "{}", text(&output.stderr));
+    let job = fixture("workloads.yaml").split("\n---\n").nth(1).unwrap().to_string();
+    let output = inject(&["--container", "trainr"], &job);
+    assert_eq!(text(&output.stderr), "gpuprof: error: stdin: document 1 (Job train): cannot inject: it has no container named trainr (it has trainer, log-shipper): check --container\n");
+}

@@ -144,11 +144,19 @@ pub enum Command {
         #[arg(short, long, value_name = "FILE")]
         output: Option<PathBuf>,
     },
-    /// Capture every CUDA process of this node, for as long as it runs (the Kubernetes DaemonSet).
-    #[command(after_help = "Settings come from flags, then GPUPROF_* environment variables, then the --config TOML file.\nExamples:\n  sudo gpuprof daemon --otlp-endpoint http://gpuprof-collector:4317\n  sudo gpuprof daemon --config /etc/gpuprof/daemon.toml")]
+    /// Capture every CUDA process of this node, for as long as it runs (the Kubernetes DaemonSet),
+    /// or of one pod, as its sidecar (--sidecar DIR: no privileges, the shim's events).
+    #[command(after_help = "Settings come from flags, then GPUPROF_* environment variables, then the --config TOML file.\nExamples:\n  sudo gpuprof daemon --otlp-endpoint http://gpuprof-collector:4317\n  sudo gpuprof daemon --config /etc/gpuprof/daemon.toml\n  gpuprof daemon --sidecar /gpuprof --otlp-endpoint http://gpuprof-collector.gpuprof:4317")]
     Daemon {
         #[command(flatten)]
         daemon: crate::daemon::DaemonArgs,
+    },
+    /// Add gpuprof's sidecar to Kubernetes manifests (Pod, Job, Deployment, StatefulSet,
+    /// CronJob, PyTorchJob…): the profiled containers preload the shim from a volume it shares.
+    #[command(after_help = "Examples:\n  gpuprof inject job.yaml | kubectl apply -f -\n  gpuprof inject train.yaml --collector http://gpuprof-collector.gpuprof:4317 --container trainer -o train.profiled.yaml")]
+    Inject {
+        #[command(flatten)]
+        inject: crate::inject::InjectArgs,
     },
     /// Start a command and capture it and every descendant from its first CUDA call.
     #[command(after_help = "Example:\n  sudo gpuprof run --format table -- python3 train.py --epochs 1")]

@@ -15,6 +15,7 @@ pub mod decode;
 pub mod elf;
 pub mod export;
 pub mod flow;
+pub mod inject;
 pub mod input;
 pub mod libcuda;
 pub mod nvml;

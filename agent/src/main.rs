@@ -24,6 +24,7 @@ fn main() -> ExitCode {
             export::summary::run(&export::summary::SummaryRequest { input: &input, output: output.as_deref(), pid, layer, top, format })
         }
         Command::Daemon { daemon: args } => daemon::run(&args),
+        Command::Inject { inject } => gpuprof::inject::run(&inject),
         Command::Top { pid, interval } => top::run(&top::TopArgs { pid, interval }),
         Command::Report { input, input_flag, format, output, rules } => {
             report::run(&input.or(input_flag).expect("clap requires one of them"), format, output.as_deref(), &rules)

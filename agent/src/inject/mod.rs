@@ -1,0 +1,128 @@
+//! `gpuprof inject`: Kubernetes manifests in, the same manifests out with gpuprof's sidecar
+//! added to every pod template (as `linkerd inject` does): a native sidecar (an init container
+//! with `restartPolicy: Always`, Kubernetes 1.29 and later) running `gpuprof daemon --sidecar`,
+//! an `emptyDir` it shares with the workload containers, and in those containers the shim
+//! preloaded from it with the socket path beside it (docs/deploy.md, "Sidecar").
+//!
+//! Documents without a pod template (Services, ConfigMaps…) pass through unchanged; a pod
+//! template already injected is left as it is (running it twice changes nothing); what cannot be
+//! patched safely is refused with the document and the reason, and nothing is written.
+
+mod pod;
+mod workloads;
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use yaml_rust2::{Yaml, YamlEmitter, YamlLoader};
+
+pub use pod::{Preload, SidecarSettings, SIDECAR_NAME};
+
+/// `gpuprof inject` flags.
+#[derive(Debug, clap::Args)]
+pub struct InjectArgs {
+    /// The manifests (YAML, one or many documents; `-` or nothing: stdin).
+    #[arg(value_name = "FILE")]
+    pub input: Option<PathBuf>,
+    /// Write here instead of stdout.
+    #[arg(short, long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// The gpuprof image the sidecar runs (it holds gpuprof and the shim).
+    #[arg(long, value_name = "IMAGE", default_value = pod::DEFAULT_IMAGE)]
+    pub image: String,
+    /// Where the sidecar sends OTLP (the collector, or an OpenTelemetry Collector).
+    #[arg(long, value_name = "URL", default_value = pod::DEFAULT_COLLECTOR)]
+    pub collector: String,
+    /// grpc or http.
+    #[arg(long, value_name = "PROTOCOL", default_value = "grpc", value_parser = ["grpc", "http"])]
+    pub otlp_protocol: String,
+    /// A Secret's key holding the collector's bearer token, as SECRET/KEY.
+    #[arg(long, value_name = "SECRET/KEY")]
+    pub token_secret: Option<String>,
+    /// The containers to profile (repeat the flag; default: those asking for nvidia.com/gpu,
+    /// else every container).
+    #[arg(short, long = "container", value_name = "NAME")]
+    pub containers: Vec<String>,
+    /// How the workload loads the shim: ld-preload (allocator and driver events) or
+    /// cuda-injection (CUDA_INJECTION64_PATH: driver calls only, for images that forbid
+    /// LD_PRELOAD).
+    #[arg(long, value_enum, default_value = "ld-preload")]
+    pub via: Preload,
+    /// The port of the sidecar's /healthz, /readyz and /metrics (it shares the pod's network).
+    #[arg(long, value_name = "PORT", default_value_t = pod::DEFAULT_PORT)]
+    pub port: u16,
+}
+
+/// Returns gpuprof's exit code.
+pub fn run(args: &InjectArgs) -> Result<u8> {
+    let settings = SidecarSettings::from_args(args)?;
+    let input = args.input.as_deref().filter(|p| *p != Path::new("-"));
+    let text = read_input(input)?;
+    let name = input.map_or_else(|| "stdin".to_string(), |p| p.display().to_string());
+    let (output, report) = inject(&text, &settings).map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
+    let mut writer = crate::output::open_writer(args.output.as_deref())?;
+    writer.write_all(output.as_bytes()).and_then(|_| writer.flush()).context("cannot write the manifests")?;
+    eprintln!("gpuprof: {report}");
+    Ok(0)
+}
+
+fn read_input(input: Option<&Path>) -> Result<String> {
+    let mut text = String::new();
+    match input {
+        Some(path) => {
+            std::fs::File::open(path).and_then(|mut f| f.read_to_string(&mut text)).with_context(|| format!("cannot read {}", path.display()))?;
+        }
+        None => {
+            std::io::stdin().read_to_string(&mut text).context("cannot read the manifests from stdin")?;
+        }
+    }
+    Ok(text)
+}
+
+/// What happened to the documents, for the one line on stderr.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Report {
+    pub injected: Vec<String>,
+    pub already: Vec<String>,
+    pub passed: Vec<String>,
+}
+
+impl std::fmt::Display for Report {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let list = |names: &[String]| if names.is_empty() { "none".to_string() } else { names.join(", ") };
+        write!(f, "injected {}; already injected {}; no pod template (unchanged) {}", list(&self.injected), list(&self.already), list(&self.passed))
+    }
+}
+
+/// The manifests with the sidecar added, and what was done to each.
+pub fn inject(text: &str, settings: &SidecarSettings) -> Result<(String, Report)> {
+    let documents = YamlLoader::load_from_str(text).map_err(|e| anyhow::anyhow!("not YAML: {e}"))?;
+    let mut report = Report::default();
+    let mut out = String::new();
+    for (index, mut document) in documents.into_iter().enumerate() {
+        if document.is_null() {
+            continue;
+        }
+        let what = workloads::describe(&document, index + 1);
+        let outcome = workloads::patch(&mut document, settings).map_err(|e| anyhow::anyhow!("{what}: cannot inject: {e}"))?;
+        let mut emitted = String::new();
+        YamlEmitter::new(&mut emitted).dump(&document).map_err(|e| anyhow::anyhow!("{what}: cannot write it back: {e}"))?;
+        match outcome {
+            workloads::Outcome::Injected => report.injected.push(what),
+            workloads::Outcome::Already => report.already.push(what),
+            workloads::Outcome::NoPodTemplate => report.passed.push(what),
+        }
+        out.push_str(&emitted);
+        out.push('\n');
+    }
+    if out.is_empty() {
+        bail!("no document in the input: give a Pod, Job, Deployment, StatefulSet or PyTorchJob manifest");
+    }
+    Ok((out, report))
+}
+
+/// `Yaml` keys and lookups by name.
+pub(crate) fn key(name: &str) -> Yaml {
+    Yaml::String(name.to_string())
+}

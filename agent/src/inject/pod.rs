@@ -1,0 +1,253 @@
+//! One pod spec patched: the shared volume, the sidecar first among the init containers, and in
+//! each profiled container the shim preloaded from the volume and the socket's path.
+
+use anyhow::{bail, Result};
+use yaml_rust2::yaml::Hash;
+use yaml_rust2::Yaml;
+
+use super::key;
+use super::workloads::Outcome;
+
+/// The sidecar's container name and the shared volume's.
+pub const SIDECAR_NAME: &str = "gpuprof";
+/// Where the volume is mounted, in the sidecar and in the workload.
+pub const MOUNT: &str = "/gpuprof";
+pub const DEFAULT_IMAGE: &str = concat!("gpuprof:", env!("CARGO_PKG_VERSION"));
+/// The chart's collector, released as `gpuprof` in the namespace `gpuprof`.
+pub const DEFAULT_COLLECTOR: &str = "http://gpuprof-collector.gpuprof:4317";
+pub const DEFAULT_PORT: u16 = 9464;
+
+/// How the workload loads the shim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Preload {
+    /// LD_PRELOAD: PyTorch's allocator (every tensor) and, through CUPTI, the driver's calls.
+    LdPreload,
+    /// CUDA_INJECTION64_PATH: the driver's calls only (CUDA loads the shim itself).
+    CudaInjection,
+}
+
+/// What the sidecar is made of.
+#[derive(Debug, Clone)]
+pub struct SidecarSettings {
+    pub image: String,
+    pub collector: String,
+    pub protocol: String,
+    /// (Secret, key) of the collector's bearer token.
+    pub token: Option<(String, String)>,
+    pub containers: Vec<String>,
+    pub via: Preload,
+    pub port: u16,
+}
+
+impl SidecarSettings {
+    pub fn from_args(args: &super::InjectArgs) -> Result<SidecarSettings> {
+        let token = match &args.token_secret {
+            Some(text) => match text.split_once('/') {
+                Some((secret, key)) if !secret.is_empty() && !key.is_empty() => Some((secret.to_string(), key.to_string())),
+                _ => bail!("--token-secret {text}: give the Secret and its key as SECRET/KEY"),
+            },
+            None => None,
+        };
+        if args.port == 0 {
+            bail!("--port 0: give the port the sidecar's health endpoints listen on (e.g. 9464)");
+        }
+        Ok(SidecarSettings {
+            image: args.image.clone(),
+            collector: args.collector.clone(),
+            protocol: args.otlp_protocol.clone(),
+            token,
+            containers: args.containers.clone(),
+            via: args.via,
+            port: args.port,
+        })
+    }
+
+    fn shim_path(&self) -> String {
+        format!("{MOUNT}/{}", crate::via_shim::SHIM_FILE)
+    }
+}
+
+fn string(text: &str) -> Yaml {
+    Yaml::String(text.to_string())
+}
+
+fn hash(entries: Vec<(&str, Yaml)>) -> Yaml {
+    let mut map = Hash::new();
+    for (name, value) in entries {
+        map.insert(key(name), value);
+    }
+    Yaml::Hash(map)
+}
+
+fn name_of(item: &Yaml) -> Option<&str> {
+    item["name"].as_str()
+}
+
+/// The array under `name`, made if missing; an error if it is something else.
+fn array_at<'a>(map: &'a mut Hash, name: &str, what: &str) -> Result<&'a mut Vec<Yaml>> {
+    let entry = map.entry(key(name)).or_insert(Yaml::Array(Vec::new()));
+    if entry.is_null() {
+        *entry = Yaml::Array(Vec::new());
+    }
+    match entry {
+        Yaml::Array(items) => Ok(items),
+        _ => bail!("its {what}.{name} is not a list"),
+    }
+}
+
+fn field(name: &str, path: &str) -> Yaml {
+    hash(vec![("name", string(name)), ("valueFrom", hash(vec![("fieldRef", hash(vec![("fieldPath", string(path))]))]))])
+}
+
+fn literal(name: &str, value: &str) -> Yaml {
+    hash(vec![("name", string(name)), ("value", string(value))])
+}
+
+/// Adds the sidecar to `spec` (a pod spec).
+pub fn patch(spec: &mut Yaml, settings: &SidecarSettings) -> Result<Outcome> {
+    let Yaml::Hash(spec) = spec else { bail!("its pod spec is not a mapping") };
+    let init = spec.get(&key("initContainers")).and_then(Yaml::as_vec).cloned().unwrap_or_default();
+    if init.iter().any(|c| name_of(c) == Some(SIDECAR_NAME)) {
+        return Ok(Outcome::Already);
+    }
+    let containers: Vec<Yaml> = spec.get(&key("containers")).and_then(Yaml::as_vec).cloned().unwrap_or_default();
+    if containers.is_empty() {
+        bail!("its pod spec has no containers");
+    }
+    let names: Vec<&str> = containers.iter().filter_map(name_of).collect();
+    if names.contains(&SIDECAR_NAME) {
+        bail!("it already has a container named {SIDECAR_NAME}, not gpuprof's sidecar: rename that container");
+    }
+    let targets: Vec<String> = if settings.containers.is_empty() {
+        let gpu: Vec<String> = containers.iter().filter(|c| asks_for_gpu(c)).filter_map(name_of).map(str::to_string).collect();
+        if gpu.is_empty() {
+            names.iter().map(|n| n.to_string()).collect()
+        } else {
+            gpu
+        }
+    } else {
+        for wanted in &settings.containers {
+            if !names.contains(&wanted.as_str()) {
+                bail!("it has no container named {wanted} (it has {}): check --container", names.join(", "));
+            }
+        }
+        settings.containers.clone()
+    };
+    let volumes = array_at(spec, "volumes", "pod spec")?;
+    if volumes.iter().any(|v| name_of(v) == Some(SIDECAR_NAME)) {
+        bail!("it already has a volume named {SIDECAR_NAME} that is not gpuprof's: rename that volume");
+    }
+    volumes.push(hash(vec![("name", string(SIDECAR_NAME)), ("emptyDir", Yaml::Hash(Hash::new()))]));
+
+    let Some(Yaml::Array(containers)) = spec.get_mut(&key("containers")) else { unreachable!("checked above") };
+    for container in containers.iter_mut().filter(|c| name_of(c).is_some_and(|n| targets.iter().any(|t| t == n))) {
+        patch_container(container, settings)?;
+    }
+    let sidecar = sidecar(settings, &targets);
+    array_at(spec, "initContainers", "pod spec")?.insert(0, sidecar);
+    Ok(Outcome::Injected)
+}
+
+/// `resources.limits` (or requests) names a GPU: nvidia.com/gpu, or another vendor's `…/gpu`.
+fn asks_for_gpu(container: &Yaml) -> bool {
+    ["limits", "requests"].iter().any(|which| match &container["resources"][*which] {
+        Yaml::Hash(map) => map.keys().filter_map(Yaml::as_str).any(|k| k.ends_with("/gpu")),
+        _ => false,
+    })
+}
+
+fn patch_container(container: &mut Yaml, settings: &SidecarSettings) -> Result<()> {
+    let name = name_of(container).unwrap_or("?").to_string();
+    let Yaml::Hash(map) = container else { bail!("container {name} is not a mapping") };
+    let env = array_at(map, "env", &format!("container {name}"))?;
+    let variable = match settings.via {
+        Preload::LdPreload => "LD_PRELOAD",
+        Preload::CudaInjection => "CUDA_INJECTION64_PATH",
+    };
+    let shim = settings.shim_path();
+    // LD_PRELOAD composes (the shim goes first); CUDA loads one injection library only.
+    let taken: &[&str] = match settings.via {
+        Preload::LdPreload => &["GPUPROF_SHIM_SOCKET"],
+        Preload::CudaInjection => &["GPUPROF_SHIM_SOCKET", "CUDA_INJECTION64_PATH"],
+    };
+    for &taken in taken {
+        if env.iter().any(|e| name_of(e) == Some(taken)) {
+            bail!("container {name} already sets {taken} (another profiler, or gpuprof by hand): remove it, gpuprof's sidecar sets it");
+        }
+    }
+    match env.iter_mut().find(|e| name_of(e) == Some(variable)) {
+        Some(existing) => {
+            let Some(value) = existing["value"].as_str().map(str::to_string) else {
+                bail!("container {name} sets {variable} from valueFrom: gpuprof cannot put its shim in front; set it literally, or use --via cuda-injection")
+            };
+            *existing = literal(variable, &format!("{shim}:{value}"));
+        }
+        None => env.push(literal(variable, &shim)),
+    }
+    env.push(literal("GPUPROF_SHIM_SOCKET", &format!("{MOUNT}/shim.sock")));
+    let mounts = array_at(map, "volumeMounts", &format!("container {name}"))?;
+    if mounts.iter().any(|m| m["mountPath"].as_str() == Some(MOUNT)) {
+        bail!("container {name} already mounts something at {MOUNT}: gpuprof's volume goes there");
+    }
+    mounts.push(hash(vec![("name", string(SIDECAR_NAME)), ("mountPath", string(MOUNT)), ("readOnly", Yaml::Boolean(true))]));
+    Ok(())
+}
+
+fn sidecar(settings: &SidecarSettings, targets: &[String]) -> Yaml {
+    let mut env = vec![
+        literal("GPUPROF_OTLP_ENDPOINT", &settings.collector),
+        literal("GPUPROF_OTLP_PROTOCOL", &settings.protocol),
+        field("K8S_NODE_NAME", "spec.nodeName"),
+        field("K8S_POD_NAME", "metadata.name"),
+        field("K8S_NAMESPACE", "metadata.namespace"),
+        field("K8S_POD_UID", "metadata.uid"),
+        literal("GPUPROF_WORKLOAD_CONTAINER", &targets.join(",")),
+    ];
+    if let Some((secret, secret_key)) = &settings.token {
+        env.push(hash(vec![
+            ("name", string("GPUPROF_OTLP_TOKEN")),
+            ("valueFrom", hash(vec![("secretKeyRef", hash(vec![("name", string(secret)), ("key", string(secret_key))]))])),
+        ]));
+    }
+    let port = Yaml::Integer(i64::from(settings.port));
+    hash(vec![
+        ("name", string(SIDECAR_NAME)),
+        ("image", string(&settings.image)),
+        ("imagePullPolicy", string("IfNotPresent")),
+        // A native sidecar: started before the workload, kept running beside it, stopped after.
+        ("restartPolicy", string("Always")),
+        ("args", Yaml::Array(vec![string("daemon"), string("--sidecar"), string(MOUNT), string("--listen"), string(&format!("0.0.0.0:{}", settings.port))])),
+        ("env", Yaml::Array(env)),
+        ("ports", Yaml::Array(vec![hash(vec![("name", string("gpuprof-health")), ("containerPort", port.clone())])])),
+        // The workload starts once the shim is in the volume and the socket listens.
+        (
+            "startupProbe",
+            hash(vec![
+                ("httpGet", hash(vec![("path", string("/readyz")), ("port", port)])),
+                ("periodSeconds", Yaml::Integer(1)),
+                ("failureThreshold", Yaml::Integer(60)),
+            ]),
+        ),
+        ("volumeMounts", Yaml::Array(vec![hash(vec![("name", string(SIDECAR_NAME)), ("mountPath", string(MOUNT))])])),
+        (
+            "resources",
+            hash(vec![
+                ("requests", hash(vec![("cpu", string("50m")), ("memory", string("64Mi"))])),
+                ("limits", hash(vec![("memory", string("256Mi"))])),
+            ]),
+        ),
+        // Restricted Pod Security: no privilege at all.
+        (
+            "securityContext",
+            hash(vec![
+                ("runAsNonRoot", Yaml::Boolean(true)),
+                ("runAsUser", Yaml::Integer(65532)),
+                ("runAsGroup", Yaml::Integer(65532)),
+                ("allowPrivilegeEscalation", Yaml::Boolean(false)),
+                ("readOnlyRootFilesystem", Yaml::Boolean(true)),
+                ("capabilities", hash(vec![("drop", Yaml::Array(vec![string("ALL")]))])),
+                ("seccompProfile", hash(vec![("type", string("RuntimeDefault"))])),
+            ]),
+        ),
+    ])
+}
