@@ -33,6 +33,8 @@ const WAVE: usize = 10;
 
 struct Daemon {
     child: Child,
+    /// The line it said when it started.
+    started: String,
     health: String,
     agent: ureq::Agent,
     stderr: std::sync::mpsc::Receiver<String>,
@@ -75,11 +77,12 @@ impl Daemon {
         let health = loop {
             let line = stderr.recv_timeout(deadline.saturating_duration_since(Instant::now())).expect("the daemon never said it started");
             if let Some(rest) = line.split("/metrics on ").nth(1) {
-                break format!("http://{}", rest.split(';').next().unwrap());
+                break (format!("http://{}", rest.split(';').next().unwrap()), line.clone());
             }
         };
+        let (health, started) = health;
         let agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
-        Daemon { child, health, agent, stderr }
+        Daemon { child, started, health, agent, stderr }
     }
 
     fn get(&self, path: &str) -> (u16, String) {
@@ -537,4 +540,192 @@ fn without_ebpf_the_daemon_takes_the_shims_events() {
     assert_eq!(events.iter().filter(|e| e.pid == pid && e.layer == Layer::Allocator).count() as u64, reports);
     assert_eq!(events.iter().filter(|e| e.pid == pid && e.layer == Layer::Driver && e.source == Source::Cupti).count() as u64, driver_calls);
     assert_eq!((events.last().unwrap().op, events.last().unwrap().pid), (Op::Exit, pid));
+}
+
+/// The sidecar arrangement without Kubernetes, as `gpuprof inject` writes it: the sidecar
+/// (`daemon --sidecar`, the manifest's arguments and environment, as uid 65532) and the
+/// workload (the manifest's LD_PRELOAD and GPUPROF_SHIM_SOCKET, as nobody) share only a
+/// directory, standing for the pod's emptyDir. The sidecar copies the shim there and takes the
+/// workload's events — a caching allocator's, then a multiprocessing job whose worker exits
+/// holding memory — and exports them with the pod's identity: the same events and findings as
+/// `gpuprof run --via shim` of the same command.
+#[test]
+fn the_sidecar_arrangement_gives_what_run_via_shim_gives() {
+    let _node = one_daemon_at_a_time();
+    let dir = scratch("daemon_sidecar");
+    // The sidecar's user writes its events here.
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    shim_library();
+    let _ = libc10_cuda_standin();
+    // The pod's shared volume: an emptyDir is a directory every container's user may write.
+    let shared = std::env::temp_dir().join(format!("gpuprof-test-sidecar-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&shared);
+    std::fs::create_dir_all(&shared).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let in_pod = |text: &str| text.replace("/gpuprof", shared.to_str().unwrap());
+
+    // The manifest: what the two containers run with.
+    let pod = "apiVersion: v1\nkind: Pod\nmetadata: {name: train-0, namespace: ml}\nspec:\n  containers:\n  - name: trainer\n    image: trainer:1\n    resources: {limits: {nvidia.com/gpu: 1}}\n";
+    let mut inject = Command::new(gpuprof()).arg("inject").stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    inject.stdin.take().unwrap().write_all(pod.as_bytes()).unwrap();
+    let injected = inject.wait_with_output().unwrap();
+    assert!(injected.status.success(), "{}", String::from_utf8_lossy(&injected.stderr));
+    let yaml_to_json = Command::new(tools_python())
+        .args(["-c", "import json, sys, yaml; json.dump(yaml.safe_load(sys.stdin), sys.stdout)"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    yaml_to_json.stdin.as_ref().unwrap().write_all(&injected.stdout).unwrap();
+    let manifest: Value = serde_json::from_slice(&yaml_to_json.wait_with_output().unwrap().stdout).unwrap();
+    let sidecar = &manifest["spec"]["initContainers"][0];
+    let trainer = &manifest["spec"]["containers"][0];
+    let literal_env = |container: &Value| -> Vec<(String, String)> {
+        container["env"].as_array().unwrap().iter().filter_map(|e| Some((e["name"].as_str()?.to_string(), in_pod(e["value"].as_str()?)))).collect()
+    };
+
+    // The sidecar: its arguments (the test's own --listen, a port of its choosing, instead of
+    // the manifest's), its literal environment, and what the downward API would give.
+    let collector = Collector::start(&dir.join("db"), &[]);
+    let events_path = dir.join("sidecar.jsonl");
+    let args: Vec<String> = sidecar["args"].as_array().unwrap().iter().map(|a| in_pod(a.as_str().unwrap())).collect();
+    assert_eq!(args[..3], ["daemon".to_string(), "--sidecar".to_string(), shared.display().to_string()]);
+    let mut wrapper: Vec<String> = ["setpriv", "--reuid=65532", "--regid=65532", "--clear-groups", "env"].map(String::from).to_vec();
+    for (name, value) in literal_env(sidecar) {
+        let value = if name == "GPUPROF_OTLP_ENDPOINT" { collector.grpc.clone() } else { value };
+        wrapper.push(format!("{name}={value}"));
+    }
+    for downward in ["K8S_NODE_NAME=node-a", "K8S_POD_NAME=train-0", "K8S_NAMESPACE=ml", "K8S_POD_UID=0b6a4c9e-52f1-4c3a-9d0e-6f1e2a3b4c5d"] {
+        wrapper.push(downward.to_string());
+    }
+    let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
+    let daemon = Daemon::start_under(&wrapper, &[&args[1], &args[2], "--output", events_path.to_str().unwrap()]);
+    assert_eq!(daemon.get("/readyz").0, 200);
+    let shim_copy = shared.join("libgpuprof_shim.so");
+    assert_eq!(std::fs::read(&shim_copy).unwrap(), std::fs::read(shim_library()).unwrap());
+    assert_eq!(std::fs::metadata(&shim_copy).unwrap().permissions().mode() & 0o777, 0o644);
+    assert_eq!(std::fs::metadata(shared.join("shim.sock")).unwrap().permissions().mode() & 0o777, 0o666);
+
+    // The workload, unprivileged, with the manifest's environment.
+    // A caching allocator's run (its steps counted, not timed) and a multiprocessing job whose
+    // worker exits holding memory; under the sidecar, first a run that holds its memory a while.
+    let workload_command = |log: &Path, unprivileged: bool| {
+        let (tensors, leaks) = (workloads().join("tensors.py"), workloads().join("leaks.py"));
+        let job = format!("/usr/bin/python3 {} && /usr/bin/python3 {} worker-exit-live", tensors.display(), leaks.display());
+        let script = if unprivileged { format!("/usr/bin/python3 {} --hold 3 && {job}", tensors.display()) } else { job };
+        let mut command = Command::new(if unprivileged { "setpriv" } else { "sh" });
+        if unprivileged {
+            command.args(["--reuid=65534", "--regid=65534", "--clear-groups", "sh"]);
+        }
+        command.args(["-c", &script]);
+        workload_env(&mut command, log);
+        command.env("GPUPROF_LIBC10_CUDA", libc10_cuda_standin());
+        command
+    };
+    let log = dir.join("expected.jsonl");
+    std::fs::write(&log, "").unwrap();
+    std::fs::set_permissions(&log, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let mut workload = workload_command(&log, true);
+    for (name, value) in literal_env(trainer) {
+        workload.env(name, value);
+    }
+    let mut workload = workload.spawn().unwrap();
+    // While the allocator's process holds its segments, the collector knows them by the pod.
+    let pod_labels = "node=\"node-a\",namespace=\"ml\",pod=\"train-0\",container=\"trainer\"";
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let held = loop {
+        let (_, metrics) = collector.get("/metrics");
+        let line = metrics.lines().find(|l| l.starts_with(&format!("gpuprof_live_bytes{{{pod_labels},")) && l.contains("kind=\"device\""));
+        if let Some(line) = line {
+            break line.rsplit(' ').next().unwrap().parse::<u64>().unwrap();
+        }
+        assert!(Instant::now() < deadline, "the collector never showed the pod's process: {metrics}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(workload.wait().unwrap().success());
+    // tensors.py twice and leaks.py's worker (its parent makes no CUDA call: the shim stays silent).
+    daemon.wait_for("gpuprof_daemon_processes_exited_total", 3, Duration::from_secs(15));
+    assert!(daemon.started.starts_with(&format!("gpuprof: sidecar of pod ml/train-0 on node node-a: the shim is in {}, events taken at {}/shim.sock;", shared.display(), shared.display())), "{}", daemon.started);
+    daemon.stop();
+    let _ = std::fs::remove_dir_all(&shared);
+    let sidecar_events = read_events(&events_path);
+    // What the collector showed was what tensors.py held at some moment: one of its running
+    // totals of device memory.
+    let first = sidecar_events.iter().find(|e| e.layer == Layer::Allocator).unwrap().pid;
+    let mut live = 0i64;
+    let mut totals = BTreeSet::new();
+    for event in sidecar_events.iter().filter(|e| e.pid == first && e.layer == Layer::Driver && e.succeeded()) {
+        match event.op {
+            Op::Alloc => live += event.size as i64,
+            Op::Free => live -= sidecar_events.iter().find(|a| a.pid == first && a.op == Op::Alloc && a.addr == event.addr).unwrap().size as i64,
+            _ => {}
+        }
+        totals.insert(live as u64);
+    }
+    assert!(held > 0 && totals.contains(&held), "{held} is none of {totals:?}");
+
+    // The same command under `gpuprof run --via shim` (whose socket is its own user's).
+    let base_path = dir.join("via_shim.jsonl");
+    let base_findings = dir.join("via_shim_findings.json");
+    let base_log = dir.join("base_expected.jsonl");
+    std::fs::write(&base_log, "").unwrap();
+    std::fs::set_permissions(&base_log, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let inner = workload_command(&base_log, false);
+    let mut run = Command::new(gpuprof());
+    run.args(["run", "--via", "shim", "-f", "jsonl", "-o", base_path.to_str().unwrap(), "--findings", base_findings.to_str().unwrap(), "--"]);
+    run.arg(inner.get_program()).args(inner.get_args());
+    for (name, value) in inner.get_envs() {
+        run.env(name, value.unwrap());
+    }
+    let output = run.output().unwrap();
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    let base_events = read_events(&base_path);
+
+    // The same calls and blocks, process by process, in order.
+    let by_process = |events: &[gpuprof_model::Event]| -> Vec<Vec<String>> {
+        let mut order: Vec<u32> = Vec::new();
+        let mut calls: BTreeMap<u32, Vec<String>> = BTreeMap::new();
+        for event in events.iter().filter(|e| e.layer != Layer::Process) {
+            if !order.contains(&event.pid) {
+                order.push(event.pid);
+            }
+            let frames: Vec<String> = event.stack.iter().map(|f| format!("{}:{}", f.function, f.line)).collect();
+            // A context's handle is a heap pointer of the process: it differs run to run.
+            let addr = if event.op == Op::CtxCreate { None } else { event.addr };
+            calls.entry(event.pid).or_default().push(format!(
+                "{} {} {} {:?} {} {} {:?} {:?} {}",
+                event.layer.as_str(), event.op.as_str(), event.api, addr, event.size, event.result, event.kind, event.device, frames.join("<")
+            ));
+        }
+        order.iter().map(|pid| calls.remove(pid).unwrap()).collect()
+    };
+    let (sidecar_calls, base_calls) = (by_process(&sidecar_events), by_process(&base_events));
+    assert_eq!(sidecar_calls.len(), 3, "tensors.py twice and leaks.py's worker");
+    assert_eq!(sidecar_calls[1..], base_calls[..]);
+    assert!(base_calls[0].iter().filter(|c| c.starts_with("allocator ")).count() > 20);
+
+    // The same findings: locally for `run`, from the collector for the sidecar.
+    let summary = |kind: &str, bytes: u64, count: u64, stack: &Value| {
+        let frames: Vec<String> = stack.as_array().unwrap().iter().map(|f| format!("{}:{}", f["function"].as_str().unwrap(), f["line"])).collect();
+        format!("{kind} {bytes} {count} {}", frames.join("<"))
+    };
+    let of = |findings: &[Value]| -> Vec<String> {
+        let mut all: Vec<String> = findings
+            .iter()
+            .map(|f| summary(f["kind"].as_str().unwrap(), f["bytes"].as_u64().unwrap(), f["count"].as_u64().unwrap(), &f["stack"]))
+            .collect();
+        all.sort();
+        all
+    };
+    let base: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(&base_findings).unwrap()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let collected = loop {
+        let findings = collector.findings("?node=node-a");
+        if findings.len() >= base.len() || Instant::now() > deadline {
+            break findings;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(of(&base).iter().any(|f| f.starts_with(&format!("exit_with_live_allocations {} 1 ", 8 << 20))), "{:?}", of(&base));
+    assert_eq!(of(&collected), of(&base));
 }

@@ -75,7 +75,7 @@ pub fn run(command: &[OsString], args: &CaptureArgs, shim: Option<&Path>) -> Res
 
 /// `--shim`, else next to the gpuprof executable (a cargo build), else in `../lib/gpuprof/` from
 /// it (where the wheel installs it: `<prefix>/bin/gpuprof`, `<prefix>/lib/gpuprof/`; docs/install.md).
-fn shim_library(given: Option<&Path>) -> Result<PathBuf> {
+pub(crate) fn shim_library(given: Option<&Path>) -> Result<PathBuf> {
     let path = match given {
         Some(path) => path.to_path_buf(),
         None => {

@@ -73,6 +73,12 @@ pub struct DaemonArgs {
     /// the same GPUPROF_SHIM_SOCKET=PATH); a call both the shim and the probes see is kept once.
     #[arg(long, value_name = "PATH", env = "GPUPROF_SHIM_SOCKET")]
     pub shim_socket: Option<PathBuf>,
+    /// Run as one pod's sidecar (docs/deploy.md): copy the shim into DIR (a volume the pod's
+    /// containers share), take their events on DIR/shim.sock (mode 0666 unless given: only the
+    /// pod mounts DIR), no eBPF, and name the pod from the downward API (K8S_POD_NAME,
+    /// K8S_NAMESPACE, K8S_POD_UID, K8S_NODE_NAME; GPUPROF_WORKLOAD_CONTAINER: the container).
+    #[arg(long, value_name = "DIR", env = "GPUPROF_SIDECAR")]
+    pub sidecar: Option<PathBuf>,
     /// Who may connect to --shim-socket: its mode, in octal (default 0660: the daemon's user and
     /// the socket's group). Each connection speaks only for its own process, whoever connects.
     #[arg(long, value_name = "OCTAL", env = "GPUPROF_SHIM_SOCKET_MODE")]
@@ -135,6 +141,7 @@ struct FileConfig {
     shim_socket: Option<PathBuf>,
     shim_socket_mode: Option<String>,
     shim_socket_group: Option<String>,
+    sidecar: Option<PathBuf>,
     buffer_mib: Option<u32>,
     no_stacks: Option<bool>,
     growth_window: Option<f64>,
@@ -157,6 +164,8 @@ pub struct DaemonConfig {
     pub capture: CaptureMode,
     pub shim_socket: Option<PathBuf>,
     pub shim_access: SocketAccess,
+    /// The directory the sidecar shares with its pod's containers.
+    pub sidecar: Option<PathBuf>,
     pub ring_buffer_bytes: u32,
     pub python_stacks: bool,
     pub rules: RuleConfig,
@@ -189,6 +198,9 @@ impl DaemonArgs {
                 tuning.otlp_queue_mib = Some(tuning.otlp_queue_mib.unwrap_or(64).min(memory_cap_mib / 4));
                 let mut options = tuning.options(&endpoint, protocol, token, node_name.clone())?;
                 options.memory_cap = Some(memory_cap_mib << 20);
+                if self.sidecar.is_some() || file.sidecar.is_some() {
+                    options.pod = Some(crate::telemetry::PodIdentity::from_environment());
+                }
                 Some(options)
             }
             None => None,
@@ -205,8 +217,14 @@ impl DaemonArgs {
         if !buffer_mib.is_power_of_two() || buffer_mib > 1024 {
             bail!("buffer_mib {buffer_mib}: give a power of two from 1 to 1024");
         }
-        let capture = self.capture.or(file.capture).unwrap_or(CaptureMode::Ebpf);
-        let shim_socket = self.shim_socket.clone().or(file.shim_socket).or_else(|| {
+        let sidecar = self.sidecar.clone().or(file.sidecar);
+        let given_capture = self.capture.or(file.capture);
+        if sidecar.is_some() && given_capture == Some(CaptureMode::Ebpf) {
+            bail!("a sidecar takes the shim's events (capture shim): its probes would see every process of the node under host pids; profile a node with eBPF from the DaemonSet instead (docs/deploy.md)");
+        }
+        let capture = given_capture.unwrap_or(if sidecar.is_some() { CaptureMode::Shim } else { CaptureMode::Ebpf });
+        let sidecar_socket = sidecar.as_ref().map(|dir| dir.join("shim.sock"));
+        let shim_socket = self.shim_socket.clone().or(file.shim_socket).or(sidecar_socket).or_else(|| {
             // The name this setting had before it took the workloads' one.
             let old = std::env::var_os("GPUPROF_SHIM_LISTEN")?;
             eprintln!("gpuprof: warning: GPUPROF_SHIM_LISTEN is now GPUPROF_SHIM_SOCKET (the workloads' name for the same socket); taking it this time");
@@ -216,7 +234,8 @@ impl DaemonArgs {
             bail!("capture shim takes its events from processes running gpuprof's shim: give --shim-socket PATH (and the workloads GPUPROF_SHIM_SOCKET=PATH)");
         }
         let shim_access = SocketAccess {
-            mode: socket_mode(self.shim_socket_mode.as_deref().or(file.shim_socket_mode.as_deref()).unwrap_or("0660"))?,
+            // In a sidecar the directory is the pod's own volume: any of its containers' users.
+            mode: socket_mode(self.shim_socket_mode.as_deref().or(file.shim_socket_mode.as_deref()).unwrap_or(if sidecar.is_some() { "0666" } else { "0660" }))?,
             group: self.shim_socket_group.as_deref().or(file.shim_socket_group.as_deref()).map(group_id).transpose()?,
         };
         let growth_window = seconds("growth_window", self.growth_window.or(file.growth_window).unwrap_or(10.0))?;
@@ -237,6 +256,7 @@ impl DaemonArgs {
             capture,
             shim_socket,
             shim_access,
+            sidecar,
             ring_buffer_bytes: buffer_mib << 20,
             python_stacks: !(self.no_stacks || file.no_stacks.unwrap_or(false)),
             rules: RuleConfig {

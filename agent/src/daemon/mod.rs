@@ -115,6 +115,10 @@ fn run_shim_only(config: &DaemonConfig) -> Result<u8> {
     let health = health::Health::new();
     let listening = health::serve(config.listen, config.metrics_token.clone(), health.clone())?;
     let path = config.shim_socket.as_ref().expect("checked by the config");
+    if let Some(dir) = &config.sidecar {
+        // Before the socket listens: readiness (the workload's start) means the shim is there.
+        share_the_shim(dir)?;
+    }
     let received = listen_for_shims(config)?;
     let mut flow = EventFlow::new(flow_options(config), sink_of(config)?);
     flow.set_telemetry(config.otlp.clone().map(Telemetry::start).transpose()?);
@@ -144,12 +148,22 @@ fn run_shim_only(config: &DaemonConfig) -> Result<u8> {
     };
     publish(&flow, &processes, 0);
     health.set_ready(true);
-    eprintln!(
-        "gpuprof: daemon on node {} without eBPF, taking events from shims at {}; /healthz /readyz /metrics on {listening}; exporting to {}",
-        crate::telemetry::node_name(config.node_name.as_deref()),
-        path.display(),
-        destinations(config)
-    );
+    match &config.sidecar {
+        Some(dir) => eprintln!(
+            "gpuprof: sidecar of pod {} on node {}: the shim is in {}, events taken at {}; /healthz /readyz /metrics on {listening}; exporting to {}",
+            pod_name(config),
+            crate::telemetry::node_name(config.node_name.as_deref()),
+            dir.display(),
+            path.display(),
+            destinations(config)
+        ),
+        None => eprintln!(
+            "gpuprof: daemon on node {} without eBPF, taking events from shims at {}; /healthz /readyz /metrics on {listening}; exporting to {}",
+            crate::telemetry::node_name(config.node_name.as_deref()),
+            path.display(),
+            destinations(config)
+        ),
+    }
     let mut last_publish = Instant::now();
     loop {
         processes.receive(&received, POLL, &mut |event| flow.observe(event).context("cannot write the output"))?;
@@ -168,6 +182,31 @@ fn run_shim_only(config: &DaemonConfig) -> Result<u8> {
     let stats = processes.stats_line(flow.events());
     flow.finish(&stats, processes.dropped())?;
     Ok(0)
+}
+
+/// Copies the shim into the pod's shared directory, whole or not at all (a workload starting
+/// meanwhile never preloads half a library).
+fn share_the_shim(dir: &std::path::Path) -> Result<()> {
+    if !dir.is_dir() {
+        anyhow::bail!("the sidecar's directory {} does not exist: mount the volume the pod's containers share there (gpuprof inject does)", dir.display());
+    }
+    let shim = crate::via_shim::shim_library(None)?;
+    let target = dir.join(crate::via_shim::SHIM_FILE);
+    let partial = dir.join(format!(".{}.partial", crate::via_shim::SHIM_FILE));
+    std::fs::copy(&shim, &partial).with_context(|| format!("cannot copy the shim {} into {}", shim.display(), dir.display()))?;
+    std::fs::set_permissions(&partial, std::os::unix::fs::PermissionsExt::from_mode(0o644))
+        .with_context(|| format!("cannot make {} readable", partial.display()))?;
+    std::fs::rename(&partial, &target).with_context(|| format!("cannot put the shim at {}", target.display()))
+}
+
+/// "ml/train-x7k2p", as the downward API names the pod, or "(unnamed)".
+fn pod_name(config: &DaemonConfig) -> String {
+    let pod = config.otlp.as_ref().and_then(|o| o.pod.clone()).unwrap_or_else(crate::telemetry::PodIdentity::from_environment);
+    match (pod.namespace, pod.name) {
+        (Some(namespace), Some(name)) => format!("{namespace}/{name}"),
+        (None, Some(name)) => name,
+        _ => "(unnamed: no K8S_POD_NAME)".to_string(),
+    }
 }
 
 fn flow_options(config: &DaemonConfig) -> FlowOptions {

@@ -55,6 +55,52 @@ pub fn of_process(pid: u32, node: &str, gpus: &[String], comm: &str, parent_pid:
     }
 }
 
+/// The pod a sidecar runs in, from its own downward-API environment: its processes' /proc is
+/// another pid namespace's (or none at all), so the pod speaks for them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodIdentity {
+    pub name: Option<String>,
+    pub namespace: Option<String>,
+    pub uid: Option<String>,
+    pub node: Option<String>,
+    /// The profiled container, when the pod profiles one.
+    pub container: Option<String>,
+}
+
+impl PodIdentity {
+    /// From K8S_POD_NAME, K8S_NAMESPACE, K8S_POD_UID (else this container's cgroup),
+    /// K8S_NODE_NAME and GPUPROF_WORKLOAD_CONTAINER (one name; several leave it unsaid).
+    pub fn from_environment() -> PodIdentity {
+        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+        let uid = var("K8S_POD_UID").or_else(|| kubernetes_of_cgroup(&fs::read_to_string("/proc/self/cgroup").unwrap_or_default()).1);
+        PodIdentity {
+            name: var("K8S_POD_NAME").or_else(|| var("POD_NAME")),
+            namespace: var("K8S_NAMESPACE").or_else(|| var("POD_NAMESPACE")),
+            uid,
+            node: var("K8S_NODE_NAME"),
+            container: var("GPUPROF_WORKLOAD_CONTAINER").filter(|names| !names.contains(',')),
+        }
+    }
+
+    /// A process of the pod: its pid and name as its shim said them.
+    pub fn process(&self, pid: u32, node: &str, gpus: &[String], comm: &str, parent_pid: Option<u32>) -> ProcessIdentity {
+        ProcessIdentity {
+            host_name: node.to_string(),
+            pid,
+            parent_pid,
+            executable: comm.to_string(),
+            command_line: None,
+            container_id: None,
+            k8s_pod_uid: self.uid.clone(),
+            k8s_pod_name: self.name.clone(),
+            k8s_namespace: self.namespace.clone(),
+            k8s_node_name: self.node.clone(),
+            k8s_container_name: self.container.clone(),
+            gpu_uuids: gpus.to_vec(),
+        }
+    }
+}
+
 /// NUL-separated arguments joined by spaces.
 fn command_line(raw: &[u8]) -> String {
     raw.split(|b| *b == 0).filter(|a| !a.is_empty()).map(String::from_utf8_lossy).collect::<Vec<_>>().join(" ")

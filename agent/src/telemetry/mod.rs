@@ -32,7 +32,7 @@ use gpuprof_otlp::proto::trace::v1::{ResourceSpans, ScopeSpans, Span};
 use gpuprof_otlp::resource::ProcessIdentity;
 
 pub use gpuprof_otlp::client::Protocol;
-pub use identity::node_name;
+pub use identity::{node_name, PodIdentity};
 pub use settings::OtlpTuning;
 
 /// How long the end of a capture waits for what is queued to be delivered.
@@ -60,6 +60,8 @@ pub struct OtlpOptions {
     pub spans: SpanPolicy,
     /// Resident memory past which event records of the full stream are shed (counted).
     pub memory_cap: Option<u64>,
+    /// A sidecar's pod: every process is one of its containers' (their /proc is not ours).
+    pub pod: Option<PodIdentity>,
 }
 
 impl OtlpOptions {
@@ -210,7 +212,7 @@ impl Telemetry {
     pub fn after(&mut self, event: &Event, fired: &[Finding], tracker: &Tracker) {
         let pid = event.pid;
         if !self.identities.contains_key(&pid) || (event.layer == Layer::Process && event.op == Op::Exec) {
-            let identity = identity::of_process(pid, &self.node, &self.gpus, &event.comm, event.ppid);
+            let identity = self.identity_of(pid, &event.comm, event.ppid);
             self.identities.insert(pid, identity);
         }
         let record = match (self.options.events, event.layer) {
@@ -360,10 +362,19 @@ impl Telemetry {
     }
 
     fn identity(&mut self, pid: u32, comm: &str, ppid: Option<u32>) -> ProcessIdentity {
-        self.identities
-            .entry(pid)
-            .or_insert_with(|| identity::of_process(pid, &self.node, &self.gpus, comm, ppid))
-            .clone()
+        if let Some(known) = self.identities.get(&pid) {
+            return known.clone();
+        }
+        let identity = self.identity_of(pid, comm, ppid);
+        self.identities.insert(pid, identity.clone());
+        identity
+    }
+
+    fn identity_of(&self, pid: u32, comm: &str, ppid: Option<u32>) -> ProcessIdentity {
+        match &self.options.pod {
+            Some(pod) => pod.process(pid, &self.node, &self.gpus, comm, ppid),
+            None => identity::of_process(pid, &self.node, &self.gpus, comm, ppid),
+        }
     }
 
     /// Items grouped into one resource per process, in order of first appearance.

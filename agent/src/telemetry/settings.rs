@@ -102,6 +102,7 @@ impl OtlpTuning {
                 max_per_process: self.otlp_max_spans.unwrap_or(OtlpOptions::DEFAULT_MAX_SPANS),
             },
             memory_cap: None,
+            pod: None,
         })
     }
 }
