@@ -941,3 +941,45 @@ fn inject_refuses_what_it_cannot_patch_and_writes_nothing() {
     let output = inject(&["--container", "trainr"], &job);
     assert_eq!(text(&output.stderr), "gpuprof: error: stdin: document 1 (Job train): cannot inject: it has no container named trainr (it has trainer, log-shipper): check --container\n");
 }
+
+/// Sidecar mode: the chart runs no DaemonSet and writes the settings `gpuprof inject --settings`
+/// takes — this release's collector, the image, the token's Secret — and a flag still wins.
+#[test]
+fn the_charts_sidecar_settings_are_what_inject_gives_each_pod() {
+    let objects = yaml_documents(&render_with_token(&[
+        "--set", "daemon.enabled=false", "--set", "sidecar.enabled=true", "--set", "sidecar.image.tag=0.1.0-rc1",
+        "--set", "sidecar.tokenSecret=ml-gpuprof-token", "--set", "sidecar.port=9500",
+    ]));
+    assert!(objects.iter().all(|o| o["kind"] != "DaemonSet"));
+    let dir = scratch("inject_chart");
+    validate(&dir, &objects);
+    let config = objects.iter().find(|o| o["kind"] == "ConfigMap" && o["metadata"]["name"] == "gpuprof-sidecar").expect("the sidecar's ConfigMap");
+    let settings = dir.join("gpuprof-sidecar.yaml");
+    std::fs::write(&settings, config["data"]["settings.yaml"].as_str().unwrap()).unwrap();
+    let job = fixture("workloads.yaml").split("\n---\n").nth(1).unwrap().to_string();
+    let output = inject(&["--settings", settings.to_str().unwrap()], &job);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let mut object = yaml_document(&text(&output.stdout));
+    let expected = Expected {
+        image: "gpuprof:0.1.0-rc1",
+        collector: "http://gpuprof-collector.gpuprof.svc:4317",
+        protocol: "grpc",
+        port: 9500,
+        token: Some(("ml-gpuprof-token", "token")),
+        variable: "LD_PRELOAD",
+    };
+    take_out_sidecar(pod_spec(&mut object), &expected, &["trainer"]);
+    assert_eq!(object, yaml_document(&job));
+
+    let output = inject(&["--settings", settings.to_str().unwrap(), "--image", "registry.example/gpuprof:2"], &job);
+    let object = yaml_document(&text(&output.stdout));
+    assert_eq!(object["spec"]["template"]["spec"]["initContainers"][0]["image"], "registry.example/gpuprof:2");
+    // A setting gpuprof does not know is refused, naming it.
+    std::fs::write(&settings, "image: x\ncolector: http://c:4317\n").unwrap();
+    let output = inject(&["--settings", settings.to_str().unwrap()], &job);
+    assert_eq!(output.status.code(), Some(1));
+    assert_eq!(
+        text(&output.stderr),
+        format!("gpuprof: error: the settings {}: colector is not a setting (image, collector, otlpProtocol, tokenSecret, port, via)\n", settings.display())
+    );
+}

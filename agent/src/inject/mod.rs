@@ -28,15 +28,20 @@ pub struct InjectArgs {
     /// Write here instead of stdout.
     #[arg(short, long, value_name = "FILE")]
     pub output: Option<PathBuf>,
-    /// The gpuprof image the sidecar runs (it holds gpuprof and the shim).
-    #[arg(long, value_name = "IMAGE", default_value = pod::DEFAULT_IMAGE)]
-    pub image: String,
-    /// Where the sidecar sends OTLP (the collector, or an OpenTelemetry Collector).
-    #[arg(long, value_name = "URL", default_value = pod::DEFAULT_COLLECTOR)]
-    pub collector: String,
-    /// grpc or http.
-    #[arg(long, value_name = "PROTOCOL", default_value = "grpc", value_parser = ["grpc", "http"])]
-    pub otlp_protocol: String,
+    /// These settings, as the chart's ConfigMap `<release>-sidecar` holds them (YAML: image,
+    /// collector, otlpProtocol, tokenSecret, port, via); a flag given here wins over the file.
+    #[arg(long, value_name = "FILE")]
+    pub settings: Option<PathBuf>,
+    /// The gpuprof image the sidecar runs (it holds gpuprof and the shim) [default: gpuprof:VERSION].
+    #[arg(long, value_name = "IMAGE")]
+    pub image: Option<String>,
+    /// Where the sidecar sends OTLP (the collector, or an OpenTelemetry Collector)
+    /// [default: http://gpuprof-collector.gpuprof:4317].
+    #[arg(long, value_name = "URL")]
+    pub collector: Option<String>,
+    /// grpc or http [default: grpc].
+    #[arg(long, value_name = "PROTOCOL", value_parser = ["grpc", "http"])]
+    pub otlp_protocol: Option<String>,
     /// A Secret's key holding the collector's bearer token, as SECRET/KEY.
     #[arg(long, value_name = "SECRET/KEY")]
     pub token_secret: Option<String>,
@@ -46,12 +51,13 @@ pub struct InjectArgs {
     pub containers: Vec<String>,
     /// How the workload loads the shim: ld-preload (allocator and driver events) or
     /// cuda-injection (CUDA_INJECTION64_PATH: driver calls only, for images that forbid
-    /// LD_PRELOAD).
-    #[arg(long, value_enum, default_value = "ld-preload")]
-    pub via: Preload,
-    /// The port of the sidecar's /healthz, /readyz and /metrics (it shares the pod's network).
-    #[arg(long, value_name = "PORT", default_value_t = pod::DEFAULT_PORT)]
-    pub port: u16,
+    /// LD_PRELOAD) [default: ld-preload].
+    #[arg(long, value_enum)]
+    pub via: Option<Preload>,
+    /// The port of the sidecar's /healthz, /readyz and /metrics (it shares the pod's network)
+    /// [default: 9464].
+    #[arg(long, value_name = "PORT")]
+    pub port: Option<u16>,
 }
 
 /// Returns gpuprof's exit code.

@@ -41,29 +41,79 @@ pub struct SidecarSettings {
 
 impl SidecarSettings {
     pub fn from_args(args: &super::InjectArgs) -> Result<SidecarSettings> {
-        let token = match &args.token_secret {
+        let file = match &args.settings {
+            Some(path) => SettingsFile::read(path)?,
+            None => SettingsFile::default(),
+        };
+        let token_text = args.token_secret.clone().or(file.token_secret);
+        let token = match &token_text {
             Some(text) => match text.split_once('/') {
                 Some((secret, key)) if !secret.is_empty() && !key.is_empty() => Some((secret.to_string(), key.to_string())),
-                _ => bail!("--token-secret {text}: give the Secret and its key as SECRET/KEY"),
+                _ => bail!("token secret {text}: give the Secret and its key as SECRET/KEY"),
             },
             None => None,
         };
-        if args.port == 0 {
-            bail!("--port 0: give the port the sidecar's health endpoints listen on (e.g. 9464)");
+        let port = args.port.or(file.port).unwrap_or(DEFAULT_PORT);
+        if port == 0 {
+            bail!("port 0: give the port the sidecar's health endpoints listen on (e.g. 9464)");
+        }
+        let protocol = args.otlp_protocol.clone().or(file.protocol).unwrap_or_else(|| "grpc".to_string());
+        if protocol != "grpc" && protocol != "http" {
+            bail!("otlpProtocol {protocol}: give grpc or http");
         }
         Ok(SidecarSettings {
-            image: args.image.clone(),
-            collector: args.collector.clone(),
-            protocol: args.otlp_protocol.clone(),
+            image: args.image.clone().or(file.image).unwrap_or_else(|| DEFAULT_IMAGE.to_string()),
+            collector: args.collector.clone().or(file.collector).unwrap_or_else(|| DEFAULT_COLLECTOR.to_string()),
+            protocol,
             token,
             containers: args.containers.clone(),
-            via: args.via,
-            port: args.port,
+            via: args.via.or(file.via).unwrap_or(Preload::LdPreload),
+            port,
         })
     }
 
     fn shim_path(&self) -> String {
         format!("{MOUNT}/{}", crate::via_shim::SHIM_FILE)
+    }
+}
+
+/// `--settings`: the chart's ConfigMap `<release>-sidecar`, key `settings.yaml`.
+#[derive(Debug, Default)]
+struct SettingsFile {
+    image: Option<String>,
+    collector: Option<String>,
+    protocol: Option<String>,
+    token_secret: Option<String>,
+    port: Option<u16>,
+    via: Option<Preload>,
+}
+
+impl SettingsFile {
+    fn read(path: &std::path::Path) -> Result<SettingsFile> {
+        let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("cannot read the settings {}: {e}", path.display()))?;
+        let documents = yaml_rust2::YamlLoader::load_from_str(&text).map_err(|e| anyhow::anyhow!("the settings {} are not YAML: {e}", path.display()))?;
+        let Some(Yaml::Hash(map)) = documents.into_iter().next() else {
+            bail!("the settings {} are not a mapping: give image, collector, otlpProtocol, tokenSecret, port, via", path.display())
+        };
+        let mut file = SettingsFile::default();
+        for (name, value) in map {
+            let name = name.as_str().unwrap_or("").to_string();
+            let text = || match &value {
+                Yaml::String(s) => Ok(s.clone()),
+                Yaml::Integer(i) => Ok(i.to_string()),
+                _ => Err(anyhow::anyhow!("the settings {}: {name} is not a string", path.display())),
+            };
+            match name.as_str() {
+                "image" => file.image = Some(text()?).filter(|s| !s.is_empty()),
+                "collector" => file.collector = Some(text()?).filter(|s| !s.is_empty()),
+                "otlpProtocol" => file.protocol = Some(text()?),
+                "tokenSecret" => file.token_secret = Some(text()?).filter(|s| !s.is_empty()),
+                "port" => file.port = Some(text()?.parse().map_err(|_| anyhow::anyhow!("the settings {}: port is not a port number", path.display()))?),
+                "via" => file.via = Some(<Preload as clap::ValueEnum>::from_str(&text()?, false).map_err(|_| anyhow::anyhow!("the settings {}: via is ld-preload or cuda-injection", path.display()))?),
+                _ => bail!("the settings {}: {name} is not a setting (image, collector, otlpProtocol, tokenSecret, port, via)", path.display()),
+            }
+        }
+        Ok(file)
     }
 }
 

@@ -65,17 +65,22 @@ default
 {{- end -}}
 {{- end -}}
 
-{{/* Where the daemons send OTLP: as given, else the load-balancer when enabled, else the
-collector; on the port of the protocol the daemons speak. */}}
-{{- define "gpuprof.daemonEndpoint" -}}
-{{- $http := eq .Values.daemon.otlpProtocol "http" -}}
-{{- if .Values.daemon.otlpEndpoint -}}
-{{- .Values.daemon.otlpEndpoint -}}
-{{- else if .Values.otelCollector.enabled -}}
-{{- printf "http://%s-otel-collector.%s.svc:%v" (include "gpuprof.fullname" .) .Release.Namespace (ternary 4318 4317 $http) -}}
+{{/* Where agents send OTLP: as given, else the load-balancer when enabled, else the collector;
+on the port of the protocol they speak. (dict "root" . "endpoint" given "protocol" grpc|http) */}}
+{{- define "gpuprof.otlpEndpoint" -}}
+{{- $http := eq .protocol "http" -}}
+{{- if .endpoint -}}
+{{- .endpoint -}}
+{{- else if .root.Values.otelCollector.enabled -}}
+{{- printf "http://%s-otel-collector.%s.svc:%v" (include "gpuprof.fullname" .root) .root.Release.Namespace (ternary 4318 4317 $http) -}}
 {{- else -}}
-{{- printf "http://%s-collector.%s.svc:%v" (include "gpuprof.fullname" .) .Release.Namespace (ternary .Values.collector.httpPort .Values.collector.grpcPort $http) -}}
+{{- printf "http://%s-collector.%s.svc:%v" (include "gpuprof.fullname" .root) .root.Release.Namespace (ternary .root.Values.collector.httpPort .root.Values.collector.grpcPort $http) -}}
 {{- end -}}
+{{- end -}}
+
+{{/* Where the daemons send OTLP. */}}
+{{- define "gpuprof.daemonEndpoint" -}}
+{{- include "gpuprof.otlpEndpoint" (dict "root" . "endpoint" .Values.daemon.otlpEndpoint "protocol" .Values.daemon.otlpProtocol) -}}
 {{- end -}}
 
 {{/* Where the collector forwards spans: as given, else this release's Jaeger, else nowhere. */}}
