@@ -729,3 +729,69 @@ fn the_sidecar_arrangement_gives_what_run_via_shim_gives() {
     assert!(of(&base).iter().any(|f| f.starts_with(&format!("exit_with_live_allocations {} 1 ", 8 << 20))), "{:?}", of(&base));
     assert_eq!(of(&collected), of(&base));
 }
+
+/// `daemon --sidecar DIR --capture ebpf`, as in a pod with shareProcessNamespace: in a pid
+/// namespace of its own (unshare) with a workload, while another process outside calls the same
+/// library. The probes fire for both (they are on the library's file), but only the namespace's
+/// process is recorded, under the pids it has there, which are those it knows itself by.
+#[test]
+fn an_ebpf_sidecar_sees_only_its_pid_namespace_by_its_own_pids() {
+    let _node = one_daemon_at_a_time();
+    let dir = scratch("daemon_sidecar_ebpf");
+    let shared = dir.join("pod");
+    std::fs::create_dir_all(&shared).unwrap();
+    let (events, said) = (dir.join("events.jsonl"), dir.join("sidecar.err"));
+    let (inside_log, outside_log) = (dir.join("inside.jsonl"), dir.join("outside.jsonl"));
+    let libcuda = standin_dir().join("libcuda.so.1");
+    let _ = libc10_standin();
+    // In the namespace: the sidecar, then the workload once it is ready, then SIGTERM.
+    let script = format!(
+        r#"{gpuprof} daemon --sidecar {shared} --capture ebpf --libcuda {libcuda} --listen 127.0.0.1:0 --output {events} 2> {said} &
+sidecar=$!
+for i in $(seq 100); do grep -q 'sidecar of pod' {said} && break; sleep 0.1; done
+# As a training job: its interpreter up (libcuda loaded) a while before its first CUDA call, so
+# the sidecar's scan has found it and reads its Python stacks from the first call on.
+(sleep 1.5; echo go) | {python} {tensors} --wait-for-go
+kill -TERM $sidecar
+wait $sidecar"#,
+        gpuprof = gpuprof(),
+        shared = shared.display(),
+        libcuda = libcuda.display(),
+        events = events.display(),
+        said = said.display(),
+        python = python3(),
+        tensors = workloads().join("tensors.py").display(),
+    );
+    let mut pod = Command::new("unshare");
+    pod.args(["--pid", "--fork", "--mount-proc", "sh", "-c", &script]).env("K8S_POD_NAME", "train-0").env("K8S_NAMESPACE", "ml");
+    workload_env(&mut pod, &inside_log);
+    let mut pod = pod.spawn().unwrap();
+    // Outside, the same library called meanwhile by another process of the host.
+    let mut outsider = Command::new(python3());
+    outsider.arg(workloads().join("leaks.py")).arg("worker-exit-live");
+    workload_env(&mut outsider, &outside_log);
+    let started = Instant::now();
+    while !std::fs::read_to_string(&said).unwrap_or_default().contains("sidecar of pod") {
+        assert!(started.elapsed() < Duration::from_secs(15), "the sidecar never started: {}", std::fs::read_to_string(&said).unwrap_or_default());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let outsider = outsider.output().unwrap();
+    assert!(outsider.status.success(), "{}", String::from_utf8_lossy(&outsider.stderr));
+    let status = wait_with_limit(&mut pod, Duration::from_secs(60));
+    let stderr = std::fs::read_to_string(&said).unwrap();
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("gpuprof: sidecar of pod ml/train-0 on node ") && stderr.contains(" with eBPF, following "), "{stderr}");
+
+    let captured = read_events(&events);
+    let expected = read_expected(&inside_log);
+    let inside = pid_of_role(&expected, "parent");
+    // Its pid in the namespace (a small number there), not the host's.
+    assert!(inside < 100, "pid {inside}");
+    let pids: BTreeSet<u32> = captured.iter().filter(|e| e.layer != Layer::Process).map(|e| e.pid).collect();
+    assert_eq!(pids, BTreeSet::from([inside]), "{stderr}");
+    assert_same_calls(&expected_calls(&expected), &memory_events(&captured));
+    // Nothing of the process outside: none of its lines.
+    assert!(captured.iter().all(|e| e.stack.iter().all(|f| !f.file.ends_with("leaks.py"))));
+    let outside = read_expected(&outside_log);
+    assert!(expected_calls(&outside).len() >= 2, "the outsider called the library too");
+}

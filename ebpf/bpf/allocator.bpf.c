@@ -79,9 +79,9 @@ struct {
 
 static __always_inline int on_report(struct pt_regs *ctx)
 {
-	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u64 pid_tgid;
 
-	if (!record_call_of(pid_tgid >> 32))
+	if (!current_ids(&pid_tgid) || !record_call_of(pid_tgid >> 32))
 		return 0;
 	__u64 device = PT_REGS_PARM5(ctx);
 	if ((__u8)device != GP_C10_DEVICE_CUDA) {

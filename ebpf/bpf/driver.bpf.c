@@ -143,9 +143,9 @@ static __always_inline __u32 shareable_handle_len(__u64 type)
 
 static __always_inline int on_entry(struct pt_regs *ctx)
 {
-	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u64 pid_tgid;
 
-	if (!record_call_of(pid_tgid >> 32))
+	if (!current_ids(&pid_tgid) || !record_call_of(pid_tgid >> 32))
 		return 0;
 
 	struct gp_cookie cookie = read_cookie(ctx);
@@ -380,10 +380,12 @@ static __always_inline bool carries_handle(__u8 shape)
 
 static __always_inline int on_return(struct pt_regs *ctx)
 {
-	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u64 pid_tgid;
 	struct gp_cookie cookie = read_cookie(ctx);
 	if (cookie.shape == GP_SHAPE_CTX_CURRENT)
 		return 0; /* nothing pending: the entry did all there is */
+	if (!current_ids(&pid_tgid))
+		return 0;
 	struct pending_calls *calls = bpf_task_storage_get(&pending, bpf_get_current_task_btf(), NULL, 0);
 	__u32 slot = PENDING_SLOTS;
 

@@ -64,6 +64,48 @@ const volatile bool track_callers = false;
  * buffer (it also drains on a short timer). A wakeup per record would cost more than the record. */
 const volatile __u64 wakeup_bytes = 1 << 20;
 
+/* Set by the agent before load when it profiles one pid namespace (a pod's sidecar sharing the
+ * pod's process namespace): every id a record carries is that namespace's, as the agent's own
+ * /proc shows it, and a task outside the namespace is not seen at all. Zero: the host's ids (the
+ * node daemon, run, attach). */
+const volatile __u64 pidns_dev = 0;
+const volatile __u64 pidns_ino = 0;
+
+/* The current task's tgid << 32 | pid, in the profiled namespace; false for a task outside it. */
+static __always_inline bool current_ids(__u64 *pid_tgid)
+{
+	if (!pidns_ino) {
+		*pid_tgid = bpf_get_current_pid_tgid();
+		return true;
+	}
+	struct bpf_pidns_info ns = {};
+	if (bpf_get_ns_current_pid_tgid(pidns_dev, pidns_ino, &ns, sizeof(ns)) != 0)
+		return false;
+	*pid_tgid = ((__u64)ns.tgid << 32) | ns.pid;
+	return true;
+}
+
+/* A task's id (`leader`: its thread group's) in the profiled namespace: from its struct pid,
+ * which holds its number in each namespace it is in, the innermost at its level. Zero for a task
+ * outside the namespace. */
+static __always_inline __u32 id_of(struct task_struct *task, bool leader)
+{
+	if (!pidns_ino)
+		return leader ? BPF_CORE_READ(task, tgid) : BPF_CORE_READ(task, pid);
+	struct task_struct *owner = leader ? BPF_CORE_READ(task, group_leader) : task;
+	struct pid *pid = BPF_CORE_READ(owner, thread_pid);
+	unsigned int level = BPF_CORE_READ(pid, level);
+	struct upid upid = {};
+
+	if (level > 31)
+		return 0;
+	if (bpf_probe_read_kernel(&upid, sizeof(upid), &pid->numbers[level]) != 0)
+		return 0;
+	if (BPF_CORE_READ(upid.ns, ns.inum) != pidns_ino)
+		return 0;
+	return upid.nr;
+}
+
 static __always_inline bool is_tracked(__u32 tgid)
 {
 	return bpf_map_lookup_elem(&tracked, &tgid) != NULL;

@@ -15,14 +15,14 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 SEC("tp_btf/sched_process_fork")
 int BPF_PROG(on_fork, struct task_struct *parent, struct task_struct *child)
 {
-	__u32 parent_tgid = parent->tgid;
-	__u32 child_tgid = child->tgid;
 	__u8 one = 1;
 
 	/* A new thread is not a new process. */
-	if (child->pid != child_tgid)
+	if (child->pid != child->tgid)
 		return 0;
-	if (!is_tracked(parent_tgid))
+	__u32 parent_tgid = id_of(parent, true);
+	__u32 child_tgid = id_of(child, true);
+	if (!parent_tgid || !child_tgid || !is_tracked(parent_tgid))
 		return 0;
 	bpf_map_update_elem(&tracked, &child_tgid, &one, BPF_ANY);
 	/* A forked child runs the parent's interpreter at the same addresses. */
@@ -50,17 +50,17 @@ int BPF_PROG(on_fork, struct task_struct *parent, struct task_struct *child)
 static __always_inline void fill_task(struct gp_record *rec, struct task_struct *task)
 {
 	rec->ts_ns = bpf_ktime_get_ns();
-	rec->pid = task->tgid;
-	rec->tid = task->pid;
-	rec->ppid = BPF_CORE_READ(task, real_parent, tgid);
+	rec->pid = id_of(task, true);
+	rec->tid = id_of(task, false);
+	rec->ppid = id_of(BPF_CORE_READ(task, real_parent), true);
 }
 
 SEC("tp_btf/sched_process_exec")
 int BPF_PROG(on_exec, struct task_struct *task, pid_t old_pid, struct linux_binprm *bprm)
 {
-	__u32 tgid = task->tgid;
+	__u32 tgid = id_of(task, true);
 
-	if (!is_tracked(tgid))
+	if (!tgid || !is_tracked(tgid))
 		return 0;
 	/* A new program: whatever interpreter and libraries the old one ran are gone. */
 	bpf_map_delete_elem(&python_procs, &tgid);
@@ -80,11 +80,11 @@ int BPF_PROG(on_exec, struct task_struct *task, pid_t old_pid, struct linux_binp
 SEC("tp_btf/sched_process_exit")
 int BPF_PROG(on_exit, struct task_struct *task)
 {
-	__u32 tgid = task->tgid;
+	__u32 tgid = id_of(task, true);
 
-	if (!is_tracked(tgid))
+	if (!tgid || !is_tracked(tgid))
 		return 0;
-	__u32 tid = task->pid;
+	__u32 tid = id_of(task, false);
 	bpf_map_delete_elem(&thread_states, &tid);
 	/* signal->live is decremented before this tracepoint: zero means the last thread is leaving. */
 	if (BPF_CORE_READ(task, signal, live.counter) != 0)

@@ -68,6 +68,30 @@ pub struct CaptureOptions {
     /// Node daemon: every process that calls a probed function is tracked from that call on,
     /// not only the processes given to `track` and their descendants.
     pub track_callers: bool,
+    /// A pod's sidecar: ids are this pid namespace's (the kernel's device and inode of
+    /// /proc/self/ns/pid), and tasks outside it are not seen. None: the host's ids.
+    pub pid_namespace: Option<PidNamespace>,
+}
+
+/// A pid namespace as the kernel names it: the nsfs device (encoded as the kernel's dev_t) and
+/// inode of its /proc/PID/ns/pid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PidNamespace {
+    pub dev: u64,
+    pub ino: u64,
+}
+
+impl PidNamespace {
+    /// This process's own.
+    pub fn own() -> Result<PidNamespace> {
+        use std::os::unix::fs::MetadataExt;
+        let path = "/proc/self/ns/pid";
+        let meta = std::fs::metadata(path).with_context(|| format!("cannot read {path}: is /proc mounted?"))?;
+        let dev = meta.dev();
+        // stat(2) encodes the device for user space; the kernel's dev_t is MKDEV(major, minor).
+        let (major, minor) = (libc::major(dev) as u64, libc::minor(dev) as u64);
+        Ok(PidNamespace { dev: (major << 20) | minor, ino: meta.ino() })
+    }
 }
 
 impl Default for CaptureOptions {
@@ -77,6 +101,7 @@ impl Default for CaptureOptions {
             probe_links: ProbeLinks::for_this_kernel(),
             python_stacks: true,
             track_callers: false,
+            pid_namespace: None,
         }
     }
 }
@@ -145,10 +170,13 @@ impl Capture {
             .map_err(|e| load_error("size the ring buffer", e))?;
         // Wake the reader when an eighth of the buffer waits; it drains on its timer otherwise.
         let wakeup_bytes = u64::from(options.ring_buffer_bytes / 8);
+        let (pidns_dev, pidns_ino) = options.pid_namespace.map_or((0, 0), |ns| (ns.dev, ns.ino));
         if let Some(rodata) = open_driver.maps.rodata_data.as_deref_mut() {
             rodata.wakeup_bytes = wakeup_bytes;
             rodata.python_stacks = options.python_stacks;
             rodata.track_callers = options.track_callers;
+            rodata.pidns_dev = pidns_dev;
+            rodata.pidns_ino = pidns_ino;
         }
         let multi = options.probe_links == ProbeLinks::Multi;
         open_driver.progs.driver_entry_multi.set_autoload(multi);
@@ -162,6 +190,8 @@ impl Capture {
             .map_err(|e| load_error("open the process tracepoints", e))?;
         if let Some(rodata) = open_process.maps.rodata_data.as_deref_mut() {
             rodata.wakeup_bytes = wakeup_bytes;
+            rodata.pidns_dev = pidns_dev;
+            rodata.pidns_ino = pidns_ino;
         }
         open_process.maps.events.reuse_fd(driver.maps.events.as_fd()).map_err(|e| load_error("share the ring buffer", e))?;
         open_process.maps.tracked.reuse_fd(driver.maps.tracked.as_fd()).map_err(|e| load_error("share the tracked map", e))?;
@@ -179,6 +209,8 @@ impl Capture {
             rodata.wakeup_bytes = wakeup_bytes;
             rodata.python_stacks = options.python_stacks;
             rodata.track_callers = options.track_callers;
+            rodata.pidns_dev = pidns_dev;
+            rodata.pidns_ino = pidns_ino;
         }
         open_allocator.progs.allocator_report_multi.set_autoload(multi);
         open_allocator.progs.allocator_report.set_autoload(!multi);

@@ -75,8 +75,10 @@ pub struct DaemonArgs {
     pub shim_socket: Option<PathBuf>,
     /// Run as one pod's sidecar (docs/deploy.md): copy the shim into DIR (a volume the pod's
     /// containers share), take their events on DIR/shim.sock (mode 0666 unless given: only the
-    /// pod mounts DIR), no eBPF, and name the pod from the downward API (K8S_POD_NAME,
-    /// K8S_NAMESPACE, K8S_POD_UID, K8S_NODE_NAME; GPUPROF_WORKLOAD_CONTAINER: the container).
+    /// pod mounts DIR), and name the pod from the downward API (K8S_POD_NAME, K8S_NAMESPACE,
+    /// K8S_POD_UID, K8S_NODE_NAME; GPUPROF_WORKLOAD_CONTAINER: the container). No eBPF unless
+    /// --capture ebpf (with the pod's shareProcessNamespace): then the probes see only the
+    /// processes of the sidecar's pid namespace, by their pids there.
     #[arg(long, value_name = "DIR", env = "GPUPROF_SIDECAR")]
     pub sidecar: Option<PathBuf>,
     /// Who may connect to --shim-socket: its mode, in octal (default 0660: the daemon's user and
@@ -219,9 +221,6 @@ impl DaemonArgs {
         }
         let sidecar = self.sidecar.clone().or(file.sidecar);
         let given_capture = self.capture.or(file.capture);
-        if sidecar.is_some() && given_capture == Some(CaptureMode::Ebpf) {
-            bail!("a sidecar takes the shim's events (capture shim): its probes would see every process of the node under host pids; profile a node with eBPF from the DaemonSet instead (docs/deploy.md)");
-        }
         let capture = given_capture.unwrap_or(if sidecar.is_some() { CaptureMode::Shim } else { CaptureMode::Ebpf });
         let sidecar_socket = sidecar.as_ref().map(|dir| dir.join("shim.sock"));
         let shim_socket = self.shim_socket.clone().or(file.shim_socket).or(sidecar_socket).or_else(|| {

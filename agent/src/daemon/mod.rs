@@ -42,10 +42,16 @@ pub fn run(args: &DaemonArgs) -> Result<u8> {
     let health = health::Health::new();
     let listening = health::serve(config.listen, config.metrics_token.clone(), health.clone())?;
 
+    // A pod's sidecar sees its own pid namespace only (the pod's, shared by its containers).
+    let pid_namespace = config.sidecar.as_ref().map(|_| crate::capture::PidNamespace::own()).transpose()?;
+    if let Some(dir) = &config.sidecar {
+        share_the_shim(dir)?;
+    }
     let capture = Capture::load(CaptureOptions {
         ring_buffer_bytes: config.ring_buffer_bytes,
         python_stacks: config.python_stacks,
         track_callers: true,
+        pid_namespace,
         ..CaptureOptions::default()
     })?;
     let options = PipelineOptions { flow: flow_options(&config), print_stats: false, autograd: config.python_stacks };
@@ -74,12 +80,22 @@ pub fn run(args: &DaemonArgs) -> Result<u8> {
     scan(&mut pipeline);
     publish(&health, &pipeline, forgotten_total, &shim_counts);
     health.set_ready(true);
-    eprintln!(
-        "gpuprof: daemon on node {} following {} CUDA process(es); /healthz /readyz /metrics on {listening}; exporting to {}",
-        crate::telemetry::node_name(config.node_name.as_deref()),
-        pipeline.alive().len(),
-        destinations(&config)
-    );
+    match &config.sidecar {
+        Some(dir) => eprintln!(
+            "gpuprof: sidecar of pod {} on node {} with eBPF, following {} CUDA process(es) of its pid namespace; the shim is in {}; /healthz /readyz /metrics on {listening}; exporting to {}",
+            pod_name(&config),
+            crate::telemetry::node_name(config.node_name.as_deref()),
+            pipeline.alive().len(),
+            dir.display(),
+            destinations(&config)
+        ),
+        None => eprintln!(
+            "gpuprof: daemon on node {} following {} CUDA process(es); /healthz /readyz /metrics on {listening}; exporting to {}",
+            crate::telemetry::node_name(config.node_name.as_deref()),
+            pipeline.alive().len(),
+            destinations(&config)
+        ),
+    }
 
     let mut last_scan = Instant::now();
     let mut last_publish = Instant::now();
