@@ -732,6 +732,8 @@ struct Expected<'a> {
     port: u16,
     token: Option<(&'a str, &'a str)>,
     variable: &'a str,
+    /// `--capture ebpf`: the pod's processes probed; the workload left alone.
+    ebpf: bool,
 }
 
 const DEFAULTS: Expected<'static> = Expected {
@@ -741,6 +743,7 @@ const DEFAULTS: Expected<'static> = Expected {
     port: 9464,
     token: None,
     variable: "LD_PRELOAD",
+    ebpf: false,
 };
 
 fn expected_sidecar(expected: &Expected<'_>, targets: &[&str]) -> Value {
@@ -757,21 +760,32 @@ fn expected_sidecar(expected: &Expected<'_>, targets: &[&str]) -> Value {
     if let Some((secret, key)) = expected.token {
         env.push(serde_json::json!({ "name": "GPUPROF_OTLP_TOKEN", "valueFrom": { "secretKeyRef": { "name": secret, "key": key } } }));
     }
+    let mut args = vec![Value::from("daemon"), "--sidecar".into(), "/gpuprof".into(), "--listen".into(), format!("0.0.0.0:{}", expected.port).into()];
+    let security = if expected.ebpf {
+        args.extend(["--capture".into(), "ebpf".into()]);
+        serde_json::json!({
+            "runAsUser": 0, "allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true,
+            "capabilities": { "drop": ["ALL"], "add": ["BPF", "PERFMON", "SYS_PTRACE"] },
+            "seccompProfile": { "type": "Unconfined" }, "appArmorProfile": { "type": "Unconfined" }
+        })
+    } else {
+        serde_json::json!({
+            "runAsNonRoot": true, "runAsUser": 65532, "runAsGroup": 65532, "allowPrivilegeEscalation": false,
+            "readOnlyRootFilesystem": true, "capabilities": { "drop": ["ALL"] }, "seccompProfile": { "type": "RuntimeDefault" }
+        })
+    };
     serde_json::json!({
         "name": "gpuprof",
         "image": expected.image,
         "imagePullPolicy": "IfNotPresent",
         "restartPolicy": "Always",
-        "args": ["daemon", "--sidecar", "/gpuprof", "--listen", format!("0.0.0.0:{}", expected.port)],
+        "args": args,
         "env": env,
         "ports": [{ "name": "gpuprof-health", "containerPort": expected.port }],
         "startupProbe": { "httpGet": { "path": "/readyz", "port": expected.port }, "periodSeconds": 1, "failureThreshold": 60 },
         "volumeMounts": [{ "name": "gpuprof", "mountPath": "/gpuprof" }],
         "resources": { "requests": { "cpu": "50m", "memory": "64Mi" }, "limits": { "memory": "256Mi" } },
-        "securityContext": {
-            "runAsNonRoot": true, "runAsUser": 65532, "runAsGroup": 65532, "allowPrivilegeEscalation": false,
-            "readOnlyRootFilesystem": true, "capabilities": { "drop": ["ALL"] }, "seccompProfile": { "type": "RuntimeDefault" }
-        }
+        "securityContext": security
     })
 }
 
@@ -790,10 +804,13 @@ fn take_out_sidecar(spec: &mut Value, expected: &Expected<'_>, targets: &[&str])
     if volumes.is_empty() {
         object.remove("volumes");
     }
+    if expected.ebpf {
+        assert_eq!(object.remove("shareProcessNamespace"), Some(Value::Bool(true)));
+    }
     for container in object.get_mut("containers").unwrap().as_array_mut().unwrap() {
         let name = container["name"].as_str().unwrap().to_string();
         let container = container.as_object_mut().unwrap();
-        if !targets.contains(&name.as_str()) {
+        if !targets.contains(&name.as_str()) || expected.ebpf {
             assert!(!container.get("env").is_some_and(|e| e.as_array().unwrap().iter().any(|v| v["name"] == "GPUPROF_SHIM_SOCKET")), "{name}");
             continue;
         }
@@ -888,6 +905,7 @@ fn inject_takes_the_collector_the_token_the_containers_and_cuda_injection() {
         port: 9500,
         token: Some(("gpuprof-auth", "token")),
         variable: "CUDA_INJECTION64_PATH",
+        ebpf: false,
     };
     take_out_sidecar(pod_spec(&mut object), &expected, &["log-shipper", "trainer"]);
     assert_eq!(object, yaml_document(&job));
@@ -967,6 +985,7 @@ fn the_charts_sidecar_settings_are_what_inject_gives_each_pod() {
         port: 9500,
         token: Some(("ml-gpuprof-token", "token")),
         variable: "LD_PRELOAD",
+        ebpf: false,
     };
     take_out_sidecar(pod_spec(&mut object), &expected, &["trainer"]);
     assert_eq!(object, yaml_document(&job));
@@ -980,6 +999,26 @@ fn the_charts_sidecar_settings_are_what_inject_gives_each_pod() {
     assert_eq!(output.status.code(), Some(1));
     assert_eq!(
         text(&output.stderr),
-        format!("gpuprof: error: the settings {}: colector is not a setting (image, collector, otlpProtocol, tokenSecret, port, via)\n", settings.display())
+        format!("gpuprof: error: the settings {}: colector is not a setting (image, collector, otlpProtocol, tokenSecret, port, via, capture)\n", settings.display())
+    );
+}
+
+/// `--capture ebpf`: the pod shares its process namespace with the sidecar, which gets what
+/// loading probes takes (and no more); the workload's containers are left as they were.
+#[test]
+fn inject_with_ebpf_shares_the_pods_processes_and_leaves_the_workload_alone() {
+    let job = fixture("workloads.yaml").split("\n---\n").nth(1).unwrap().to_string();
+    let output = inject(&["--capture", "ebpf"], &job);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let mut object = yaml_document(&text(&output.stdout));
+    validate(&scratch("inject_ebpf"), &[object.clone()]);
+    take_out_sidecar(pod_spec(&mut object), &Expected { ebpf: true, ..DEFAULTS }, &["trainer"]);
+    assert_eq!(object, yaml_document(&job));
+    // A pod in the host's pid namespace would show the sidecar the whole node.
+    let host = "apiVersion: v1\nkind: Pod\nmetadata: {name: host}\nspec:\n  hostPID: true\n  containers: [{name: main, image: busybox}]\n";
+    let output = inject(&["--capture", "ebpf"], host);
+    assert_eq!(
+        text(&output.stderr),
+        "gpuprof: error: stdin: document 1 (Pod host): cannot inject: it runs in the host's pid namespace (hostPID): an eBPF sidecar would see the node's processes; use the shim (--capture shim) or the node daemon\n"
     );
 }

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use yaml_rust2::{Yaml, YamlEmitter, YamlLoader};
 
-pub use pod::{Preload, SidecarSettings, SIDECAR_NAME};
+pub use pod::{Capture, Preload, SidecarSettings, SIDECAR_NAME};
 
 /// `gpuprof inject` flags.
 #[derive(Debug, clap::Args)]
@@ -29,7 +29,8 @@ pub struct InjectArgs {
     #[arg(short, long, value_name = "FILE")]
     pub output: Option<PathBuf>,
     /// These settings, as the chart's ConfigMap `<release>-sidecar` holds them (YAML: image,
-    /// collector, otlpProtocol, tokenSecret, port, via); a flag given here wins over the file.
+    /// collector, otlpProtocol, tokenSecret, port, via, capture); a flag given here wins over
+    /// the file.
     #[arg(long, value_name = "FILE")]
     pub settings: Option<PathBuf>,
     /// The gpuprof image the sidecar runs (it holds gpuprof and the shim) [default: gpuprof:VERSION].
@@ -54,6 +55,11 @@ pub struct InjectArgs {
     /// LD_PRELOAD) [default: ld-preload].
     #[arg(long, value_enum)]
     pub via: Option<Preload>,
+    /// What the sidecar captures with: shim (the workload preloads it; no privilege at all) or
+    /// ebpf (probes on the pod's own processes: shareProcessNamespace, and the sidecar gets
+    /// root with CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE; the workload is not changed) [default: shim].
+    #[arg(long, value_enum)]
+    pub capture: Option<Capture>,
     /// The port of the sidecar's /healthz, /readyz and /metrics (it shares the pod's network)
     /// [default: 9464].
     #[arg(long, value_name = "PORT")]

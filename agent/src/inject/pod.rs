@@ -26,6 +26,16 @@ pub enum Preload {
     CudaInjection,
 }
 
+/// What the sidecar captures with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Capture {
+    /// The shim, preloaded by the workload: no privilege anywhere.
+    Shim,
+    /// eBPF probes on the pod's processes (shareProcessNamespace): the workload is unchanged;
+    /// the sidecar needs root and CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE.
+    Ebpf,
+}
+
 /// What the sidecar is made of.
 #[derive(Debug, Clone)]
 pub struct SidecarSettings {
@@ -36,6 +46,7 @@ pub struct SidecarSettings {
     pub token: Option<(String, String)>,
     pub containers: Vec<String>,
     pub via: Preload,
+    pub capture: Capture,
     pub port: u16,
 }
 
@@ -68,6 +79,7 @@ impl SidecarSettings {
             token,
             containers: args.containers.clone(),
             via: args.via.or(file.via).unwrap_or(Preload::LdPreload),
+            capture: args.capture.or(file.capture).unwrap_or(Capture::Shim),
             port,
         })
     }
@@ -86,6 +98,7 @@ struct SettingsFile {
     token_secret: Option<String>,
     port: Option<u16>,
     via: Option<Preload>,
+    capture: Option<Capture>,
 }
 
 impl SettingsFile {
@@ -110,7 +123,8 @@ impl SettingsFile {
                 "tokenSecret" => file.token_secret = Some(text()?).filter(|s| !s.is_empty()),
                 "port" => file.port = Some(text()?.parse().map_err(|_| anyhow::anyhow!("the settings {}: port is not a port number", path.display()))?),
                 "via" => file.via = Some(<Preload as clap::ValueEnum>::from_str(&text()?, false).map_err(|_| anyhow::anyhow!("the settings {}: via is ld-preload or cuda-injection", path.display()))?),
-                _ => bail!("the settings {}: {name} is not a setting (image, collector, otlpProtocol, tokenSecret, port, via)", path.display()),
+                "capture" => file.capture = Some(<Capture as clap::ValueEnum>::from_str(&text()?, false).map_err(|_| anyhow::anyhow!("the settings {}: capture is shim or ebpf", path.display()))?),
+                _ => bail!("the settings {}: {name} is not a setting (image, collector, otlpProtocol, tokenSecret, port, via, capture)", path.display()),
             }
         }
         Ok(file)
@@ -183,6 +197,14 @@ pub fn patch(spec: &mut Yaml, settings: &SidecarSettings) -> Result<Outcome> {
         }
         settings.containers.clone()
     };
+    if settings.capture == Capture::Ebpf {
+        match spec.get(&key("hostPID")) {
+            Some(Yaml::Boolean(true)) => bail!("it runs in the host's pid namespace (hostPID): an eBPF sidecar would see the node's processes; use the shim (--capture shim) or the node daemon"),
+            _ => {}
+        }
+        // The sidecar sees the pod's processes, by their pids in the pod.
+        spec.insert(key("shareProcessNamespace"), Yaml::Boolean(true));
+    }
     let volumes = array_at(spec, "volumes", "pod spec")?;
     if volumes.iter().any(|v| name_of(v) == Some(SIDECAR_NAME)) {
         bail!("it already has a volume named {SIDECAR_NAME} that is not gpuprof's: rename that volume");
@@ -190,8 +212,11 @@ pub fn patch(spec: &mut Yaml, settings: &SidecarSettings) -> Result<Outcome> {
     volumes.push(hash(vec![("name", string(SIDECAR_NAME)), ("emptyDir", Yaml::Hash(Hash::new()))]));
 
     let Some(Yaml::Array(containers)) = spec.get_mut(&key("containers")) else { unreachable!("checked above") };
-    for container in containers.iter_mut().filter(|c| name_of(c).is_some_and(|n| targets.iter().any(|t| t == n))) {
-        patch_container(container, settings)?;
+    // With eBPF the workload is left as it is.
+    if settings.capture == Capture::Shim {
+        for container in containers.iter_mut().filter(|c| name_of(c).is_some_and(|n| targets.iter().any(|t| t == n))) {
+            patch_container(container, settings)?;
+        }
     }
     let sidecar = sidecar(settings, &targets);
     array_at(spec, "initContainers", "pod spec")?.insert(0, sidecar);
@@ -260,13 +285,39 @@ fn sidecar(settings: &SidecarSettings, targets: &[String]) -> Yaml {
         ]));
     }
     let port = Yaml::Integer(i64::from(settings.port));
+    let mut args = vec![string("daemon"), string("--sidecar"), string(MOUNT), string("--listen"), string(&format!("0.0.0.0:{}", settings.port))];
+    let security = match settings.capture {
+        // Restricted Pod Security: no privilege at all.
+        Capture::Shim => hash(vec![
+            ("runAsNonRoot", Yaml::Boolean(true)),
+            ("runAsUser", Yaml::Integer(65532)),
+            ("runAsGroup", Yaml::Integer(65532)),
+            ("allowPrivilegeEscalation", Yaml::Boolean(false)),
+            ("readOnlyRootFilesystem", Yaml::Boolean(true)),
+            ("capabilities", hash(vec![("drop", Yaml::Array(vec![string("ALL")]))])),
+            ("seccompProfile", hash(vec![("type", string("RuntimeDefault"))])),
+        ]),
+        // What loading probes and reading the pod's processes take, and nothing more; the
+        // runtimes' default seccomp and AppArmor profiles may refuse bpf(2) and /proc/PID/mem.
+        Capture::Ebpf => {
+            args.extend([string("--capture"), string("ebpf")]);
+            hash(vec![
+                ("runAsUser", Yaml::Integer(0)),
+                ("allowPrivilegeEscalation", Yaml::Boolean(false)),
+                ("readOnlyRootFilesystem", Yaml::Boolean(true)),
+                ("capabilities", hash(vec![("drop", Yaml::Array(vec![string("ALL")])), ("add", Yaml::Array(vec![string("BPF"), string("PERFMON"), string("SYS_PTRACE")]))])),
+                ("seccompProfile", hash(vec![("type", string("Unconfined"))])),
+                ("appArmorProfile", hash(vec![("type", string("Unconfined"))])),
+            ])
+        }
+    };
     hash(vec![
         ("name", string(SIDECAR_NAME)),
         ("image", string(&settings.image)),
         ("imagePullPolicy", string("IfNotPresent")),
         // A native sidecar: started before the workload, kept running beside it, stopped after.
         ("restartPolicy", string("Always")),
-        ("args", Yaml::Array(vec![string("daemon"), string("--sidecar"), string(MOUNT), string("--listen"), string(&format!("0.0.0.0:{}", settings.port))])),
+        ("args", Yaml::Array(args)),
         ("env", Yaml::Array(env)),
         ("ports", Yaml::Array(vec![hash(vec![("name", string("gpuprof-health")), ("containerPort", port.clone())])])),
         // The workload starts once the shim is in the volume and the socket listens.
@@ -286,18 +337,6 @@ fn sidecar(settings: &SidecarSettings, targets: &[String]) -> Yaml {
                 ("limits", hash(vec![("memory", string("256Mi"))])),
             ]),
         ),
-        // Restricted Pod Security: no privilege at all.
-        (
-            "securityContext",
-            hash(vec![
-                ("runAsNonRoot", Yaml::Boolean(true)),
-                ("runAsUser", Yaml::Integer(65532)),
-                ("runAsGroup", Yaml::Integer(65532)),
-                ("allowPrivilegeEscalation", Yaml::Boolean(false)),
-                ("readOnlyRootFilesystem", Yaml::Boolean(true)),
-                ("capabilities", hash(vec![("drop", Yaml::Array(vec![string("ALL")]))])),
-                ("seccompProfile", hash(vec![("type", string("RuntimeDefault"))])),
-            ]),
-        ),
+        ("securityContext", security),
     ])
 }
