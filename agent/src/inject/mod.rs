@@ -10,12 +10,13 @@
 
 mod pod;
 mod workloads;
+mod yaml11;
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use yaml_rust2::{Yaml, YamlEmitter, YamlLoader};
+use yaml_rust2::{Yaml, YamlEmitter};
 
 pub use pod::{Capture, Preload, SidecarSettings, SIDECAR_NAME};
 
@@ -29,8 +30,8 @@ pub struct InjectArgs {
     #[arg(short, long, value_name = "FILE")]
     pub output: Option<PathBuf>,
     /// These settings, as the chart's ConfigMap `<release>-sidecar` holds them (YAML: image,
-    /// collector, otlpProtocol, tokenSecret, port, via, capture); a flag given here wins over
-    /// the file.
+    /// imagePullPolicy, collector, otlpProtocol, tokenSecret, port, via, capture); a flag given
+    /// here wins over the file.
     #[arg(long, value_name = "FILE")]
     pub settings: Option<PathBuf>,
     /// The gpuprof image the sidecar runs (it holds gpuprof and the shim) [default: gpuprof:VERSION].
@@ -109,7 +110,7 @@ impl std::fmt::Display for Report {
 
 /// The manifests with the sidecar added, and what was done to each.
 pub fn inject(text: &str, settings: &SidecarSettings) -> Result<(String, Report)> {
-    let documents = YamlLoader::load_from_str(text).map_err(|e| anyhow::anyhow!("not YAML: {e}"))?;
+    let documents = yaml11::load(text).map_err(|e| anyhow::anyhow!("not YAML: {e}"))?;
     let mut report = Report::default();
     let mut out = String::new();
     for (index, mut document) in documents.into_iter().enumerate() {

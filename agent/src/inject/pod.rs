@@ -40,6 +40,7 @@ pub enum Capture {
 #[derive(Debug, Clone)]
 pub struct SidecarSettings {
     pub image: String,
+    pub pull_policy: String,
     pub collector: String,
     pub protocol: String,
     /// (Secret, key) of the collector's bearer token.
@@ -74,6 +75,7 @@ impl SidecarSettings {
         }
         Ok(SidecarSettings {
             image: args.image.clone().or(file.image).unwrap_or_else(|| DEFAULT_IMAGE.to_string()),
+            pull_policy: file.pull_policy.unwrap_or_else(|| "IfNotPresent".to_string()),
             collector: args.collector.clone().or(file.collector).unwrap_or_else(|| DEFAULT_COLLECTOR.to_string()),
             protocol,
             token,
@@ -93,6 +95,7 @@ impl SidecarSettings {
 #[derive(Debug, Default)]
 struct SettingsFile {
     image: Option<String>,
+    pull_policy: Option<String>,
     collector: Option<String>,
     protocol: Option<String>,
     token_secret: Option<String>,
@@ -118,13 +121,14 @@ impl SettingsFile {
             };
             match name.as_str() {
                 "image" => file.image = Some(text()?).filter(|s| !s.is_empty()),
+                "imagePullPolicy" => file.pull_policy = Some(text()?).filter(|s| !s.is_empty()),
                 "collector" => file.collector = Some(text()?).filter(|s| !s.is_empty()),
                 "otlpProtocol" => file.protocol = Some(text()?),
                 "tokenSecret" => file.token_secret = Some(text()?).filter(|s| !s.is_empty()),
                 "port" => file.port = Some(text()?.parse().map_err(|_| anyhow::anyhow!("the settings {}: port is not a port number", path.display()))?),
                 "via" => file.via = Some(<Preload as clap::ValueEnum>::from_str(&text()?, false).map_err(|_| anyhow::anyhow!("the settings {}: via is ld-preload or cuda-injection", path.display()))?),
                 "capture" => file.capture = Some(<Capture as clap::ValueEnum>::from_str(&text()?, false).map_err(|_| anyhow::anyhow!("the settings {}: capture is shim or ebpf", path.display()))?),
-                _ => bail!("the settings {}: {name} is not a setting (image, collector, otlpProtocol, tokenSecret, port, via, capture)", path.display()),
+                _ => bail!("the settings {}: {name} is not a setting (image, imagePullPolicy, collector, otlpProtocol, tokenSecret, port, via, capture)", path.display()),
             }
         }
         Ok(file)
@@ -198,11 +202,13 @@ pub fn patch(spec: &mut Yaml, settings: &SidecarSettings) -> Result<Outcome> {
         settings.containers.clone()
     };
     if settings.capture == Capture::Ebpf {
-        match spec.get(&key("hostPID")) {
-            Some(Yaml::Boolean(true)) => bail!("it runs in the host's pid namespace (hostPID): an eBPF sidecar would see the node's processes; use the shim (--capture shim) or the node daemon"),
-            _ => {}
+        if let Some(Yaml::Boolean(true)) = spec.get(&key("hostPID")) {
+            bail!("it runs in the host's pid namespace (hostPID): an eBPF sidecar would see the node's processes; use the shim (--capture shim) or the node daemon");
         }
-        // The sidecar sees the pod's processes, by their pids in the pod.
+    }
+    // eBPF: the sidecar sees the pod's processes, by their pids in the pod. The shim in several
+    // containers: one pid namespace for them, or their pids would collide at the sidecar.
+    if settings.capture == Capture::Ebpf || targets.len() > 1 {
         spec.insert(key("shareProcessNamespace"), Yaml::Boolean(true));
     }
     let volumes = array_at(spec, "volumes", "pod spec")?;
@@ -314,7 +320,7 @@ fn sidecar(settings: &SidecarSettings, targets: &[String]) -> Yaml {
     hash(vec![
         ("name", string(SIDECAR_NAME)),
         ("image", string(&settings.image)),
-        ("imagePullPolicy", string("IfNotPresent")),
+        ("imagePullPolicy", string(&settings.pull_policy)),
         // A native sidecar: started before the workload, kept running beside it, stopped after.
         ("restartPolicy", string("Always")),
         ("args", Yaml::Array(args)),
