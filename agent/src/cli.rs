@@ -281,8 +281,11 @@ impl CaptureArgs {
         if !events.is_file() {
             return Ok(());
         }
-        crate::export::html::write_file(events, html)?;
-        eprintln!("gpuprof: wrote the report to {}; open it in a browser", html.display());
+        // The capture is done and kept: a report that fails is said, not the run's outcome.
+        match crate::export::html::write_file(events, html) {
+            Ok(()) => eprintln!("gpuprof: wrote the report to {}; open it in a browser", html.display()),
+            Err(error) => eprintln!("gpuprof: warning: no report written to {}: {error:#}; the events are in {}", html.display(), events.display()),
+        }
         Ok(())
     }
 

@@ -221,6 +221,16 @@ impl ProcessMemory {
         self.blocks.get(&addr)
     }
 
+    /// Live allocator blocks and live driver allocations, in no order: for views that sum or
+    /// rank them anyway (sorting every one of them costs more than the view).
+    pub fn blocks_unordered(&self) -> impl Iterator<Item = &Allocation> {
+        self.blocks.values()
+    }
+
+    pub fn allocations_unordered(&self) -> impl Iterator<Item = &Allocation> {
+        self.allocations.values()
+    }
+
     /// Live allocator blocks, oldest first.
     pub fn blocks(&self) -> Vec<&Allocation> {
         let mut live: Vec<&Allocation> = self.blocks.values().collect();

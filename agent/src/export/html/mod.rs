@@ -126,8 +126,7 @@ pub fn export(request: &ExportRequest<'_>) -> Result<u8> {
 /// The report of a capture just written (`run`/`attach --html FILE`): its peak, every process.
 pub fn write_file(input: &Path, output: &Path) -> Result<()> {
     let report = build(input, Moment::Peak, StackLayer::Auto, None)?;
-    let file = std::fs::File::create(output).with_context(|| format!("cannot create {}", output.display()))?;
-    let mut writer = std::io::BufWriter::new(file);
+    let mut writer = crate::output::open_writer(Some(output))?;
     page::write(&report, &mut writer).and_then(|_| writer.flush()).with_context(|| format!("cannot write {}", output.display()))
 }
 
@@ -141,7 +140,7 @@ fn build(input: &Path, moment: Moment, layer: StackLayer, pid: Option<u32>) -> R
         bail!("{} holds no events: nothing to report; check that the capture ran (`gpuprof run -- CMD` writes one)", input.display())
     };
     let span = last_ts.saturating_sub(first_ts);
-    let mut builder = Builder::new(first_ts, span, peak.map(|p| p.events));
+    let mut builder = Builder::new(first_ts, span, peak);
     let mut file = gpuprof_recording::EventFile::open(input)?;
     let mut forward_stacks = ForwardStacks::default();
     let mut analyzer = Analyzer::new(RuleConfig::default());
@@ -228,8 +227,8 @@ fn freed_device(event: &Event, analyzer: &Analyzer) -> Option<Option<i32>> {
 struct Builder {
     first_ts: u64,
     span: u64,
-    /// The event (1-based) after which the peak is reached.
-    peak_event: Option<u64>,
+    /// Where the peak lies (the event after which it is reached, and the bytes then).
+    peak_found: Option<peak::Peak>,
     peak: Option<PeakOut>,
     /// Per pid, the index of its current instance and when that began.
     current: HashMap<u32, (u32, u64)>,
@@ -242,17 +241,21 @@ struct Builder {
     snapshots: Vec<Snapshot>,
     /// The next instant of the grid, by number.
     next_grid: u64,
+    /// The latest instant replayed: a driver call's record carries when it began but comes when
+    /// it returned, so a recording's times may step back a little; the report's never do.
+    now: u64,
     /// The event just replayed reached the peak or fired findings: its snapshot's label.
     pending: Option<String>,
 }
 
 impl Builder {
-    fn new(first_ts: u64, span: u64, peak_event: Option<u64>) -> Builder {
+    fn new(first_ts: u64, span: u64, peak_found: Option<peak::Peak>) -> Builder {
         Builder {
             first_ts,
             span,
-            peak_event,
+            peak_found,
             peak: None,
+            now: 0,
             current: HashMap::new(),
             processes: Vec::new(),
             curves: Vec::new(),
@@ -266,13 +269,19 @@ impl Builder {
         }
     }
 
+    /// Nanoseconds after the first event, never before an instant already replayed.
+    fn instant(&mut self, ts: u64) -> u64 {
+        self.now = self.now.max(ts.saturating_sub(self.first_ts));
+        self.now
+    }
+
     fn grid_instant(&self, n: u64) -> u64 {
         (self.span as u128 * n as u128 / GRID as u128) as u64
     }
 
     /// Snapshots of the grid's instants this event lies past (the state before it).
     fn grid_before(&mut self, event: &Event, analyzer: &Analyzer) {
-        let t = event.ts.saturating_sub(self.first_ts);
+        let t = self.instant(event.ts);
         while self.next_grid < GRID && self.grid_instant(self.next_grid) < t {
             let instant = self.grid_instant(self.next_grid);
             self.snapshot(instant, String::new(), analyzer);
@@ -295,9 +304,13 @@ impl Builder {
     }
 
     fn process_index(&mut self, process: &ProcessMemory, t: u64) -> u32 {
-        match self.current.get(&process.pid) {
-            Some(&(index, since)) if since == process.first_ts => index,
-            _ => {
+        match self.current.get(&process.pid).copied() {
+            Some((index, since)) if since == process.first_ts => index,
+            previous => {
+                // Another program under the same pid (exec): the one before holds nothing now.
+                if let Some((replaced, _)) = previous.filter(|(index, _)| self.processes[*index as usize].exit.is_none()) {
+                    self.exited(replaced, t);
+                }
                 let index = self.processes.len() as u32;
                 self.current.insert(process.pid, (index, process.first_ts));
                 self.processes.push(ProcessOut {
@@ -331,7 +344,7 @@ impl Builder {
 
     /// The event was replayed: its process's curves move, exits and the peak are marked.
     fn event(&mut self, event: &Event, freed_device: Option<Option<i32>>, analyzer: &Analyzer, read: u64) {
-        let t = event.ts.saturating_sub(self.first_ts);
+        let t = self.instant(event.ts);
         if event.layer == Layer::Process && event.op == Op::Exit {
             // The tracker closed the process: its instance is the one last seen.
             if let Some(&(index, _)) = self.current.get(&event.pid) {
@@ -339,9 +352,8 @@ impl Builder {
             }
         }
         self.after(event, freed_device, analyzer, t);
-        if self.peak_event == Some(read) {
-            let bytes = analyzer.tracker().processes().iter().map(|p| peak::view_bytes(p, StackLayer::Auto)).sum();
-            self.peak = Some(PeakOut { t, bytes });
+        if let Some(peak) = self.peak_found.filter(|p| p.events == read) {
+            self.peak = Some(PeakOut { t, bytes: peak.bytes });
             self.pending = Some("peak".to_string());
         }
     }
@@ -375,11 +387,8 @@ impl Builder {
             Layer::Driver => {
                 self.processes[index as usize].cuda = true;
                 if event.succeeded() && matches!(event.op, Op::Alloc | Op::Free | Op::Unmap) {
-                    let devices: Vec<Option<i32>> = match freed_device {
-                        Some(device) => vec![device],
-                        None => vec![event.device],
-                    };
-                    let values: Vec<(Option<i32>, u64)> = devices.into_iter().map(|d| (d, process.device_memory(d))).collect();
+                    let device = freed_device.unwrap_or(event.device);
+                    let bytes = process.device_memory(device);
                     // A segment returned to the driver shrinks what the allocator reserves.
                     let returned: Vec<(i32, u64, u64)> = process
                         .allocator_totals()
@@ -387,9 +396,7 @@ impl Builder {
                         .filter(|(_, totals)| totals.ts == event.ts && event.op != Op::Alloc)
                         .map(|(&device, totals)| (device, totals.allocated, totals.reserved))
                         .collect();
-                    for (device, bytes) in values {
-                        self.set(index, device, Metric::Driver, t, bytes);
-                    }
+                    self.set(index, device, Metric::Driver, t, bytes);
                     for (device, allocated, reserved) in returned {
                         self.set(index, Some(device), Metric::Allocated, t, allocated);
                         self.set(index, Some(device), Metric::Reserved, t, reserved);
@@ -402,7 +409,7 @@ impl Builder {
     /// Findings the event fired (or the end gave), marked at `ts`; the event's snapshot is
     /// taken here, after the findings are known.
     fn findings(&mut self, found: Vec<Finding>, ts: u64, analyzer: &Analyzer) {
-        let t = ts.saturating_sub(self.first_ts);
+        let t = self.instant(ts);
         for finding in found {
             let process = self.current.get(&finding.pid).map(|(index, _)| *index);
             let number = self.findings.len() as u32;
@@ -422,8 +429,7 @@ impl Builder {
 
     /// The grid's remaining instants and the end share one snapshot.
     fn end(&mut self, last_ts: u64, analyzer: &Analyzer) {
-        let t = last_ts.saturating_sub(self.first_ts);
+        let t = self.instant(last_ts);
         self.snapshot(t, "end".to_string(), analyzer);
-        self.next_grid = GRID;
     }
 }

@@ -545,6 +545,7 @@
     if (p.from !== undefined) { params.set("from", (p.from / NS).toFixed(9)); params.set("to", (p.to / NS).toFixed(9)); }
     else params.set("t", (p.t / NS).toFixed(9));
     if (state.process !== "all") params.set("pid", data.processes[state.process].pid);
+    else if (data.initial.pid !== null && data.initial.pid !== undefined) params.set("pid", "all");
     if (state.layer !== data.initial.layer) params.set("layer", state.layer);
     history.replaceState(null, "", `#${params}`);
     byId("zoom-in").disabled = p.from === undefined || !chart;
@@ -590,14 +591,18 @@
     else if (data.lost) { warning.textContent = `The capture lost ${data.lost.toLocaleString("en")} events: the curves and stacks lack them.`; warning.hidden = false; }
   }
 
+  // What the address says; what it leaves out is what the page opened with.
   function fromAddress() {
     const params = new URLSearchParams(location.hash.slice(1));
-    const pid = params.get("pid") !== null ? Number(params.get("pid")) : data.initial.pid;
+    const given = params.get("pid");
+    const pid = given === "all" ? null : given !== null ? Number(given) : data.initial.pid;
+    state.process = "all";
     if (pid !== null && pid !== undefined) {
       const index = data.processes.findIndex((p) => p.pid === pid && p.cuda);
       if (index >= 0) state.process = index;
     }
-    if (["auto", "tensors", "driver"].includes(params.get("layer"))) state.layer = params.get("layer");
+    const layer = params.get("layer");
+    state.layer = ["auto", "tensors", "driver"].includes(layer) ? layer : data.initial.layer;
     const secondsOf = (name) => clamp(Math.round(Number(params.get(name)) * NS));
     if (params.get("from") !== null && params.get("to") !== null) return { from: secondsOf("from"), to: secondsOf("to") };
     if (params.get("t") !== null) return { t: secondsOf("t") };

@@ -149,20 +149,20 @@ pub fn take(t: u64, label: String, processes: &[(u32, &ProcessMemory)], first_ts
     let mut tensors: Vec<(u32, &Allocation)> = Vec::new();
     let mut driver: Vec<(u32, &Allocation)> = Vec::new();
     for &(index, process) in processes {
-        if !process.allocator_totals().is_empty() {
+        if crate::export::StackLayer::Auto.counts_tensors(process) {
             snapshot.tensors.push(index);
             let cached: u64 = process.allocator_totals().values().map(|t| t.reserved.saturating_sub(t.allocated)).sum();
             if cached > 0 {
                 entries.insert((index, CACHE_KIND, 0), (cached, 0));
             }
         }
-        for block in process.blocks() {
+        for block in process.blocks_unordered() {
             let entry = entries.entry((index, 0, stacks.node(&block.stack))).or_default();
             entry.0 += block.size;
             entry.1 += 1;
             tensors.push((index, block));
         }
-        for allocation in process.allocations() {
+        for allocation in process.allocations_unordered() {
             let entry = entries.entry((index, kind_index(allocation.kind), stacks.node(&allocation.stack))).or_default();
             entry.0 += allocation.size;
             entry.1 += 1;
