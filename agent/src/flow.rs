@@ -28,6 +28,9 @@ pub struct FlowOptions {
     /// Keep every finding for the end of the run. A daemon runs for months: it logs each one
     /// as it fires and keeps only the count.
     pub keep_findings: bool,
+    /// The events' pids are this agent's (its /proc shows them): false for a pod's shim sidecar,
+    /// whose processes live in another pid namespace, where /proc/PID is someone else.
+    pub pids_are_ours: bool,
 }
 
 pub struct EventFlow {
@@ -50,6 +53,7 @@ pub struct EventFlow {
     /// Each process's rank in a distributed job, read once at its first CUDA call (None: no
     /// RANK in its environment), so findings name it.
     ranks: HashMap<u32, Option<u32>>,
+    pids_are_ours: bool,
 }
 
 impl EventFlow {
@@ -69,6 +73,7 @@ impl EventFlow {
             nvml: NvmlView::open(),
             forward_stacks: ForwardStacks::default(),
             ranks: HashMap::new(),
+            pids_are_ours: options.pids_are_ours,
         }
     }
 
@@ -88,9 +93,10 @@ impl EventFlow {
                 self.ranks.remove(&event.pid);
             }
             (Layer::Process, _) => {}
-            _ => {
+            _ if self.pids_are_ours => {
                 self.ranks.entry(event.pid).or_insert_with(|| crate::procfs::rank(event.pid));
             }
+            _ => {}
         }
         let mut fired = self.analyzer.observe(&mut event);
         self.name_ranks(&mut fired);

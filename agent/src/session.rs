@@ -311,6 +311,7 @@ pub(crate) fn flow_options(args: &CaptureArgs, destination: &Destination) -> Res
         findings_file: args.findings.clone(),
         notices: true,
         keep_findings: true,
+        pids_are_ours: true,
     })
 }
 

@@ -258,9 +258,17 @@ pub struct ShimProcesses {
     pub undecodable: u64,
     /// Events naming a process other than the one connected.
     pub refused: u64,
+    /// The pids the processes name are this agent's (its /proc shows them); false in a pod's
+    /// sidecar, where /proc/PID is another process.
+    pub pids_are_ours: bool,
 }
 
 impl ShimProcesses {
+    /// `pids_are_ours`: see the field.
+    pub fn new(pids_are_ours: bool) -> ShimProcesses {
+        ShimProcesses { pids_are_ours, ..ShimProcesses::default() }
+    }
+
     /// Hands what arrived (waiting up to `wait` for the first) to `observe`, exits included.
     pub fn receive(&mut self, received: &Receiver<ShimMessage>, wait: Duration, observe: &mut dyn FnMut(Event) -> Result<()>) -> Result<()> {
         let mut next = received.recv_timeout(wait).ok();
@@ -291,7 +299,9 @@ impl ShimProcesses {
                         if !self.said_exit.remove(&pid) {
                             self.closed_without_exit += 1;
                             let mut exit = Event::new(wall_clock_ns(), pid, pid, Source::Cupti, Layer::Process, Op::Exit, "exit".into());
-                            exit.comm = crate::procfs::comm(pid).into();
+                            if self.pids_are_ours {
+                                exit.comm = crate::procfs::comm(pid).into();
+                            }
                             observe(exit)?;
                         }
                     }

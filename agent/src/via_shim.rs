@@ -47,7 +47,7 @@ pub fn run(command: &[OsString], args: &CaptureArgs, shim: Option<&Path>) -> Res
         .with_context(|| format!("cannot run `{}`", program.display()))?;
     eprintln!("gpuprof: capturing `{}` through {} (no eBPF)", program.display(), shim.display());
 
-    let mut run = ShimProcesses::default();
+    let mut run = ShimProcesses::new(true);
     let receive = |run: &mut ShimProcesses, flow: &mut EventFlow, wait: Duration| -> Result<()> {
         run.receive(&received, wait, &mut |event| flow.observe(event).context("cannot write the output"))?;
         flow.flush()

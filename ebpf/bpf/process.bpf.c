@@ -21,8 +21,10 @@ int BPF_PROG(on_fork, struct task_struct *parent, struct task_struct *child)
 	if (child->pid != child->tgid)
 		return 0;
 	__u32 parent_tgid = id_of(parent, true);
+	if (!parent_tgid || !is_tracked(parent_tgid))
+		return 0;
 	__u32 child_tgid = id_of(child, true);
-	if (!parent_tgid || !child_tgid || !is_tracked(parent_tgid))
+	if (!child_tgid)
 		return 0;
 	bpf_map_update_elem(&tracked, &child_tgid, &one, BPF_ANY);
 	/* A forked child runs the parent's interpreter at the same addresses. */

@@ -201,7 +201,9 @@ impl DaemonArgs {
                 let mut options = tuning.options(&endpoint, protocol, token, node_name.clone())?;
                 options.memory_cap = Some(memory_cap_mib << 20);
                 if self.sidecar.is_some() || file.sidecar.is_some() {
-                    options.pod = Some(crate::telemetry::PodIdentity::from_environment());
+                    let mut pod = crate::telemetry::PodIdentity::from_environment();
+                    pod.processes_visible = self.capture.or(file.capture) == Some(CaptureMode::Ebpf);
+                    options.pod = Some(pod);
                 }
                 Some(options)
             }

@@ -138,7 +138,7 @@ fn run_shim_only(config: &DaemonConfig) -> Result<u8> {
     let received = listen_for_shims(config)?;
     let mut flow = EventFlow::new(flow_options(config), sink_of(config)?);
     flow.set_telemetry(config.otlp.clone().map(Telemetry::start).transpose()?);
-    let mut processes = ShimProcesses::default();
+    let mut processes = ShimProcesses::new(!shim_sidecar(config));
     let mut forgotten_total = 0u64;
     let publish = |flow: &EventFlow, processes: &ShimProcesses, forgotten_total: u64| {
         health.publish(health::Snapshot {
@@ -226,7 +226,20 @@ fn pod_name(config: &DaemonConfig) -> String {
 }
 
 fn flow_options(config: &DaemonConfig) -> FlowOptions {
-    FlowOptions { rules: config.rules, format: Format::Jsonl, output_file: None, findings_file: None, notices: true, keep_findings: false }
+    FlowOptions {
+        rules: config.rules,
+        format: Format::Jsonl,
+        output_file: None,
+        findings_file: None,
+        notices: true,
+        keep_findings: false,
+        pids_are_ours: !shim_sidecar(config),
+    }
+}
+
+/// A pod's sidecar taking the shim's events: its processes are in other pid namespaces.
+fn shim_sidecar(config: &DaemonConfig) -> bool {
+    config.sidecar.is_some() && config.capture == CaptureMode::Shim
 }
 
 fn sink_of(config: &DaemonConfig) -> Result<Box<dyn output::EventSink>> {

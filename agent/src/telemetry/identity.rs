@@ -65,6 +65,9 @@ pub struct PodIdentity {
     pub node: Option<String>,
     /// The profiled container, when the pod profiles one.
     pub container: Option<String>,
+    /// The processes are in the sidecar's pid namespace (an eBPF sidecar, the pod's namespace
+    /// shared): their /proc is read, and the pod fills in what it does not say.
+    pub processes_visible: bool,
 }
 
 impl PodIdentity {
@@ -79,7 +82,27 @@ impl PodIdentity {
             uid,
             node: var("K8S_NODE_NAME"),
             container: var("GPUPROF_WORKLOAD_CONTAINER").filter(|names| !names.contains(',')),
+            processes_visible: false,
         }
+    }
+
+    /// A process of the pod, as /proc says it (visible processes) or as its shim said it.
+    pub fn identify(&self, pid: u32, node: &str, gpus: &[String], comm: &str, parent_pid: Option<u32>) -> ProcessIdentity {
+        if !self.processes_visible {
+            return self.process(pid, node, gpus, comm, parent_pid);
+        }
+        let mut identity = of_process(pid, node, gpus, comm, parent_pid);
+        let fill = |field: &mut Option<String>, value: &Option<String>| {
+            if field.is_none() {
+                field.clone_from(value);
+            }
+        };
+        fill(&mut identity.k8s_pod_uid, &self.uid);
+        fill(&mut identity.k8s_pod_name, &self.name);
+        fill(&mut identity.k8s_namespace, &self.namespace);
+        fill(&mut identity.k8s_node_name, &self.node);
+        fill(&mut identity.k8s_container_name, &self.container);
+        identity
     }
 
     /// A process of the pod: its pid and name as its shim said them.

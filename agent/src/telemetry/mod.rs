@@ -372,7 +372,7 @@ impl Telemetry {
 
     fn identity_of(&self, pid: u32, comm: &str, ppid: Option<u32>) -> ProcessIdentity {
         match &self.options.pod {
-            Some(pod) => pod.process(pid, &self.node, &self.gpus, comm, ppid),
+            Some(pod) => pod.identify(pid, &self.node, &self.gpus, comm, ppid),
             None => identity::of_process(pid, &self.node, &self.gpus, comm, ppid),
         }
     }

@@ -51,6 +51,7 @@ pub fn run(args: &TopArgs) -> Result<u8> {
             findings_file: None,
             notices: false,
             keep_findings: true,
+            pids_are_ours: true,
         },
         print_stats: false,
         autograd: true,
