@@ -351,3 +351,59 @@ fn profile_of(record: &gpuprof_otlp::proto::logs::v1::LogRecord) -> Result<Store
         .collect();
     Ok(StoredProfile { ts: record.time_unix_nano, reason: reason.to_string(), pprof: pprof.to_vec(), samples })
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn collector(name: &str, token: Option<&str>, read_token: Option<&str>, rate_limit: f64) -> Collector {
+        let dir = std::env::temp_dir().join(format!("gpuprof-collector-unit-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let db = dir.join("state.redb");
+        let (store, _) = Store::open(&db).unwrap();
+        let config = Config {
+            grpc_listen: "127.0.0.1:0".parse().unwrap(),
+            http_listen: "127.0.0.1:0".parse().unwrap(),
+            db,
+            token: token.map(str::to_string),
+            read_token: read_token.map(str::to_string),
+            max_request_bytes: 4 << 20,
+            rate_limit,
+            forward_endpoint: None,
+            retention: Duration::from_secs(3600),
+            max_findings: 1000,
+            checkpoint_every: Duration::from_secs(10),
+        };
+        Collector::new(config, State::new(Vec::new(), Vec::new()), store, None)
+    }
+
+    #[test]
+    fn agents_and_readers_each_need_their_own_token() {
+        let both = collector("tokens", Some("agents"), Some("readers"), 100.0);
+        assert!(both.authorized(Some(b"Bearer agents")));
+        assert!(!both.authorized(Some(b"Bearer readers")));
+        assert!(!both.authorized(None));
+        assert!(both.may_read(Some(b"Bearer readers")));
+        assert!(!both.may_read(Some(b"Bearer agents")));
+        // Without a readers' token, reading is open (the NetworkPolicy limits who reaches it).
+        let open = collector("open", Some("agents"), None, 100.0);
+        assert!(open.may_read(None));
+        assert!(!open.authorized(None));
+    }
+
+    #[test]
+    fn each_connection_gets_a_burst_of_twice_its_rate_then_waits_for_tokens() {
+        let limited = collector("rate", None, None, 5.0);
+        let (one, other): (SocketAddr, SocketAddr) = ("10.0.0.1:4000".parse().unwrap(), "10.0.0.1:4001".parse().unwrap());
+        let admitted = (0..15).filter(|_| limited.admit(one)).count();
+        assert_eq!(admitted, 10, "a burst of 2 × 5 requests");
+        assert!(limited.admit(other), "another connection has its own bucket");
+        // Refilled at 5 a second: after 0.3 s (1.5 tokens, or more on a busy machine) the
+        // connection is admitted again.
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(limited.admit(one));
+    }
+}

@@ -449,3 +449,89 @@ impl std::fmt::Debug for State {
         f.debug_struct("State").field("nodes", &self.nodes.len()).field("findings", &self.findings.len()).finish()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::borrow::Cow;
+
+    use gpuprof_model::{Event, Kind, Source};
+
+    use super::*;
+
+    fn finding(kind: FindingKind, pid: u32, first_ts: u64, last_ts: u64) -> Finding {
+        Finding::new(kind, pid, "python3", 1 << 20, 1, first_ts, last_ts, &[], "detail".to_string())
+    }
+
+    fn ids(found: Vec<&StoredFinding>) -> Vec<u64> {
+        found.iter().map(|f| f.id).collect()
+    }
+
+    #[test]
+    fn findings_are_numbered_in_arrival_and_filtered_by_node_pid_kind_and_time() {
+        let mut state = State::new(Vec::new(), Vec::new());
+        let a = state.add_findings("node-a", vec![finding(FindingKind::Growth, 10, 100, 200), finding(FindingKind::Oom, 11, 300, 300)]);
+        let b = state.add_findings("node-b", vec![finding(FindingKind::Growth, 10, 150, 400)]);
+        assert_eq!(a.iter().chain(&b).map(|f| (f.id, f.node.as_str())).collect::<Vec<_>>(), [(1, "node-a"), (2, "node-a"), (3, "node-b")]);
+        let all = FindingFilter::default();
+        assert_eq!(ids(state.findings(&all)), [1, 2, 3]);
+        assert_eq!(ids(state.findings(&FindingFilter { node: Some("node-a".into()), ..FindingFilter::default() })), [1, 2]);
+        assert_eq!(ids(state.findings(&FindingFilter { pid: Some(10), ..FindingFilter::default() })), [1, 3]);
+        assert_eq!(ids(state.findings(&FindingFilter { kind: Some(FindingKind::Oom), ..FindingFilter::default() })), [2]);
+        // since: still going at or after; until: begun before.
+        assert_eq!(ids(state.findings(&FindingFilter { since: Some(250), ..FindingFilter::default() })), [2, 3]);
+        assert_eq!(ids(state.findings(&FindingFilter { until: Some(150), ..FindingFilter::default() })), [1]);
+        let counts = state.findings_by_kind();
+        assert_eq!(counts[&("node-a".to_string(), FindingKind::Growth, Severity::Leak)], 1);
+        assert_eq!(counts[&("node-b".to_string(), FindingKind::Growth, Severity::Leak)], 1);
+
+        // A restarted collector numbers on from the highest id it loaded.
+        let loaded: Vec<StoredFinding> = state.findings(&all).into_iter().cloned().collect();
+        let mut again = State::new(Vec::new(), loaded);
+        assert_eq!(again.add_findings("node-a", vec![finding(FindingKind::Oom, 12, 500, 500)])[0].id, 4);
+    }
+
+    #[test]
+    fn pruning_drops_findings_past_the_horizon_and_beyond_the_bound_oldest_first() {
+        let mut state = State::new(Vec::new(), Vec::new());
+        state.add_findings("node-a", (0..5).map(|i| finding(FindingKind::Growth, 10 + i, 100 * u64::from(i), 100 * u64::from(i) + 50)).collect());
+        // Last seen before 160: findings 1 (50) and 2 (150).
+        assert_eq!(state.prune(160, 10), [1, 2]);
+        // At most two kept: the oldest of the rest goes.
+        assert_eq!(state.prune(0, 2), [3]);
+        assert_eq!(ids(state.findings(&FindingFilter::default())), [4, 5]);
+    }
+
+    fn driver(ts: u64, pid: u32, op: Op, addr: u64, size: u64) -> Event {
+        let mut event = Event::new(ts, pid, pid, Source::Ebpf, Layer::Driver, op, Cow::Borrowed(if op == Op::Alloc { "cuMemAlloc_v2" } else { "cuMemFree_v2" }));
+        event.kind = Some(Kind::Device);
+        event.addr = Some(addr);
+        event.size = size;
+        event
+    }
+
+    #[test]
+    fn a_nodes_events_make_it_dirty_once_and_its_processes_show_what_they_hold() {
+        let mut state = State::new(Vec::new(), Vec::new());
+        state.ingest("node-a", vec![driver(1, 10, Op::Alloc, 0x1000, 8 << 20), driver(2, 10, Op::Alloc, 0x2000, 2 << 20), driver(3, 10, Op::Free, 0x2000, 0)]);
+        // Gauges alone change nothing to save: the live node sends them again after a restart.
+        state.live_gauge("node-b", 20, 5, "driver", "device", 1 << 20);
+        let dirty = state.take_dirty();
+        assert_eq!(dirty.iter().map(|(name, _)| name.as_str()).collect::<Vec<_>>(), ["node-a"]);
+        assert!(state.take_dirty().is_empty());
+        // What was saved is the node, whole.
+        let saved: Node = postcard::from_bytes(&dirty[0].1).unwrap();
+        let restored = State::new(vec![("node-a".to_string(), saved)], Vec::new());
+        for state in [&state, &restored] {
+            let processes = state.processes(Some("node-a"), true);
+            assert_eq!(processes.len(), 1);
+            assert_eq!((processes[0].pid, processes[0].open_allocations), (10, 1));
+            assert_eq!(processes[0].live_bytes["device"], 8 << 20);
+            assert_eq!(processes[0].allocations.as_ref().unwrap()[0].addr, "0x1000");
+        }
+        // A newer gauge wins, an older one is ignored.
+        state.live_gauge("node-b", 20, 4, "driver", "device", 7);
+        assert_eq!(state.summary("node-b", 20).unwrap().live[&("driver".to_string(), "device".to_string())], 1 << 20);
+        state.live_gauge("node-b", 20, 6, "driver", "device", 3 << 20);
+        assert_eq!(state.summary("node-b", 20).unwrap().live[&("driver".to_string(), "device".to_string())], 3 << 20);
+    }
+}

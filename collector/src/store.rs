@@ -113,3 +113,95 @@ impl Store {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuprof_model::{Finding, FindingKind};
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("gpuprof-collector-store-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir.join("state.redb")
+    }
+
+    fn stored(id: u64, pid: u32) -> StoredFinding {
+        let finding = Finding::new(FindingKind::Growth, pid, "python3", 4 << 20, 4, 100, 200, &[], "grew".to_string());
+        StoredFinding { id, node: "node-a".to_string(), finding, process_since: 50 }
+    }
+
+    fn node_state() -> Vec<u8> {
+        postcard::to_stdvec(&Node::default()).unwrap()
+    }
+
+    #[test]
+    fn findings_and_node_states_survive_a_reopen_and_pruned_findings_do_not() {
+        let path = scratch("reopen");
+        let (store, loaded) = Store::open(&path).unwrap();
+        assert!(loaded.findings.is_empty() && loaded.nodes.is_empty());
+        store.add_findings(&[stored(1, 10), stored(2, 11)]).unwrap();
+        store.checkpoint(&[("node-a".to_string(), node_state())], &[]).unwrap();
+        drop(store);
+
+        let (store, loaded) = Store::open(&path).unwrap();
+        let ids: Vec<(u64, u32)> = loaded.findings.iter().map(|f| (f.id, f.finding.pid)).collect();
+        assert_eq!(ids, [(1, 10), (2, 11)]);
+        assert_eq!(loaded.findings[0].process_since, 50);
+        let names: Vec<&str> = loaded.nodes.iter().map(|(name, _)| name.as_str()).collect();
+        assert_eq!(names, ["node-a"]);
+        store.checkpoint(&[], &[1]).unwrap();
+        drop(store);
+
+        let (_, loaded) = Store::open(&path).unwrap();
+        assert_eq!(loaded.findings.iter().map(|f| f.id).collect::<Vec<_>>(), [2]);
+    }
+
+    /// Writes a node's state with the given format byte, as another collector would have.
+    fn write_node(path: &Path, format: u8) {
+        let db = Database::create(path).unwrap();
+        let write = db.begin_write().unwrap();
+        {
+            let mut table = write.open_table(NODES).unwrap();
+            let mut framed = vec![format];
+            framed.extend_from_slice(&node_state());
+            table.insert("node-old", framed.as_slice()).unwrap();
+        }
+        write.commit().unwrap();
+    }
+
+    #[test]
+    fn a_node_saved_by_an_older_collector_starts_afresh_and_another_version_is_refused() {
+        let path = scratch("versions");
+        drop(Store::open(&path).unwrap());
+        write_node(&path, 2);
+        let (_, loaded) = Store::open(&path).unwrap();
+        assert!(loaded.nodes.is_empty(), "left behind, its processes come back with its next batches");
+
+        write_node(&path, 9);
+        let error = Store::open(&path).err().expect("another version is refused");
+        assert_eq!(
+            error.to_string(),
+            format!("--db {}: node node-old was saved by another version of gpuprof-collector; move the file away to start afresh", path.display())
+        );
+    }
+
+    #[test]
+    fn a_corrupt_finding_or_a_file_that_is_no_database_is_a_clear_error() {
+        let path = scratch("corrupt");
+        drop(Store::open(&path).unwrap());
+        {
+            let db = Database::create(&path).unwrap();
+            let write = db.begin_write().unwrap();
+            write.open_table(FINDINGS).unwrap().insert(7, b"{not json".as_slice()).unwrap();
+            write.commit().unwrap();
+        }
+        let error = Store::open(&path).err().expect("a corrupt finding is refused");
+        assert_eq!(error.to_string(), format!("--db {}: finding 7 is corrupt; move the file away", path.display()));
+
+        let text = path.with_file_name("notes.txt");
+        std::fs::write(&text, "these are not pages of a database").unwrap();
+        let error = Store::open(&text).err().expect("not a database");
+        assert!(error.to_string().starts_with(&format!("--db {}: cannot open it as a gpuprof-collector database (", text.display())), "{error}");
+    }
+}
