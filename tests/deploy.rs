@@ -728,6 +728,11 @@ fn fixture(name: &str) -> String {
     std::fs::read_to_string(support::fixtures().join("inject").join(name)).unwrap()
 }
 
+/// The Job of workloads.yaml alone: a GPU container with its own LD_PRELOAD, and a log shipper.
+fn training_job() -> String {
+    fixture("workloads.yaml").split("\n---\n").nth(1).unwrap().to_string()
+}
+
 /// What gpuprof inject's sidecar is, with the defaults or the flags the test gave.
 struct Expected<'a> {
     image: &'a str,
@@ -889,7 +894,7 @@ fn inject_adds_the_sidecar_to_every_pod_template_and_nothing_else() {
 
 #[test]
 fn inject_takes_the_collector_the_token_the_containers_and_cuda_injection() {
-    let job = fixture("workloads.yaml").split("\n---\n").nth(1).unwrap().to_string();
+    let job = training_job();
     let dir = scratch("inject_flags");
     let job_file = dir.join("job.yaml");
     std::fs::write(&job_file, &job).unwrap();
@@ -911,7 +916,7 @@ fn inject_takes_the_collector_the_token_the_containers_and_cuda_injection() {
         port: 9500,
         token: Some(("gpuprof-auth", "token")),
         variable: "CUDA_INJECTION64_PATH",
-        ebpf: false,
+        ..DEFAULTS
     };
     take_out_sidecar(pod_spec(&mut object), &expected, &["log-shipper", "trainer"]);
     assert_eq!(object, yaml_document(&job));
@@ -961,7 +966,7 @@ fn inject_refuses_what_it_cannot_patch_and_writes_nothing() {
     assert_eq!(output.status.code(), Some(1));
     assert!(output.stdout.is_empty());
     assert!(text(&output.stderr).contains("document 2 (Pod volume-taken)"), "{}", text(&output.stderr));
-    let job = fixture("workloads.yaml").split("\n---\n").nth(1).unwrap().to_string();
+    let job = training_job();
     let output = inject(&["--container", "trainr"], &job);
     assert_eq!(text(&output.stderr), "gpuprof: error: stdin: document 1 (Job train): cannot inject: it has no container named trainr (it has trainer, log-shipper): check --container\n");
 }
@@ -980,7 +985,7 @@ fn the_charts_sidecar_settings_are_what_inject_gives_each_pod() {
     let config = objects.iter().find(|o| o["kind"] == "ConfigMap" && o["metadata"]["name"] == "gpuprof-sidecar").expect("the sidecar's ConfigMap");
     let settings = dir.join("gpuprof-sidecar.yaml");
     std::fs::write(&settings, config["data"]["settings.yaml"].as_str().unwrap()).unwrap();
-    let job = fixture("workloads.yaml").split("\n---\n").nth(1).unwrap().to_string();
+    let job = training_job();
     let output = inject(&["--settings", settings.to_str().unwrap()], &job);
     assert!(output.status.success(), "{}", text(&output.stderr));
     let mut object = yaml_document(&text(&output.stdout));
@@ -990,8 +995,7 @@ fn the_charts_sidecar_settings_are_what_inject_gives_each_pod() {
         protocol: "grpc",
         port: 9500,
         token: Some(("ml-gpuprof-token", "token")),
-        variable: "LD_PRELOAD",
-        ebpf: false,
+        ..DEFAULTS
     };
     take_out_sidecar(pod_spec(&mut object), &expected, &["trainer"]);
     assert_eq!(object, yaml_document(&job));
@@ -1013,7 +1017,7 @@ fn the_charts_sidecar_settings_are_what_inject_gives_each_pod() {
 /// loading probes takes (and no more); the workload's containers are left as they were.
 #[test]
 fn inject_with_ebpf_shares_the_pods_processes_and_leaves_the_workload_alone() {
-    let job = fixture("workloads.yaml").split("\n---\n").nth(1).unwrap().to_string();
+    let job = training_job();
     let output = inject(&["--capture", "ebpf"], &job);
     assert!(output.status.success(), "{}", text(&output.stderr));
     let mut object = yaml_document(&text(&output.stdout));
