@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what building and testing gpuprof needs on Debian/Ubuntu (run as root):
-# clang for the BPF programs, what the vendored libbpf/libelf/zlib build needs, gcc for the
+# clang for the BPF programs (clang-format for their style gate), what the vendored libbpf/libelf/zlib build needs, gcc for the
 # test fixtures, util-linux for the privilege and namespace tests, tmux for the terminal view's
 # test, bpftrace for the benchmark, prometheus for promtool (the collector's /metrics test),
 # golang-go for `go tool pprof` (the real consumer the memory-profile tests read profiles with),
@@ -15,7 +15,7 @@
 set -euo pipefail
 
 tools=${GPUPROF_TEST_TOOLS:-/usr/local/lib/gpuprof-test-tools}
-packages=(clang llvm libelf-dev zlib1g-dev pkg-config autoconf autopoint automake libtool flex bison
+packages=(clang clang-format llvm libelf-dev zlib1g-dev pkg-config autoconf autopoint automake libtool flex bison
           gawk make gcc libc6-dev binutils util-linux python3 python3-venv bpftrace tmux prometheus golang-go chromium)
 missing=()
 for package in "${packages[@]}"; do
@@ -74,6 +74,11 @@ fi
 if ! command -v cargo >/dev/null; then
   echo "gpuprof: cargo is missing: install the Rust toolchain (https://rustup.rs) and run this again" >&2
   exit 1
+fi
+# rustfmt and clippy for scripts/check-style.sh (a toolchain from rustup may lack them).
+if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
+  command -v rustup >/dev/null || { echo "gpuprof: cargo fmt or cargo clippy is missing and rustup is not here to add them: install rustfmt and clippy" >&2; exit 1; }
+  rustup component add rustfmt clippy
 fi
 # bpftrace (the benchmarks' baseline, not the tests) reads tracefs from its standard mount point.
 if [ ! -e /sys/kernel/tracing/uprobe_events ] && [ -d /sys/kernel/tracing ]; then

@@ -40,7 +40,10 @@ fn process_without_libcuda() {
     sleeper.wait().unwrap();
     assert_one_line_error(
         &output,
-        &format!("process {} (sleep) has not loaded libcuda.so: it has not initialised CUDA yet; use --wait", sleeper.id()),
+        &format!(
+            "process {} (sleep) has not loaded libcuda.so: it has not initialised CUDA yet; use --wait",
+            sleeper.id()
+        ),
     );
 }
 
@@ -93,7 +96,10 @@ fn wait_gives_up_when_the_process_exits_first() {
 fn wait_ends_at_the_duration() {
     let mut idle = Command::new("sleep").arg("30").spawn().unwrap();
     let started = std::time::Instant::now();
-    let output = Command::new(gpuprof()).args(["attach", &idle.id().to_string(), "--wait", "--duration", "0.5"]).output().unwrap();
+    let output = Command::new(gpuprof())
+        .args(["attach", &idle.id().to_string(), "--wait", "--duration", "0.5"])
+        .output()
+        .unwrap();
     let took = started.elapsed();
     idle.kill().unwrap();
     idle.wait().unwrap();
@@ -101,7 +107,10 @@ fn wait_ends_at_the_duration() {
     assert_eq!(output.status.code(), Some(1), "{stderr}");
     assert_eq!(
         stderr.lines().last().unwrap(),
-        format!("gpuprof: error: process {} did not load libcuda.so within --duration 0.5 s: nothing was captured", idle.id())
+        format!(
+            "gpuprof: error: process {} did not load libcuda.so within --duration 0.5 s: nothing was captured",
+            idle.id()
+        )
     );
     assert!(took < std::time::Duration::from_secs(10), "took {took:?}");
 }
@@ -131,7 +140,11 @@ fn missing_privileges_name_the_capabilities() {
 /// Runs gpuprof in a private mount namespace with `dir` hidden under an empty tmpfs.
 fn with_hidden(dir: &str) -> Output {
     let script = format!("mount -t tmpfs none {dir} && exec \"$0\" run -- true");
-    Command::new("unshare").args(["-m", "sh", "-c", &script]).arg(gpuprof()).output().expect("unshare (util-linux) is installed")
+    Command::new("unshare")
+        .args(["-m", "sh", "-c", &script])
+        .arg(gpuprof())
+        .output()
+        .expect("unshare (util-linux) is installed")
 }
 
 #[test]
@@ -167,8 +180,12 @@ fn command_that_does_not_exist() {
 fn libcuda_that_is_not_a_library() {
     let output = Command::new(gpuprof()).args(["run", "--libcuda", "/etc/hostname", "--", "true"]).output().unwrap();
     assert_one_line_error(&output, "/etc/hostname is not an ELF shared library");
-    let output = Command::new(gpuprof()).args(["run", "--libcuda", "/nonexistent/libcuda.so.1", "--", "true"]).output().unwrap();
-    assert_one_line_error(&output, "--libcuda /nonexistent/libcuda.so.1: cannot open /nonexistent/libcuda.so.1: No such file or directory");
+    let output =
+        Command::new(gpuprof()).args(["run", "--libcuda", "/nonexistent/libcuda.so.1", "--", "true"]).output().unwrap();
+    assert_one_line_error(
+        &output,
+        "--libcuda /nonexistent/libcuda.so.1: cannot open /nonexistent/libcuda.so.1: No such file or directory",
+    );
 }
 
 #[test]
@@ -177,6 +194,7 @@ fn bad_flag_values() {
     assert_one_line_error(&output, "--duration -1: give a positive number of seconds");
     let output = Command::new(gpuprof()).args(["run", "--buffer-mib", "3", "--", "true"]).output().unwrap();
     assert_one_line_error(&output, "--buffer-mib 3: give a power of two from 1 to 1024");
-    let output = Command::new(gpuprof()).args(["run", "--output", "/nonexistent/dir/x.jsonl", "--", "true"]).output().unwrap();
+    let output =
+        Command::new(gpuprof()).args(["run", "--output", "/nonexistent/dir/x.jsonl", "--", "true"]).output().unwrap();
     assert_one_line_error(&output, "cannot create output file /nonexistent/dir/x.jsonl: No such file or directory");
 }

@@ -13,11 +13,7 @@ use gpuprof_model::event::{Event, Layer, Op};
 use support::*;
 
 fn process_events<'a>(events: &'a [Event], pid: u32) -> Vec<(Op, Option<u32>, Option<i32>)> {
-    events
-        .iter()
-        .filter(|e| e.layer == Layer::Process && e.pid == pid)
-        .map(|e| (e.op, e.ppid, e.exit_code))
-        .collect()
+    events.iter().filter(|e| e.layer == Layer::Process && e.pid == pid).map(|e| (e.op, e.ppid, e.exit_code)).collect()
 }
 
 fn calls_of<'a>(captured: &[&'a Event], pid: u32) -> Vec<&'a Event> {
@@ -52,7 +48,8 @@ fn run_captures_every_entry_point_exactly() {
 
     // The command's own lifecycle: exec of python, exit 0.
     let pid = captured[0].pid;
-    let lifecycle: Vec<Op> = events.iter().filter(|e| e.layer == Layer::Process && e.pid == pid).map(|e| e.op).collect();
+    let lifecycle: Vec<Op> =
+        events.iter().filter(|e| e.layer == Layer::Process && e.pid == pid).map(|e| e.op).collect();
     assert_eq!(lifecycle, vec![Op::Exec, Op::Exit]);
     let exec = events.iter().find(|e| e.op == Op::Exec && e.pid == pid).unwrap();
     assert_eq!(exec.filename.as_deref(), Some(python3()));
@@ -164,7 +161,10 @@ fn attach_stops_at_the_duration_and_leaves_the_target_running() {
     let dir = scratch("attach_duration");
     let log = dir.join("expected.jsonl");
     let mut command = Command::new(python3());
-    command.args(["-c", "from cuda_driver import Driver; import sys, time; Driver(); print('ready', flush=True); time.sleep(60)"]);
+    command.args([
+        "-c",
+        "from cuda_driver import Driver; import sys, time; Driver(); print('ready', flush=True); time.sleep(60)",
+    ]);
     workload_env(&mut command, &log);
     let mut workload = start_ready_workload(command);
     let output = Command::new(gpuprof())
@@ -191,7 +191,8 @@ fn run_returns_the_command_exit_code() {
     let exit = read_events(&out).into_iter().find(|e| e.op == Op::Exit).unwrap();
     assert_eq!((exit.exit_code, exit.signal), (Some(7), None));
 
-    let output = gpuprof_run(&["--all-processes", "--output", out.to_str().unwrap()], &["sh", "-c", "kill -9 $$"], &log);
+    let output =
+        gpuprof_run(&["--all-processes", "--output", out.to_str().unwrap()], &["sh", "-c", "kill -9 $$"], &log);
     assert_eq!(output.status.code(), Some(137));
     let exit = read_events(&out).into_iter().find(|e| e.op == Op::Exit).unwrap();
     assert_eq!((exit.exit_code, exit.signal), (Some(137), Some(9)));
@@ -208,7 +209,8 @@ fn table_format_sums_live_memory_per_process_and_kind() {
                   r, a = cuda.mem_alloc(5 << 20); cuda.mem_free(a)\n\
                   cuda.host_alloc(65536)\n\
                   cuda.mem_alloc(1 << 50)\n";
-    let output = gpuprof_run(&["--format", "table", "--output", out.to_str().unwrap()], &[python3(), "-c", script], &log);
+    let output =
+        gpuprof_run(&["--format", "table", "--output", out.to_str().unwrap()], &[python3(), "-c", script], &log);
     assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
     let table = std::fs::read_to_string(&out).unwrap();
     let pid = read_expected(&log)[0]["pid"].as_u64().unwrap().to_string();
@@ -222,8 +224,11 @@ fn table_format_sums_live_memory_per_process_and_kind() {
     // Every line fits 120 columns.
     assert!(table.lines().all(|l| l.chars().count() <= 120), "{table}");
     let summary_at = table.lines().position(|l| l.starts_with("Live GPU memory at end, per process")).unwrap();
-    let summary: Vec<&Vec<&str>> =
-        rows[summary_at + 2..].iter().take_while(|r| !r.is_empty()).filter(|r| r.first() == Some(&pid.as_str())).collect();
+    let summary: Vec<&Vec<&str>> = rows[summary_at + 2..]
+        .iter()
+        .take_while(|r| !r.is_empty())
+        .filter(|r| r.first() == Some(&pid.as_str()))
+        .collect();
     // pid ppid comm state kind bytes count mapped(2 words) ipc ctx
     assert_eq!(summary.len(), 2, "{table}");
     assert_eq!(summary[0][3..8], ["exited(0)", "device", "4.0", "MiB", "2"]);
@@ -245,12 +250,26 @@ fn table_format_sums_live_memory_per_process_and_kind() {
     // The workload's own frame (cuda_driver.py is a test fixture, not a package): its line.
     assert!(findings[1].starts_with("    your line: ") && findings[1].ends_with(" in Driver.call"), "{table}");
     let (detail, frames_at) = detail_at(&findings, 2);
-    assert!(detail.contains("failed with out of memory in pid") && detail.contains("at that moment gpuprof saw 4.0 MiB of device memory live in the processes it follows"), "{table}");
-    assert!(findings[frames_at].contains("cuda_driver.py:") && findings[frames_at].ends_with(" in Driver.call"), "{table}");
-    assert!(findings[frames_at + 1].contains("cuda_driver.py:") && findings[frames_at + 1].ends_with(" in Driver.mem_alloc"), "{table}");
+    assert!(
+        detail.contains("failed with out of memory in pid")
+            && detail.contains("at that moment gpuprof saw 4.0 MiB of device memory live in the processes it follows"),
+        "{table}"
+    );
+    assert!(
+        findings[frames_at].contains("cuda_driver.py:") && findings[frames_at].ends_with(" in Driver.call"),
+        "{table}"
+    );
+    assert!(
+        findings[frames_at + 1].contains("cuda_driver.py:")
+            && findings[frames_at + 1].ends_with(" in Driver.mem_alloc"),
+        "{table}"
+    );
     assert_eq!(findings[frames_at + 2], "      <string>:6 in <module>");
     let exit_at = findings.iter().position(|l| l.starts_with("  exit_with_live_allocations")).unwrap();
-    assert!(findings[exit_at].starts_with(&format!("  exit_with_live_allocations [leak] pid {pid}: 4.0 MiB in 2 (id ")), "{table}");
+    assert!(
+        findings[exit_at].starts_with(&format!("  exit_with_live_allocations [leak] pid {pid}: 4.0 MiB in 2 (id ")),
+        "{table}"
+    );
     let (detail, frames_at) = detail_at(&findings, exit_at + 2);
     assert!(detail.starts_with(&format!("pid {pid} (python3) exited still holding 4.0 MiB of device memory in 2 allocations; the largest, 3.0 MiB, came from cuMemAlloc_v2 at ")), "{table}");
     assert_eq!(findings[frames_at + 2], "      <string>:3 in <module>");
@@ -261,7 +280,9 @@ fn table_format_sums_live_memory_per_process_and_kind() {
 /// A finding's detail in the findings table, starting at line `at`: its wrapped lines (indented
 /// 4) joined into one sentence, and where its stack (indented 6) begins.
 fn detail_at(findings: &[&str], at: usize) -> (String, usize) {
-    let end = (at..findings.len()).find(|&i| !findings[i].starts_with("    ") || findings[i].starts_with("      ")).unwrap_or(findings.len());
+    let end = (at..findings.len())
+        .find(|&i| !findings[i].starts_with("    ") || findings[i].starts_with("      "))
+        .unwrap_or(findings.len());
     (findings[at..end].iter().map(|l| l.trim()).collect::<Vec<_>>().join(" "), end)
 }
 
@@ -314,7 +335,10 @@ fn sigint_stops_attach_cleanly_and_sigterm_is_forwarded_by_run() {
     let dir = scratch("signals");
     let log = dir.join("expected.jsonl");
     let mut command = Command::new(python3());
-    command.args(["-c", "from cuda_driver import Driver; import time; Driver(); print('ready', flush=True); time.sleep(60)"]);
+    command.args([
+        "-c",
+        "from cuda_driver import Driver; import time; Driver(); print('ready', flush=True); time.sleep(60)",
+    ]);
     workload_env(&mut command, &log);
     let mut workload = start_ready_workload(command);
     let mut agent = Command::new(gpuprof())
@@ -410,7 +434,10 @@ fn driver_calls_name_the_module_that_made_them() {
     // Once as events, once as a table: the same calls. The process lingers: its modules are
     // named from its maps, read while it lives.
     let mut pids = Vec::new();
-    for args in [["--format", "jsonl", "--output", events.to_str().unwrap()], ["--format", "table", "--output", out.to_str().unwrap()]] {
+    for args in [
+        ["--format", "jsonl", "--output", events.to_str().unwrap()],
+        ["--format", "table", "--output", out.to_str().unwrap()],
+    ] {
         let mut cmd = Command::new(gpuprof());
         cmd.arg("run").args(args).args(["--", python3(), "-c", script]);
         workload_env(&mut cmd, &log);
@@ -424,13 +451,17 @@ fn driver_calls_name_the_module_that_made_them() {
 
     let table = std::fs::read_to_string(&out).unwrap();
     let pid = pids[1];
-    let row = table.lines().find(|l| l.contains(" cuMemAlloc_v2 ") && l.contains("4.0 MiB")).unwrap_or_else(|| panic!("{table}"));
+    let row = table
+        .lines()
+        .find(|l| l.contains(" cuMemAlloc_v2 ") && l.contains("4.0 MiB"))
+        .unwrap_or_else(|| panic!("{table}"));
     assert!(row.ends_with(" [libnccl.so.2]"), "{row}");
     let by_line = table
         .split("Live GPU memory at end, by the user's line (the innermost frame outside the standard library and installed packages):\n")
         .nth(1)
         .unwrap_or_else(|| panic!("{table}"));
-    let by_line: Vec<Vec<&str>> = by_line.lines().skip(1).take_while(|l| !l.is_empty()).map(|l| l.split_whitespace().collect()).collect();
+    let by_line: Vec<Vec<&str>> =
+        by_line.lines().skip(1).take_while(|l| !l.is_empty()).map(|l| l.split_whitespace().collect()).collect();
     assert_eq!(by_line[0], [pid.to_string().as_str(), "device", "4.0", "MiB", "1", "[libnccl.so.2]"], "{table}");
     let lines: Vec<&str> = table.lines().collect();
     let at = lines.iter().position(|l| l.contains("exited still holding 6.0 MiB")).unwrap_or_else(|| panic!("{table}"));

@@ -17,7 +17,10 @@ use gpuprof_otlp::proto::collector::logs::v1::ExportLogsServiceRequest;
 use gpuprof_otlp::resource::ProcessIdentity;
 use prost::Message;
 use serde_json::Value;
-use support::collector::{allocator_gauges, collector_bin, handed_over, logs_request, logs_request_of, nvml_gauge, profile_record, records_request, synthetic, trainer, Collector};
+use support::collector::{
+    allocator_gauges, collector_bin, handed_over, logs_request, logs_request_of, nvml_gauge, profile_record,
+    records_request, synthetic, trainer, Collector,
+};
 use support::*;
 
 const MIB: u64 = 1 << 20;
@@ -76,7 +79,12 @@ fn agents_over_grpc_and_http_give_the_collector_the_agents_own_findings() {
         assert_eq!(spans, allocations(&run.events) + findings, "{}", run.stderr);
         let sent = format!("sent {records} log records, {spans} spans, {points} metric points in ");
         assert!(run.stderr.contains(&sent), "{sent}\n{}", run.stderr);
-        assert!(run.stderr.contains("dropped 0 (queue full 0, delivery failed 0, too large 0); rejected by the collector 0"), "{}", run.stderr);
+        assert!(
+            run.stderr
+                .contains("dropped 0 (queue full 0, delivery failed 0, too large 0); rejected by the collector 0"),
+            "{}",
+            run.stderr
+        );
         handed_total += records;
     }
 
@@ -86,7 +94,14 @@ fn agents_over_grpc_and_http_give_the_collector_the_agents_own_findings() {
     let a = collector.findings("?node=node-a");
     let summary: Vec<(String, u64, Option<u64>, u64)> = a
         .iter()
-        .map(|f| (f["kind"].as_str().unwrap().to_string(), f["pid"].as_u64().unwrap(), f["peer_pid"].as_u64(), f["bytes"].as_u64().unwrap()))
+        .map(|f| {
+            (
+                f["kind"].as_str().unwrap().to_string(),
+                f["pid"].as_u64().unwrap(),
+                f["peer_pid"].as_u64(),
+                f["bytes"].as_u64().unwrap(),
+            )
+        })
         .collect();
     assert_eq!(
         summary,
@@ -120,13 +135,18 @@ fn agents_over_grpc_and_http_give_the_collector_the_agents_own_findings() {
         collector.metric("gpuprof_collector_received_total{signal=\"spans\"}"),
         allocations(&grpc.events) + allocations(&http.events) + 2
     );
-    assert_eq!(collector.metric("gpuprof_findings{node=\"node-b\",kind=\"ipc_export_freed_while_imported\",severity=\"leak\"}"), 1);
+    assert_eq!(
+        collector
+            .metric("gpuprof_findings{node=\"node-b\",kind=\"ipc_export_freed_while_imported\",severity=\"leak\"}"),
+        1
+    );
 
     // The processes of a node, closed out at exit.
     let (status, body) = collector.get("/api/v1/processes?node=node-a");
     assert_eq!(status, 200);
     let processes: Vec<Value> = serde_json::from_str(&body).unwrap();
-    let worker_view = processes.iter().find(|p| p["pid"] == a_worker && p["contexts"] == 1).unwrap_or_else(|| panic!("{body}"));
+    let worker_view =
+        processes.iter().find(|p| p["pid"] == a_worker && p["contexts"] == 1).unwrap_or_else(|| panic!("{body}"));
     assert_eq!(worker_view["state"], "exited");
     assert_eq!(worker_view["ipc_imports"], 1);
     collector.stop();
@@ -147,26 +167,53 @@ fn a_restart_keeps_findings_open_allocations_and_the_nodes_summaries() {
         synthetic(base + 3, 501, Op::Alloc, "cuMemAlloc_v2", 0x7000_0000, MIB),
         Event::new(base + 4, 501, 501, Source::Ebpf, Layer::Process, Op::Exit, Cow::Borrowed("sched_process_exit")),
     ];
-    let (status, body) = collector.post("/v1/logs", "application/x-protobuf", &logs_request("node-r", 500, &first), None);
+    let (status, body) =
+        collector.post("/v1/logs", "application/x-protobuf", &logs_request("node-r", 500, &first), None);
     assert_eq!(status, 200, "{body}");
     let found = gpuprof_model::analyze(&first, gpuprof_model::RuleConfig::default());
     assert_eq!(found.len(), 1);
     let finding = gpuprof_otlp::logs::finding_record(&found[0], base + 4);
-    assert_eq!(collector.post("/v1/logs", "application/x-protobuf", &records_request(&trainer("node-r", 501), vec![finding]), None).0, 200);
+    assert_eq!(
+        collector
+            .post("/v1/logs", "application/x-protobuf", &records_request(&trainer("node-r", 501), vec![finding]), None)
+            .0,
+        200
+    );
     // Process 500's allocator and its profile, as its node summarizes them.
-    assert_eq!(collector.post("/v1/metrics", "application/x-protobuf", &allocator_gauges(&trainer("node-r", 500), base + 5, 5 * MIB, 8 * MIB), None).0, 200);
+    assert_eq!(
+        collector
+            .post(
+                "/v1/metrics",
+                "application/x-protobuf",
+                &allocator_gauges(&trainer("node-r", 500), base + 5, 5 * MIB, 8 * MIB),
+                None
+            )
+            .0,
+        200
+    );
     let profile = profile_record(base + 5, "allocator", &[("forward", 7, 4 * MIB, 2), ("backward", 9, MIB, 1)]);
-    assert_eq!(collector.post("/v1/logs", "application/x-protobuf", &records_request(&trainer("node-r", 500), vec![profile]), None).0, 200);
+    assert_eq!(
+        collector
+            .post("/v1/logs", "application/x-protobuf", &records_request(&trainer("node-r", 500), vec![profile]), None)
+            .0,
+        200
+    );
 
     let before = collector.findings("");
     assert_eq!(before.len(), 1);
-    assert_eq!((before[0]["kind"].as_str(), before[0]["pid"].as_u64(), before[0]["bytes"].as_u64()), (Some("exit_with_live_allocations"), Some(501), Some(MIB)));
+    assert_eq!(
+        (before[0]["kind"].as_str(), before[0]["pid"].as_u64(), before[0]["bytes"].as_u64()),
+        (Some("exit_with_live_allocations"), Some(501), Some(MIB))
+    );
     assert_eq!(contract(&before[0]), found[0]);
     let (_, processes_before) = collector.get("/api/v1/processes?node=node-r&detail=true");
     let (status, pprof_before) = collector.get_bytes("/api/v1/profile?node=node-r&pid=500");
     assert_eq!(status, 200);
     let samples = gpuprof_otlp::pprof::samples(&gpuprof_otlp::pprof::decode(&pprof_before).unwrap());
-    assert_eq!(samples.iter().map(|(stack, bytes, count)| (stack[0].line, *bytes, *count)).collect::<Vec<_>>(), vec![(7, 4 * MIB, 2), (9, MIB, 1)]);
+    assert_eq!(
+        samples.iter().map(|(stack, bytes, count)| (stack[0].line, *bytes, *count)).collect::<Vec<_>>(),
+        vec![(7, 4 * MIB, 2), (9, MIB, 1)]
+    );
     collector.stop();
 
     let collector = Collector::start(&db, &[]);
@@ -180,9 +227,13 @@ fn a_restart_keeps_findings_open_allocations_and_the_nodes_summaries() {
     assert_eq!(live["allocations"][0]["addr"], "0x70000000");
     assert_eq!(live["allocations"][0]["stack"][0]["line"], 42);
     assert_eq!(live["allocator"]["0"], serde_json::json!({"allocated": 5 * MIB, "reserved": 8 * MIB}));
-    assert_eq!(live["top_stacks"][0], serde_json::json!({"bytes": 4 * MIB, "count": 2, "stack": [{"function": "forward", "file": "/srv/train.py", "line": 7}]}));
+    assert_eq!(
+        live["top_stacks"][0],
+        serde_json::json!({"bytes": 4 * MIB, "count": 2, "stack": [{"function": "forward", "file": "/srv/train.py", "line": 7}]})
+    );
     // The process exits later: the collector closes it out; findings are the node's to fire.
-    let exit = [Event::new(base + 10, 500, 500, Source::Ebpf, Layer::Process, Op::Exit, Cow::Borrowed("sched_process_exit"))];
+    let exit =
+        [Event::new(base + 10, 500, 500, Source::Ebpf, Layer::Process, Op::Exit, Cow::Borrowed("sched_process_exit"))];
     let (status, _) = collector.post("/v1/logs", "application/x-protobuf", &logs_request("node-r", 500, &exit), None);
     assert_eq!(status, 200);
     let (_, processes) = collector.get("/api/v1/processes?node=node-r");
@@ -221,7 +272,8 @@ fn bad_input_gets_the_right_status_and_the_collector_keeps_serving() {
     request.resource_logs[0].scope_logs[0].log_records.push(bad);
     let (status, body) = collector.post("/v1/logs", protobuf, &request.encode_to_vec(), Some("s3cret"));
     assert_eq!(status, 200, "{body}");
-    let response = gpuprof_otlp::proto::collector::logs::v1::ExportLogsServiceResponse::decode(body.as_bytes()).unwrap();
+    let response =
+        gpuprof_otlp::proto::collector::logs::v1::ExportLogsServiceResponse::decode(body.as_bytes()).unwrap();
     let partial = response.partial_success.unwrap();
     assert_eq!((partial.rejected_log_records, partial.error_message.as_str()), (1, "log record has no body"));
 
@@ -254,7 +306,8 @@ fn the_read_side_takes_its_own_token() {
     assert_eq!(collector.post("/v1/logs", protobuf, &good, Some("r3ad")).0, 401);
     assert_eq!(collector.post("/v1/logs", protobuf, &good, Some("s3cret")).0, 200);
     let refused = (401, "missing or wrong read token (--read-token)\n".to_string());
-    for path in ["/api/v1/findings", "/api/v1/processes?node=node-r", "/api/v1/profile?node=node-r&pid=700", "/metrics"] {
+    for path in ["/api/v1/findings", "/api/v1/processes?node=node-r", "/api/v1/profile?node=node-r&pid=700", "/metrics"]
+    {
         assert_eq!(collector.get_as(path, None), refused, "{path}");
         assert_eq!(collector.get_as(path, Some("s3cret")), refused, "{path}");
         assert_eq!(collector.get_as(path, Some("r3adX")), refused, "{path}");
@@ -285,7 +338,14 @@ fn the_read_side_takes_its_own_token() {
 fn refuses_to_start_unsafely_or_on_a_corrupt_database() {
     let dir = scratch("collector_refusals");
     let output = Command::new(collector_bin())
-        .args(["--db", dir.join("c.redb").to_str().unwrap(), "--grpc-listen", "0.0.0.0:0", "--http-listen", "127.0.0.1:0"])
+        .args([
+            "--db",
+            dir.join("c.redb").to_str().unwrap(),
+            "--grpc-listen",
+            "0.0.0.0:0",
+            "--http-listen",
+            "127.0.0.1:0",
+        ])
         .output()
         .unwrap();
     assert_eq!(output.status.code(), Some(1));
@@ -298,7 +358,13 @@ fn refuses_to_start_unsafely_or_on_a_corrupt_database() {
     let output = Command::new(collector_bin()).args(["--db", corrupt.to_str().unwrap()]).output().unwrap();
     assert_eq!(output.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.starts_with(&format!("gpuprof-collector: --db {}: cannot open it as a gpuprof-collector database", corrupt.display())), "{stderr}");
+    assert!(
+        stderr.starts_with(&format!(
+            "gpuprof-collector: --db {}: cannot open it as a gpuprof-collector database",
+            corrupt.display()
+        )),
+        "{stderr}"
+    );
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
 }
 
@@ -323,14 +389,30 @@ fn promtool_accepts_the_metrics_and_the_values_are_the_nodes() {
     };
     assert_eq!(collector.post("/v1/logs", "application/x-protobuf", &logs_request_of(&pod, &events), None).0, 200);
     // Its node's profile of it (driver allocations: no framework allocator there).
-    assert_eq!(collector.post("/v1/metrics", "application/x-protobuf", &nvml_gauge(&pod, base + 2, 8 * MIB + 500 * MIB), None).0, 200);
+    assert_eq!(
+        collector
+            .post("/v1/metrics", "application/x-protobuf", &nvml_gauge(&pod, base + 2, 8 * MIB + 500 * MIB), None)
+            .0,
+        200
+    );
     let profile = profile_record(base + 2, "driver", &[("step", 43, 5 * MIB, 1), ("step", 42, 3 * MIB, 1)]);
-    assert_eq!(collector.post("/v1/logs", "application/x-protobuf", &records_request(&pod, vec![profile]), None).0, 200);
+    assert_eq!(
+        collector.post("/v1/logs", "application/x-protobuf", &records_request(&pod, vec![profile]), None).0,
+        200
+    );
     // A PyTorch process: its allocator's gauges and a profile of its tensors.
     let torch = ProcessIdentity { pid: 702, ..pod.clone() };
-    assert_eq!(collector.post("/v1/metrics", "application/x-protobuf", &allocator_gauges(&torch, base + 3, 6 * MIB, 10 * MIB), None).0, 200);
+    assert_eq!(
+        collector
+            .post("/v1/metrics", "application/x-protobuf", &allocator_gauges(&torch, base + 3, 6 * MIB, 10 * MIB), None)
+            .0,
+        200
+    );
     let tensors = profile_record(base + 3, "allocator", &[("Linear.forward", 128, 6 * MIB, 12)]);
-    assert_eq!(collector.post("/v1/logs", "application/x-protobuf", &records_request(&torch, vec![tensors]), None).0, 200);
+    assert_eq!(
+        collector.post("/v1/logs", "application/x-protobuf", &records_request(&torch, vec![tensors]), None).0,
+        200
+    );
     // A process outside Kubernetes exits holding 1 MiB: its node's finding is the most recent.
     let exit = [
         synthetic(base + 2, 701, Op::Alloc, "cuMemAlloc_v2", 0x3000_0000, MIB),
@@ -340,26 +422,54 @@ fn promtool_accepts_the_metrics_and_the_values_are_the_nodes() {
     let found = gpuprof_model::analyze(&exit, gpuprof_model::RuleConfig::default());
     let finding_id = found[0].finding_id.clone();
     let finding = gpuprof_otlp::logs::finding_record(&found[0], base + 3);
-    assert_eq!(collector.post("/v1/logs", "application/x-protobuf", &records_request(&trainer("node-p", 701), vec![finding]), None).0, 200);
+    assert_eq!(
+        collector
+            .post("/v1/logs", "application/x-protobuf", &records_request(&trainer("node-p", 701), vec![finding]), None)
+            .0,
+        200
+    );
 
     let (_, text) = collector.get("/metrics");
     let process = "node=\"node-p\",namespace=\"ml\",pod=\"trainer-0\",container=\"main\",pid=\"700\",comm=\"trainer\"";
     assert_eq!(collector.metric(&format!("gpuprof_live_bytes{{{process},kind=\"device\"}}")), 8 * MIB);
     let stack = "node=\"node-p\",namespace=\"ml\",pod=\"trainer-0\",pid=\"700\",comm=\"trainer\",layer=\"driver\"";
-    assert_eq!(collector.metric(&format!("gpuprof_top_stack_live_bytes{{{stack},rank=\"1\",stack=\"step (/srv/train.py:43)\"}}")), 5 * MIB);
-    assert_eq!(collector.metric(&format!("gpuprof_top_stack_live_bytes{{{stack},rank=\"2\",stack=\"step (/srv/train.py:42)\"}}")), 3 * MIB);
+    assert_eq!(
+        collector
+            .metric(&format!("gpuprof_top_stack_live_bytes{{{stack},rank=\"1\",stack=\"step (/srv/train.py:43)\"}}")),
+        5 * MIB
+    );
+    assert_eq!(
+        collector
+            .metric(&format!("gpuprof_top_stack_live_bytes{{{stack},rank=\"2\",stack=\"step (/srv/train.py:42)\"}}")),
+        3 * MIB
+    );
     let torch_process = "node=\"node-p\",namespace=\"ml\",pod=\"trainer-0\",container=\"main\",pid=\"702\",comm=\"\"";
-    assert_eq!(collector.metric(&format!("gpuprof_allocator_allocated_bytes{{{torch_process},device=\"0\"}}")), 6 * MIB);
-    assert_eq!(collector.metric(&format!("gpuprof_allocator_reserved_bytes{{{torch_process},device=\"0\"}}")), 10 * MIB);
+    assert_eq!(
+        collector.metric(&format!("gpuprof_allocator_allocated_bytes{{{torch_process},device=\"0\"}}")),
+        6 * MIB
+    );
+    assert_eq!(
+        collector.metric(&format!("gpuprof_allocator_reserved_bytes{{{torch_process},device=\"0\"}}")),
+        10 * MIB
+    );
     let torch_stack = "node=\"node-p\",namespace=\"ml\",pod=\"trainer-0\",pid=\"702\",comm=\"\",layer=\"allocator\"";
-    assert_eq!(collector.metric(&format!("gpuprof_top_stack_live_bytes{{{torch_stack},rank=\"1\",stack=\"Linear.forward (/srv/train.py:128)\"}}")), 6 * MIB);
+    assert_eq!(
+        collector.metric(&format!(
+            "gpuprof_top_stack_live_bytes{{{torch_stack},rank=\"1\",stack=\"Linear.forward (/srv/train.py:128)\"}}"
+        )),
+        6 * MIB
+    );
     assert_eq!(
         collector.metric(&format!("gpuprof_recent_finding_bytes{{id=\"1\",finding_id=\"{finding_id}\",node=\"node-p\",namespace=\"\",pod=\"\",pid=\"701\",comm=\"trainer\",kind=\"exit_with_live_allocations\",severity=\"leak\",user_line=\"/srv/train.py:42 in step\",stack=\"step (/srv/train.py:42)\"}}")),
         MIB
     );
-    assert_eq!(collector.metric("gpuprof_findings{node=\"node-p\",kind=\"exit_with_live_allocations\",severity=\"leak\"}"), 1);
+    assert_eq!(
+        collector.metric("gpuprof_findings{node=\"node-p\",kind=\"exit_with_live_allocations\",severity=\"leak\"}"),
+        1
+    );
     // NVML's figure for the pod's process: its 8 MiB of driver allocations and its context.
-    let pod_process = "node=\"node-p\",namespace=\"ml\",pod=\"trainer-0\",container=\"main\",pid=\"700\",comm=\"trainer\"";
+    let pod_process =
+        "node=\"node-p\",namespace=\"ml\",pod=\"trainer-0\",container=\"main\",pid=\"700\",comm=\"trainer\"";
     assert_eq!(collector.metric(&format!("gpuprof_nvml_used_bytes{{{pod_process}}}")), 8 * MIB + 500 * MIB);
     assert_eq!(collector.metric(&format!("gpuprof_not_probed_bytes{{{pod_process}}}")), 500 * MIB);
     assert_eq!(collector.metric("gpuprof_collector_received_profiles_total"), 2);
@@ -373,7 +483,12 @@ fn promtool_accepts_the_metrics_and_the_values_are_the_nodes() {
         .expect("promtool (Debian package prometheus) must be installed: scripts/install-prerequisites.sh");
     std::io::Write::write_all(&mut promtool.stdin.take().unwrap(), text.as_bytes()).unwrap();
     let output = promtool.wait_with_output().unwrap();
-    assert!(output.status.success(), "{}{}\n{text}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "{}{}\n{text}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
     assert!(started.elapsed() < Duration::from_secs(30));
     collector.stop();
 }
@@ -407,20 +522,28 @@ fn wait_for_spans(path: &Path, count: usize) -> Vec<Value> {
 fn the_python_sdk_is_accepted_and_forwarded_spans_decode_with_opentelemetry_proto() {
     let dir = scratch("collector_peer_sink");
     let received = dir.join("forwarded.jsonl");
-    let mut sink = KillOnDrop(Command::new(tools_python())
-        .arg(fixtures().join("otlp/sink.py"))
-        .arg(&received)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap());
+    let mut sink = KillOnDrop(
+        Command::new(tools_python())
+            .arg(fixtures().join("otlp/sink.py"))
+            .arg(&received)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
     let mut ready = String::new();
     BufReader::new(sink.0.stdout.take().unwrap()).read_line(&mut ready).unwrap();
     let port = ready.trim().strip_prefix("listening ").unwrap_or_else(|| panic!("sink said {ready:?}"));
     let collector = Collector::start(&dir.join("c.redb"), &["--forward-endpoint", &format!("http://127.0.0.1:{port}")]);
 
     // The OpenTelemetry Python SDK, over OTLP/HTTP.
-    let sdk = Command::new(tools_python()).arg(fixtures().join("otlp/sdk_spans.py")).arg(&collector.http).output().unwrap();
-    assert_eq!(String::from_utf8_lossy(&sdk.stdout), "SUCCESS SUCCESS SUCCESS\n", "{}", String::from_utf8_lossy(&sdk.stderr));
+    let sdk =
+        Command::new(tools_python()).arg(fixtures().join("otlp/sdk_spans.py")).arg(&collector.http).output().unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&sdk.stdout),
+        "SUCCESS SUCCESS SUCCESS\n",
+        "{}",
+        String::from_utf8_lossy(&sdk.stderr)
+    );
     assert_eq!(sdk.status.code(), Some(0));
 
     // An agent whose worker leaves an IPC mapping open.
@@ -450,10 +573,18 @@ fn the_python_sdk_is_accepted_and_forwarded_spans_decode_with_opentelemetry_prot
 
     // One span per finding, in the trace of the process it is about, flagged as an error.
     let api = collector.findings("?node=node-f");
-    let findings: Vec<&Value> = spans.iter().filter(|s| s["name"].as_str().unwrap().starts_with("gpuprof.finding.")).collect();
+    let findings: Vec<&Value> =
+        spans.iter().filter(|s| s["name"].as_str().unwrap().starts_with("gpuprof.finding.")).collect();
     let summary: Vec<(&str, &Value, &Value, i64)> = findings
         .iter()
-        .map(|s| (s["name"].as_str().unwrap(), &s["attributes"]["process.pid"], &s["attributes"]["gpuprof.finding.bytes"], s["status_code"].as_i64().unwrap()))
+        .map(|s| {
+            (
+                s["name"].as_str().unwrap(),
+                &s["attributes"]["process.pid"],
+                &s["attributes"]["gpuprof.finding.bytes"],
+                s["status_code"].as_i64().unwrap(),
+            )
+        })
         .collect();
     let (w, four) = (Value::from(worker), Value::from(4 * MIB));
     assert_eq!(summary, vec![("gpuprof.finding.ipc_handle_not_closed", &w, &four, 2)]);
@@ -472,7 +603,11 @@ fn a_collector_that_is_away_costs_counted_drops_not_a_stalled_capture() {
     // A port nobody listens on.
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let started = Instant::now();
-    let run = run_agent("outage", "fork-clean", &["--otlp-endpoint", &format!("http://127.0.0.1:{port}"), "--otlp-protocol", "http"]);
+    let run = run_agent(
+        "outage",
+        "fork-clean",
+        &["--otlp-endpoint", &format!("http://127.0.0.1:{port}"), "--otlp-protocol", "http"],
+    );
     let (records, _, _, spans, points) = handed_over(&run.stderr);
     assert_eq!(records, run.events.len() as u64 + handed_over(&run.stderr).2, "{}", run.stderr);
     let all = records + spans + points;
@@ -511,7 +646,9 @@ fn grpc_refuses_oversized_and_unauthenticated_requests_and_keeps_serving() {
         big.resource_logs[0].scope_logs[0].log_records = vec![record; 8000];
         assert!(big.encoded_len() > 1 << 20);
         let mut codes = Vec::new();
-        for (request, token) in [(good.clone(), None), (good.clone(), Some("wrong")), (big, Some("s3cret")), (good, Some("s3cret"))] {
+        for (request, token) in
+            [(good.clone(), None), (good.clone(), Some("wrong")), (big, Some("s3cret")), (good, Some("s3cret"))]
+        {
             codes.push(match client.export(with_token(request, token)).await {
                 Ok(_) => tonic::Code::Ok,
                 Err(status) => status.code(),

@@ -75,7 +75,9 @@ impl Daemon {
         // "gpuprof: daemon on node N following K CUDA process(es); /healthz /readyz /metrics on ADDR; exporting to …"
         let deadline = Instant::now() + Duration::from_secs(30);
         let health = loop {
-            let line = stderr.recv_timeout(deadline.saturating_duration_since(Instant::now())).expect("the daemon never said it started");
+            let line = stderr
+                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+                .expect("the daemon never said it started");
             if let Some(rest) = line.split("/metrics on ").nth(1) {
                 break (format!("http://{}", rest.split(';').next().unwrap()), line.clone());
             }
@@ -245,7 +247,10 @@ fn the_daemon_follows_every_cuda_process_of_the_node_through_churn() {
     daemon.wait_for("gpuprof_daemon_processes_retained", 0, Duration::from_secs(10));
     daemon.wait_for("gpuprof_daemon_processes_forgotten_total", processes, Duration::from_secs(5));
     let metrics = daemon.metrics();
-    eprintln!("found after {found_after:?}; resident after 50 processes {resident_after_50}, at the end {}", metrics["gpuprof_daemon_resident_bytes"]);
+    eprintln!(
+        "found after {found_after:?}; resident after 50 processes {resident_after_50}, at the end {}",
+        metrics["gpuprof_daemon_resident_bytes"]
+    );
     let resident_at_end = metrics["gpuprof_daemon_resident_bytes"];
     assert_eq!(metrics["gpuprof_daemon_processes_followed"], 0);
     assert_eq!(metrics["gpuprof_daemon_events_lost_total"], 0);
@@ -269,7 +274,8 @@ fn the_daemon_follows_every_cuda_process_of_the_node_through_churn() {
         }
         std::thread::sleep(Duration::from_millis(200));
     };
-    let by_pid: BTreeMap<u64, u64> = findings.iter().map(|f| (f["pid"].as_u64().unwrap(), f["bytes"].as_u64().unwrap())).collect();
+    let by_pid: BTreeMap<u64, u64> =
+        findings.iter().map(|f| (f["pid"].as_u64().unwrap(), f["bytes"].as_u64().unwrap())).collect();
     assert_eq!(findings.len() as u64, processes, "{findings:?}");
     for (pid, _, leak) in &workers {
         assert_eq!(by_pid.get(&u64::from(*pid)), Some(leak), "worker {pid}");
@@ -278,7 +284,10 @@ fn the_daemon_follows_every_cuda_process_of_the_node_through_churn() {
 
     let said = daemon.stop();
     assert!(said.contains("gpuprof: daemon stopping: flushing what was captured"), "{said}");
-    assert!(said.contains("dropped 0 (queue full 0, delivery failed 0, too large 0); rejected by the collector 0"), "{said}");
+    assert!(
+        said.contains("dropped 0 (queue full 0, delivery failed 0, too large 0); rejected by the collector 0"),
+        "{said}"
+    );
 
     // The local jsonl has each worker's calls in order, its leaked buffer by address.
     let events = read_events(&events_path);
@@ -289,7 +298,11 @@ fn the_daemon_follows_every_cuda_process_of_the_node_through_churn() {
     }
     assert_eq!(ops.len(), WORKERS);
     for (pid, addr, leak) in &workers {
-        assert_eq!(ops[pid], [Op::CtxCreate, Op::Alloc, Op::Alloc, Op::Alloc, Op::Free, Op::Free, Op::Exit], "worker {pid}");
+        assert_eq!(
+            ops[pid],
+            [Op::CtxCreate, Op::Alloc, Op::Alloc, Op::Alloc, Op::Free, Op::Free, Op::Exit],
+            "worker {pid}"
+        );
         let kept = events.iter().filter(|e| e.pid == *pid && e.op == Op::Alloc && e.size == *leak).collect::<Vec<_>>();
         assert_eq!(kept.len(), 1);
         assert_eq!(gpuprof_model::hex::format_addr(kept[0].addr.unwrap()), *addr);
@@ -317,24 +330,61 @@ fn bad_settings_are_one_line_errors() {
     std::fs::write(&config, "otlp_endpoint = \"http://127.0.0.1:4317\"\nscan_interval = \"fast\"\n").unwrap();
     let (code, stderr) = daemon(&["--config", config.to_str().unwrap()], &[]);
     assert_eq!(code, Some(1));
-    assert!(stderr.starts_with(&format!("gpuprof: error: config file {} line 2: invalid type: string \"fast\", expected f64", config.display())), "{stderr}");
+    assert!(
+        stderr.starts_with(&format!(
+            "gpuprof: error: config file {} line 2: invalid type: string \"fast\", expected f64",
+            config.display()
+        )),
+        "{stderr}"
+    );
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     let (code, stderr) = daemon(&["--config", "/nonexistent/daemon.toml"], &[]);
     assert_eq!((code, stderr.as_str()), (Some(1), "gpuprof: error: config file /nonexistent/daemon.toml: cannot read it: No such file or directory (os error 2)\n"));
     // The environment fills what the file leaves out, and a flag wins over both.
     std::fs::write(&config, "output = \"/dev/null\"\n").unwrap();
-    let (code, stderr) = daemon(&["--config", config.to_str().unwrap(), "--buffer-mib", "3"], &[("GPUPROF_BUFFER_MIB", "4")]);
-    assert_eq!((code, stderr.as_str()), (Some(1), "gpuprof: error: buffer_mib 3: give a power of two from 1 to 1024\n"));
+    let (code, stderr) =
+        daemon(&["--config", config.to_str().unwrap(), "--buffer-mib", "3"], &[("GPUPROF_BUFFER_MIB", "4")]);
+    assert_eq!(
+        (code, stderr.as_str()),
+        (Some(1), "gpuprof: error: buffer_mib 3: give a power of two from 1 to 1024\n")
+    );
     let (code, stderr) = daemon(&["--config", config.to_str().unwrap()], &[("GPUPROF_SCAN_INTERVAL", "5")]);
-    assert_eq!((code, stderr.as_str()), (Some(1), "gpuprof: error: scan_interval 5s: at most 1 second, or new processes are found late\n"));
+    assert_eq!(
+        (code, stderr.as_str()),
+        (Some(1), "gpuprof: error: scan_interval 5s: at most 1 second, or new processes are found late\n")
+    );
     let (code, stderr) = daemon(&["--output", "/dev/null", "--capture", "shim"], &[]);
     assert_eq!((code, stderr.as_str()), (Some(1), "gpuprof: error: capture shim takes its events from processes running gpuprof's shim: give --shim-socket PATH (and the workloads GPUPROF_SHIM_SOCKET=PATH)\n"));
-    let (code, stderr) = daemon(&["--output", "/dev/null", "--capture", "shim", "--shim-socket", "/tmp/x.sock", "--shim-socket-mode", "0999"], &[]);
-    assert_eq!((code, stderr.as_str()), (Some(1), "gpuprof: error: shim_socket_mode 0999: give permission bits in octal, e.g. 0660\n"));
+    let (code, stderr) = daemon(
+        &["--output", "/dev/null", "--capture", "shim", "--shim-socket", "/tmp/x.sock", "--shim-socket-mode", "0999"],
+        &[],
+    );
+    assert_eq!(
+        (code, stderr.as_str()),
+        (Some(1), "gpuprof: error: shim_socket_mode 0999: give permission bits in octal, e.g. 0660\n")
+    );
     // The workloads' variable names the daemon's socket too (the mode's error shows it was taken).
-    let (code, stderr) = daemon(&["--output", "/dev/null", "--capture", "shim", "--shim-socket-mode", "0999"], &[("GPUPROF_SHIM_SOCKET", "/tmp/x.sock")]);
-    assert_eq!((code, stderr.as_str()), (Some(1), "gpuprof: error: shim_socket_mode 0999: give permission bits in octal, e.g. 0660\n"));
-    let (code, stderr) = daemon(&["--output", "/dev/null", "--capture", "shim", "--shim-socket", "/tmp/x.sock", "--shim-socket-group", "no-such-group"], &[]);
+    let (code, stderr) = daemon(
+        &["--output", "/dev/null", "--capture", "shim", "--shim-socket-mode", "0999"],
+        &[("GPUPROF_SHIM_SOCKET", "/tmp/x.sock")],
+    );
+    assert_eq!(
+        (code, stderr.as_str()),
+        (Some(1), "gpuprof: error: shim_socket_mode 0999: give permission bits in octal, e.g. 0660\n")
+    );
+    let (code, stderr) = daemon(
+        &[
+            "--output",
+            "/dev/null",
+            "--capture",
+            "shim",
+            "--shim-socket",
+            "/tmp/x.sock",
+            "--shim-socket-group",
+            "no-such-group",
+        ],
+        &[],
+    );
     assert_eq!((code, stderr.as_str()), (Some(1), "gpuprof: error: shim_socket_group no-such-group: no such group on this machine: give its number or create it\n"));
     // A port already taken is named.
     let taken = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -403,14 +453,26 @@ fn a_shim_connection_speaks_only_for_its_own_process() {
     std::fs::create_dir_all(&shared).unwrap();
     std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o755)).unwrap();
     let socket = shared.join("shim.sock");
-    let daemon = Daemon::start(&["--capture", "shim", "--shim-socket", socket.to_str().unwrap(), "--shim-socket-mode", "0666", "--output", events_path.to_str().unwrap()]);
+    let daemon = Daemon::start(&[
+        "--capture",
+        "shim",
+        "--shim-socket",
+        socket.to_str().unwrap(),
+        "--shim-socket-mode",
+        "0666",
+        "--output",
+        events_path.to_str().unwrap(),
+    ]);
     assert_eq!(std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777, 0o666);
 
     let log = dir.join("expected.jsonl");
     let mut workload = Command::new(python3());
     workload.arg(workloads().join("tensors.py")).args(["--hold", "3"]);
     workload_env(&mut workload, &log);
-    workload.env("LD_PRELOAD", shim_library()).env("GPUPROF_SHIM_SOCKET", &socket).env("GPUPROF_LIBC10_CUDA", libc10_cuda_standin());
+    workload
+        .env("LD_PRELOAD", shim_library())
+        .env("GPUPROF_SHIM_SOCKET", &socket)
+        .env("GPUPROF_LIBC10_CUDA", libc10_cuda_standin());
     let mut workload = workload.spawn().unwrap();
     daemon.wait_for("gpuprof_daemon_processes_discovered_total", 1, Duration::from_secs(10));
     let victim = workload.id();
@@ -425,7 +487,17 @@ fn a_shim_connection_speaks_only_for_its_own_process() {
     let script = "import socket, sys\ns = socket.socket(socket.AF_UNIX)\ns.connect(sys.argv[1])\ns.sendall(sys.argv[2].encode() + b'\\n' + sys.argv[3].encode() + b'\\n')\ns.close()\n";
     // setpriv execs the forger: the same pid.
     let forger = Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c", script, socket.to_str().unwrap(), &forged("alloc"), &forged("exit")])
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "/usr/bin/python3",
+            "-c",
+            script,
+            socket.to_str().unwrap(),
+            &forged("alloc"),
+            &forged("exit"),
+        ])
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -468,7 +540,16 @@ fn the_daemons_metrics_take_a_token_when_one_is_set() {
     let token_file = dir.join("token");
     std::fs::write(&token_file, "m3trics\n").unwrap();
     let socket = dir.join("shim.sock");
-    let daemon = Daemon::start(&["--capture", "shim", "--shim-socket", socket.to_str().unwrap(), "--output", "/dev/null", "--metrics-token-file", token_file.to_str().unwrap()]);
+    let daemon = Daemon::start(&[
+        "--capture",
+        "shim",
+        "--shim-socket",
+        socket.to_str().unwrap(),
+        "--output",
+        "/dev/null",
+        "--metrics-token-file",
+        token_file.to_str().unwrap(),
+    ]);
     let refused = (401, "missing or wrong metrics token (--metrics-token)\n".to_string());
     assert_eq!(daemon.get_as("/metrics", None), refused);
     assert_eq!(daemon.get_as("/metrics", Some("m3tric")), refused);
@@ -516,10 +597,20 @@ fn without_ebpf_the_daemon_takes_the_shims_events() {
     let dir = scratch("daemon_shim_only");
     let events_path = dir.join("events.jsonl");
     let socket = dir.join("shim.sock");
-    let no_capabilities = ["setpriv", "--bounding-set=-all", "--inh-caps=-all", "--ambient-caps=-all", "--no-new-privs", "--"];
+    let no_capabilities =
+        ["setpriv", "--bounding-set=-all", "--inh-caps=-all", "--ambient-caps=-all", "--no-new-privs", "--"];
     let daemon = Daemon::start_under(
         &no_capabilities,
-        &["--capture", "shim", "--shim-socket", socket.to_str().unwrap(), "--output", events_path.to_str().unwrap(), "--retain-exited", "1"],
+        &[
+            "--capture",
+            "shim",
+            "--shim-socket",
+            socket.to_str().unwrap(),
+            "--output",
+            events_path.to_str().unwrap(),
+            "--retain-exited",
+            "1",
+        ],
     );
     assert_eq!(daemon.get("/readyz"), (200, "ready\n".to_string()));
     // Not open to every user unless asked.
@@ -534,11 +625,17 @@ fn without_ebpf_the_daemon_takes_the_shims_events() {
     assert_eq!(metrics["gpuprof_daemon_processes_followed"], 0);
     assert_eq!(metrics["gpuprof_daemon_processes_retained"], 0);
     let said = daemon.stop();
-    assert!(said.contains(&format!("{} events from 1 processes via the shim; dropped 0", reports + driver_calls + 1)), "{said}");
+    assert!(
+        said.contains(&format!("{} events from 1 processes via the shim; dropped 0", reports + driver_calls + 1)),
+        "{said}"
+    );
     assert!(said.contains("CUPTI driver callbacks in 1 (slot held by another subscriber 0, handed to a profiler 0, no libcupti 0, activity cross-check disagreed 0)"), "{said}");
     let events = read_events(&events_path);
     assert_eq!(events.iter().filter(|e| e.pid == pid && e.layer == Layer::Allocator).count() as u64, reports);
-    assert_eq!(events.iter().filter(|e| e.pid == pid && e.layer == Layer::Driver && e.source == Source::Cupti).count() as u64, driver_calls);
+    assert_eq!(
+        events.iter().filter(|e| e.pid == pid && e.layer == Layer::Driver && e.source == Source::Cupti).count() as u64,
+        driver_calls
+    );
     assert_eq!((events.last().unwrap().op, events.last().unwrap().pid), (Op::Exit, pid));
 }
 
@@ -566,7 +663,13 @@ fn the_sidecar_arrangement_gives_what_run_via_shim_gives() {
 
     // The manifest: what the two containers run with.
     let pod = "apiVersion: v1\nkind: Pod\nmetadata: {name: train-0, namespace: ml}\nspec:\n  containers:\n  - name: trainer\n    image: trainer:1\n    resources: {limits: {nvidia.com/gpu: 1}}\n";
-    let mut inject = Command::new(gpuprof()).arg("inject").stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut inject = Command::new(gpuprof())
+        .arg("inject")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     inject.stdin.take().unwrap().write_all(pod.as_bytes()).unwrap();
     let injected = inject.wait_with_output().unwrap();
     assert!(injected.status.success(), "{}", String::from_utf8_lossy(&injected.stderr));
@@ -581,7 +684,12 @@ fn the_sidecar_arrangement_gives_what_run_via_shim_gives() {
     let sidecar = &manifest["spec"]["initContainers"][0];
     let trainer = &manifest["spec"]["containers"][0];
     let literal_env = |container: &Value| -> Vec<(String, String)> {
-        container["env"].as_array().unwrap().iter().filter_map(|e| Some((e["name"].as_str()?.to_string(), in_pod(e["value"].as_str()?)))).collect()
+        container["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|e| Some((e["name"].as_str()?.to_string(), in_pod(e["value"].as_str()?))))
+            .collect()
     };
 
     // The sidecar: its arguments (the test's own --listen, a port of its choosing, instead of
@@ -590,12 +698,18 @@ fn the_sidecar_arrangement_gives_what_run_via_shim_gives() {
     let events_path = dir.join("sidecar.jsonl");
     let args: Vec<String> = sidecar["args"].as_array().unwrap().iter().map(|a| in_pod(a.as_str().unwrap())).collect();
     assert_eq!(args[..3], ["daemon".to_string(), "--sidecar".to_string(), shared.display().to_string()]);
-    let mut wrapper: Vec<String> = ["setpriv", "--reuid=65532", "--regid=65532", "--clear-groups", "env"].map(String::from).to_vec();
+    let mut wrapper: Vec<String> =
+        ["setpriv", "--reuid=65532", "--regid=65532", "--clear-groups", "env"].map(String::from).to_vec();
     for (name, value) in literal_env(sidecar) {
         let value = if name == "GPUPROF_OTLP_ENDPOINT" { collector.grpc.clone() } else { value };
         wrapper.push(format!("{name}={value}"));
     }
-    for downward in ["K8S_NODE_NAME=node-a", "K8S_POD_NAME=train-0", "K8S_NAMESPACE=ml", "K8S_POD_UID=0b6a4c9e-52f1-4c3a-9d0e-6f1e2a3b4c5d"] {
+    for downward in [
+        "K8S_NODE_NAME=node-a",
+        "K8S_POD_NAME=train-0",
+        "K8S_NAMESPACE=ml",
+        "K8S_POD_UID=0b6a4c9e-52f1-4c3a-9d0e-6f1e2a3b4c5d",
+    ] {
         wrapper.push(downward.to_string());
     }
     let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
@@ -611,8 +725,10 @@ fn the_sidecar_arrangement_gives_what_run_via_shim_gives() {
     // worker exits holding memory; under the sidecar, first a run that holds its memory a while.
     let workload_command = |log: &Path, unprivileged: bool| {
         let (tensors, leaks) = (workloads().join("tensors.py"), workloads().join("leaks.py"));
-        let job = format!("/usr/bin/python3 {} && /usr/bin/python3 {} worker-exit-live", tensors.display(), leaks.display());
-        let script = if unprivileged { format!("/usr/bin/python3 {} --hold 3 && {job}", tensors.display()) } else { job };
+        let job =
+            format!("/usr/bin/python3 {} && /usr/bin/python3 {} worker-exit-live", tensors.display(), leaks.display());
+        let script =
+            if unprivileged { format!("/usr/bin/python3 {} --hold 3 && {job}", tensors.display()) } else { job };
         let mut command = Command::new(if unprivileged { "setpriv" } else { "sh" });
         if unprivileged {
             command.args(["--reuid=65534", "--regid=65534", "--clear-groups", "sh"]);
@@ -635,7 +751,9 @@ fn the_sidecar_arrangement_gives_what_run_via_shim_gives() {
     let deadline = Instant::now() + Duration::from_secs(20);
     let held = loop {
         let (_, metrics) = collector.get("/metrics");
-        let line = metrics.lines().find(|l| l.starts_with(&format!("gpuprof_live_bytes{{{pod_labels},")) && l.contains("kind=\"device\""));
+        let line = metrics
+            .lines()
+            .find(|l| l.starts_with(&format!("gpuprof_live_bytes{{{pod_labels},")) && l.contains("kind=\"device\""));
         if let Some(line) = line {
             break line.rsplit(' ').next().unwrap().parse::<u64>().unwrap();
         }
@@ -645,7 +763,15 @@ fn the_sidecar_arrangement_gives_what_run_via_shim_gives() {
     assert!(workload.wait().unwrap().success());
     // tensors.py twice and leaks.py's worker (its parent makes no CUDA call: the shim stays silent).
     daemon.wait_for("gpuprof_daemon_processes_exited_total", 3, Duration::from_secs(15));
-    assert!(daemon.started.starts_with(&format!("gpuprof: sidecar of pod ml/train-0 on node node-a: the shim is in {}, events taken at {}/shim.sock;", shared.display(), shared.display())), "{}", daemon.started);
+    assert!(
+        daemon.started.starts_with(&format!(
+            "gpuprof: sidecar of pod ml/train-0 on node node-a: the shim is in {}, events taken at {}/shim.sock;",
+            shared.display(),
+            shared.display()
+        )),
+        "{}",
+        daemon.started
+    );
     daemon.stop();
     let _ = std::fs::remove_dir_all(&shared);
     let sidecar_events = read_events(&events_path);
@@ -657,7 +783,13 @@ fn the_sidecar_arrangement_gives_what_run_via_shim_gives() {
     for event in sidecar_events.iter().filter(|e| e.pid == first && e.layer == Layer::Driver && e.succeeded()) {
         match event.op {
             Op::Alloc => live += event.size as i64,
-            Op::Free => live -= sidecar_events.iter().find(|a| a.pid == first && a.op == Op::Alloc && a.addr == event.addr).unwrap().size as i64,
+            Op::Free => {
+                live -= sidecar_events
+                    .iter()
+                    .find(|a| a.pid == first && a.op == Op::Alloc && a.addr == event.addr)
+                    .unwrap()
+                    .size as i64
+            }
             _ => {}
         }
         totals.insert(live as u64);
@@ -672,7 +804,18 @@ fn the_sidecar_arrangement_gives_what_run_via_shim_gives() {
     std::fs::set_permissions(&base_log, std::fs::Permissions::from_mode(0o666)).unwrap();
     let inner = workload_command(&base_log, false);
     let mut run = Command::new(gpuprof());
-    run.args(["run", "--via", "shim", "-f", "jsonl", "-o", base_path.to_str().unwrap(), "--findings", base_findings.to_str().unwrap(), "--"]);
+    run.args([
+        "run",
+        "--via",
+        "shim",
+        "-f",
+        "jsonl",
+        "-o",
+        base_path.to_str().unwrap(),
+        "--findings",
+        base_findings.to_str().unwrap(),
+        "--",
+    ]);
     run.arg(inner.get_program()).args(inner.get_args());
     for (name, value) in inner.get_envs() {
         run.env(name, value.unwrap());
@@ -694,7 +837,15 @@ fn the_sidecar_arrangement_gives_what_run_via_shim_gives() {
             let addr = if event.op == Op::CtxCreate { None } else { event.addr };
             calls.entry(event.pid).or_default().push(format!(
                 "{} {} {} {:?} {} {} {:?} {:?} {}",
-                event.layer.as_str(), event.op.as_str(), event.api, addr, event.size, event.result, event.kind, event.device, frames.join("<")
+                event.layer.as_str(),
+                event.op.as_str(),
+                event.api,
+                addr,
+                event.size,
+                event.result,
+                event.kind,
+                event.device,
+                frames.join("<")
             ));
         }
         order.iter().map(|pid| calls.remove(pid).unwrap()).collect()
@@ -706,13 +857,25 @@ fn the_sidecar_arrangement_gives_what_run_via_shim_gives() {
 
     // The same findings: locally for `run`, from the collector for the sidecar.
     let summary = |kind: &str, bytes: u64, count: u64, stack: &Value| {
-        let frames: Vec<String> = stack.as_array().unwrap().iter().map(|f| format!("{}:{}", f["function"].as_str().unwrap(), f["line"])).collect();
+        let frames: Vec<String> = stack
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| format!("{}:{}", f["function"].as_str().unwrap(), f["line"]))
+            .collect();
         format!("{kind} {bytes} {count} {}", frames.join("<"))
     };
     let of = |findings: &[Value]| -> Vec<String> {
         let mut all: Vec<String> = findings
             .iter()
-            .map(|f| summary(f["kind"].as_str().unwrap(), f["bytes"].as_u64().unwrap(), f["count"].as_u64().unwrap(), &f["stack"]))
+            .map(|f| {
+                summary(
+                    f["kind"].as_str().unwrap(),
+                    f["bytes"].as_u64().unwrap(),
+                    f["count"].as_u64().unwrap(),
+                    &f["stack"],
+                )
+            })
             .collect();
         all.sort();
         all
@@ -726,7 +889,11 @@ fn the_sidecar_arrangement_gives_what_run_via_shim_gives() {
         }
         std::thread::sleep(Duration::from_millis(200));
     };
-    assert!(of(&base).iter().any(|f| f.starts_with(&format!("exit_with_live_allocations {} 1 ", 8 << 20))), "{:?}", of(&base));
+    assert!(
+        of(&base).iter().any(|f| f.starts_with(&format!("exit_with_live_allocations {} 1 ", 8 << 20))),
+        "{:?}",
+        of(&base)
+    );
     assert_eq!(of(&collected), of(&base));
 }
 
@@ -763,7 +930,9 @@ wait $sidecar"#,
         tensors = workloads().join("tensors.py").display(),
     );
     let mut pod = Command::new("unshare");
-    pod.args(["--pid", "--fork", "--mount-proc", "sh", "-c", &script]).env("K8S_POD_NAME", "train-0").env("K8S_NAMESPACE", "ml");
+    pod.args(["--pid", "--fork", "--mount-proc", "sh", "-c", &script])
+        .env("K8S_POD_NAME", "train-0")
+        .env("K8S_NAMESPACE", "ml");
     workload_env(&mut pod, &inside_log);
     let mut pod = pod.spawn().unwrap();
     // Outside, the same library called meanwhile by another process of the host.
@@ -772,7 +941,11 @@ wait $sidecar"#,
     workload_env(&mut outsider, &outside_log);
     let started = Instant::now();
     while !std::fs::read_to_string(&said).unwrap_or_default().contains("sidecar of pod") {
-        assert!(started.elapsed() < Duration::from_secs(15), "the sidecar never started: {}", std::fs::read_to_string(&said).unwrap_or_default());
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "the sidecar never started: {}",
+            std::fs::read_to_string(&said).unwrap_or_default()
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     let outsider = outsider.output().unwrap();
@@ -780,7 +953,10 @@ wait $sidecar"#,
     let status = wait_with_limit(&mut pod, Duration::from_secs(60));
     let stderr = std::fs::read_to_string(&said).unwrap();
     assert_eq!(status.code(), Some(0), "{stderr}");
-    assert!(stderr.contains("gpuprof: sidecar of pod ml/train-0 on node ") && stderr.contains(" with eBPF, following "), "{stderr}");
+    assert!(
+        stderr.contains("gpuprof: sidecar of pod ml/train-0 on node ") && stderr.contains(" with eBPF, following "),
+        "{stderr}"
+    );
 
     let captured = read_events(&events);
     let expected = read_expected(&inside_log);

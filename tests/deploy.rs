@@ -223,7 +223,11 @@ fn validate(dir: &Path, objects: &[Value]) {
     let models = test_tools().join(MONITOR_MODELS);
     assert!(models.join("package.json").exists(), "{} is missing: {INSTALL}", models.display());
     let script = support::fixtures().join("deploy").join("validate_monitors.mjs");
-    let output = run("node", &[script.to_str().unwrap(), models.to_str().unwrap()], Some(&serde_json::to_string(&custom).unwrap()));
+    let output = run(
+        "node",
+        &[script.to_str().unwrap(), models.to_str().unwrap()],
+        Some(&serde_json::to_string(&custom).unwrap()),
+    );
     assert!(output.status.success(), "prometheus-operator objects do not match their CRDs: {}", text(&output.stderr));
     assert_eq!(text(&output.stdout).lines().count(), custom.len());
 }
@@ -243,12 +247,25 @@ fn helm_lint_passes_and_bad_values_fail_with_their_reason() {
     assert!(text(&no_token.stderr).contains("set auth.token or auth.existingSecret"), "{}", text(&no_token.stderr));
     let same = helm(&["template", "gpuprof", chart, "--set", "auth.token=x", "--set", "auth.readToken=x"]);
     assert!(!same.status.success());
-    assert!(text(&same.stderr).contains("auth.readToken is auth.token: give readers a token of their own"), "{}", text(&same.stderr));
+    assert!(
+        text(&same.stderr).contains("auth.readToken is auth.token: give readers a token of their own"),
+        "{}",
+        text(&same.stderr)
+    );
 
-    for bad in ["daemon.listenPort=notanumber", "daemon.config.scan_intervall=0.5", "daemon.config.buffer_mib=3", "daemon.otlpProtocol=udp"] {
+    for bad in [
+        "daemon.listenPort=notanumber",
+        "daemon.config.scan_intervall=0.5",
+        "daemon.config.buffer_mib=3",
+        "daemon.otlpProtocol=udp",
+    ] {
         let output = helm(&["template", "gpuprof", chart, "--set", "auth.token=x", "--set", bad]);
         assert!(!output.status.success(), "--set {bad} was accepted");
-        assert!(text(&output.stderr).contains("values don't meet the specifications of the schema"), "{bad}: {}", text(&output.stderr));
+        assert!(
+            text(&output.stderr).contains("values don't meet the specifications of the schema"),
+            "{bad}: {}",
+            text(&output.stderr)
+        );
     }
 }
 
@@ -280,25 +297,44 @@ fn the_chart_renders_valid_objects_with_the_documented_security() {
     // the monitors send it.
     let read_secret = serde_json::json!({"name": "gpuprof-read-token", "key": "token"});
     let collector_pod = &object(&everything, "Deployment", "gpuprof-collector")["spec"]["template"]["spec"];
-    assert!(strings(&collector_pod["containers"][0]["args"]).contains(&"--read-token-file=/etc/gpuprof/read-token/token"));
+    assert!(
+        strings(&collector_pod["containers"][0]["args"]).contains(&"--read-token-file=/etc/gpuprof/read-token/token")
+    );
     let read_volume = collector_pod["volumes"].as_array().unwrap().iter().find(|v| v["name"] == "read-token").unwrap();
     assert_eq!(read_volume["secret"]["secretName"], "gpuprof-read-token");
-    let daemon_env = &object(&everything, "DaemonSet", "gpuprof-daemon")["spec"]["template"]["spec"]["containers"][0]["env"];
+    let daemon_env =
+        &object(&everything, "DaemonSet", "gpuprof-daemon")["spec"]["template"]["spec"]["containers"][0]["env"];
     let metrics_token = daemon_env.as_array().unwrap().iter().find(|e| e["name"] == "GPUPROF_METRICS_TOKEN").unwrap();
     assert_eq!(metrics_token["valueFrom"]["secretKeyRef"], read_secret);
-    for (kind, name, endpoints) in [("ServiceMonitor", "gpuprof-collector", "endpoints"), ("PodMonitor", "gpuprof-daemon", "podMetricsEndpoints")] {
+    for (kind, name, endpoints) in
+        [("ServiceMonitor", "gpuprof-collector", "endpoints"), ("PodMonitor", "gpuprof-daemon", "podMetricsEndpoints")]
+    {
         let authorization = &object(&everything, kind, name)["spec"][endpoints][0]["authorization"];
         assert_eq!(authorization, &serde_json::json!({"type": "Bearer", "credentials": read_secret}), "{kind}");
     }
     // OTLP from the release's daemons and OpenTelemetry Collector; the API and /metrics from the readers.
     let readers = serde_json::json!([{"namespaceSelector": {"matchLabels": {"team": "monitoring"}}}]);
     let collector_policy = &object(&everything, "NetworkPolicy", "gpuprof-collector")["spec"];
-    let senders: Vec<&str> = collector_policy["ingress"][0]["from"].as_array().unwrap().iter().map(|p| p["podSelector"]["matchLabels"]["app.kubernetes.io/component"].as_str().unwrap()).collect();
+    let senders: Vec<&str> = collector_policy["ingress"][0]["from"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["podSelector"]["matchLabels"]["app.kubernetes.io/component"].as_str().unwrap())
+        .collect();
     assert_eq!(senders, ["daemon", "otel-collector"]);
-    assert_eq!(collector_policy["ingress"][0]["ports"], serde_json::json!([{"port": 4317, "protocol": "TCP"}, {"port": 4318, "protocol": "TCP"}]));
-    assert_eq!(collector_policy["ingress"][1], serde_json::json!({"from": readers, "ports": [{"port": 4318, "protocol": "TCP"}]}));
+    assert_eq!(
+        collector_policy["ingress"][0]["ports"],
+        serde_json::json!([{"port": 4317, "protocol": "TCP"}, {"port": 4318, "protocol": "TCP"}])
+    );
+    assert_eq!(
+        collector_policy["ingress"][1],
+        serde_json::json!({"from": readers, "ports": [{"port": 4318, "protocol": "TCP"}]})
+    );
     let daemon_policy = &object(&everything, "NetworkPolicy", "gpuprof-daemon")["spec"];
-    assert_eq!(daemon_policy["ingress"], serde_json::json!([{"from": readers, "ports": [{"port": 9464, "protocol": "TCP"}]}]));
+    assert_eq!(
+        daemon_policy["ingress"],
+        serde_json::json!([{"from": readers, "ports": [{"port": 9464, "protocol": "TCP"}]}])
+    );
 
     // The daemon: every process of the node in view, three capabilities, nothing privileged.
     let daemon = object(&defaults, "DaemonSet", "gpuprof-daemon");
@@ -319,14 +355,21 @@ fn the_chart_renders_valid_objects_with_the_documented_security() {
     assert_eq!(container["env"][0]["name"], "K8S_NODE_NAME");
     assert_eq!(container["env"][0]["valueFrom"]["fieldRef"]["fieldPath"], "spec.nodeName");
     assert_eq!(container["env"][1]["name"], "GPUPROF_OTLP_TOKEN");
-    assert_eq!(container["env"][1]["valueFrom"]["secretKeyRef"], serde_json::json!({"name": "gpuprof-token", "key": "token"}));
+    assert_eq!(
+        container["env"][1]["valueFrom"]["secretKeyRef"],
+        serde_json::json!({"name": "gpuprof-token", "key": "token"})
+    );
     assert_eq!(container["livenessProbe"]["httpGet"], serde_json::json!({"path": "/healthz", "port": "metrics"}));
     assert_eq!(container["readinessProbe"]["httpGet"], serde_json::json!({"path": "/readyz", "port": "metrics"}));
     assert_eq!(container["ports"][0], serde_json::json!({"name": "metrics", "containerPort": 9464, "protocol": "TCP"}));
-    let host_paths: Vec<&str> = pod["spec"]["volumes"].as_array().unwrap().iter().filter_map(|v| v["hostPath"]["path"].as_str()).collect();
+    let host_paths: Vec<&str> =
+        pod["spec"]["volumes"].as_array().unwrap().iter().filter_map(|v| v["hostPath"]["path"].as_str()).collect();
     assert_eq!(host_paths, ["/sys/kernel/btf"], "the daemon mounts only the kernel's BTF from the host");
     let annotations = &pod["metadata"]["annotations"];
-    assert_eq!((&annotations["prometheus.io/scrape"], &annotations["prometheus.io/port"]), (&"true".into(), &"9464".into()));
+    assert_eq!(
+        (&annotations["prometheus.io/scrape"], &annotations["prometheus.io/port"]),
+        (&"true".into(), &"9464".into())
+    );
     assert_eq!(pod["spec"]["tolerations"][0]["key"], "nvidia.com/gpu");
 
     // The collector: one writer, not root.
@@ -338,12 +381,22 @@ fn the_chart_renders_valid_objects_with_the_documented_security() {
     assert_eq!(pod["securityContext"]["runAsUser"], 65532);
     assert!(pod["containers"][0]["securityContext"]["capabilities"]["add"].is_null());
     let args = strings(&pod["containers"][0]["args"]);
-    for arg in ["--grpc-listen=0.0.0.0:4317", "--http-listen=0.0.0.0:4318", "--db=/var/lib/gpuprof/collector.redb", "--token-file=/etc/gpuprof/token/token", "--forward-endpoint=http://gpuprof-jaeger.gpuprof.svc:4318"] {
+    for arg in [
+        "--grpc-listen=0.0.0.0:4317",
+        "--http-listen=0.0.0.0:4318",
+        "--db=/var/lib/gpuprof/collector.redb",
+        "--token-file=/etc/gpuprof/token/token",
+        "--forward-endpoint=http://gpuprof-jaeger.gpuprof.svc:4318",
+    ] {
         assert!(args.contains(&arg), "collector args lack {arg}: {args:?}");
     }
     let service = object(&defaults, "Service", "gpuprof-collector");
-    let ports: Vec<(&str, u64)> =
-        service["spec"]["ports"].as_array().unwrap().iter().map(|p| (p["name"].as_str().unwrap(), p["port"].as_u64().unwrap())).collect();
+    let ports: Vec<(&str, u64)> = service["spec"]["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p["name"].as_str().unwrap(), p["port"].as_u64().unwrap()))
+        .collect();
     assert_eq!(ports, [("otlp-grpc", 4317), ("otlp-http", 4318)]);
     assert_eq!(service["metadata"]["annotations"]["prometheus.io/port"], "4318");
 
@@ -377,7 +430,10 @@ fn the_chart_renders_valid_objects_with_the_documented_security() {
     // The seccomp profile is a choice.
     let runtime_default = yaml_documents(&render_with_token(&["--set", "daemon.seccompProfile.type=RuntimeDefault"]));
     let daemon = object(&runtime_default, "DaemonSet", "gpuprof-daemon");
-    assert_eq!(daemon["spec"]["template"]["spec"]["containers"][0]["securityContext"]["seccompProfile"]["type"], "RuntimeDefault");
+    assert_eq!(
+        daemon["spec"]["template"]["spec"]["containers"][0]["securityContext"]["seccompProfile"]["type"],
+        "RuntimeDefault"
+    );
 }
 
 #[test]
@@ -390,7 +446,10 @@ fn the_plain_manifests_are_the_charts_render() {
         MANIFESTS_RENDER.join(" ")
     );
     let objects = yaml_documents(&committed);
-    assert!(!objects.iter().any(|o| o["kind"] == "Secret"), "the manifests take the token from a Secret the user creates");
+    assert!(
+        !objects.iter().any(|o| o["kind"] == "Secret"),
+        "the manifests take the token from a Secret the user creates"
+    );
     validate(&scratch("deploy_manifests"), &objects);
 }
 
@@ -402,7 +461,8 @@ fn the_rendered_configuration_is_what_the_binaries_and_prometheus_accept() {
     // The daemon's file: a flag that fails a check made after the file is read proves the file
     // itself was accepted (a key the daemon does not know names the file and line instead).
     let daemon_accepts = |objects: &[Value], expected_line: &str| {
-        let toml = object(objects, "ConfigMap", "gpuprof-daemon-config")["data"]["daemon.toml"].as_str().unwrap().to_string();
+        let toml =
+            object(objects, "ConfigMap", "gpuprof-daemon-config")["data"]["daemon.toml"].as_str().unwrap().to_string();
         assert!(toml.contains(expected_line), "{toml}");
         let config = dir.join("daemon.toml");
         std::fs::write(&config, &toml).unwrap();
@@ -412,23 +472,44 @@ fn the_rendered_configuration_is_what_the_binaries_and_prometheus_accept() {
             .output()
             .unwrap();
         let stderr = text(&output.stderr);
-        assert!(!output.status.success() && stderr.contains("scan_interval 5s: at most 1 second"), "the daemon refused daemon.toml:\n{toml}\n{stderr}");
+        assert!(
+            !output.status.success() && stderr.contains("scan_interval 5s: at most 1 second"),
+            "the daemon refused daemon.toml:\n{toml}\n{stderr}"
+        );
     };
     daemon_accepts(&objects, "libcuda = \"/host/driver/libcuda.so.1\"");
     // Without eBPF, on the shims' socket in a host directory the workloads share.
-    let shim_only = yaml_documents(&render_with_token(&["--set", "daemon.shim.enabled=true", "--set", "daemon.shim.only=true", "--set", "daemon.shim.socketGroup=4242"]));
+    let shim_only = yaml_documents(&render_with_token(&[
+        "--set",
+        "daemon.shim.enabled=true",
+        "--set",
+        "daemon.shim.only=true",
+        "--set",
+        "daemon.shim.socketGroup=4242",
+    ]));
     daemon_accepts(&shim_only, "shim_socket = \"/run/gpuprof/shim.sock\"\nshim_socket_mode = \"0660\"\nshim_socket_group = \"4242\"\ncapture = \"shim\"");
     validate(&dir, &shim_only);
     let daemonset = object(&shim_only, "DaemonSet", "gpuprof-daemon");
-    let volume = daemonset["spec"]["template"]["spec"]["volumes"].as_array().unwrap().iter().find(|v| v["name"] == "shim-socket").unwrap();
-    assert_eq!((volume["hostPath"]["path"].as_str(), volume["hostPath"]["type"].as_str()), (Some("/run/gpuprof"), Some("DirectoryOrCreate")));
+    let volume = daemonset["spec"]["template"]["spec"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "shim-socket")
+        .unwrap();
+    assert_eq!(
+        (volume["hostPath"]["path"].as_str(), volume["hostPath"]["type"].as_str()),
+        (Some("/run/gpuprof"), Some("DirectoryOrCreate"))
+    );
 
     // The collector's flags: every one parses; it then stops at the token file, absent here.
     let collector = object(&objects, "Deployment", "gpuprof-collector");
     let args = strings(&collector["spec"]["template"]["spec"]["containers"][0]["args"]);
     let output = Command::new(collector_bin()).env_clear().args(&args).output().unwrap();
     let stderr = text(&output.stderr);
-    assert!(!output.status.success() && stderr.contains("--token-file /etc/gpuprof/token/token: cannot read it"), "the collector refused {args:?}:\n{stderr}");
+    assert!(
+        !output.status.success() && stderr.contains("--token-file /etc/gpuprof/token/token: cannot read it"),
+        "the collector refused {args:?}:\n{stderr}"
+    );
 
     // The scrape jobs. Debian's promtool is built without Kubernetes discovery, so it checks
     // them (intervals, relabeling, regexes) with the discovery swapped for a static target.
@@ -452,7 +533,9 @@ fn the_rendered_configuration_is_what_the_binaries_and_prometheus_accept() {
     assert!(output.status.success(), "promtool check config: {}{}", text(&output.stdout), text(&output.stderr));
 
     // Grafana's data sources, by the uids the dashboards' links name.
-    let sources = object(&objects, "ConfigMap", "gpuprof-grafana-datasources")["data"]["gpuprof-datasources.yaml"].as_str().unwrap();
+    let sources = object(&objects, "ConfigMap", "gpuprof-grafana-datasources")["data"]["gpuprof-datasources.yaml"]
+        .as_str()
+        .unwrap();
     let sources = yaml_document(sources);
     let found: Vec<(&str, &str, &str)> = sources["datasources"]
         .as_array()
@@ -491,7 +574,12 @@ fn dashboard_files() -> Vec<PathBuf> {
 fn targets(panels: &[Value], found: &mut Vec<String>) {
     for panel in panels {
         for target in panel["targets"].as_array().into_iter().flatten() {
-            found.push(target["expr"].as_str().unwrap_or_else(|| panic!("panel {} has a target without expr", panel["title"])).to_string());
+            found.push(
+                target["expr"]
+                    .as_str()
+                    .unwrap_or_else(|| panic!("panel {} has a target without expr", panel["title"]))
+                    .to_string(),
+            );
         }
         targets(panel["panels"].as_array().map(Vec::as_slice).unwrap_or_default(), found);
     }
@@ -525,7 +613,10 @@ fn dashboards() -> Vec<Dashboard> {
                     continue;
                 }
                 let query = variable["query"]["query"].as_str().or(variable["query"].as_str()).unwrap();
-                let inner = query.strip_prefix("label_values(").and_then(|q| q.strip_suffix(')')).unwrap_or_else(|| panic!("{title}: {query}"));
+                let inner = query
+                    .strip_prefix("label_values(")
+                    .and_then(|q| q.strip_suffix(')'))
+                    .unwrap_or_else(|| panic!("{title}: {query}"));
                 if let Some((selector, _label)) = inner.rsplit_once(',') {
                     selectors.push(selector.trim().to_string());
                 }
@@ -555,7 +646,10 @@ fn every_dashboard_expression_is_valid_promql() {
         assert!(dashboard.variables.iter().any(|v| v == "datasource"), "{}: no datasource variable", dashboard.title);
         for (i, expression) in dashboard.expressions.iter().chain(&dashboard.selectors).enumerate() {
             let expr = serde_json::to_string(&substituted(expression, &dashboard.variables)).unwrap();
-            rules.push_str(&format!("      - record: gpuprof:dashboard_expression_{}\n        expr: {expr}\n", expressions + selectors + i));
+            rules.push_str(&format!(
+                "      - record: gpuprof:dashboard_expression_{}\n        expr: {expr}\n",
+                expressions + selectors + i
+            ));
         }
         expressions += dashboard.expressions.len();
         selectors += dashboard.selectors.len();
@@ -576,9 +670,12 @@ fn metric_names(expression: &str) -> Vec<String> {
     let bytes = expression.as_bytes();
     let mut i = 0;
     while i < bytes.len() {
-        let starts_word = i == 0 || !(bytes[i - 1].is_ascii_alphanumeric() || bytes[i - 1] == b'_' || bytes[i - 1] == b':');
+        let starts_word =
+            i == 0 || !(bytes[i - 1].is_ascii_alphanumeric() || bytes[i - 1] == b'_' || bytes[i - 1] == b':');
         if starts_word && expression[i..].starts_with("gpuprof_") {
-            let end = expression[i..].find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':')).map_or(bytes.len(), |n| i + n);
+            let end = expression[i..]
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+                .map_or(bytes.len(), |n| i + n);
             names.push(expression[i..end].to_string());
             i = end;
         } else {
@@ -597,7 +694,11 @@ fn dashboards_use_every_documented_metric_and_no_other() {
             let names = metric_names(expression);
             assert!(!names.is_empty(), "{}: {expression} names no gpuprof metric", dashboard.title);
             for name in names {
-                assert!(known.contains(name.as_str()), "{}: {name} is not a metric gpuprof exports ({expression})", dashboard.title);
+                assert!(
+                    known.contains(name.as_str()),
+                    "{}: {name} is not a metric gpuprof exports ({expression})",
+                    dashboard.title
+                );
                 used.insert(name);
             }
         }
@@ -621,7 +722,8 @@ fn the_otel_collector_routes_each_node_to_one_collector() {
     // The daemons send to it, and it to the collectors with the token.
     let daemon = object(&objects, "ConfigMap", "gpuprof-daemon-config")["data"]["daemon.toml"].as_str().unwrap();
     assert!(daemon.contains("otlp_endpoint = \"http://gpuprof-otel-collector.gpuprof.svc:4317\""), "{daemon}");
-    let env = &object(&objects, "Deployment", "gpuprof-otel-collector")["spec"]["template"]["spec"]["containers"][0]["env"][0];
+    let env = &object(&objects, "Deployment", "gpuprof-otel-collector")["spec"]["template"]["spec"]["containers"][0]
+        ["env"][0];
     assert_eq!(env["name"], "GPUPROF_COLLECTOR_TOKEN");
     assert_eq!(env["valueFrom"]["secretKeyRef"]["name"], "gpuprof-token");
 
@@ -631,7 +733,10 @@ fn the_otel_collector_routes_each_node_to_one_collector() {
     for c in [&mut config, &mut standalone] {
         c["exporters"]["loadbalancing"]["resolver"]["static"]["hostnames"] = Value::Null;
     }
-    assert_eq!(config, standalone, "the chart's OpenTelemetry Collector configuration differs from deploy/otel-collector/loadbalancing.yaml");
+    assert_eq!(
+        config, standalone,
+        "the chart's OpenTelemetry Collector configuration differs from deploy/otel-collector/loadbalancing.yaml"
+    );
 }
 
 /// The metric names the dashboards may use are what a running collector and daemon serve: a
@@ -641,23 +746,69 @@ fn the_otel_collector_routes_each_node_to_one_collector() {
 #[test]
 fn the_dashboards_metrics_are_served_by_a_running_collector_and_daemon() {
     use gpuprof_model::{Event, Layer, Op, Source};
-    use support::collector::{allocator_gauges, logs_request, nvml_gauge, profile_record, records_request, synthetic, trainer, Collector};
+    use support::collector::{
+        allocator_gauges, logs_request, nvml_gauge, profile_record, records_request, synthetic, trainer, Collector,
+    };
 
     let dir = scratch("deploy_live_metrics");
     let collector = Collector::start(&dir.join("c.redb"), &["--forward-endpoint", "http://127.0.0.1:9"]);
     let base = 1_800_000_000_000_000_000u64;
     let segment = synthetic(base, 900, Op::Alloc, "cuMemAlloc_v2", 0x1000_0000, 2 << 20);
-    assert_eq!(collector.post("/v1/logs", "application/x-protobuf", &logs_request("node-m", 900, &[segment]), None).0, 200);
-    assert_eq!(collector.post("/v1/metrics", "application/x-protobuf", &allocator_gauges(&trainer("node-m", 900), base + 1, 1 << 20, 2 << 20), None).0, 200);
-    assert_eq!(collector.post("/v1/metrics", "application/x-protobuf", &nvml_gauge(&trainer("node-m", 900), base + 1, 514 << 20), None).0, 200);
+    assert_eq!(
+        collector.post("/v1/logs", "application/x-protobuf", &logs_request("node-m", 900, &[segment]), None).0,
+        200
+    );
+    assert_eq!(
+        collector
+            .post(
+                "/v1/metrics",
+                "application/x-protobuf",
+                &allocator_gauges(&trainer("node-m", 900), base + 1, 1 << 20, 2 << 20),
+                None
+            )
+            .0,
+        200
+    );
+    assert_eq!(
+        collector
+            .post(
+                "/v1/metrics",
+                "application/x-protobuf",
+                &nvml_gauge(&trainer("node-m", 900), base + 1, 514 << 20),
+                None
+            )
+            .0,
+        200
+    );
     let profile = profile_record(base + 1, "allocator", &[("step", 42, 1 << 20, 1)]);
-    assert_eq!(collector.post("/v1/logs", "application/x-protobuf", &records_request(&trainer("node-m", 900), vec![profile]), None).0, 200);
-    let exit = Event::new(base + 2, 901, 901, Source::Ebpf, Layer::Process, Op::Exit, std::borrow::Cow::Borrowed("sched_process_exit"));
+    assert_eq!(
+        collector
+            .post("/v1/logs", "application/x-protobuf", &records_request(&trainer("node-m", 900), vec![profile]), None)
+            .0,
+        200
+    );
+    let exit = Event::new(
+        base + 2,
+        901,
+        901,
+        Source::Ebpf,
+        Layer::Process,
+        Op::Exit,
+        std::borrow::Cow::Borrowed("sched_process_exit"),
+    );
     let leaker = [synthetic(base + 1, 901, Op::Alloc, "cuMemAlloc_v2", 0x2000_0000, 1 << 20), exit];
-    assert_eq!(collector.post("/v1/logs", "application/x-protobuf", &logs_request("node-m", 901, &leaker), None).0, 200);
+    assert_eq!(
+        collector.post("/v1/logs", "application/x-protobuf", &logs_request("node-m", 901, &leaker), None).0,
+        200
+    );
     let found = gpuprof_model::analyze(&leaker, gpuprof_model::RuleConfig::default());
     let finding = gpuprof_otlp::logs::finding_record(&found[0], base + 2);
-    assert_eq!(collector.post("/v1/logs", "application/x-protobuf", &records_request(&trainer("node-m", 901), vec![finding]), None).0, 200);
+    assert_eq!(
+        collector
+            .post("/v1/logs", "application/x-protobuf", &records_request(&trainer("node-m", 901), vec![finding]), None)
+            .0,
+        200
+    );
     let (status, text) = collector.get("/metrics");
     assert_eq!(status, 200);
     let served = sample_names(&text);
@@ -701,14 +852,19 @@ fn sample_names(text: &str) -> BTreeSet<String> {
 /// (distroless/cc): libbpf, libelf and zlib must be linked in.
 #[test]
 fn the_binaries_need_only_glibc_and_libgcc_at_run_time() {
-    const BASE_IMAGE_LIBRARIES: &[&str] = &["linux-vdso.so.1", "libc.so.6", "libm.so.6", "libgcc_s.so.1", "/lib64/ld-linux-x86-64.so.2"];
+    const BASE_IMAGE_LIBRARIES: &[&str] =
+        &["linux-vdso.so.1", "libc.so.6", "libm.so.6", "libgcc_s.so.1", "/lib64/ld-linux-x86-64.so.2"];
     for binary in [Path::new(gpuprof()), collector_bin()] {
         let output = run("ldd", &[binary.to_str().unwrap()], None);
         assert!(output.status.success(), "ldd {}: {}", binary.display(), text(&output.stderr));
         let libraries: Vec<String> =
             text(&output.stdout).lines().filter_map(|l| l.split_whitespace().next()).map(str::to_string).collect();
         for library in &libraries {
-            assert!(BASE_IMAGE_LIBRARIES.contains(&library.as_str()), "{} needs {library}, which distroless/cc lacks", binary.display());
+            assert!(
+                BASE_IMAGE_LIBRARIES.contains(&library.as_str()),
+                "{} needs {library}, which distroless/cc lacks",
+                binary.display()
+            );
         }
         assert!(libraries.iter().any(|l| l == "libc.so.6"), "{libraries:?}");
     }
@@ -769,7 +925,13 @@ fn expected_sidecar(expected: &Expected<'_>, targets: &[&str]) -> Value {
     if let Some((secret, key)) = expected.token {
         env.push(serde_json::json!({ "name": "GPUPROF_OTLP_TOKEN", "valueFrom": { "secretKeyRef": { "name": secret, "key": key } } }));
     }
-    let mut args = vec![Value::from("daemon"), "--sidecar".into(), "/gpuprof".into(), "--listen".into(), format!("0.0.0.0:{}", expected.port).into()];
+    let mut args = vec![
+        Value::from("daemon"),
+        "--sidecar".into(),
+        "/gpuprof".into(),
+        "--listen".into(),
+        format!("0.0.0.0:{}", expected.port).into(),
+    ];
     let security = if expected.ebpf {
         args.extend(["--capture".into(), "ebpf".into()]);
         serde_json::json!({
@@ -820,12 +982,26 @@ fn take_out_sidecar(spec: &mut Value, expected: &Expected<'_>, targets: &[&str])
         let name = container["name"].as_str().unwrap().to_string();
         let container = container.as_object_mut().unwrap();
         if !targets.contains(&name.as_str()) || expected.ebpf {
-            assert!(!container.get("env").is_some_and(|e| e.as_array().unwrap().iter().any(|v| v["name"] == "GPUPROF_SHIM_SOCKET")), "{name}");
+            assert!(
+                !container.get("env").is_some_and(|e| e
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|v| v["name"] == "GPUPROF_SHIM_SOCKET")),
+                "{name}"
+            );
             continue;
         }
         let env = container.get_mut("env").unwrap().as_array_mut().unwrap();
-        assert_eq!(env.pop().unwrap(), serde_json::json!({ "name": "GPUPROF_SHIM_SOCKET", "value": "/gpuprof/shim.sock" }), "{name}");
-        let preload = env.iter().position(|v| v["name"] == expected.variable).unwrap_or_else(|| panic!("{name} has no {}", expected.variable));
+        assert_eq!(
+            env.pop().unwrap(),
+            serde_json::json!({ "name": "GPUPROF_SHIM_SOCKET", "value": "/gpuprof/shim.sock" }),
+            "{name}"
+        );
+        let preload = env
+            .iter()
+            .position(|v| v["name"] == expected.variable)
+            .unwrap_or_else(|| panic!("{name} has no {}", expected.variable));
         let value = env[preload]["value"].as_str().unwrap().to_string();
         match value.strip_prefix(&format!("{SHIM}:")) {
             Some(before) => env[preload]["value"] = Value::String(before.to_string()),
@@ -838,7 +1014,11 @@ fn take_out_sidecar(spec: &mut Value, expected: &Expected<'_>, targets: &[&str])
             container.remove("env");
         }
         let mounts = container.get_mut("volumeMounts").unwrap().as_array_mut().unwrap();
-        assert_eq!(mounts.pop().unwrap(), serde_json::json!({ "name": "gpuprof", "mountPath": "/gpuprof", "readOnly": true }), "{name}");
+        assert_eq!(
+            mounts.pop().unwrap(),
+            serde_json::json!({ "name": "gpuprof", "mountPath": "/gpuprof", "readOnly": true }),
+            "{name}"
+        );
         if mounts.is_empty() {
             container.remove("volumeMounts");
         }
@@ -889,7 +1069,12 @@ fn inject_adds_the_sidecar_to_every_pod_template_and_nothing_else() {
     let again = inject(&[], &injected);
     assert!(again.status.success(), "{}", text(&again.stderr));
     assert_eq!(text(&again.stdout), injected);
-    assert!(text(&again.stderr).starts_with("gpuprof: injected none; already injected document 1 (Pod notebook), document 2 (Job train)"), "{}", text(&again.stderr));
+    assert!(
+        text(&again.stderr)
+            .starts_with("gpuprof: injected none; already injected document 1 (Pod notebook), document 2 (Job train)"),
+        "{}",
+        text(&again.stderr)
+    );
 }
 
 #[test]
@@ -900,9 +1085,25 @@ fn inject_takes_the_collector_the_token_the_containers_and_cuda_injection() {
     std::fs::write(&job_file, &job).unwrap();
     let out_file = dir.join("job.profiled.yaml");
     let args = [
-        job_file.to_str().unwrap(), "-o", out_file.to_str().unwrap(), "--image", "registry.example/gpuprof:0.1.0",
-        "--collector", "http://otel.monitoring:4318", "--otlp-protocol", "http", "--token-secret", "gpuprof-auth/token",
-        "--container", "log-shipper", "--container", "trainer", "--via", "cuda-injection", "--port", "9500",
+        job_file.to_str().unwrap(),
+        "-o",
+        out_file.to_str().unwrap(),
+        "--image",
+        "registry.example/gpuprof:0.1.0",
+        "--collector",
+        "http://otel.monitoring:4318",
+        "--otlp-protocol",
+        "http",
+        "--token-secret",
+        "gpuprof-auth/token",
+        "--container",
+        "log-shipper",
+        "--container",
+        "trainer",
+        "--via",
+        "cuda-injection",
+        "--port",
+        "9500",
     ];
     let output = inject(&args, "");
     assert!(output.status.success(), "{}", text(&output.stderr));
@@ -927,7 +1128,10 @@ fn inject_patches_each_replica_of_a_pytorchjob() {
     let input = fixture("pytorchjob.yaml");
     let output = inject(&[], &input);
     assert!(output.status.success(), "{}", text(&output.stderr));
-    assert_eq!(text(&output.stderr), "gpuprof: injected document 1 (PyTorchJob ddp); already injected none; no pod template (unchanged) none\n");
+    assert_eq!(
+        text(&output.stderr),
+        "gpuprof: injected document 1 (PyTorchJob ddp); already injected none; no pod template (unchanged) none\n"
+    );
     let mut object = yaml_document(&text(&output.stdout));
     // No schema knows PyTorchJob: each replica's pod template is validated as a Pod.
     let pods: Vec<Value> = ["Master", "Worker"]
@@ -976,13 +1180,24 @@ fn inject_refuses_what_it_cannot_patch_and_writes_nothing() {
 #[test]
 fn the_charts_sidecar_settings_are_what_inject_gives_each_pod() {
     let objects = yaml_documents(&render_with_token(&[
-        "--set", "daemon.enabled=false", "--set", "sidecar.enabled=true", "--set", "sidecar.image.tag=0.1.0-rc1",
-        "--set", "sidecar.tokenSecret=ml-gpuprof-token", "--set", "sidecar.port=9500",
+        "--set",
+        "daemon.enabled=false",
+        "--set",
+        "sidecar.enabled=true",
+        "--set",
+        "sidecar.image.tag=0.1.0-rc1",
+        "--set",
+        "sidecar.tokenSecret=ml-gpuprof-token",
+        "--set",
+        "sidecar.port=9500",
     ]));
     assert!(objects.iter().all(|o| o["kind"] != "DaemonSet"));
     let dir = scratch("inject_chart");
     validate(&dir, &objects);
-    let config = objects.iter().find(|o| o["kind"] == "ConfigMap" && o["metadata"]["name"] == "gpuprof-sidecar").expect("the sidecar's ConfigMap");
+    let config = objects
+        .iter()
+        .find(|o| o["kind"] == "ConfigMap" && o["metadata"]["name"] == "gpuprof-sidecar")
+        .expect("the sidecar's ConfigMap");
     let settings = dir.join("gpuprof-sidecar.yaml");
     std::fs::write(&settings, config["data"]["settings.yaml"].as_str().unwrap()).unwrap();
     let job = training_job();

@@ -18,7 +18,11 @@ fn record(name: &str) -> (std::path::PathBuf, Vec<Event>) {
     let dir = scratch(name);
     let (log, out) = (dir.join("expected.jsonl"), dir.join("events.jsonl"));
     let script = workloads().join("tensors.py");
-    let output = gpuprof_run(&["--output", out.to_str().unwrap()], &[python3(), script.to_str().unwrap(), "--hold", "0.3"], &log);
+    let output = gpuprof_run(
+        &["--output", out.to_str().unwrap()],
+        &[python3(), script.to_str().unwrap(), "--hold", "0.3"],
+        &log,
+    );
     assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
     let events = read_events(&out);
     (out, events)
@@ -29,14 +33,16 @@ fn export(input: &Path, args: &[&str]) -> std::process::Output {
 }
 
 fn inspect(kind: &str, path: &Path) -> Value {
-    let output = Command::new(python3()).arg(fixtures().join("inspect_export.py")).arg(kind).arg(path).output().unwrap();
+    let output =
+        Command::new(python3()).arg(fixtures().join("inspect_export.py")).arg(kind).arg(path).output().unwrap();
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     serde_json::from_slice(&output.stdout).unwrap()
 }
 
 /// The moment 40 allocator events in: (seconds after the first event, events up to it).
 fn moment(events: &[Event]) -> (f64, usize) {
-    let block_events: Vec<usize> = events.iter().enumerate().filter(|(_, e)| e.layer == Layer::Allocator).map(|(i, _)| i).collect();
+    let block_events: Vec<usize> =
+        events.iter().enumerate().filter(|(_, e)| e.layer == Layer::Allocator).map(|(i, _)| i).collect();
     let cut = block_events[40];
     let secs = (events[cut].ts - events[0].ts) as f64 / 1e9;
     // Nothing else may share that nanosecond, or the cut would be ambiguous.
@@ -84,9 +90,15 @@ fn folded_and_flamegraph_of_live_tensors_at_a_moment() {
     assert_eq!(folded, expected);
 
     let svg = input.with_extension("svg");
-    let output = export(&input, &["--format", "flamegraph", "--at", &secs.to_string(), "--output", svg.to_str().unwrap()]);
+    let output =
+        export(&input, &["--format", "flamegraph", "--at", &secs.to_string(), "--output", svg.to_str().unwrap()]);
     assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
-    let titles: Vec<String> = inspect("flamegraph", &svg)["titles"].as_array().unwrap().iter().map(|t| t.as_str().unwrap().to_string()).collect();
+    let titles: Vec<String> = inspect("flamegraph", &svg)["titles"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap().to_string())
+        .collect();
     let total: u64 = live.values().map(|b| b.size).sum();
     assert!(titles.iter().any(|t| t.starts_with("all (") && t.contains(&format_thousands(total))), "{titles:?}");
     assert!(titles.iter().any(|t| t.starts_with("CachingAllocator._report (tensors.py:")), "{titles:?}");
@@ -110,10 +122,14 @@ fn memory_viz_snapshot_matches_the_events() {
     let (input, events) = record("export_memory_viz");
     let (secs, n) = moment(&events);
     let snapshot = input.with_extension("pickle");
-    let output = export(&input, &["--format", "memory-viz", "--at", &secs.to_string(), "--output", snapshot.to_str().unwrap()]);
+    let output =
+        export(&input, &["--format", "memory-viz", "--at", &secs.to_string(), "--output", snapshot.to_str().unwrap()]);
     assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
     let facts = inspect("memory-viz", &snapshot);
-    assert_eq!(facts["keys"], serde_json::json!(["allocator_settings", "device_traces", "external_annotations", "segments"]));
+    assert_eq!(
+        facts["keys"],
+        serde_json::json!(["allocator_settings", "device_traces", "external_annotations", "segments"])
+    );
 
     let upto = &events[..n];
     let live = live_blocks(&events, n);
@@ -127,7 +143,11 @@ fn memory_viz_snapshot_matches_the_events() {
     for segment in facts["segments"].as_array().unwrap() {
         assert_eq!(segment["tiled"], true, "{segment}");
         for block in segment["active"].as_array().unwrap() {
-            active.push((block[0].as_u64().unwrap(), block[1].as_u64().unwrap(), block[2].as_str().unwrap().to_string()));
+            active.push((
+                block[0].as_u64().unwrap(),
+                block[1].as_u64().unwrap(),
+                block[2].as_str().unwrap().to_string(),
+            ));
         }
     }
     let expected: Vec<(u64, u64, String)> =
@@ -140,9 +160,13 @@ fn the_picture_at_an_out_of_memory_failure() {
     let dir = scratch("export_oom");
     let (log, out) = (dir.join("expected.jsonl"), dir.join("events.jsonl"));
     let mut cmd = Command::new(gpuprof());
-    cmd.args(["run", "--output", out.to_str().unwrap(), "--"]).arg(python3()).arg(workloads().join("leaks.py")).arg("oom");
+    cmd.args(["run", "--output", out.to_str().unwrap(), "--"])
+        .arg(python3())
+        .arg(workloads().join("leaks.py"))
+        .arg("oom");
     workload_env(&mut cmd, &log);
-    cmd.env("GPUPROF_STANDIN_DEVICE_MEMORY", (64u64 << 20).to_string()).env("GPUPROF_STANDIN_DEVICE_FILE", dir.join("device"));
+    cmd.env("GPUPROF_STANDIN_DEVICE_MEMORY", (64u64 << 20).to_string())
+        .env("GPUPROF_STANDIN_DEVICE_FILE", dir.join("device"));
     assert!(cmd.output().unwrap().status.success());
     let expected = read_expected(&log);
     let (parent, worker) = (pid_of_role(&expected, "parent"), pid_of_role(&expected, "worker"));
@@ -177,7 +201,15 @@ fn a_reader_that_leaves_early_ends_the_export_quietly() {
     let mut file = std::io::BufWriter::new(std::fs::File::create(&input).unwrap());
     // Far more than a pipe holds, so that writing goes on after the reader has left.
     for i in 0..20_000u64 {
-        let mut event = Event::new(1_000 + i, 42, 42, gpuprof_model::event::Source::Ebpf, Layer::Driver, Op::Alloc, "cuMemAlloc_v2".into());
+        let mut event = Event::new(
+            1_000 + i,
+            42,
+            42,
+            gpuprof_model::event::Source::Ebpf,
+            Layer::Driver,
+            Op::Alloc,
+            "cuMemAlloc_v2".into(),
+        );
         event.addr = Some(0x7f00_0000_0000 + i * 4096);
         event.size = 4096;
         writeln!(file, "{}", serde_json::to_string(&event).unwrap()).unwrap();
@@ -203,17 +235,24 @@ fn a_reader_that_leaves_early_ends_the_export_quietly() {
 fn empty_and_impossible_moments_are_refused_with_a_hint() {
     let (input, events) = record("export_moments");
     let path = input.display().to_string();
-    let said = |output: &std::process::Output| (output.status.code(), String::from_utf8_lossy(&output.stderr).into_owned());
+    let said =
+        |output: &std::process::Output| (output.status.code(), String::from_utf8_lossy(&output.stderr).into_owned());
     // tensors.py frees every block before it ends: its end is empty, its peak (the default) not.
     let empty = format!("gpuprof: error: no live GPU memory at the end in {path}: every block was freed by then; leave the moment out for the peak, or pick one with --at SECS or --oom N\n");
     assert_eq!(said(&export(&input, &["--format", "folded", "--end"])), (Some(1), empty.clone()));
     let svg = input.with_file_name("end.svg");
-    assert_eq!(said(&export(&input, &["--format", "flamegraph", "--end", "--output", svg.to_str().unwrap()])), (Some(1), empty));
+    assert_eq!(
+        said(&export(&input, &["--format", "flamegraph", "--end", "--output", svg.to_str().unwrap()])),
+        (Some(1), empty)
+    );
     assert!(!svg.exists(), "an empty flame graph was written");
     let peak = export(&input, &["--format", "folded"]);
     assert_eq!(said(&peak), (Some(0), String::new()));
     // The peak is the most tensor bytes live at once, as the events add up.
-    let bytes: u64 = String::from_utf8_lossy(&peak.stdout).lines().map(|l| l.rsplit_once(' ').unwrap().1.parse::<u64>().unwrap()).sum();
+    let bytes: u64 = String::from_utf8_lossy(&peak.stdout)
+        .lines()
+        .map(|l| l.rsplit_once(' ').unwrap().1.parse::<u64>().unwrap())
+        .sum();
     let (mut live, mut most) = (0u64, 0u64);
     for block in events.iter().filter(|e| e.layer == gpuprof_model::event::Layer::Allocator) {
         live = if block.op == Op::Alloc { live + block.size } else { live - block.size };
@@ -257,6 +296,10 @@ fn short_flags_and_a_file_argument_are_the_long_flags() {
     let output = Command::new(gpuprof()).args(["attach", "-p", "4194304"]).output().unwrap();
     assert_eq!(
         (output.status.code(), String::from_utf8_lossy(&output.stderr).into_owned()),
-        (Some(1), "gpuprof: error: no process with pid 4194304: check the pid with `ps -p 4194304` (it may have exited)\n".to_string())
+        (
+            Some(1),
+            "gpuprof: error: no process with pid 4194304: check the pid with `ps -p 4194304` (it may have exited)\n"
+                .to_string()
+        )
     );
 }

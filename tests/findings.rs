@@ -98,7 +98,11 @@ fn exporter_frees_while_the_worker_still_has_it_open() {
     assert_eq!(run.findings[0].api.as_deref(), Some("cuMemAlloc_v2"));
     // The buffer's own stack; the free's is in the sentence.
     assert_eq!(run.findings[0].stack, run.stack_of(parent, "cuMemAlloc_v2", 0));
-    assert!(run.findings[0].detail.contains(&format!("freed (cuMemFree_v2 {})", run.at(parent, "cuMemFree_v2", 0))), "{}", run.findings[0].detail);
+    assert!(
+        run.findings[0].detail.contains(&format!("freed (cuMemFree_v2 {})", run.at(parent, "cuMemFree_v2", 0))),
+        "{}",
+        run.findings[0].detail
+    );
 }
 
 #[test]
@@ -120,10 +124,7 @@ fn forked_worker_that_cleans_up_has_no_finding() {
 #[test]
 fn worker_creating_its_own_context() {
     let run = scenario("worker-context", &[], &[]);
-    assert_eq!(
-        run.summary(),
-        vec![(FindingKind::WorkerCudaContext, run.pid("worker"), Some(run.pid("parent")), 0, 1)]
-    );
+    assert_eq!(run.summary(), vec![(FindingKind::WorkerCudaContext, run.pid("worker"), Some(run.pid("parent")), 0, 1)]);
 }
 
 #[test]
@@ -196,7 +197,10 @@ fn report_refuses_corrupt_files_and_reads_truncated_ones_up_to_their_cut() {
     assert_eq!(output.status.code(), Some(0), "{stderr}");
     assert_eq!(
         stderr.trim_end(),
-        format!("gpuprof: warning: {} is cut short after 1 events (its capture did not finish); what follows covers those", truncated.display())
+        format!(
+            "gpuprof: warning: {} is cut short after 1 events (its capture did not finish); what follows covers those",
+            truncated.display()
+        )
     );
     let findings: Vec<Finding> = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(findings, vec![]);
@@ -235,7 +239,10 @@ fn report_refuses_corrupt_files_and_reads_truncated_ones_up_to_their_cut() {
     assert_eq!((findings[0].kind, findings[0].pid, findings[0].bytes), (FindingKind::ExitWithLiveAllocations, 7, 4096));
     let table = String::from_utf8(report(&clean, "table").stdout).unwrap();
     assert!(
-        table.contains(&format!("Findings (1 leaks, 0 info):\n  exit_with_live_allocations [leak] pid 7: 4.0 KiB in 1 (id {})\n", findings[0].finding_id)),
+        table.contains(&format!(
+            "Findings (1 leaks, 0 info):\n  exit_with_live_allocations [leak] pid 7: 4.0 KiB in 1 (id {})\n",
+            findings[0].finding_id
+        )),
         "{table}"
     );
 }

@@ -83,12 +83,18 @@ fn run_with_no_flags_records_to_a_named_file_and_says_what_next() {
 
     // What the run adds up to: live memory per process, the findings, then the next commands.
     let lines: Vec<&str> = stderr.lines().collect();
-    let summary_at = lines.iter().position(|l| *l == "Live GPU memory at end, per process and kind:").unwrap_or_else(|| panic!("{stderr}"));
+    let summary_at = lines
+        .iter()
+        .position(|l| *l == "Live GPU memory at end, per process and kind:")
+        .unwrap_or_else(|| panic!("{stderr}"));
     let row: Vec<&str> = lines[summary_at + 2].split_whitespace().collect();
     // pid ppid comm state kind live(2) count mapped(2) ipc ctx: the 6 MiB and 4 MiB segments.
     assert_eq!(row[2..], ["python3", "exited(0)", "device", "10.0", "MiB", "2", "0", "B", "0", "1"], "{stderr}");
     assert!(stderr.contains("\nFindings (0 leaks, 1 info):\n  exit_with_live_allocations [info] pid "), "{stderr}");
-    let next_at = lines.iter().position(|l| *l == format!("gpuprof: wrote {} events to {name}; next:", event_count(&dir.join(&name)))).unwrap_or_else(|| panic!("{stderr}"));
+    let next_at = lines
+        .iter()
+        .position(|l| *l == format!("gpuprof: wrote {} events to {name}; next:", event_count(&dir.join(&name))))
+        .unwrap_or_else(|| panic!("{stderr}"));
     // Each command with what it gives, on its line when it fits, else on the line above.
     let next: Vec<String> = lines[next_at + 1..]
         .iter()
@@ -97,7 +103,12 @@ fn run_with_no_flags_records_to_a_named_file_and_says_what_next() {
         .collect();
     assert_eq!(
         next,
-        [format!("gpuprof summary {name}"), format!("gpuprof report {name} -f table"), format!("gpuprof export {name} -f flamegraph -o peak.svg"), format!("gpuprof export {name} -f html -o report.html")]
+        [
+            format!("gpuprof summary {name}"),
+            format!("gpuprof report {name} -f table"),
+            format!("gpuprof export {name} -f flamegraph -o peak.svg"),
+            format!("gpuprof export {name} -f html -o report.html")
+        ]
     );
     // Every line but the capture's one-line account fits 120 columns.
     for line in lines.iter().filter(|l| !l.contains(" events (") && !l.starts_with("gpuprof: probing")) {
@@ -107,24 +118,37 @@ fn run_with_no_flags_records_to_a_named_file_and_says_what_next() {
     // The commands it names work on the file.
     let summary = gpuprof_in(&dir, &["summary", &name]);
     assert_eq!(summary.status.code(), Some(0), "{}", text(&summary.stderr));
-    assert!(text(&summary.stdout).contains("app.py:9 load_weights < _CachingAllocator.malloc"), "{}", text(&summary.stdout));
+    assert!(
+        text(&summary.stdout).contains("app.py:9 load_weights < _CachingAllocator.malloc"),
+        "{}",
+        text(&summary.stdout)
+    );
     let flamegraph = gpuprof_in(&dir, &["export", &name, "-f", "flamegraph", "-o", "peak.svg"]);
     assert_eq!(flamegraph.status.code(), Some(0), "{}", text(&flamegraph.stderr));
     let svg = std::fs::read_to_string(dir.join("peak.svg")).unwrap();
-    assert!(svg.contains("live GPU memory by Python stack, at the peak, ") && svg.contains("(10.0 MiB live)"), "{svg:.600}");
+    assert!(
+        svg.contains("live GPU memory by Python stack, at the peak, ") && svg.contains("(10.0 MiB live)"),
+        "{svg:.600}"
+    );
 
     // A run that makes no CUDA call leaves no file behind.
     let empty = scratch("first_run_nothing");
     let output = gpuprof_in(&empty, &["run", "--", "sh", "-c", "true"]);
     assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
     let said = text(&output.stderr);
-    assert!(said.contains("gpuprof: no CUDA call was captured: no recording kept\n") && !said.contains("next:"), "{said}");
+    assert!(
+        said.contains("gpuprof: no CUDA call was captured: no recording kept\n") && !said.contains("next:"),
+        "{said}"
+    );
     assert_eq!(std::fs::read_dir(&empty).unwrap().count(), 0, "a file was left behind");
 }
 
 fn event_count(recording: &Path) -> usize {
     let jsonl = recording.with_extension("jsonl");
-    let output = Command::new(gpuprof()).args(["export", recording.to_str().unwrap(), "-f", "jsonl", "-o", jsonl.to_str().unwrap()]).output().unwrap();
+    let output = Command::new(gpuprof())
+        .args(["export", recording.to_str().unwrap(), "-f", "jsonl", "-o", jsonl.to_str().unwrap()])
+        .output()
+        .unwrap();
     assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
     read_events(&jsonl).len()
 }
@@ -148,7 +172,11 @@ fn jsonl_leaves_out_processes_that_never_touch_cuda() {
     let python = cuda_pids[0];
     assert!(cuda_pids.iter().all(|p| *p == python), "{cuda_pids:?}");
     // Only the job's Python process: its fork or exec, before its first CUDA call, and its exit.
-    assert!(events.iter().all(|e| e.pid == python), "{:?}", events.iter().map(|e| (e.pid, e.op.as_str())).collect::<Vec<_>>());
+    assert!(
+        events.iter().all(|e| e.pid == python),
+        "{:?}",
+        events.iter().map(|e| (e.pid, e.op.as_str())).collect::<Vec<_>>()
+    );
     let lifecycle: Vec<&str> = events.iter().filter(|e| e.layer == Layer::Process).map(|e| e.op.as_str()).collect();
     assert_eq!(lifecycle.last(), Some(&"exit"));
     let first_call = events.iter().position(|e| e.layer != Layer::Process).unwrap();
@@ -157,7 +185,10 @@ fn jsonl_leaves_out_processes_that_never_touch_cuda() {
     // The shell, its `sh -c true` and `ls`: three processes at least (the shell may exec python).
     let processes: u32 = left_out.split(" events of ").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap();
     assert!(processes >= 2, "{left_out}");
-    assert!(left_out.ends_with("processes that made no CUDA call (shells, launchers); --all-processes keeps them"), "{left_out}");
+    assert!(
+        left_out.ends_with("processes that made no CUDA call (shells, launchers); --all-processes keeps them"),
+        "{left_out}"
+    );
 
     let (all, stderr) = events_of(&["--all-processes"]);
     assert!(!stderr.contains("left out"), "{stderr}");
@@ -165,7 +196,10 @@ fn jsonl_leaves_out_processes_that_never_touch_cuda() {
     pids.sort_unstable();
     pids.dedup();
     assert!(pids.len() as u32 >= processes, "{pids:?}");
-    assert_eq!(all.iter().filter(|e| e.layer != Layer::Process).count(), events.iter().filter(|e| e.layer != Layer::Process).count());
+    assert_eq!(
+        all.iter().filter(|e| e.layer != Layer::Process).count(),
+        events.iter().filter(|e| e.layer != Layer::Process).count()
+    );
 }
 
 #[test]
@@ -220,7 +254,8 @@ fn recorded_app(name: &str) -> (PathBuf, PathBuf, u32) {
     let output = gpuprof_in(&dir, &["run", "-o", recording.to_str().unwrap(), "--", python3(), app.to_str().unwrap()]);
     assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
     let jsonl = dir.join("app.jsonl");
-    let converted = gpuprof_in(&dir, &["export", recording.to_str().unwrap(), "-f", "jsonl", "-o", jsonl.to_str().unwrap()]);
+    let converted =
+        gpuprof_in(&dir, &["export", recording.to_str().unwrap(), "-f", "jsonl", "-o", jsonl.to_str().unwrap()]);
     assert_eq!(converted.status.code(), Some(0));
     let pid = read_events(&jsonl).iter().find(|e| e.layer == Layer::Allocator).unwrap().pid;
     (dir, recording, pid)
@@ -243,7 +278,14 @@ fn summary_lists_the_lines_at_the_peak_at_the_end_and_in_all() {
         .as_array()
         .unwrap()
         .iter()
-        .map(|r| (r["where"].as_str().unwrap().to_string(), amount(&r["at_peak"]), amount(&r["at_end"]), amount(&r["allocated"])))
+        .map(|r| {
+            (
+                r["where"].as_str().unwrap().to_string(),
+                amount(&r["at_peak"]),
+                amount(&r["at_end"]),
+                amount(&r["allocated"]),
+            )
+        })
         .collect();
     assert_eq!(
         rows,
@@ -260,13 +302,34 @@ fn summary_lists_the_lines_at_the_peak_at_the_end_and_in_all() {
     assert!(lines[0].ends_with(": peak 10.0 MiB live, ") || lines[0].contains(": peak 10.0 MiB live, "), "{table}");
     assert_eq!(lines[2], format!("pid {pid} python3, tensors (allocator blocks): 10.0 MiB at the peak, 6.5 MiB at the end, 10.5 MiB allocated"));
     let row: Vec<&str> = lines[4].split_whitespace().collect();
-    assert_eq!(row, ["6.0", "MiB", "1", "6.0", "MiB", "1", "6.0", "MiB", "1", "app.py:9", "load_weights", "<", "_CachingAllocator.malloc"]);
+    assert_eq!(
+        row,
+        [
+            "6.0",
+            "MiB",
+            "1",
+            "6.0",
+            "MiB",
+            "1",
+            "6.0",
+            "MiB",
+            "1",
+            "app.py:9",
+            "load_weights",
+            "<",
+            "_CachingAllocator.malloc"
+        ]
+    );
     assert_eq!(lines[5], "  (2 more lines: --top N shows more)");
     assert!(lines.iter().all(|l| l.chars().count() <= 120), "{table}");
 
     let missing = gpuprof_in(&dir, &["summary", recording.to_str().unwrap(), "-p", "1"]);
     assert_eq!(missing.status.code(), Some(1));
-    assert!(text(&missing.stderr).starts_with("gpuprof: error: pid 1 allocated no GPU memory in "), "{}", text(&missing.stderr));
+    assert!(
+        text(&missing.stderr).starts_with("gpuprof: error: pid 1 allocated no GPU memory in "),
+        "{}",
+        text(&missing.stderr)
+    );
 }
 
 #[test]
@@ -281,7 +344,11 @@ fn exports_take_the_peak_unless_told_otherwise() {
             .lines()
             .map(|l| {
                 let (stack, bytes) = l.rsplit_once(' ').unwrap();
-                let user = stack.split(';').find(|f| f.contains("(app.py:") && !f.starts_with("<module>")).or(stack.split(';').find(|f| f.contains("(app.py:"))).unwrap();
+                let user = stack
+                    .split(';')
+                    .find(|f| f.contains("(app.py:") && !f.starts_with("<module>"))
+                    .or(stack.split(';').find(|f| f.contains("(app.py:")))
+                    .unwrap();
                 (user.to_string(), bytes.parse().unwrap())
             })
             .collect();
@@ -291,8 +358,12 @@ fn exports_take_the_peak_unless_told_otherwise() {
     let at_peak = vec![("forward (app.py:12)".to_string(), 4 * MIB), ("load_weights (app.py:9)".to_string(), 6 * MIB)];
     assert_eq!(folded(&[]), at_peak);
     assert_eq!(folded(&["--peak"]), at_peak);
-    assert_eq!(folded(&["--end"]), [("<module> (app.py:18)".to_string(), 512 * 1024), ("load_weights (app.py:9)".to_string(), 6 * MIB)]);
-    let conflicting = gpuprof_in(&dir, &["export", recording.to_str().unwrap(), "-f", "folded", "--peak", "--at", "0.1"]);
+    assert_eq!(
+        folded(&["--end"]),
+        [("<module> (app.py:18)".to_string(), 512 * 1024), ("load_weights (app.py:9)".to_string(), 6 * MIB)]
+    );
+    let conflicting =
+        gpuprof_in(&dir, &["export", recording.to_str().unwrap(), "-f", "folded", "--peak", "--at", "0.1"]);
     assert_eq!(conflicting.status.code(), Some(2));
 
     // speedscope: one sampled profile per process, stacks outermost first, weighted by bytes.
@@ -303,7 +374,10 @@ fn exports_take_the_peak_unless_told_otherwise() {
     let profiles = document["profiles"].as_array().unwrap();
     assert_eq!(profiles.len(), 1);
     let profile = &profiles[0];
-    assert_eq!((profile["type"].as_str(), profile["unit"].as_str(), profile["endValue"].as_u64()), (Some("sampled"), Some("bytes"), Some(10 * MIB)));
+    assert_eq!(
+        (profile["type"].as_str(), profile["unit"].as_str(), profile["endValue"].as_u64()),
+        (Some("sampled"), Some("bytes"), Some(10 * MIB))
+    );
     let frames = document["shared"]["frames"].as_array().unwrap();
     let mut samples: Vec<(Vec<String>, u64)> = profile["samples"]
         .as_array()
@@ -311,7 +385,12 @@ fn exports_take_the_peak_unless_told_otherwise() {
         .iter()
         .zip(profile["weights"].as_array().unwrap())
         .map(|(sample, weight)| {
-            let names = sample.as_array().unwrap().iter().map(|i| frames[i.as_u64().unwrap() as usize]["name"].as_str().unwrap().to_string()).collect();
+            let names = sample
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|i| frames[i.as_u64().unwrap() as usize]["name"].as_str().unwrap().to_string())
+                .collect();
             (names, weight.as_u64().unwrap())
         })
         .collect();
@@ -321,5 +400,8 @@ fn exports_take_the_peak_unless_told_otherwise() {
     assert_eq!(samples[1].0[..3], ["tensors", "<module> (app.py:15)", "load_weights (app.py:9)"]);
     assert_eq!((samples[0].1, samples[1].1), (4 * MIB, 6 * MIB));
     let weights_frame = frames.iter().find(|f| f["name"] == "load_weights (app.py:9)").unwrap();
-    assert_eq!((weights_frame["file"].as_str(), weights_frame["line"].as_u64()), (Some(dir.join("app.py").to_str().unwrap()), Some(9)));
+    assert_eq!(
+        (weights_frame["file"].as_str(), weights_frame["line"].as_u64()),
+        (Some(dir.join("app.py").to_str().unwrap()), Some(9))
+    );
 }

@@ -24,15 +24,35 @@ fn ten_simulated_nodes_at_a_training_rate_reach_the_collector_whole() {
     let dir = scratch("fleet_sim");
     let (log, recording) = (dir.join("expected.jsonl"), dir.join("train.gpuprof"));
     let training = workloads().join("training.py");
-    let output = gpuprof_run(&["--output", recording.to_str().unwrap()], &[python3(), training.to_str().unwrap(), "--steps", "30"], &log);
+    let output = gpuprof_run(
+        &["--output", recording.to_str().unwrap()],
+        &[python3(), training.to_str().unwrap(), "--steps", "30"],
+        &log,
+    );
     assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
 
     let collector = Collector::start(&dir.join("c.redb"), &[]);
     let output = Command::new(env!("CARGO_BIN_EXE_gpuprof-fleet-sim"))
         .args(["--input", recording.to_str().unwrap()])
         .args(["--nodes", &NODES.to_string(), "--processes", "2", "--rate", "20000"])
-        .args(["--seconds", &SECONDS.to_string(), "--worker-every", &WORKER_EVERY.to_string(), "--compare-seconds", "1"])
-        .args(["--collector-grpc", &collector.grpc, "--collector-http", &collector.http, "--collector-pid", &collector.child.id().to_string(), "--timeout", "30"])
+        .args([
+            "--seconds",
+            &SECONDS.to_string(),
+            "--worker-every",
+            &WORKER_EVERY.to_string(),
+            "--compare-seconds",
+            "1",
+        ])
+        .args([
+            "--collector-grpc",
+            &collector.grpc,
+            "--collector-http",
+            &collector.http,
+            "--collector-pid",
+            &collector.child.id().to_string(),
+            "--timeout",
+            "30",
+        ])
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
@@ -52,16 +72,27 @@ fn ten_simulated_nodes_at_a_training_rate_reach_the_collector_whole() {
     let events_per_s = report["node"]["events_per_s"].as_f64().unwrap();
     assert!((39_000.0..=41_000.0).contains(&events_per_s), "{report}");
     assert!(report["node"]["events_per_item"].as_f64().unwrap() >= 100.0, "{report}");
-    assert!(report["node"]["full_stream"]["items_per_s"].as_f64().unwrap() > 100.0 * report["node"]["items_per_s"].as_f64().unwrap(), "{report}");
+    assert!(
+        report["node"]["full_stream"]["items_per_s"].as_f64().unwrap()
+            > 100.0 * report["node"]["items_per_s"].as_f64().unwrap(),
+        "{report}"
+    );
 
     // Each node's findings are under its own name: its workers' contexts and what they left.
     let served = collector.findings("");
     for node in 0..NODES {
         let name = format!("sim-node-{node:04}");
-        let mut of_node: Vec<(&str, u64)> =
-            served.iter().filter(|f| f["node"] == name.as_str()).map(|f| (f["kind"].as_str().unwrap(), f["bytes"].as_u64().unwrap())).collect();
+        let mut of_node: Vec<(&str, u64)> = served
+            .iter()
+            .filter(|f| f["node"] == name.as_str())
+            .map(|f| (f["kind"].as_str().unwrap(), f["bytes"].as_u64().unwrap()))
+            .collect();
         of_node.sort_unstable();
-        let expected = [[("exit_with_live_allocations", 2 << 20)]; 3].concat().into_iter().chain([("worker_cuda_context", 0); 3]).collect::<Vec<_>>();
+        let expected = [[("exit_with_live_allocations", 2 << 20)]; 3]
+            .concat()
+            .into_iter()
+            .chain([("worker_cuda_context", 0); 3])
+            .collect::<Vec<_>>();
         assert_eq!(of_node, expected, "{name}");
     }
     collector.stop();

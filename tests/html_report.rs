@@ -21,7 +21,8 @@ const MIB: u64 = 1 << 20;
 fn browse(page: &Path, steps: Value) -> Value {
     let steps_file = page.with_extension("steps.json");
     std::fs::write(&steps_file, steps.to_string()).unwrap();
-    let output = Command::new(python3()).arg(fixtures().join("browse_report.py")).arg(page).arg(&steps_file).output().unwrap();
+    let output =
+        Command::new(python3()).arg(fixtures().join("browse_report.py")).arg(page).arg(&steps_file).output().unwrap();
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     let report: Value = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(report["errors"], json!([]), "{report}");
@@ -112,7 +113,8 @@ impl State<'_> {
                 entry.1 += 1;
             }
         }
-        let mut out: Vec<_> = by.into_iter().map(|((pid, stack, user), (bytes, count))| (bytes, count, pid, stack, user)).collect();
+        let mut out: Vec<_> =
+            by.into_iter().map(|((pid, stack, user), (bytes, count))| (bytes, count, pid, stack, user)).collect();
         if tensors {
             // The allocator's cache: what it reserves beyond its live blocks, beside them.
             for (&pid, &(allocated, reserved)) in &self.totals {
@@ -131,7 +133,15 @@ fn page_stacks(rows: &Value) -> Vec<(u64, u64, u32, String, String)> {
         .as_array()
         .unwrap()
         .iter()
-        .map(|r| (ns(&r["bytes"]), ns(&r["blocks"]), ns(&r["pid"]) as u32, r["stack"].as_str().unwrap().to_string(), r["userLine"].as_str().unwrap().to_string()))
+        .map(|r| {
+            (
+                ns(&r["bytes"]),
+                ns(&r["blocks"]),
+                ns(&r["pid"]) as u32,
+                r["stack"].as_str().unwrap().to_string(),
+                r["userLine"].as_str().unwrap().to_string(),
+            )
+        })
         .collect();
     out.sort_by(|a, b| b.0.cmp(&a.0).then(a.3.cmp(&b.3)));
     out
@@ -149,7 +159,10 @@ fn record_tensors(dir: &Path) -> (PathBuf, Vec<Event>) {
     );
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(0), "{stderr}");
-    assert!(stderr.contains(&format!("gpuprof: wrote the report to {}; open it in a browser", page.display())), "{stderr}");
+    assert!(
+        stderr.contains(&format!("gpuprof: wrote the report to {}; open it in a browser", page.display())),
+        "{stderr}"
+    );
     (page, read_events(&events))
 }
 
@@ -161,12 +174,22 @@ fn timelines_and_stacks_at_the_instants_picked_equal_the_capture() {
     let span = events.last().unwrap().ts - events[0].ts;
     // Instants while the allocator works (it starts a while after the process does).
     let (busy_from, busy_to) = {
-        let blocks: Vec<u64> = events.iter().filter(|e| e.layer == Layer::Allocator).map(|e| e.ts - events[0].ts).collect();
+        let blocks: Vec<u64> =
+            events.iter().filter(|e| e.layer == Layer::Allocator).map(|e| e.ts - events[0].ts).collect();
         (blocks[0] as f64, *blocks.last().unwrap() as f64)
     };
     let when = |share: f64| busy_from + (busy_to - busy_from) * share;
     let at = |share: f64| when(share) / 1e9;
-    let look = || vec![dataset("readout"), rows("readout"), dataset("instant-title"), rows("top-stacks"), rows("top-blocks"), dataset("icicle")];
+    let look = || {
+        vec![
+            dataset("readout"),
+            rows("readout"),
+            dataset("instant-title"),
+            rows("top-stacks"),
+            rows("top-blocks"),
+            dataset("icicle"),
+        ]
+    };
     let mut steps = vec![json!({ "eval": "window.gpuprofReport.data.peak" }), dataset("instant-title")];
     for share in [0.3, 0.7] {
         steps.push(json!({ "click": at(share) }));
@@ -179,13 +202,16 @@ fn timelines_and_stacks_at_the_instants_picked_equal_the_capture() {
     let results = report["results"].as_array().unwrap();
 
     // The page opens on the peak, the same as `summary` finds.
-    let summary = Command::new(gpuprof()).args(["summary", "-f", "json"]).arg(dir.join("events.jsonl")).output().unwrap();
+    let summary =
+        Command::new(gpuprof()).args(["summary", "-f", "json"]).arg(dir.join("events.jsonl")).output().unwrap();
     let summary: Value = serde_json::from_slice(&summary.stdout).unwrap();
     assert_eq!(results[0]["bytes"], summary["peak_bytes"]);
     assert_eq!(results[1]["snapshotLabel"], "peak");
 
     for (i, share) in [0.3, 0.7].into_iter().enumerate() {
-        let [_, readout, curves, title, stacks, blocks, icicle] = &results[2 + 7 * i..9 + 7 * i] else { unreachable!() };
+        let [_, readout, curves, title, stacks, blocks, icicle] = &results[2 + 7 * i..9 + 7 * i] else {
+            unreachable!()
+        };
         // The click picked an instant near where it was aimed (a pixel is a few milliseconds).
         let t = ns(&readout["t"]);
         assert!((t as f64 - when(share)).abs() < span as f64 * 0.01, "picked {t} of {span}");
@@ -194,7 +220,12 @@ fn timelines_and_stacks_at_the_instants_picked_equal_the_capture() {
         let state = replay(&events, t);
         let (allocated, reserved) = state.totals[&pid];
         let curve = |metric: &str| {
-            let row = curves.as_array().unwrap().iter().find(|r| r["pid"] == pid.to_string() && r["metric"] == metric).unwrap_or_else(|| panic!("{curves}"));
+            let row = curves
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|r| r["pid"] == pid.to_string() && r["metric"] == metric)
+                .unwrap_or_else(|| panic!("{curves}"));
             assert_eq!(row["device"], "0");
             ns(&row["bytes"])
         };
@@ -212,11 +243,23 @@ fn timelines_and_stacks_at_the_instants_picked_equal_the_capture() {
         assert_eq!(page_stacks(stacks), expected.iter().take(15).cloned().collect::<Vec<_>>());
         assert_eq!(ns(&icicle["total"]), expected.iter().map(|s| s.0).sum::<u64>());
         // The largest live blocks, with their addresses.
-        let mut largest: Vec<(u64, String)> =
-            state.live.iter().filter(|((_, tensors, _), _)| *tensors).map(|((_, _, addr), e)| (e.size, format!("{addr:#x}"))).collect();
+        let mut largest: Vec<(u64, String)> = state
+            .live
+            .iter()
+            .filter(|((_, tensors, _), _)| *tensors)
+            .map(|((_, _, addr), e)| (e.size, format!("{addr:#x}")))
+            .collect();
         largest.sort_by(|a, b| b.0.cmp(&a.0));
-        let shown: Vec<(u64, String)> = blocks.as_array().unwrap().iter().map(|b| (ns(&b["bytes"]), b["addr"].as_str().unwrap().to_string())).collect();
-        assert_eq!(shown.iter().map(|b| b.0).collect::<Vec<_>>(), largest.iter().take(20).map(|b| b.0).collect::<Vec<_>>());
+        let shown: Vec<(u64, String)> = blocks
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| (ns(&b["bytes"]), b["addr"].as_str().unwrap().to_string()))
+            .collect();
+        assert_eq!(
+            shown.iter().map(|b| b.0).collect::<Vec<_>>(),
+            largest.iter().take(20).map(|b| b.0).collect::<Vec<_>>()
+        );
         assert!(shown.iter().all(|b| largest.contains(b)), "{shown:?}");
     }
 
@@ -227,7 +270,8 @@ fn timelines_and_stacks_at_the_instants_picked_equal_the_capture() {
     let row = curves.as_array().unwrap().iter().find(|r| r["metric"] == "allocated").unwrap();
     assert_eq!(ns(&row["bytes"]), replay(&events, to).totals[&pid].0);
     let (before, after) = (replay(&events, ns(&title["fromSnapshotT"])), replay(&events, ns(&title["snapshotT"])));
-    let old: BTreeMap<(u32, String), (u64, u64)> = before.by_stack(true).into_iter().map(|s| ((s.2, s.3), (s.0, s.1))).collect();
+    let old: BTreeMap<(u32, String), (u64, u64)> =
+        before.by_stack(true).into_iter().map(|s| ((s.2, s.3), (s.0, s.1))).collect();
     let grew: Vec<_> = after
         .by_stack(true)
         .into_iter()
@@ -264,9 +308,13 @@ fn a_training_jobs_curves_are_exact_where_the_stacks_are_kept() {
           out.push([s.t, s.label, Array.from(document.querySelectorAll('#readout tbody tr')).map(x => [x.dataset.pid, x.dataset.metric, x.dataset.bytes === '' ? null : Number(x.dataset.bytes)])]); } });
         return { curves: r.data.curves.map(c => [c.metric, c.summarized, c.t.length]), instants: out }; })()";
     // A range from after the model is made (its weights are the first blocks) to the end of training.
-    let blocks: Vec<f64> = events.iter().filter(|e| e.layer == Layer::Allocator).map(|e| (e.ts - events[0].ts) as f64 / 1e9).collect();
+    let blocks: Vec<f64> =
+        events.iter().filter(|e| e.layer == Layer::Allocator).map(|e| (e.ts - events[0].ts) as f64 / 1e9).collect();
     let range = [blocks[0] + 0.15, blocks[blocks.len() - 1] - 0.05];
-    let report = browse(&page, json!([{ "eval": read_all }, rows("top-stacks"), { "drag": range }, rows("top-stacks"), { "screenshot": dir.join("report.png") }]));
+    let report = browse(
+        &page,
+        json!([{ "eval": read_all }, rows("top-stacks"), { "drag": range }, rows("top-stacks"), { "screenshot": dir.join("report.png") }]),
+    );
     let results = report["results"].as_array().unwrap();
     let curves = results[0]["curves"].as_array().unwrap();
     let allocated = curves.iter().find(|c| c[0] == "allocated").unwrap();
@@ -277,7 +325,14 @@ fn a_training_jobs_curves_are_exact_where_the_stacks_are_kept() {
     for instant in instants {
         let t = instant[0].as_u64().unwrap();
         let state = replay(&events, t);
-        let value = |metric: &str| instant[2].as_array().unwrap().iter().find(|r| r[0] == pid.to_string() && r[1] == metric).and_then(|r| r[2].as_u64());
+        let value = |metric: &str| {
+            instant[2]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|r| r[0] == pid.to_string() && r[1] == metric)
+                .and_then(|r| r[2].as_u64())
+        };
         let totals = state.totals.get(&pid).copied();
         assert_eq!(value("allocated").zip(value("reserved")), totals, "at {t} ({})", instant[1]);
         assert!(totals.is_some() || t < span / 2, "no allocator curve at {t}");
@@ -321,7 +376,14 @@ fn findings_are_listed_with_their_lines_and_lead_to_their_instant() {
         .as_array()
         .unwrap()
         .iter()
-        .map(|r| (r["kind"].as_str().unwrap().to_string(), ns(&r["pid"]) as u32, ns(&r["bytes"]), r["userLine"].as_str().unwrap().to_string()))
+        .map(|r| {
+            (
+                r["kind"].as_str().unwrap().to_string(),
+                ns(&r["pid"]) as u32,
+                ns(&r["bytes"]),
+                r["userLine"].as_str().unwrap().to_string(),
+            )
+        })
         .collect();
     let found: Vec<(String, u32, u64, String)> = run
         .findings
@@ -339,7 +401,8 @@ fn findings_are_listed_with_their_lines_and_lead_to_their_instant() {
     assert_eq!((listed[1].0.as_str(), listed[1].1), ("worker_cuda_context", worker));
 
     // The timeline marks both processes starting and exiting, the failure and the finding.
-    let mut markers: Vec<String> = results[1].as_array().unwrap().iter().map(|m| m.as_str().unwrap().to_string()).collect();
+    let mut markers: Vec<String> =
+        results[1].as_array().unwrap().iter().map(|m| m.as_str().unwrap().to_string()).collect();
     markers.sort();
     let mut expected = vec![
         format!("exit {parent}"),
@@ -354,7 +417,8 @@ fn findings_are_listed_with_their_lines_and_lead_to_their_instant() {
 
     // Clicking the failure shows that moment: its snapshot, the 40 MiB the worker held and the
     // 16 MiB the parent did, each at its line.
-    let oom_t = events.iter().find(|e| e.layer == Layer::Driver && e.op == Op::Alloc && e.result == 2).unwrap().ts - events[0].ts;
+    let oom_t = events.iter().find(|e| e.layer == Layer::Driver && e.op == Op::Alloc && e.result == 2).unwrap().ts
+        - events[0].ts;
     assert_eq!(ns(&results[3]["t"]), oom_t);
     assert_eq!(results[4]["snapshotLabel"], "finding 1");
     assert_eq!(ns(&results[4]["snapshotT"]), oom_t);
@@ -369,7 +433,12 @@ fn bad_requests_say_what_to_do() {
     let dir = scratch("html_errors");
     let empty = dir.join("empty.jsonl");
     std::fs::write(&empty, "").unwrap();
-    let output = Command::new(gpuprof()).args(["export", "-f", "html", "-o"]).arg(dir.join("r.html")).arg(&empty).output().unwrap();
+    let output = Command::new(gpuprof())
+        .args(["export", "-f", "html", "-o"])
+        .arg(dir.join("r.html"))
+        .arg(&empty)
+        .output()
+        .unwrap();
     assert_eq!(output.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
@@ -377,10 +446,18 @@ fn bad_requests_say_what_to_do() {
 
     // --html reads the events file: with the events on stdout there is none.
     let page = dir.join("stdout.html");
-    let output = Command::new(gpuprof()).args(["run", "-f", "jsonl", "-o", "-", "--html"]).arg(&page).args(["--", "true"]).output().unwrap();
+    let output = Command::new(gpuprof())
+        .args(["run", "-f", "jsonl", "-o", "-", "--html"])
+        .arg(&page)
+        .args(["--", "true"])
+        .output()
+        .unwrap();
     assert_eq!(output.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains(&format!("--html {} reads the events from the file the capture writes", page.display())), "{stderr}");
+    assert!(
+        stderr.contains(&format!("--html {} reads the events from the file the capture writes", page.display())),
+        "{stderr}"
+    );
     assert!(!page.exists());
 }
 
@@ -391,7 +468,10 @@ fn the_page_is_self_contained_with_the_pinned_chart_library() {
     for file in ["uPlot.iife.min.js", "uPlot.min.css", "uPlot.LICENSE"] {
         let output = Command::new("sha256sum").arg(vendor.join(file)).output().unwrap();
         let sum = String::from_utf8(output.stdout).unwrap().split_whitespace().next().unwrap().to_string();
-        assert!(readme.contains(&format!("| `{file}` | `{sum}` |")), "{file} is not the version vendor/README.md names");
+        assert!(
+            readme.contains(&format!("| `{file}` | `{sum}` |")),
+            "{file} is not the version vendor/README.md names"
+        );
     }
     let dir = scratch("html_self_contained");
     let (page, _) = record_tensors(&dir);

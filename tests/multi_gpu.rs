@@ -45,7 +45,12 @@ fn ranks_on_two_devices_share_buffers_and_one_dies_holding_the_others() {
         std::thread::sleep(Duration::from_millis(20));
     }
     let by_device = |processes: &Value, pid: u32| {
-        processes.as_array().unwrap().iter().find(|p| p["pid"] == pid && p["state"] == "running").map(|p| p["live_bytes_by_device"].clone())
+        processes
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["pid"] == pid && p["state"] == "running")
+            .map(|p| p["live_bytes_by_device"].clone())
     };
     let ranks_now = [pid_of_role(&read_expected(&log), "rank0"), pid_of_role(&read_expected(&log), "rank1")];
     let want = [json!({ "0": 3 * MIB }), json!({ "1": 4 * MIB })];
@@ -71,7 +76,8 @@ fn ranks_on_two_devices_share_buffers_and_one_dies_holding_the_others() {
     let events = read_events(&out);
     let ranks = [pid_of_role(&expected, "rank0"), pid_of_role(&expected, "rank1")];
 
-    let calls_of = |pid: u32| -> Vec<&Event> { events.iter().filter(|e| e.pid == pid && e.layer == Layer::Driver).collect() };
+    let calls_of =
+        |pid: u32| -> Vec<&Event> { events.iter().filter(|e| e.pid == pid && e.layer == Layer::Driver).collect() };
     for (device, &pid) in ranks.iter().enumerate() {
         let want: Vec<_> = expected_calls(&expected).into_iter().filter(|e| e["pid"] == pid).collect();
         assert_same_calls(&want, &calls_of(pid));
@@ -109,10 +115,17 @@ fn ranks_on_two_devices_share_buffers_and_one_dies_holding_the_others() {
             (FindingKind::ExitWithLiveAllocations, Severity::Leak, ranks[0], Some(0), None, 3 * MIB, 2),
         ]
     );
-    assert!(stderr.contains(&format!("  ipc_handle_not_closed [leak] pid {} (rank 1) peer {}: 2.0 MiB in 1 (id ", ranks[1], ranks[0])), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "  ipc_handle_not_closed [leak] pid {} (rank 1) peer {}: 2.0 MiB in 1 (id ",
+            ranks[1], ranks[0]
+        )),
+        "{stderr}"
+    );
     // The collector serves the same.
     let (_, served) = collector.get("/api/v1/findings?node=ranks-node");
     let served: Vec<Value> = serde_json::from_str(&served).unwrap();
-    let served: Vec<(u64, Option<u64>)> = served.iter().map(|f| (f["pid"].as_u64().unwrap(), f["rank"].as_u64())).collect();
+    let served: Vec<(u64, Option<u64>)> =
+        served.iter().map(|f| (f["pid"].as_u64().unwrap(), f["rank"].as_u64())).collect();
     assert_eq!(served, [(ranks[1] as u64, Some(1)), (ranks[1] as u64, Some(1)), (ranks[0] as u64, Some(0))]);
 }

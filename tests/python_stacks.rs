@@ -24,7 +24,11 @@ fn known_lines_on_every_cpython() {
         let dir = scratch(&format!("stacks_{label}"));
         let (log, out) = (dir.join("expected.jsonl"), dir.join("events.jsonl"));
         let script = workloads().join("stacks.py");
-        let output = gpuprof_run(&["--output", out.to_str().unwrap()], &[python.to_str().unwrap(), script.to_str().unwrap()], &log);
+        let output = gpuprof_run(
+            &["--output", out.to_str().unwrap()],
+            &[python.to_str().unwrap(), script.to_str().unwrap()],
+            &log,
+        );
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert_eq!(output.status.code(), Some(0), "CPython {label}: {stderr}");
         assert!(stderr.contains("unresolved 0 (unreadable in the kernel 0)"), "CPython {label}: {stderr}");
@@ -47,12 +51,16 @@ fn known_lines_on_every_cpython() {
         let parent = pid_of_role(&expected, "parent");
         let qualified = if version_of(&label).minor >= 11 { "Trainer.forward" } else { "forward" };
         assert!(captured.iter().any(|e| e.stack.get(2).is_some_and(|f| f.function == qualified)), "CPython {label}");
-        assert!(captured.iter().any(|e| e.stack.get(2).is_some_and(|f| f.function == "café_分配" && f.file.contains("données_模块"))));
+        assert!(captured
+            .iter()
+            .any(|e| e.stack.get(2).is_some_and(|f| f.function == "café_分配" && f.file.contains("données_模块"))));
         let native: Vec<_> = captured.iter().filter(|e| e.pid == parent && e.size == 6 << 20).collect();
         assert_eq!(native.len(), 1);
         assert!(native[0].stack.is_empty() && native[0].tid != parent, "CPython {label}: native thread");
         let thread_tid = expected.iter().find(|e| e["role"] == "thread").unwrap()["tid"].as_u64().unwrap() as u32;
-        assert!(captured.iter().any(|e| e.tid == thread_tid && e.stack.last().is_some_and(|f| f.function.ends_with("_bootstrap"))));
+        assert!(captured
+            .iter()
+            .any(|e| e.tid == thread_tid && e.stack.last().is_some_and(|f| f.function.ends_with("_bootstrap"))));
         let deepest = captured.iter().map(|e| e.stack.len()).max().unwrap();
         assert_eq!(deepest, 64, "CPython {label}: the innermost 64 frames of a deeper stack");
         assert!(events.iter().all(|e| e.layer != Layer::Driver || e.stack.is_empty() || e.stack.len() <= 64));

@@ -35,7 +35,8 @@ fn read_recorded(path: &Path) -> (Vec<Event>, Ending) {
 
 /// A number in the stats line (`gpuprof: N events (…/s) …; lost N …`), after `label`.
 fn stat(stderr: &str, label: &str) -> u64 {
-    let line = stderr.lines().find(|l| l.contains(" events (") && l.contains("lost")).unwrap_or_else(|| panic!("{stderr}"));
+    let line =
+        stderr.lines().find(|l| l.contains(" events (") && l.contains("lost")).unwrap_or_else(|| panic!("{stderr}"));
     let after = line.split(label).nth(1).unwrap_or_else(|| panic!("{label} not in {line}"));
     after.split(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap()
 }
@@ -46,13 +47,20 @@ fn two_training_processes_at_a_real_rate_lose_nothing_and_the_recording_holds_ev
     let dir = scratch("recording_rate");
     let (log, recording) = (dir.join("expected.jsonl"), dir.join("run.gpuprof"));
     let training = format!("{} {} --seconds 6 --depth 10", python3(), workloads().join("training.py").display());
-    let output = gpuprof_run(&["--output", recording.to_str().unwrap()], &["sh", "-c", &format!("{training} & {training} & wait")], &log);
+    let output = gpuprof_run(
+        &["--output", recording.to_str().unwrap()],
+        &["sh", "-c", &format!("{training} & {training} & wait")],
+        &log,
+    );
     let stderr = String::from_utf8_lossy(&output.stderr).to_string();
     assert_eq!(output.status.code(), Some(0), "{stderr}");
     let workloads: Vec<Value> = read_expected(&log);
     assert_eq!(workloads.len(), 2, "{stderr}");
     let rate: u64 = workloads.iter().map(|w| w["events_per_s"].as_u64().unwrap()).sum();
-    assert!(rate >= 50_000, "the two processes made {rate} allocator events a second, short of a training job's 50,000");
+    assert!(
+        rate >= 50_000,
+        "the two processes made {rate} allocator events a second, short of a training job's 50,000"
+    );
     assert_eq!(stat(&stderr, "lost "), 0, "{stderr}");
 
     let (events, ending) = read_recorded(&recording);
@@ -64,18 +72,26 @@ fn two_training_processes_at_a_real_rate_lose_nothing_and_the_recording_holds_ev
         let pid = workload["pid"].as_u64().unwrap() as u32;
         let blocks: Vec<&Event> = events.iter().filter(|e| e.pid == pid && e.layer == Layer::Allocator).collect();
         let count = |op| blocks.iter().filter(|e| e.op == op).count() as u64;
-        assert_eq!((count(Op::Alloc), count(Op::Free)), (workload["allocs"].as_u64().unwrap(), workload["frees"].as_u64().unwrap()));
+        assert_eq!(
+            (count(Op::Alloc), count(Op::Free)),
+            (workload["allocs"].as_u64().unwrap(), workload["frees"].as_u64().unwrap())
+        );
         let last = blocks.last().unwrap();
         assert_eq!((last.allocated, last.reserved), (workload["allocated"].as_u64(), workload["reserved"].as_u64()));
-        let segments = events.iter().filter(|e| e.pid == pid && e.api == "cuMemAlloc_v2" && e.result == 0).count() as u64;
+        let segments =
+            events.iter().filter(|e| e.pid == pid && e.api == "cuMemAlloc_v2" && e.result == 0).count() as u64;
         assert_eq!(segments, workload["segments_allocated"].as_u64().unwrap());
         // A linear layer's activation: the report's line, then the forward that asked for it,
         // 41 frames in all: three module calls nested through 11 dispatch frames each, as in
         // PyTorch, under Model.forward, train, main and <module>.
-        let activation = blocks.iter().find(|e| e.stack.get(1).is_some_and(|f| f.function == "Linear.forward")).unwrap();
+        let activation =
+            blocks.iter().find(|e| e.stack.get(1).is_some_and(|f| f.function == "Linear.forward")).unwrap();
         assert_eq!(activation.stack.len(), 41);
         assert_eq!(activation.stack.iter().filter(|f| f.function == "dispatch").count(), 33);
-        assert_eq!((activation.stack[0].function.as_str(), activation.stack[0].line), ("CachingAllocator.malloc", report_line));
+        assert_eq!(
+            (activation.stack[0].function.as_str(), activation.stack[0].line),
+            ("CachingAllocator.malloc", report_line)
+        );
         assert_eq!(activation.stack[1].line, forward_line);
         assert_eq!(activation.stack.last().unwrap().function, "<module>");
         assert!(blocks.iter().all(|e| !e.stack.is_empty()));
@@ -87,9 +103,19 @@ fn two_training_processes_at_a_real_rate_lose_nothing_and_the_recording_holds_ev
     let jsonl = dir.join("run.jsonl");
     let again = dir.join("again.gpuprof");
     let jsonl_again = dir.join("again.jsonl");
-    for (input, format, output) in [(&recording, "jsonl", &jsonl), (&jsonl, "recording", &again), (&again, "jsonl", &jsonl_again)] {
+    for (input, format, output) in
+        [(&recording, "jsonl", &jsonl), (&jsonl, "recording", &again), (&again, "jsonl", &jsonl_again)]
+    {
         let out = Command::new(gpuprof())
-            .args(["export", "--input", input.to_str().unwrap(), "--format", format, "--output", output.to_str().unwrap()])
+            .args([
+                "export",
+                "--input",
+                input.to_str().unwrap(),
+                "--format",
+                format,
+                "--output",
+                output.to_str().unwrap(),
+            ])
             .output()
             .unwrap();
         assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
@@ -132,7 +158,11 @@ const TICK: u64 = 50_000;
 /// A 40-frame stack: the same outer frames, its own innermost line.
 fn stack(name: &str, line: u32) -> Stack {
     let mut frames: Vec<Frame> = vec![Frame { function: name.into(), file: "/srv/model.py".into(), line }];
-    frames.extend((0..39).map(|i| Frame { function: format!("dispatch_{i}"), file: "/srv/torch/nn/module.py".into(), line: 1000 + i }));
+    frames.extend((0..39).map(|i| Frame {
+        function: format!("dispatch_{i}"),
+        file: "/srv/torch/nn/module.py".into(),
+        line: 1000 + i,
+    }));
     Stack::new(frames)
 }
 
@@ -223,8 +253,9 @@ fn every_export_of_a_two_million_event_recording_stays_within_its_memory_bound()
         (0..39).map(|i| format!("dispatch_{i} (module.py:{})", 1000 + i)).collect::<Vec<_>>().join(";")
     );
     let leak_path: String = leak_path.split(';').rev().collect::<Vec<_>>().join(";");
-    let expected_folded: String =
-        (100..100 + PROCESSES).map(|pid| format!("pid {pid} trainer;tensors;{leak_path} {}\n", kept * (1 << 20))).collect();
+    let expected_folded: String = (100..100 + PROCESSES)
+        .map(|pid| format!("pid {pid} trainer;tensors;{leak_path} {}\n", kept * (1 << 20)))
+        .collect();
     let snapshot = dir.join("snap.pickle");
     let svg = dir.join("live.svg");
     let exports: Vec<(Vec<&str>, &str)> = vec![
@@ -232,7 +263,10 @@ fn every_export_of_a_two_million_event_recording_stays_within_its_memory_bound()
         (vec!["export", "--format", "folded"], "folded at the peak"),
         (vec!["summary", "--format", "json"], "summary"),
         (vec!["export", "--format", "flamegraph", "--output", svg.to_str().unwrap()], "flamegraph"),
-        (vec!["export", "--format", "memory-viz", "--pid", "103", "--output", snapshot.to_str().unwrap()], "memory-viz"),
+        (
+            vec!["export", "--format", "memory-viz", "--pid", "103", "--output", snapshot.to_str().unwrap()],
+            "memory-viz",
+        ),
         (vec!["export", "--format", "jsonl", "--output", "/dev/null"], "jsonl"),
         (vec!["report", "--format", "json"], "report"),
     ];
@@ -253,19 +287,36 @@ fn every_export_of_a_two_million_event_recording_stays_within_its_memory_bound()
             }
             "report" => {
                 let findings: Vec<Value> = serde_json::from_str(&stdout).unwrap();
-                let growth: Vec<(u64, &str)> =
-                    findings.iter().filter(|f| f["kind"] == "growth").map(|f| (f["pid"].as_u64().unwrap(), f["stack"][0]["function"].as_str().unwrap())).collect();
-                assert_eq!(growth, (100..100 + u64::from(PROCESSES)).map(|p| (p, "keep_for_later")).collect::<Vec<_>>(), "{stdout}");
+                let growth: Vec<(u64, &str)> = findings
+                    .iter()
+                    .filter(|f| f["kind"] == "growth")
+                    .map(|f| (f["pid"].as_u64().unwrap(), f["stack"][0]["function"].as_str().unwrap()))
+                    .collect();
+                assert_eq!(
+                    growth,
+                    (100..100 + u64::from(PROCESSES)).map(|p| (p, "keep_for_later")).collect::<Vec<_>>(),
+                    "{stdout}"
+                );
             }
             _ => {}
         }
     }
     let facts = {
-        let output = Command::new(python3()).arg(fixtures().join("inspect_export.py")).arg("memory-viz").arg(&snapshot).output().unwrap();
+        let output = Command::new(python3())
+            .arg(fixtures().join("inspect_export.py"))
+            .arg("memory-viz")
+            .arg(&snapshot)
+            .output()
+            .unwrap();
         assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
         serde_json::from_slice::<Value>(&output.stdout).unwrap()
     };
-    assert_eq!(facts["actions"]["free_completed"].as_u64().unwrap() + facts["actions"]["free_requested"].as_u64().unwrap() + facts["actions"]["alloc"].as_u64().unwrap(), 100_000);
+    assert_eq!(
+        facts["actions"]["free_completed"].as_u64().unwrap()
+            + facts["actions"]["free_requested"].as_u64().unwrap()
+            + facts["actions"]["alloc"].as_u64().unwrap(),
+        100_000
+    );
     assert_eq!(facts["segments"][0]["active"].as_array().unwrap().len() as u64, kept);
 }
 
@@ -281,11 +332,18 @@ fn a_recording_cut_short_is_read_up_to_its_cut() {
     let (events, ending) = read_recorded(&cut);
     assert!(events.len() > 50_000, "{} events before the cut", events.len());
     assert_eq!(ending, Ending::Truncated { events: events.len() as u64 });
-    let output = Command::new(gpuprof()).args(["report", "--format", "json", "--input", cut.to_str().unwrap()]).output().unwrap();
+    let output = Command::new(gpuprof())
+        .args(["report", "--format", "json", "--input", cut.to_str().unwrap()])
+        .output()
+        .unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(0), "{stderr}");
     assert_eq!(
         stderr.trim_end(),
-        format!("gpuprof: warning: {} is cut short after {} events (its capture did not finish); what follows covers those", cut.display(), events.len())
+        format!(
+            "gpuprof: warning: {} is cut short after {} events (its capture did not finish); what follows covers those",
+            cut.display(),
+            events.len()
+        )
     );
 }

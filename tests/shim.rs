@@ -46,7 +46,10 @@ fn the_shim_changes_nothing_in_programs_without_cuda() {
     ] {
         let shimmed = run(command.env("GPUPROF_SHIM_OUTPUT", &output));
         assert_eq!(shimmed.status.code(), Some(3));
-        assert_eq!((shimmed.stdout.as_slice(), shimmed.stderr.as_slice()), (plain.stdout.as_slice(), plain.stderr.as_slice()));
+        assert_eq!(
+            (shimmed.stdout.as_slice(), shimmed.stderr.as_slice()),
+            (plain.stdout.as_slice(), plain.stderr.as_slice())
+        );
     }
     assert_eq!(plain.stdout, b"hello from x\n");
     // A C program that fails to load libcuda (none on the library path): the same failure.
@@ -54,7 +57,10 @@ fn the_shim_changes_nothing_in_programs_without_cuda() {
     let plain = run(Command::new(worker).args(["0", "4096"]).env("LD_LIBRARY_PATH", "/nonexistent"));
     let shimmed = run(preloaded(worker, &["0", "4096"]).env("LD_LIBRARY_PATH", "/nonexistent"));
     assert_eq!(plain.status.code(), Some(2));
-    assert_eq!((shimmed.status.code(), shimmed.stdout, shimmed.stderr), (plain.status.code(), plain.stdout, plain.stderr));
+    assert_eq!(
+        (shimmed.status.code(), shimmed.stdout, shimmed.stderr),
+        (plain.status.code(), plain.stdout, plain.stderr)
+    );
     assert!(!output.exists(), "nothing was captured, so nothing was written");
 }
 
@@ -64,13 +70,18 @@ fn the_shim_changes_nothing_in_programs_without_cuda() {
 fn a_code_object_at_a_reused_address_is_described_again() {
     let dir = scratch("shim_code_reuse");
     let events = dir.join("events.jsonl");
-    let output = run(&mut shimmed(&[workloads().join("shim_code_reuse.py").to_str().unwrap(), "200"], &dir.join("log"), &events));
+    let output = run(&mut shimmed(
+        &[workloads().join("shim_code_reuse.py").to_str().unwrap(), "200"],
+        &dir.join("log"),
+        &events,
+    ));
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
     let mut lines = stdout.lines();
     let reused: u32 = lines.next().unwrap().strip_prefix("reused ").unwrap().parse().unwrap();
     assert!(reused > 10, "CPython reused only {reused} addresses: the test shows nothing");
-    let expected: Vec<(String, String)> = lines.map(|l| l.split_once(' ').map(|(a, f)| (a.to_string(), f.to_string())).unwrap()).collect();
+    let expected: Vec<(String, String)> =
+        lines.map(|l| l.split_once(' ').map(|(a, f)| (a.to_string(), f.to_string())).unwrap()).collect();
     let captured: Vec<(String, String)> = read_events(&events)
         .iter()
         .filter(|e| e.layer == Layer::Allocator)
@@ -87,12 +98,14 @@ fn a_code_object_at_a_reused_address_is_described_again() {
 fn a_worker_ending_with_os_exit_loses_nothing() {
     let dir = scratch("shim_os_exit");
     let events = dir.join("events.jsonl");
-    let output = run(&mut shimmed(&[workloads().join("shim_os_exit.py").to_str().unwrap(), "50"], &dir.join("log"), &events));
+    let output =
+        run(&mut shimmed(&[workloads().join("shim_os_exit.py").to_str().unwrap(), "50"], &dir.join("log"), &events));
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
     let child: u32 = stdout.trim().strip_prefix("child ").unwrap().parse().unwrap();
     let captured = read_events(&events);
-    let of_child: Vec<(Layer, Op, u64)> = captured.iter().filter(|e| e.pid == child).map(|e| (e.layer, e.op, e.addr.unwrap_or(0))).collect();
+    let of_child: Vec<(Layer, Op, u64)> =
+        captured.iter().filter(|e| e.pid == child).map(|e| (e.layer, e.op, e.addr.unwrap_or(0))).collect();
     let mut expected = vec![(Layer::Process, Op::Fork, 0)];
     expected.extend((0..50u64).map(|i| (Layer::Allocator, Op::Alloc, 0x7f00_0000_0000 + i * 512)));
     expected.push((Layer::Process, Op::Exit, 0));
@@ -105,7 +118,8 @@ fn a_worker_ending_with_os_exit_loses_nothing() {
 fn a_flush_returns_once_every_queued_report_is_written() {
     let dir = scratch("shim_flush");
     let events = dir.join("events.jsonl");
-    let output = run(&mut shimmed(&[workloads().join("shim_flush.py").to_str().unwrap(), "3000"], &dir.join("log"), &events));
+    let output =
+        run(&mut shimmed(&[workloads().join("shim_flush.py").to_str().unwrap(), "3000"], &dir.join("log"), &events));
     assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
     assert_eq!(String::from_utf8_lossy(&output.stdout), "before 0\nflushed 0, lines 3000\n");
     let captured = read_events(&events);
@@ -162,7 +176,8 @@ fn cupti_callbacks_capture_every_driver_entry_point_exactly() {
 fn a_profiler_subscribing_later_gets_cupti_and_the_shim_takes_it_back_after() {
     let dir = scratch("shim_cupti_handover");
     let (log, events) = (dir.join("expected.jsonl"), dir.join("events.jsonl"));
-    let output = run(shimmed(&[workloads().join("cupti_profiler.py").to_str().unwrap()], &log, &events).env("GPUPROF_SHIM_REPORT", "1"));
+    let output = run(shimmed(&[workloads().join("cupti_profiler.py").to_str().unwrap()], &log, &events)
+        .env("GPUPROF_SHIM_REPORT", "1"));
     let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
     assert_eq!(output.status.code(), Some(0), "{stderr}");
     let expected = read_expected(&log);
@@ -193,10 +208,7 @@ fn a_profiler_subscribing_later_gets_cupti_and_the_shim_takes_it_back_after() {
 fn without_cupti_the_shim_says_why_once_and_the_allocator_path_goes_on() {
     let no_library = standin_dir_without_cupti().to_str().unwrap();
     let held_by = workloads().join("cupti_held.py");
-    for (case, env) in [
-        ("shim_no_cupti", vec![("LD_LIBRARY_PATH", no_library)]),
-        ("shim_cupti_held", vec![]),
-    ] {
+    for (case, env) in [("shim_no_cupti", vec![("LD_LIBRARY_PATH", no_library)]), ("shim_cupti_held", vec![])] {
         let dir = scratch(case);
         let (expected, events, stderr) = if case == "shim_cupti_held" {
             shimmed_workload(&dir, &held_by, &env)
@@ -209,7 +221,11 @@ fn without_cupti_the_shim_says_why_once_and_the_allocator_path_goes_on() {
         } else {
             "another CUPTI subscriber (a profiler: PyTorch's, Nsight) holds this process's only slot; allocator events go on"
         };
-        assert_eq!(stderr, format!("gpuprof shim: pid {pid}: driver calls are not captured in-process: {why}\n"), "{case}");
+        assert_eq!(
+            stderr,
+            format!("gpuprof shim: pid {pid}: driver calls are not captured in-process: {why}\n"),
+            "{case}"
+        );
         let blocks = expected_blocks(&expected);
         let captured: Vec<&gpuprof_model::Event> = events.iter().filter(|e| e.layer == Layer::Allocator).collect();
         assert_same_calls_from(&blocks, &captured, Source::Cupti);
@@ -224,7 +240,11 @@ fn shimmed_tensors(dir: &Path, env: &[(&str, &str)]) -> (Vec<Value>, Vec<gpuprof
 
 /// A workload that logs what it expects, with the shim preloaded over the stand-ins; returns
 /// (expected, events, stderr).
-fn shimmed_workload(dir: &Path, script: &Path, env: &[(&str, &str)]) -> (Vec<Value>, Vec<gpuprof_model::Event>, String) {
+fn shimmed_workload(
+    dir: &Path,
+    script: &Path,
+    env: &[(&str, &str)],
+) -> (Vec<Value>, Vec<gpuprof_model::Event>, String) {
     let (log, events) = (dir.join("expected.jsonl"), dir.join("events.jsonl"));
     let mut command = shimmed(&[script.to_str().unwrap()], &log, &events);
     command.envs(env.iter().copied());
@@ -292,11 +312,8 @@ fn with_no_agent_the_events_go_to_the_file_and_a_full_queue_is_counted() {
     assert_eq!(output.status.code(), Some(0), "{stderr}");
     assert_eq!(String::from_utf8_lossy(&output.stdout), "reports 60000\n");
     // "gpuprof shim: pid P: queued Q, dropped D (queue full); the rest of the queue was not sent in time"
-    let numbers: Vec<u64> = stderr
-        .split(|c: char| !c.is_ascii_digit())
-        .filter(|s| !s.is_empty())
-        .map(|s| s.parse().unwrap())
-        .collect();
+    let numbers: Vec<u64> =
+        stderr.split(|c: char| !c.is_ascii_digit()).filter(|s| !s.is_empty()).map(|s| s.parse().unwrap()).collect();
     assert!(stderr.contains("(queue full); the rest of the queue was not sent in time"), "{stderr}");
     let (queued, dropped) = (numbers[1], numbers[2]);
     assert!(dropped > 0, "{stderr}");
@@ -336,10 +353,19 @@ fn run_via_shim_captures_without_privileges() {
     unprivileged(&mut ebpf);
     let refused = run(ebpf.arg(gpuprof()).args(["run", "--", "true"]));
     assert_eq!(refused.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&refused.stderr).starts_with("gpuprof: error: missing privileges CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE"));
+    assert!(String::from_utf8_lossy(&refused.stderr)
+        .starts_with("gpuprof: error: missing privileges CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE"));
     let mut command = Command::new("setpriv");
     unprivileged(&mut command);
-    command.arg(gpuprof()).args(["run", "--via", "shim", "--output", events.to_str().unwrap(), "--findings", findings.to_str().unwrap()]);
+    command.arg(gpuprof()).args([
+        "run",
+        "--via",
+        "shim",
+        "--output",
+        events.to_str().unwrap(),
+        "--findings",
+        findings.to_str().unwrap(),
+    ]);
     command.arg("--").arg(python3()).arg(workloads().join("tensors.py"));
     workload_env(&mut command, &log);
     command.env("GPUPROF_LIBC10_CUDA", libc10_cuda_standin());
@@ -421,7 +447,10 @@ fn via_the_shim_backward_blocks_carry_their_node_and_its_forward_line() {
         }
         let blocks: Vec<&gpuprof_model::Event> = captured.iter().filter(|e| e.layer == Layer::Allocator).collect();
         assert_eq!(blocks.len(), 8 + 24);
-        assert!(blocks.iter().all(|e| e.autograd_seq.is_none() && e.autograd_node.is_none() && e.stack_origin.is_none()), "{blocks:#?}");
+        assert!(
+            blocks.iter().all(|e| e.autograd_seq.is_none() && e.autograd_node.is_none() && e.stack_origin.is_none()),
+            "{blocks:#?}"
+        );
     }
 }
 
@@ -456,7 +485,15 @@ fn a_shim_file_gets_its_forward_lines_when_exported() {
     let backward: Vec<&gpuprof_model::Event> = raw.iter().filter(|e| e.autograd_node.is_some()).collect();
     assert_eq!(backward.len(), 24);
     assert!(backward.iter().all(|e| e.stack.is_empty() && e.stack_origin.is_none()), "{backward:#?}");
-    let export = run(Command::new(gpuprof()).args(["export", "--format", "jsonl", "--input", events.to_str().unwrap(), "--output", exported.to_str().unwrap()]));
+    let export = run(Command::new(gpuprof()).args([
+        "export",
+        "--format",
+        "jsonl",
+        "--input",
+        events.to_str().unwrap(),
+        "--output",
+        exported.to_str().unwrap(),
+    ]));
     assert_eq!(export.status.code(), Some(0), "{}", String::from_utf8_lossy(&export.stderr));
     assert_backward_attribution(&read_expected(&log), &read_events(&exported));
 }

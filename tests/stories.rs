@@ -37,7 +37,11 @@ fn user_line(name: &str, function: &str) -> Frame {
 }
 
 fn pids_of_role(expected: &[Value], role: &str) -> Vec<u32> {
-    expected.iter().filter(|e| e["op"] == "note" && e["role"] == role).map(|e| e["pid"].as_u64().unwrap() as u32).collect()
+    expected
+        .iter()
+        .filter(|e| e["op"] == "note" && e["role"] == role)
+        .map(|e| e["pid"].as_u64().unwrap() as u32)
+        .collect()
 }
 
 struct Story {
@@ -65,7 +69,8 @@ fn run_story(dir: &Path, name: &str, env: &[(&str, String)], args: &[&str]) -> S
     let output = command.output().unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr).to_string();
     assert!(stderr.contains("lost 0 "), "{stderr}");
-    let findings = serde_json::from_str(&std::fs::read_to_string(&findings).unwrap_or_else(|e| panic!("{e}: {stderr}"))).unwrap();
+    let findings =
+        serde_json::from_str(&std::fs::read_to_string(&findings).unwrap_or_else(|e| panic!("{e}: {stderr}"))).unwrap();
     Story { output, stderr, findings, events, expected: read_expected(&log) }
 }
 
@@ -119,7 +124,8 @@ fn evaluation_without_no_grad_next_to_a_caching_neighbour_is_one_growth_and_one_
     assert_eq!(growth.user_frame.as_ref(), Some(&forward));
     assert_eq!(growth.stack[0].function, "_CachingAllocator.malloc");
     assert_eq!(growth.stack.iter().find(|f| f.function == "evaluate"), Some(&forward));
-    let users: Vec<Frame> = growth.stacks.iter().map(|s| gpuprof_model::user_frame(&s.stack).unwrap().clone()).collect();
+    let users: Vec<Frame> =
+        growth.stacks.iter().map(|s| gpuprof_model::user_frame(&s.stack).unwrap().clone()).collect();
     assert_eq!(users[..2], [forward.clone(), user_line("batch", "evaluate")]);
     let (outputs, batches) = (growth.stacks[0].bytes, growth.stacks[1].bytes);
     // Each step keeps a 4 MiB output and its 2 MiB batch, each in a segment of its own.
@@ -127,8 +133,17 @@ fn evaluation_without_no_grad_next_to_a_caching_neighbour_is_one_growth_and_one_
     assert_eq!(outputs, 2 * batches);
     assert_eq!(growth.bytes, growth.stacks.iter().map(|s| s.bytes).sum::<u64>());
     let segments = growth.segment_bytes.unwrap();
-    assert!((outputs + batches..=outputs + batches + 2 * MIB).contains(&segments), "{segments} for {outputs} + {batches}");
-    assert!(growth.detail.contains(&format!("at {}:{} in evaluate (through _CachingAllocator.malloc)", forward.file, forward.line)), "{}", growth.detail);
+    assert!(
+        (outputs + batches..=outputs + batches + 2 * MIB).contains(&segments),
+        "{segments} for {outputs} + {batches}"
+    );
+    assert!(
+        growth
+            .detail
+            .contains(&format!("at {}:{} in evaluate (through _CachingAllocator.malloc)", forward.file, forward.line)),
+        "{}",
+        growth.detail
+    );
 
     // One OutOfMemoryError, two failed cuMemAlloc_v2 (the allocator retried after returning its
     // cache): one oom. The device: 96 MiB; the neighbour holds 40 (all cached), the evaluation
@@ -143,7 +158,10 @@ fn evaluation_without_no_grad_next_to_a_caching_neighbour_is_one_growth_and_one_
     // Allocated: weights, 8 batches, 7 outputs, and 13 small blocks of 512 B (7 sums, 6 totals).
     assert_eq!(
         picture,
-        vec![(parent, 54 * MIB, Some(52 * MIB + 13 * 512), Some(54 * MIB)), (neighbour, 40 * MIB, Some(0), Some(40 * MIB))]
+        vec![
+            (parent, 54 * MIB, Some(52 * MIB + 13 * 512), Some(54 * MIB)),
+            (neighbour, 40 * MIB, Some(0), Some(40 * MIB))
+        ]
     );
     assert_eq!(
         oom.detail,
@@ -162,7 +180,13 @@ fn evaluation_without_no_grad_next_to_a_caching_neighbour_is_one_growth_and_one_
         format!("pid {neighbour} (python3) exited still holding 40.0 MiB of device memory in 1 allocation: its framework allocator's segments hold 0 B in live tensors and 40.0 MiB cached; the driver takes it back with the process: nothing to do.")
     );
     assert_eq!((parent_exit.bytes, parent_exit.count), (54 * MIB, 17));
-    assert!(parent_exit.detail.contains(": its framework allocator's segments hold 0 B in live tensors and 54.0 MiB cached;"), "{}", parent_exit.detail);
+    assert!(
+        parent_exit
+            .detail
+            .contains(": its framework allocator's segments hold 0 B in live tensors and 54.0 MiB cached;"),
+        "{}",
+        parent_exit.detail
+    );
 
     // Stable ids: the report of the same events gives the same findings, ids included.
     let ids: std::collections::HashSet<&str> = story.findings.iter().map(|f| f.finding_id.as_str()).collect();
@@ -180,7 +204,16 @@ fn a_training_process_exiting_normally_is_a_fact_and_nvml_is_reconciled() {
         &dir,
         "exit-normally",
         &[("LD_LIBRARY_PATH", library_path)],
-        &["--format", "table", "--output", table.to_str().unwrap(), "--otlp-endpoint", &collector.grpc, "--node-name", "story-node"],
+        &[
+            "--format",
+            "table",
+            "--output",
+            table.to_str().unwrap(),
+            "--otlp-endpoint",
+            &collector.grpc,
+            "--node-name",
+            "story-node",
+        ],
     );
     assert_eq!(story.output.status.code(), Some(0), "{}", story.stderr);
     let parent = pid_of_role(&story.expected, "parent");
@@ -191,7 +224,10 @@ fn a_training_process_exiting_normally_is_a_fact_and_nvml_is_reconciled() {
 
     assert_eq!(story.findings.len(), 1, "{:#?}", story.findings);
     let exit = &story.findings[0];
-    assert_eq!((exit.kind, exit.pid, exit.bytes, exit.count, exit.severity), (FindingKind::ExitWithLiveAllocations, parent, 14 * MIB, 3, Severity::Info));
+    assert_eq!(
+        (exit.kind, exit.pid, exit.bytes, exit.count, exit.severity),
+        (FindingKind::ExitWithLiveAllocations, parent, 14 * MIB, 3, Severity::Info)
+    );
     assert_eq!(exit.user_frame.as_ref(), Some(&weights));
 
     let table = std::fs::read_to_string(&table).unwrap();
@@ -209,14 +245,32 @@ fn a_training_process_exiting_normally_is_a_fact_and_nvml_is_reconciled() {
         .nth(1)
         .unwrap_or_else(|| panic!("{table}"));
     let by_line: Vec<&str> = by_line.lines().skip(1).take_while(|l| !l.is_empty()).collect();
-    let expected_rows: Vec<String> = [(8 * MIB, &weights), (4 * MIB, &user_line("train-forward", "train")), (2 * MIB, &user_line("train-batch", "train"))]
-        .iter()
-        .map(|(bytes, frame)| format!("{parent:>7} {:<11} {:>10} {:>6}  {}:{} in {}", "device", gpuprof_model::bytes::human(*bytes), 1, frame.file, frame.line, frame.function))
-        .collect();
+    let expected_rows: Vec<String> = [
+        (8 * MIB, &weights),
+        (4 * MIB, &user_line("train-forward", "train")),
+        (2 * MIB, &user_line("train-batch", "train")),
+    ]
+    .iter()
+    .map(|(bytes, frame)| {
+        format!(
+            "{parent:>7} {:<11} {:>10} {:>6}  {}:{} in {}",
+            "device",
+            gpuprof_model::bytes::human(*bytes),
+            1,
+            frame.file,
+            frame.line,
+            frame.function
+        )
+    })
+    .collect();
     assert_eq!(by_line, expected_rows, "{table}");
     // NVML: what the driver accounts to the process is its segments and its context.
-    let nvml = table.split("NOT PROBED = NVML USED - PROBED CALLS").nth(1).unwrap_or_else(|| panic!("no NVML section in\n{table}"));
-    let row = nvml.lines().find(|l| l.trim_start().starts_with(&parent.to_string())).unwrap_or_else(|| panic!("{table}"));
+    let nvml = table
+        .split("NOT PROBED = NVML USED - PROBED CALLS")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no NVML section in\n{table}"));
+    let row =
+        nvml.lines().find(|l| l.trim_start().starts_with(&parent.to_string())).unwrap_or_else(|| panic!("{table}"));
     let numbers: Vec<&str> = row.split_whitespace().collect();
     assert_eq!(numbers, [parent.to_string().as_str(), "python3", "526.0", "MiB", "14.0", "MiB", "512.0", "MiB"]);
     assert_eq!((14 * MIB + CONTEXT_BYTES, CONTEXT_BYTES), (526 * MIB, 512 * MIB));
@@ -230,7 +284,8 @@ fn a_training_process_exiting_normally_is_a_fact_and_nvml_is_reconciled() {
     let (status, processes) = collector.get("/api/v1/processes?node=story-node");
     assert_eq!(status, 200);
     let processes: Value = serde_json::from_str(&processes).unwrap();
-    let view = processes.as_array().unwrap().iter().find(|p| p["pid"] == parent).unwrap_or_else(|| panic!("{processes}"));
+    let view =
+        processes.as_array().unwrap().iter().find(|p| p["pid"] == parent).unwrap_or_else(|| panic!("{processes}"));
     assert_eq!(view["nvml_used_bytes"], 14 * MIB + CONTEXT_BYTES, "{view}");
     assert_eq!(view["not_probed_bytes"], CONTEXT_BYTES, "{view}");
     let (_, findings) = collector.get("/api/v1/findings?node=story-node&severity=leak");
@@ -240,7 +295,11 @@ fn a_training_process_exiting_normally_is_a_fact_and_nvml_is_reconciled() {
     assert_eq!(findings.as_array().unwrap().len(), 1, "{findings}");
     assert_eq!(findings[0]["finding_id"], exit.finding_id.as_str(), "{findings}");
     let (_, metrics) = collector.get("/metrics");
-    assert!(metrics.contains("gpuprof_findings{node=\"story-node\",kind=\"exit_with_live_allocations\",severity=\"info\"} 1"), "{metrics}");
+    assert!(
+        metrics
+            .contains("gpuprof_findings{node=\"story-node\",kind=\"exit_with_live_allocations\",severity=\"info\"} 1"),
+        "{metrics}"
+    );
 }
 
 #[test]
@@ -253,11 +312,18 @@ fn workers_left_holding_memory_by_a_killed_launcher_are_orphans_and_followed() {
     let parent = pid_of_role(&story.expected, "parent");
     let workers = pids_of_role(&story.expected, "worker");
     assert_eq!(workers.len(), 2);
-    let line = story.stderr.lines().find(|l| l.starts_with("gpuprof: the command exited, but ")).unwrap_or_else(|| panic!("{}", story.stderr));
+    let line = story
+        .stderr
+        .lines()
+        .find(|l| l.starts_with("gpuprof: the command exited, but "))
+        .unwrap_or_else(|| panic!("{}", story.stderr));
     for worker in &workers {
         assert!(line.contains(&format!("pid {worker} (python3) 32.0 MiB and a CUDA context")), "{line}");
     }
-    assert!(line.contains(&format!("`kill {} {}` ends them", workers[0].min(workers[1]), workers[0].max(workers[1]))), "{line}");
+    assert!(
+        line.contains(&format!("`kill {} {}` ends them", workers[0].min(workers[1]), workers[0].max(workers[1]))),
+        "{line}"
+    );
     assert!(story.stderr.contains("gpuprof: the processes left behind have exited"), "{}", story.stderr);
 
     let mut kinds: Vec<(FindingKind, u32, Option<u32>, u64, Severity)> =
@@ -274,7 +340,8 @@ fn workers_left_holding_memory_by_a_killed_launcher_are_orphans_and_followed() {
 
     let worker_line = user_line("worker", "worker");
     let orphans: Vec<&Finding> = story.findings.iter().filter(|f| f.kind == FindingKind::OrphanHoldingMemory).collect();
-    let killed = read_events(&story.events).into_iter().find(|e| e.pid == parent && e.op == gpuprof_model::Op::Exit).unwrap();
+    let killed =
+        read_events(&story.events).into_iter().find(|e| e.pid == parent && e.op == gpuprof_model::Op::Exit).unwrap();
     assert_eq!(killed.signal, Some(9));
     for orphan in orphans {
         assert_eq!(orphan.user_frame.as_ref(), Some(&worker_line));

@@ -75,7 +75,11 @@ fn top_shows_a_cuda_process_and_quits_on_q() {
         .collect();
     // PID COMM STATE DEV DRIVER ALLOCATED RESERVED BEFORE NVML-USED NOT-PROBED IPC CTX CALLS (no
     // NVML here, no allocator); device 0's context current.
-    assert_eq!(row, [pid.as_str(), "python3", "running", "0", "11.0", "MiB", "-", "-", "-", "-", "-", "0", "1", "4"], "{screen}");
+    assert_eq!(
+        row,
+        [pid.as_str(), "python3", "running", "0", "11.0", "MiB", "-", "-", "-", "-", "-", "0", "1", "4"],
+        "{screen}"
+    );
     assert!(screen.contains("1 CUDA processes"), "{screen}");
     assert!(screen.contains(&format!("Live bytes by the user's line — pid {pid}")), "{screen}");
     assert!(screen.lines().any(|l| l.contains("11.0 MiB device") && l.contains("Driver.call")), "{screen}");
@@ -92,7 +96,10 @@ fn top_shows_a_cuda_process_and_quits_on_q() {
         }
         std::thread::sleep(Duration::from_millis(200));
     };
-    let row = screen.lines().find(|l| l.contains(&format!("│{pid} ")) || l.contains(&format!(" {pid} "))).unwrap_or_else(|| panic!("{screen}"));
+    let row = screen
+        .lines()
+        .find(|l| l.contains(&format!("│{pid} ")) || l.contains(&format!(" {pid} ")))
+        .unwrap_or_else(|| panic!("{screen}"));
     assert!(row.contains("exited(137)") && row.contains("11.0 MiB"), "{screen}");
     assert!(screen.contains("exit_with_live_allocations [leak] pid"), "{screen}");
 

@@ -245,7 +245,8 @@ fn session(output: &Output) -> Session {
         .filter_map(|line| {
             let (test, rest) = line.split_once(' ')?;
             let outcome = rest.split_whitespace().next()?;
-            (test.contains("::") && ["PASSED", "FAILED", "ERROR"].contains(&outcome)).then(|| (test.to_string(), outcome.to_string()))
+            (test.contains("::") && ["PASSED", "FAILED", "ERROR"].contains(&outcome))
+                .then(|| (test.to_string(), outcome.to_string()))
         })
         .collect();
     let mut failures: Vec<(String, String)> = Vec::new();
@@ -347,7 +348,8 @@ fn the_plugin_fails_leaking_tests_and_tests_over_their_limit_with_the_line() {
         ]
     );
     // The short summary names the test's line in the offender's stack.
-    let summary: Vec<String> = text(&output.stdout).lines().filter(|l| l.starts_with("FAILED ")).map(str::to_string).collect();
+    let summary: Vec<String> =
+        text(&output.stdout).lines().filter(|l| l.starts_with("FAILED ")).map(str::to_string).collect();
     assert_eq!(
         summary,
         [

@@ -45,7 +45,10 @@ impl AutogradConfig {
         let (layout, first_failure) = self.layout_of(file);
         let Some(layout) = layout else { return Configured::No(first_failure) };
         let Some(module) = layout.module_id(&RemoteMemory { pid }, base) else {
-            return Configured::No(Some(format!("cannot read the TLS module id of {} in pid {pid}", file.path.display())));
+            return Configured::No(Some(format!(
+                "cannot read the TLS module id of {} in pid {pid}",
+                file.path.display()
+            )));
         };
         let config = gp_autograd {
             module,

@@ -40,7 +40,10 @@ impl CallerModules {
             .map(|p| p.ranges.iter().map(|(_, _, m)| (&**m, m.clone())).collect())
             .unwrap_or_default();
         // Names already handed out stay shared.
-        let ranges = ranges.into_iter().map(|(start, end, name)| (start, end, known.get(name.as_str()).cloned().unwrap_or_else(|| name.into()))).collect();
+        let ranges = ranges
+            .into_iter()
+            .map(|(start, end, name)| (start, end, known.get(name.as_str()).cloned().unwrap_or_else(|| name.into())))
+            .collect();
         let mut process = CodeRanges { ranges, outside: HashSet::new() };
         let found = process.find(addr);
         if found.is_none() {

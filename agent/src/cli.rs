@@ -59,7 +59,9 @@ pub enum Command {
         rules: RuleArgs,
     },
     /// A live view of every CUDA process on the machine (or one process tree).
-    #[command(after_help = "Keys: q quit, ↑/↓ select a process, s change the sort, PgUp/PgDn scroll the findings.\nExited processes stay a minute, dimmed. BEFORE: what the allocator held before top started.\nExample:\n  sudo gpuprof top")]
+    #[command(
+        after_help = "Keys: q quit, ↑/↓ select a process, s change the sort, PgUp/PgDn scroll the findings.\nExited processes stay a minute, dimmed. BEFORE: what the allocator held before top started.\nExample:\n  sudo gpuprof top"
+    )]
     Top {
         /// Only this process and its descendants.
         #[arg(short, long, value_name = "PID")]
@@ -70,7 +72,9 @@ pub enum Command {
     },
     /// Views of a recorded event file: an HTML report, folded stacks, a flame graph, speedscope,
     /// a PyTorch memory_viz snapshot, or the events themselves as jsonl (or jsonl as a recording).
-    #[command(after_help = "Examples:\n  gpuprof export run.gpuprof -f html -o report.html\n  gpuprof export run.gpuprof -f flamegraph -o peak.svg\n  gpuprof export run.gpuprof -f speedscope -o peak.speedscope.json\n  gpuprof export run.gpuprof -f memory-viz -o snap.pickle --from 60 --to 90\n  gpuprof export run.gpuprof -f folded --oom 1\n  gpuprof export run.gpuprof -f jsonl -o run.jsonl")]
+    #[command(
+        after_help = "Examples:\n  gpuprof export run.gpuprof -f html -o report.html\n  gpuprof export run.gpuprof -f flamegraph -o peak.svg\n  gpuprof export run.gpuprof -f speedscope -o peak.speedscope.json\n  gpuprof export run.gpuprof -f memory-viz -o snap.pickle --from 60 --to 90\n  gpuprof export run.gpuprof -f folded --oom 1\n  gpuprof export run.gpuprof -f jsonl -o run.jsonl"
+    )]
     #[command(group = clap::ArgGroup::new("file").required(true).args(["input", "input_flag"]))]
     Export {
         /// The event file (a recording or jsonl).
@@ -146,14 +150,18 @@ pub enum Command {
     },
     /// Capture every CUDA process of this node, for as long as it runs (the Kubernetes DaemonSet),
     /// or of one pod, as its sidecar (--sidecar DIR: no privileges, the shim's events).
-    #[command(after_help = "Settings come from flags, then GPUPROF_* environment variables, then the --config TOML file.\nExamples:\n  sudo gpuprof daemon --otlp-endpoint http://gpuprof-collector:4317\n  sudo gpuprof daemon --config /etc/gpuprof/daemon.toml\n  gpuprof daemon --sidecar /gpuprof --otlp-endpoint http://gpuprof-collector.gpuprof:4317")]
+    #[command(
+        after_help = "Settings come from flags, then GPUPROF_* environment variables, then the --config TOML file.\nExamples:\n  sudo gpuprof daemon --otlp-endpoint http://gpuprof-collector:4317\n  sudo gpuprof daemon --config /etc/gpuprof/daemon.toml\n  gpuprof daemon --sidecar /gpuprof --otlp-endpoint http://gpuprof-collector.gpuprof:4317"
+    )]
     Daemon {
         #[command(flatten)]
         daemon: crate::daemon::DaemonArgs,
     },
     /// Add gpuprof's sidecar to Kubernetes manifests (Pod, Job, Deployment, StatefulSet,
     /// CronJob, PyTorchJob…): the profiled containers preload the shim from a volume it shares.
-    #[command(after_help = "Examples:\n  gpuprof inject job.yaml | kubectl apply -f -\n  gpuprof inject train.yaml --collector http://gpuprof-collector.gpuprof:4317 --container trainer -o train.profiled.yaml")]
+    #[command(
+        after_help = "Examples:\n  gpuprof inject job.yaml | kubectl apply -f -\n  gpuprof inject train.yaml --collector http://gpuprof-collector.gpuprof:4317 --container trainer -o train.profiled.yaml"
+    )]
     Inject {
         #[command(flatten)]
         inject: crate::inject::InjectArgs,
@@ -284,7 +292,11 @@ impl CaptureArgs {
         // The capture is done and kept: a report that fails is said, not the run's outcome.
         match crate::export::html::write_file(events, html) {
             Ok(()) => eprintln!("gpuprof: wrote the report to {}; open it in a browser", html.display()),
-            Err(error) => eprintln!("gpuprof: warning: no report written to {}: {error:#}; the events are in {}", html.display(), events.display()),
+            Err(error) => eprintln!(
+                "gpuprof: warning: no report written to {}: {error:#}; the events are in {}",
+                html.display(),
+                events.display()
+            ),
         }
         Ok(())
     }
@@ -297,7 +309,8 @@ impl CaptureArgs {
 impl OtlpArgs {
     pub fn start(&self) -> anyhow::Result<Option<crate::telemetry::Telemetry>> {
         let Some(endpoint) = &self.otlp_endpoint else { return Ok(None) };
-        let options = self.tuning.options(endpoint, self.otlp_protocol, self.otlp_token.clone(), self.node_name.clone())?;
+        let options =
+            self.tuning.options(endpoint, self.otlp_protocol, self.otlp_token.clone(), self.node_name.clone())?;
         crate::telemetry::Telemetry::start(options).map(Some)
     }
 }

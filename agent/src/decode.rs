@@ -53,12 +53,26 @@ impl std::fmt::Display for DecodeError {
 
 impl Decoder {
     pub fn new(clock: Clock) -> Self {
-        Decoder { clock, processes: HashMap::new(), names: HashMap::new(), read_procfs: true, callers: CallerModules::default(), nodes: NodeNames::default() }
+        Decoder {
+            clock,
+            processes: HashMap::new(),
+            names: HashMap::new(),
+            read_procfs: true,
+            callers: CallerModules::default(),
+            nodes: NodeNames::default(),
+        }
     }
 
     /// A decoder that never reads /proc (benchmarks, replay of recorded records).
     pub fn offline(clock: Clock) -> Self {
-        Decoder { clock, processes: HashMap::new(), names: HashMap::new(), read_procfs: false, callers: CallerModules::default(), nodes: NodeNames::default() }
+        Decoder {
+            clock,
+            processes: HashMap::new(),
+            names: HashMap::new(),
+            read_procfs: false,
+            callers: CallerModules::default(),
+            nodes: NodeNames::default(),
+        }
     }
 
     pub fn decode(&mut self, record: &Record) -> Result<Event, DecodeError> {
@@ -78,15 +92,8 @@ impl Decoder {
             }
             _ => return Err(DecodeError::UnknownKind(record.kind)),
         };
-        let mut event = Event::new(
-            self.clock.wall_ns(record.ts_ns),
-            record.pid,
-            record.tid,
-            Source::Ebpf,
-            layer,
-            op,
-            api,
-        );
+        let mut event =
+            Event::new(self.clock.wall_ns(record.ts_ns), record.pid, record.tid, Source::Ebpf, layer, op, api);
         event.comm = self.name_of(record);
         let info = self.process_info(record, op);
         event.ppid = info.ppid;

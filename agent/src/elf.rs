@@ -16,12 +16,9 @@ pub fn exported_functions(path: &Path) -> Result<HashMap<String, u64>> {
     // SAFETY: the mapping is read-only and dropped before returning; a library being replaced
     // under us is written to a new inode by every installer.
     let data = unsafe { memmap2::Mmap::map(&file) }.with_context(|| format!("cannot map {}", path.display()))?;
-    let file = object::File::parse(&*data)
-        .with_context(|| format!("{} is not an ELF shared library", path.display()))?;
-    let segments: Vec<(u64, u64, u64)> = file
-        .segments()
-        .map(|s| (s.address(), s.size(), s.file_range().0))
-        .collect();
+    let file =
+        object::File::parse(&*data).with_context(|| format!("{} is not an ELF shared library", path.display()))?;
+    let segments: Vec<(u64, u64, u64)> = file.segments().map(|s| (s.address(), s.size(), s.file_range().0)).collect();
     let mut functions = HashMap::new();
     for symbol in file.dynamic_symbols() {
         if symbol.kind() != SymbolKind::Text || symbol.is_undefined() || symbol.address() == 0 {

@@ -203,7 +203,8 @@ impl EventFlow {
         }
         self.found(ended);
         let summaries = self.analyzer.tracker().summaries();
-        let end = EndOfRun { processes: &summaries, findings: &self.findings, lost_events, nvml: self.nvml.last_seen() };
+        let end =
+            EndOfRun { processes: &summaries, findings: &self.findings, lost_events, nvml: self.nvml.last_seen() };
         self.sink.finish(&end).context("cannot write the output")?;
         // A file gpuprof named is not kept when nothing was captured (its sink removed it).
         let to_file = self.output_file.as_deref().filter(|f| self.format != Format::None && f.exists());
@@ -233,4 +234,3 @@ impl EventFlow {
         Ok(())
     }
 }
-

@@ -21,7 +21,14 @@ fn main() -> ExitCode {
         Command::Run { capture, command, via: Via::Shim, shim } => via_shim::run(&command, &capture, shim.as_deref()),
         Command::Summary { input, input_flag, pid, top, layer, format, output } => {
             let input = input.or(input_flag).expect("clap requires one of them");
-            export::summary::run(&export::summary::SummaryRequest { input: &input, output: output.as_deref(), pid, layer, top, format })
+            export::summary::run(&export::summary::SummaryRequest {
+                input: &input,
+                output: output.as_deref(),
+                pid,
+                layer,
+                top,
+                format,
+            })
         }
         Command::Daemon { daemon: args } => daemon::run(&args),
         Command::Inject { inject } => gpuprof::inject::run(&inject),
@@ -29,7 +36,22 @@ fn main() -> ExitCode {
         Command::Report { input, input_flag, format, output, rules } => {
             report::run(&input.or(input_flag).expect("clap requires one of them"), format, output.as_deref(), &rules)
         }
-        Command::Export { input, input_flag, format, output, pid, peak, end, at, oom, layer, from, to, max_entries, compress } => {
+        Command::Export {
+            input,
+            input_flag,
+            format,
+            output,
+            pid,
+            peak,
+            end,
+            at,
+            oom,
+            layer,
+            from,
+            to,
+            max_entries,
+            compress,
+        } => {
             let input = input.or(input_flag).expect("clap requires one of them");
             let moment = match (peak, end, at, oom) {
                 (true, ..) => export::Moment::Peak,
@@ -56,5 +78,7 @@ fn main() -> ExitCode {
 }
 
 fn reader_went_away(error: &anyhow::Error) -> bool {
-    error.chain().any(|cause| cause.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe))
+    error
+        .chain()
+        .any(|cause| cause.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe))
 }

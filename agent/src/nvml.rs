@@ -66,19 +66,24 @@ impl Nvml {
         let (init, count, get_handle, running_processes) = unsafe {
             (
                 std::mem::transmute::<*mut c_void, unsafe extern "C" fn() -> NvmlReturn>(symbol("nvmlInit_v2")?),
-                std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut c_uint) -> NvmlReturn>(symbol("nvmlDeviceGetCount_v2")?),
-                std::mem::transmute::<*mut c_void, unsafe extern "C" fn(c_uint, *mut Device) -> NvmlReturn>(
-                    symbol("nvmlDeviceGetHandleByIndex_v2")?,
-                ),
-                std::mem::transmute::<*mut c_void, unsafe extern "C" fn(Device, *mut c_uint, *mut ProcessInfo) -> NvmlReturn>(
-                    symbol("nvmlDeviceGetComputeRunningProcesses_v3")?,
-                ),
+                std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut c_uint) -> NvmlReturn>(symbol(
+                    "nvmlDeviceGetCount_v2",
+                )?),
+                std::mem::transmute::<*mut c_void, unsafe extern "C" fn(c_uint, *mut Device) -> NvmlReturn>(symbol(
+                    "nvmlDeviceGetHandleByIndex_v2",
+                )?),
+                std::mem::transmute::<
+                    *mut c_void,
+                    unsafe extern "C" fn(Device, *mut c_uint, *mut ProcessInfo) -> NvmlReturn,
+                >(symbol("nvmlDeviceGetComputeRunningProcesses_v3")?),
             )
         };
         let error_string = symbol("nvmlErrorString")
             .ok()
             // SAFETY: `const char *nvmlErrorString(nvmlReturn_t)`.
-            .map(|f| unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn(NvmlReturn) -> *const c_char>(f) });
+            .map(|f| unsafe {
+                std::mem::transmute::<*mut c_void, unsafe extern "C" fn(NvmlReturn) -> *const c_char>(f)
+            });
         let mut nvml = Nvml { get_handle, running_processes, error_string, devices: 0 };
         // SAFETY: plain calls into NVML with valid out-pointers.
         let rc = unsafe { init() };
@@ -139,7 +144,10 @@ impl Nvml {
                     // More processes than room: NVML said how many; a few more may start meanwhile.
                     NVML_ERROR_INSUFFICIENT_SIZE => infos.resize(count as usize + 16, ProcessInfo::default()),
                     _ => {
-                        return Err(format!("nvmlDeviceGetComputeRunningProcesses_v3 on device {index} failed: {}", self.error(rc)))
+                        return Err(format!(
+                            "nvmlDeviceGetComputeRunningProcesses_v3 on device {index} failed: {}",
+                            self.error(rc)
+                        ))
                     }
                 }
             }
@@ -186,7 +194,9 @@ impl NvmlView {
         let nvml = match Nvml::open() {
             Ok(nvml) => nvml,
             Err(error) => {
-                eprintln!("gpuprof: warning: {LIBRARY}: {error}; per-process used memory as nvidia-smi shows it is left out");
+                eprintln!(
+                    "gpuprof: warning: {LIBRARY}: {error}; per-process used memory as nvidia-smi shows it is left out"
+                );
                 None
             }
         };

@@ -8,16 +8,16 @@ use std::io;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use gpuprof_model::event::{Event, Op};
 use gpuprof_model::dedup::Dedup;
+use gpuprof_model::event::{Event, Op};
 use gpuprof_model::{Analyzer, Finding};
 
 use crate::autograd::{AutogradConfig, Configured};
 use crate::capture::{Capture, DropCounters, Record};
 use crate::clock::Clock;
 use crate::decode::Decoder;
-use crate::libcuda::{self, LibraryFile};
 use crate::flow::{EventFlow, FlowOptions};
+use crate::libcuda::{self, LibraryFile};
 use crate::output::EventSink;
 use crate::python::Pythons;
 use crate::telemetry::Telemetry;

@@ -72,7 +72,11 @@ pub struct KernelFeature {
 
 /// Newest first: the first one missing names the release to run.
 pub const KERNEL_FEATURES: [KernelFeature; 5] = [
-    KernelFeature { what: "bpf_loop (the Python stack walk)", since: "5.17", present: || uprobe_helper(libbpf_sys::BPF_FUNC_loop) },
+    KernelFeature {
+        what: "bpf_loop (the Python stack walk)",
+        since: "5.17",
+        present: || uprobe_helper(libbpf_sys::BPF_FUNC_loop),
+    },
     KernelFeature {
         what: "bpf_get_attach_cookie in uprobes (one program for every driver entry point)",
         since: "5.15",
@@ -83,8 +87,16 @@ pub const KERNEL_FEATURES: [KernelFeature; 5] = [
         since: "5.13",
         present: || uprobe_helper(libbpf_sys::BPF_FUNC_task_storage_get),
     },
-    KernelFeature { what: "bpf_get_current_task_btf", since: "5.11", present: || uprobe_helper(libbpf_sys::BPF_FUNC_get_current_task_btf) },
-    KernelFeature { what: "the BPF ring buffer", since: "5.8", present: || MapType::RingBuf.is_supported().unwrap_or(true) },
+    KernelFeature {
+        what: "bpf_get_current_task_btf",
+        since: "5.11",
+        present: || uprobe_helper(libbpf_sys::BPF_FUNC_get_current_task_btf),
+    },
+    KernelFeature {
+        what: "the BPF ring buffer",
+        since: "5.8",
+        present: || MapType::RingBuf.is_supported().unwrap_or(true),
+    },
 ];
 
 /// Whether a uprobe program may call `helper` here (uprobes are kprobe-type programs). A probe
@@ -108,7 +120,8 @@ fn refusal(release: &str, missing: &[&KernelFeature]) -> String {
 }
 
 fn kernel_release() -> String {
-    fs::read_to_string("/proc/sys/kernel/osrelease").map_or_else(|_| "release unknown".to_string(), |r| r.trim().to_string())
+    fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map_or_else(|_| "release unknown".to_string(), |r| r.trim().to_string())
 }
 
 fn effective_capabilities() -> Result<u64> {

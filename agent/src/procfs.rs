@@ -21,9 +21,7 @@ pub fn exists(pid: u32) -> bool {
 
 /// The process's name (`comm`), or empty when it is gone.
 pub fn comm(pid: u32) -> String {
-    fs::read_to_string(format!("/proc/{pid}/comm"))
-        .map(|s| s.trim_end().to_string())
-        .unwrap_or_default()
+    fs::read_to_string(format!("/proc/{pid}/comm")).map(|s| s.trim_end().to_string()).unwrap_or_default()
 }
 
 /// The rank a distributed launcher (torchrun, torch.distributed, DeepSpeed, Accelerate) gave the
@@ -180,7 +178,9 @@ fn parse_load_bases(maps: &str) -> Vec<(u64, String)> {
         if !path.starts_with('/') || u64::from_str_radix(offset, 16) != Ok(0) {
             continue;
         }
-        let Some(start) = range.split_once('-').and_then(|(start, _)| u64::from_str_radix(start, 16).ok()) else { continue };
+        let Some(start) = range.split_once('-').and_then(|(start, _)| u64::from_str_radix(start, 16).ok()) else {
+            continue;
+        };
         let name = path.strip_suffix(" (deleted)").unwrap_or(path).rsplit('/').next().unwrap_or(path);
         if !bases.iter().any(|(_, n)| n == name) {
             bases.push((start, name.to_string()));
@@ -220,7 +220,11 @@ mod tests {
         assert_eq!(
             files,
             vec![
-                MappedFile { path: "/usr/lib/x86_64-linux-gnu/libcuda.so.580.95".into(), dev: "fd:01".into(), inode: 1234 },
+                MappedFile {
+                    path: "/usr/lib/x86_64-linux-gnu/libcuda.so.580.95".into(),
+                    dev: "fd:01".into(),
+                    inode: 1234
+                },
                 MappedFile { path: "/tmp/dir with space/lib.so (deleted)".into(), dev: "fd:01".into(), inode: 99 },
             ]
         );

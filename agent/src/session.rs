@@ -46,7 +46,8 @@ pub fn attach(pid: u32, wait: bool, args: &CaptureArgs) -> Result<u8> {
     let capture = Capture::load(capture_options(args)?)?;
     tracing::debug!(elapsed_ms = started.elapsed().as_millis() as u64, "probes loaded");
     let sink = args.sink(&destination)?;
-    let mut session = Pipeline::new(&capture, pipeline_options(args, &destination)?, sink, Some(pid)).with_telemetry(args.otlp.start()?);
+    let mut session = Pipeline::new(&capture, pipeline_options(args, &destination)?, sink, Some(pid))
+        .with_telemetry(args.otlp.start()?);
     session.add_process(pid)?;
     for child in procfs::descendants(pid) {
         // A descendant that exits meanwhile is simply not there to track.
@@ -116,7 +117,8 @@ pub fn run(command: &[OsString], args: &CaptureArgs) -> Result<u8> {
     }
 
     let mut child = spawn_tracked(&capture, &program, program_args)?;
-    let mut session = Pipeline::new(&capture, pipeline_options(args, &destination)?, sink, Some(child.id())).with_telemetry(args.otlp.start()?);
+    let mut session = Pipeline::new(&capture, pipeline_options(args, &destination)?, sink, Some(child.id()))
+        .with_telemetry(args.otlp.start()?);
     let deadline = duration.map(|d| Instant::now() + d);
     let status = supervise(&mut child, deadline, || {
         session.pump(POLL_INTERVAL)?;
@@ -252,18 +254,15 @@ fn spawn_tracked(capture: &Capture, program: &Path, args: &[OsString]) -> Result
             Ok(())
         });
     }
-    command
-        .spawn()
-        .with_context(|| format!("cannot run `{}`", program.display()))
+    command.spawn().with_context(|| format!("cannot run `{}`", program.display()))
 }
 
 /// The executable a command names, looked up in PATH like a shell would, before anything is
 /// loaded into the kernel.
 pub(crate) fn find_program(program: &OsString) -> Result<PathBuf> {
     let name = Path::new(program);
-    let is_executable = |path: &Path| {
-        std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-    };
+    let is_executable =
+        |path: &Path| std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
     if name.components().count() > 1 {
         return match std::fs::metadata(name) {
             Ok(_) if is_executable(name) => Ok(name.to_path_buf()),
@@ -299,7 +298,11 @@ pub(crate) fn duration_of(args: &CaptureArgs) -> Result<Option<Duration>> {
 }
 
 fn pipeline_options(args: &CaptureArgs, destination: &Destination) -> Result<PipelineOptions> {
-    Ok(PipelineOptions { flow: flow_options(args, destination)?, print_stats: args.stats, autograd: !args.no_stacks && !args.no_autograd })
+    Ok(PipelineOptions {
+        flow: flow_options(args, destination)?,
+        print_stats: args.stats,
+        autograd: !args.no_stacks && !args.no_autograd,
+    })
 }
 
 /// What `attach` and `run` do with their events, whichever capture makes them.
@@ -325,7 +328,9 @@ fn capture_options(args: &CaptureArgs) -> Result<CaptureOptions> {
 
 fn target_libraries(pid: u32, args: &CaptureArgs) -> Result<Vec<LibraryFile>> {
     match &args.libcuda {
-        Some(path) => Ok(vec![LibraryFile::open(path.clone()).with_context(|| format!("--libcuda {}", path.display()))?]),
+        Some(path) => {
+            Ok(vec![LibraryFile::open(path.clone()).with_context(|| format!("--libcuda {}", path.display()))?])
+        }
         None => libcuda::mapped_by(pid),
     }
 }
@@ -337,7 +342,10 @@ fn wait_for_libcuda(pid: u32, limit: Option<(Instant, Duration)>) -> Result<Vec<
             bail!("process {pid} exited before it loaded libcuda.so");
         }
         if let Some((_, duration)) = limit.filter(|(deadline, _)| Instant::now() >= *deadline) {
-            bail!("process {pid} did not load libcuda.so within --duration {} s: nothing was captured", duration.as_secs_f64());
+            bail!(
+                "process {pid} did not load libcuda.so within --duration {} s: nothing was captured",
+                duration.as_secs_f64()
+            );
         }
         if signals::take().is_some() {
             bail!("interrupted while waiting for process {pid} to load libcuda.so");
@@ -349,4 +357,3 @@ fn wait_for_libcuda(pid: u32, limit: Option<(Instant, Duration)>) -> Result<Vec<
         std::thread::sleep(WAIT_INTERVAL);
     }
 }
-

@@ -90,13 +90,23 @@ struct CountersLine {
 /// What the connections hand the capture loop.
 #[allow(clippy::large_enum_variant)] // events are the common case; boxing each would cost more
 pub enum ShimMessage {
-    Event { connection: u64, event: Event },
+    Event {
+        connection: u64,
+        event: Event,
+    },
     Counters(ShimCounters),
     /// A line that was neither (counted, not fatal).
     Undecodable,
     /// An event naming a process other than the one connected (counted, said once per connection).
-    Refused { first: bool, claimed: u32, peer: Option<u32>, uid: u32 },
-    Closed { connection: u64 },
+    Refused {
+        first: bool,
+        claimed: u32,
+        peer: Option<u32>,
+        uid: u32,
+    },
+    Closed {
+        connection: u64,
+    },
 }
 
 impl ShimMessage {
@@ -133,7 +143,8 @@ pub fn listen(path: &Path, access: SocketAccess) -> Result<Receiver<ShimMessage>
     unsafe { libc::umask(previous) };
     let listener = bound.with_context(|| format!("cannot listen on {} for the shim", path.display()))?;
     if let Some(gid) = access.group {
-        std::os::unix::fs::chown(path, None, Some(gid)).with_context(|| format!("cannot give {} to group {gid}", path.display()))?;
+        std::os::unix::fs::chown(path, None, Some(gid))
+            .with_context(|| format!("cannot give {} to group {gid}", path.display()))?;
     }
     std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(access.mode))
         .with_context(|| format!("cannot set mode {:o} on {}", access.mode, path.display()))?;
@@ -184,7 +195,8 @@ struct Speaker {
 
 impl Speaker {
     fn of(stream: &UnixStream) -> Speaker {
-        let (peer, uid) = peer_credentials(stream).map_or((None, u32::MAX), |(pid, uid)| ((pid > 0).then_some(pid), uid));
+        let (peer, uid) =
+            peer_credentials(stream).map_or((None, u32::MAX), |(pid, uid)| ((pid > 0).then_some(pid), uid));
         let own = peer.map(|pid| namespace_pids(pid).unwrap_or_else(|| vec![pid])).unwrap_or_default();
         Speaker { peer, uid, own, refused_before: false }
     }
@@ -217,7 +229,13 @@ fn peer_credentials(stream: &UnixStream) -> Option<(u32, u32)> {
     let mut length = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
     // SAFETY: SO_PEERCRED fills a ucred of the given length on a connected Unix socket.
     let status = unsafe {
-        libc::getsockopt(stream.as_raw_fd(), libc::SOL_SOCKET, libc::SO_PEERCRED, &mut credentials as *mut libc::ucred as *mut libc::c_void, &mut length)
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            &mut credentials as *mut libc::ucred as *mut libc::c_void,
+            &mut length,
+        )
     };
     (status == 0).then_some((credentials.pid as u32, credentials.uid))
 }
@@ -270,7 +288,12 @@ impl ShimProcesses {
     }
 
     /// Hands what arrived (waiting up to `wait` for the first) to `observe`, exits included.
-    pub fn receive(&mut self, received: &Receiver<ShimMessage>, wait: Duration, observe: &mut dyn FnMut(Event) -> Result<()>) -> Result<()> {
+    pub fn receive(
+        &mut self,
+        received: &Receiver<ShimMessage>,
+        wait: Duration,
+        observe: &mut dyn FnMut(Event) -> Result<()>,
+    ) -> Result<()> {
         let mut next = received.recv_timeout(wait).ok();
         while let Some(message) = next {
             match message {
@@ -298,7 +321,15 @@ impl ShimProcesses {
                         self.processes_closed += 1;
                         if !self.said_exit.remove(&pid) {
                             self.closed_without_exit += 1;
-                            let mut exit = Event::new(wall_clock_ns(), pid, pid, Source::Cupti, Layer::Process, Op::Exit, "exit".into());
+                            let mut exit = Event::new(
+                                wall_clock_ns(),
+                                pid,
+                                pid,
+                                Source::Cupti,
+                                Layer::Process,
+                                Op::Exit,
+                                "exit".into(),
+                            );
                             if self.pids_are_ours {
                                 exit.comm = crate::procfs::comm(pid).into();
                             }

@@ -73,7 +73,10 @@ fn requests(node: &str, pid: u32, first_ts: u64, keep: bool) -> (Vec<u8>, Vec<u8
     let logs = ExportLogsServiceRequest {
         resource_logs: vec![ResourceLogs {
             resource: Some(identity.resource()),
-            scope_logs: vec![ScopeLogs { log_records: events.iter().map(gpuprof_otlp::logs::record_of).collect(), ..Default::default() }],
+            scope_logs: vec![ScopeLogs {
+                log_records: events.iter().map(gpuprof_otlp::logs::record_of).collect(),
+                ..Default::default()
+            }],
             ..Default::default()
         }],
     };
@@ -102,7 +105,16 @@ impl Drop for Collector {
 fn start(db: &std::path::Path) -> Collector {
     let _ = std::fs::remove_file(db);
     let mut child = Command::new(env!("CARGO_BIN_EXE_gpuprof-collector"))
-        .args(["--db", db.to_str().unwrap(), "--grpc-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--rate-limit", "1000000"])
+        .args([
+            "--db",
+            db.to_str().unwrap(),
+            "--grpc-listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            "127.0.0.1:0",
+            "--rate-limit",
+            "1000000",
+        ])
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -114,7 +126,15 @@ fn start(db: &std::path::Path) -> Collector {
 
 fn rss_bytes(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let kib: u64 = status.lines().find_map(|l| l.strip_prefix("VmRSS:")).unwrap().trim().trim_end_matches(" kB").trim().parse().unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .unwrap()
+        .trim()
+        .trim_end_matches(" kB")
+        .trim()
+        .parse()
+        .unwrap();
     kib * 1024
 }
 
@@ -126,7 +146,11 @@ fn send_all(http: &str, path: &str, bodies: &[Vec<u8>]) -> f64 {
             scope.spawn(move || {
                 let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
                 for body in bodies.iter().skip(client as usize).step_by(CLIENTS as usize) {
-                    let response = agent.post(&format!("{http}{path}")).header("content-type", "application/x-protobuf").send(&body[..]).unwrap();
+                    let response = agent
+                        .post(&format!("{http}{path}"))
+                        .header("content-type", "application/x-protobuf")
+                        .send(&body[..])
+                        .unwrap();
                     assert_eq!(response.status().as_u16(), 200);
                 }
             });
@@ -154,7 +178,11 @@ fn main() {
     let full = lifetimes as f64 / (spans_only + events);
     println!("baseline, spans only (decode + count):        {:>10.0} spans/s", baseline);
     println!("events into the nodes' trackers:              {:>10.0} events/s", 2.0 * lifetimes as f64 / events);
-    println!("full (events + spans), lifetimes:             {:>10.0} spans/s ({:.2}x the baseline's time per span)", full, baseline / full);
+    println!(
+        "full (events + spans), lifetimes:             {:>10.0} spans/s ({:.2}x the baseline's time per span)",
+        full,
+        baseline / full
+    );
 
     // Memory: open allocations that are never freed.
     let collector = start(&dir.join("memory.redb"));

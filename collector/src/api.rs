@@ -6,8 +6,8 @@
 use std::sync::Arc;
 
 use axum::extract::{Query, Request, State};
-use axum::middleware::{self, Next};
 use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
@@ -33,10 +33,14 @@ async fn readers_only(State(collector): State<Arc<Collector>>, request: Request,
     if collector.may_read(request.headers().get(header::AUTHORIZATION).map(|v| v.as_bytes())) {
         return next.run(request).await;
     }
-    (StatusCode::UNAUTHORIZED, [(header::WWW_AUTHENTICATE, "Bearer")], "missing or wrong read token (--read-token)\n").into_response()
+    (StatusCode::UNAUTHORIZED, [(header::WWW_AUTHENTICATE, "Bearer")], "missing or wrong read token (--read-token)\n")
+        .into_response()
 }
 
-async fn findings(State(collector): State<Arc<Collector>>, filter: Result<Query<FindingFilter>, axum::extract::rejection::QueryRejection>) -> Response {
+async fn findings(
+    State(collector): State<Arc<Collector>>,
+    filter: Result<Query<FindingFilter>, axum::extract::rejection::QueryRejection>,
+) -> Response {
     let Query(filter) = match filter {
         Ok(filter) => filter,
         Err(rejection) => return (StatusCode::BAD_REQUEST, format!("{}\n", rejection.body_text())).into_response(),
@@ -52,7 +56,10 @@ struct ProcessQuery {
     detail: bool,
 }
 
-async fn processes(State(collector): State<Arc<Collector>>, query: Result<Query<ProcessQuery>, axum::extract::rejection::QueryRejection>) -> Response {
+async fn processes(
+    State(collector): State<Arc<Collector>>,
+    query: Result<Query<ProcessQuery>, axum::extract::rejection::QueryRejection>,
+) -> Response {
     let Query(query) = match query {
         Ok(query) => query,
         Err(rejection) => return (StatusCode::BAD_REQUEST, format!("{}\n", rejection.body_text())).into_response(),
@@ -68,15 +75,22 @@ struct ProfileQuery {
 }
 
 /// The latest memory profile a node sent of a process, as the pprof it sent.
-async fn profile(State(collector): State<Arc<Collector>>, query: Result<Query<ProfileQuery>, axum::extract::rejection::QueryRejection>) -> Response {
+async fn profile(
+    State(collector): State<Arc<Collector>>,
+    query: Result<Query<ProfileQuery>, axum::extract::rejection::QueryRejection>,
+) -> Response {
     let Query(query) = match query {
         Ok(query) => query,
-        Err(rejection) => return (StatusCode::BAD_REQUEST, format!("{} (give node and pid)\n", rejection.body_text())).into_response(),
+        Err(rejection) => {
+            return (StatusCode::BAD_REQUEST, format!("{} (give node and pid)\n", rejection.body_text()))
+                .into_response()
+        }
     };
     let state = collector.state.lock().expect("state lock");
     match state.summary(&query.node, query.pid).and_then(|s| s.profile.as_ref()) {
         Some(profile) => ([(header::CONTENT_TYPE, "application/octet-stream")], profile.pprof.clone()).into_response(),
-        None => (StatusCode::NOT_FOUND, format!("no memory profile of pid {} on node {}\n", query.pid, query.node)).into_response(),
+        None => (StatusCode::NOT_FOUND, format!("no memory profile of pid {} on node {}\n", query.pid, query.node))
+            .into_response(),
     }
 }
 
@@ -87,6 +101,7 @@ async fn metrics(State(collector): State<Arc<Collector>>, headers: HeaderMap) ->
     if accept.contains("application/openmetrics-text") {
         ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text).into_response()
     } else {
-        ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], crate::prometheus::classic(&text)).into_response()
+        ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], crate::prometheus::classic(&text))
+            .into_response()
     }
 }

@@ -10,7 +10,9 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use gpuprof_model::{Event, Finding};
-use gpuprof_otlp::proto::collector::logs::v1::{ExportLogsPartialSuccess, ExportLogsServiceRequest, ExportLogsServiceResponse};
+use gpuprof_otlp::proto::collector::logs::v1::{
+    ExportLogsPartialSuccess, ExportLogsServiceRequest, ExportLogsServiceResponse,
+};
 use gpuprof_otlp::proto::collector::metrics::v1::{ExportMetricsServiceRequest, ExportMetricsServiceResponse};
 use gpuprof_otlp::proto::collector::trace::v1::{ExportTraceServiceRequest, ExportTraceServiceResponse};
 use gpuprof_otlp::proto::metrics::v1::metric;
@@ -42,8 +44,13 @@ impl Refusal {
         }
     }
 
-    pub const ALL: [Refusal; 5] =
-        [Refusal::Unauthenticated, Refusal::RateLimited, Refusal::TooLarge, Refusal::Malformed, Refusal::UnsupportedMediaType];
+    pub const ALL: [Refusal; 5] = [
+        Refusal::Unauthenticated,
+        Refusal::RateLimited,
+        Refusal::TooLarge,
+        Refusal::Malformed,
+        Refusal::UnsupportedMediaType,
+    ];
 }
 
 #[derive(Debug, Default)]
@@ -169,7 +176,9 @@ impl Collector {
                             .map(|finding| findings.entry(node.clone()).or_default().push(finding))
                             .map_err(|e| e.to_string()),
                     },
-                    RecordKind::Profile => profile_of(&record).map(|profile| profiles.push((node.clone(), identity.pid, profile))),
+                    RecordKind::Profile => {
+                        profile_of(&record).map(|profile| profiles.push((node.clone(), identity.pid, profile)))
+                    }
                 };
                 if let Err(error) = decoded {
                     rejected += 1;
@@ -276,7 +285,8 @@ impl Collector {
                         }
                         name::NVML_USED => state.nvml_gauge(&node, identity.pid, point.time_unix_nano, value),
                         name::LIVE_BYTES => {
-                            let (layer, kind) = (attribute(name::ATTR_LAYER).unwrap_or(""), attribute(name::ATTR_KIND).unwrap_or(""));
+                            let (layer, kind) =
+                                (attribute(name::ATTR_LAYER).unwrap_or(""), attribute(name::ATTR_KIND).unwrap_or(""));
                             state.live_gauge(&node, identity.pid, point.time_unix_nano, layer, kind, value);
                         }
                         _ => {}
@@ -397,7 +407,8 @@ mod tests {
     #[test]
     fn each_connection_gets_a_burst_of_twice_its_rate_then_waits_for_tokens() {
         let limited = collector("rate", None, None, 5.0);
-        let (one, other): (SocketAddr, SocketAddr) = ("10.0.0.1:4000".parse().unwrap(), "10.0.0.1:4001".parse().unwrap());
+        let (one, other): (SocketAddr, SocketAddr) =
+            ("10.0.0.1:4000".parse().unwrap(), "10.0.0.1:4001".parse().unwrap());
         let admitted = (0..15).filter(|_| limited.admit(one)).count();
         assert_eq!(admitted, 10, "a burst of 2 × 5 requests");
         assert!(limited.admit(other), "another connection has its own bucket");

@@ -9,7 +9,11 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 
 #[derive(Debug, Parser)]
-#[command(name = "gpuprof-collector", version, about = "Receives OTLP from gpuprof agents, flags GPU memory leaks per node, serves findings")]
+#[command(
+    name = "gpuprof-collector",
+    version,
+    about = "Receives OTLP from gpuprof agents, flags GPU memory leaks per node, serves findings"
+)]
 pub struct Args {
     /// OTLP/gRPC listen address.
     #[arg(long, env = "GPUPROF_COLLECTOR_GRPC", default_value = "127.0.0.1:4317")]
@@ -119,7 +123,10 @@ fn token_of(value: Option<&str>, file: Option<&std::path::Path>, flag: &str) -> 
     let token = match (value, file) {
         (Some(token), _) => Some(token.to_string()),
         (None, Some(path)) => Some(
-            std::fs::read_to_string(path).with_context(|| format!("{flag}-file {}: cannot read it", path.display()))?.trim().to_string(),
+            std::fs::read_to_string(path)
+                .with_context(|| format!("{flag}-file {}: cannot read it", path.display()))?
+                .trim()
+                .to_string(),
         ),
         (None, None) => None,
     };

@@ -63,7 +63,8 @@ fn run(config: Config) -> Result<()> {
         .transpose()
         .map_err(|e| anyhow::anyhow!("--forward-endpoint {e}"))?;
     let collector = Arc::new(Collector::new(config.clone(), state, store, forwarder));
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the runtime")?;
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the runtime")?;
     runtime.block_on(serve(collector.clone()))?;
     collector.checkpoint().context("cannot save the state at shutdown")?;
     eprintln!("gpuprof-collector: state saved to {}", config.db.display());
@@ -124,7 +125,9 @@ async fn serve(collector: Arc<Collector>) -> Result<()> {
         }
         anyhow::Ok(())
     };
-    let servers = async { tokio::try_join!(async { http.await.context("HTTP server") }, async { grpc.await.context("gRPC server") }) };
+    let servers = async {
+        tokio::try_join!(async { http.await.context("HTTP server") }, async { grpc.await.context("gRPC server") })
+    };
     tokio::pin!(servers);
     tokio::select! {
         result = &mut servers => { result?; }

@@ -139,7 +139,8 @@ pub fn render(collector: &Collector) -> String {
                     by_kind.insert(kind.as_str().to_string(), total.bytes);
                 }
             }
-            let by_kind_probed: u64 = by_kind.iter().filter(|(kind, _)| kind.as_str() != "host_pinned").map(|(_, bytes)| bytes).sum();
+            let by_kind_probed: u64 =
+                by_kind.iter().filter(|(kind, _)| kind.as_str() != "host_pinned").map(|(_, bytes)| bytes).sum();
             for (kind, bytes) in by_kind {
                 live.get_or_create(&LiveLabels { process: process_labels.clone(), kind }).set(bytes as i64);
             }
@@ -172,7 +173,9 @@ pub fn render(collector: &Collector) -> String {
             }
         }
         for ((node, kind, severity), count) in state.findings_by_kind() {
-            findings.get_or_create(&FindingLabels { node, kind: kind.as_str().into(), severity: severity.as_str().into() }).set(count as i64);
+            findings
+                .get_or_create(&FindingLabels { node, kind: kind.as_str().into(), severity: severity.as_str().into() })
+                .set(count as i64);
         }
         for stored in state.recent_findings(RECENT_FINDINGS) {
             let finding = &stored.finding;
@@ -194,40 +197,68 @@ pub fn render(collector: &Collector) -> String {
         }
     }
     registry.register("gpuprof_live_bytes", "Device memory a process holds now, by kind (driver level)", live);
-    registry.register("gpuprof_allocator_allocated_bytes", "Bytes in a framework allocator's live blocks (tensors), per device", allocated);
-    registry.register("gpuprof_allocator_reserved_bytes", "Bytes a framework allocator holds in segments, its cache included, per device", reserved);
-    registry.register("gpuprof_nvml_used_bytes", "Device memory the driver accounts to a process, all devices (NVML, as nvidia-smi shows)", nvml_used);
+    registry.register(
+        "gpuprof_allocator_allocated_bytes",
+        "Bytes in a framework allocator's live blocks (tensors), per device",
+        allocated,
+    );
+    registry.register(
+        "gpuprof_allocator_reserved_bytes",
+        "Bytes a framework allocator holds in segments, its cache included, per device",
+        reserved,
+    );
+    registry.register(
+        "gpuprof_nvml_used_bytes",
+        "Device memory the driver accounts to a process, all devices (NVML, as nvidia-smi shows)",
+        nvml_used,
+    );
     registry.register(
         "gpuprof_not_probed_bytes",
         "NVML's used memory less the live device bytes of the probed calls: the CUDA context, modules, memory from before the capture or from calls not probed",
         not_probed,
     );
-    registry.register("gpuprof_findings", "Findings held, by node, kind and severity (leak: act on it; info: a fact)", findings);
+    registry.register(
+        "gpuprof_findings",
+        "Findings held, by node, kind and severity (leak: act on it; info: a fact)",
+        findings,
+    );
     registry.register("gpuprof_top_stack_live_bytes", "Live bytes of the stacks holding the most, per live process (tensors where PyTorch's allocator reports, else driver allocations)", stacks);
-    registry.register("gpuprof_recent_finding_bytes", "The most recent findings, one series each, valued at the bytes involved", recent);
+    registry.register(
+        "gpuprof_recent_finding_bytes",
+        "The most recent findings, one series each, valued at the bytes involved",
+        recent,
+    );
 
     let stats = &collector.stats;
     let received = Family::<SignalLabels, Counter>::default();
-    for (signal, value) in [
-        ("log_records", &stats.log_records),
-        ("spans", &stats.spans),
-        ("metric_points", &stats.metric_points),
-    ] {
+    for (signal, value) in
+        [("log_records", &stats.log_records), ("spans", &stats.spans), ("metric_points", &stats.metric_points)]
+    {
         received.get_or_create(&SignalLabels { signal: signal.into() }).inc_by(value.load(Ordering::Relaxed));
     }
     registry.register("gpuprof_collector_received", "OTLP items received, by signal", received);
     let rejected = Counter::<u64>::default();
     rejected.inc_by(stats.rejected_log_records.load(Ordering::Relaxed));
-    registry.register("gpuprof_collector_rejected_log_records", "Log records that claimed to be gpuprof events but did not decode", rejected);
+    registry.register(
+        "gpuprof_collector_rejected_log_records",
+        "Log records that claimed to be gpuprof events but did not decode",
+        rejected,
+    );
     let refused = Family::<ReasonLabels, Counter>::default();
     let refusals = stats.refusals();
     for reason in Refusal::ALL {
-        refused.get_or_create(&ReasonLabels { reason: reason.as_str().into() }).inc_by(refusals.get(&reason).copied().unwrap_or(0));
+        refused
+            .get_or_create(&ReasonLabels { reason: reason.as_str().into() })
+            .inc_by(refusals.get(&reason).copied().unwrap_or(0));
     }
     registry.register("gpuprof_collector_refused_requests", "OTLP requests turned away, by reason", refused);
     let fired = Counter::<u64>::default();
     fired.inc_by(stats.findings_received.load(Ordering::Relaxed));
-    registry.register("gpuprof_collector_findings_received", "Findings the nodes sent since the collector started", fired);
+    registry.register(
+        "gpuprof_collector_findings_received",
+        "Findings the nodes sent since the collector started",
+        fired,
+    );
     let profiles = Counter::<u64>::default();
     profiles.inc_by(stats.profiles.load(Ordering::Relaxed));
     registry.register("gpuprof_collector_received_profiles", "Memory profiles the nodes sent", profiles);
@@ -241,7 +272,11 @@ pub fn render(collector: &Collector) -> String {
         registry.register("gpuprof_collector_forwarded_spans", "Spans forwarded to the trace backend", forwarded);
         let dropped = Counter::<u64>::default();
         dropped.inc_by(delivery.lost());
-        registry.register("gpuprof_collector_forward_dropped_spans", "Spans the trace backend did not take (queue full, refused, unreachable)", dropped);
+        registry.register(
+            "gpuprof_collector_forward_dropped_spans",
+            "Spans the trace backend did not take (queue full, refused, unreachable)",
+            dropped,
+        );
     }
     let mut text = String::new();
     encode(&mut text, &registry).expect("writing to a String cannot fail");
@@ -251,10 +286,8 @@ pub fn render(collector: &Collector) -> String {
 /// OpenMetrics text as the classic Prometheus text format (0.0.4): a counter's HELP and TYPE
 /// name its `_total` sample, and there is no `# EOF`.
 pub fn classic(openmetrics: &str) -> String {
-    let counters: std::collections::HashSet<&str> = openmetrics
-        .lines()
-        .filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter"))
-        .collect();
+    let counters: std::collections::HashSet<&str> =
+        openmetrics.lines().filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter")).collect();
     let mut out = String::with_capacity(openmetrics.len());
     for line in openmetrics.lines() {
         if line == "# EOF" || line.starts_with("# UNIT ") {

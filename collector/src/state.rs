@@ -168,7 +168,12 @@ pub const TOP_STACKS: usize = 10;
 impl State {
     pub fn new(nodes: Vec<(String, Node)>, findings: Vec<StoredFinding>) -> Self {
         let next_finding = findings.iter().map(|f| f.id + 1).max().unwrap_or(1);
-        State { nodes: nodes.into_iter().collect(), findings: findings.into(), next_finding, stacks: StackTable::default() }
+        State {
+            nodes: nodes.into_iter().collect(),
+            findings: findings.into(),
+            next_finding,
+            stacks: StackTable::default(),
+        }
     }
 
     /// The node, created at its first word. Summaries (gauges, profiles, span counts) do not
@@ -315,7 +320,13 @@ impl State {
             let mut seen = HashSet::new();
             for process in node.tracker.live_processes() {
                 seen.insert(process.pid);
-                live.push(LiveProcess { node: name, pid: process.pid, comm: &process.comm, tracked: Some(process), summary: node.summaries.get(&process.pid) });
+                live.push(LiveProcess {
+                    node: name,
+                    pid: process.pid,
+                    comm: &process.comm,
+                    tracked: Some(process),
+                    summary: node.summaries.get(&process.pid),
+                });
             }
             let exited: HashSet<u32> = node
                 .tracker
@@ -411,10 +422,15 @@ fn view(node: &str, p: &ProcessMemory, summary: Option<&ProcessSummary>, detail:
     // The node's own totals; the events', in the full stream, where it sent none.
     let allocator = match summary.filter(|s| !s.allocator.is_empty()) {
         Some(summary) => summary.allocator.clone(),
-        None => p.allocator_totals().iter().map(|(d, t)| (*d, AllocatorView { allocated: t.allocated, reserved: t.reserved })).collect(),
+        None => p
+            .allocator_totals()
+            .iter()
+            .map(|(d, t)| (*d, AllocatorView { allocated: t.allocated, reserved: t.reserved }))
+            .collect(),
     };
     let nvml_used_bytes = summary.and_then(|s| s.nvml_used);
-    let probed: u64 = live.by_kind.iter().filter(|(k, _)| **k != gpuprof_model::Kind::HostPinned).map(|(_, t)| t.bytes).sum();
+    let probed: u64 =
+        live.by_kind.iter().filter(|(k, _)| **k != gpuprof_model::Kind::HostPinned).map(|(_, t)| t.bytes).sum();
     ProcessView {
         nvml_used_bytes,
         not_probed_bytes: nvml_used_bytes.map(|used| used as i64 - probed as i64),
@@ -436,7 +452,12 @@ fn view(node: &str, p: &ProcessMemory, summary: Option<&ProcessSummary>, detail:
         top_stacks: summary
             .and_then(|s| s.profile.as_ref())
             .map(|profile| {
-                profile.samples.iter().take(TOP_STACKS).map(|(stack, bytes, count)| StackView { bytes: *bytes, count: *count, stack: stack.to_vec() }).collect()
+                profile
+                    .samples
+                    .iter()
+                    .take(TOP_STACKS)
+                    .map(|(stack, bytes, count)| StackView { bytes: *bytes, count: *count, stack: stack.to_vec() })
+                    .collect()
             })
             .unwrap_or_default(),
         spans: summary.map_or(0, |s| s.spans),
@@ -469,14 +490,26 @@ mod tests {
     #[test]
     fn findings_are_numbered_in_arrival_and_filtered_by_node_pid_kind_and_time() {
         let mut state = State::new(Vec::new(), Vec::new());
-        let a = state.add_findings("node-a", vec![finding(FindingKind::Growth, 10, 100, 200), finding(FindingKind::Oom, 11, 300, 300)]);
+        let a = state.add_findings(
+            "node-a",
+            vec![finding(FindingKind::Growth, 10, 100, 200), finding(FindingKind::Oom, 11, 300, 300)],
+        );
         let b = state.add_findings("node-b", vec![finding(FindingKind::Growth, 10, 150, 400)]);
-        assert_eq!(a.iter().chain(&b).map(|f| (f.id, f.node.as_str())).collect::<Vec<_>>(), [(1, "node-a"), (2, "node-a"), (3, "node-b")]);
+        assert_eq!(
+            a.iter().chain(&b).map(|f| (f.id, f.node.as_str())).collect::<Vec<_>>(),
+            [(1, "node-a"), (2, "node-a"), (3, "node-b")]
+        );
         let all = FindingFilter::default();
         assert_eq!(ids(state.findings(&all)), [1, 2, 3]);
-        assert_eq!(ids(state.findings(&FindingFilter { node: Some("node-a".into()), ..FindingFilter::default() })), [1, 2]);
+        assert_eq!(
+            ids(state.findings(&FindingFilter { node: Some("node-a".into()), ..FindingFilter::default() })),
+            [1, 2]
+        );
         assert_eq!(ids(state.findings(&FindingFilter { pid: Some(10), ..FindingFilter::default() })), [1, 3]);
-        assert_eq!(ids(state.findings(&FindingFilter { kind: Some(FindingKind::Oom), ..FindingFilter::default() })), [2]);
+        assert_eq!(
+            ids(state.findings(&FindingFilter { kind: Some(FindingKind::Oom), ..FindingFilter::default() })),
+            [2]
+        );
         // since: still going at or after; until: begun before.
         assert_eq!(ids(state.findings(&FindingFilter { since: Some(250), ..FindingFilter::default() })), [2, 3]);
         assert_eq!(ids(state.findings(&FindingFilter { until: Some(150), ..FindingFilter::default() })), [1]);
@@ -493,7 +526,10 @@ mod tests {
     #[test]
     fn pruning_drops_findings_past_the_horizon_and_beyond_the_bound_oldest_first() {
         let mut state = State::new(Vec::new(), Vec::new());
-        state.add_findings("node-a", (0..5).map(|i| finding(FindingKind::Growth, 10 + i, 100 * u64::from(i), 100 * u64::from(i) + 50)).collect());
+        state.add_findings(
+            "node-a",
+            (0..5).map(|i| finding(FindingKind::Growth, 10 + i, 100 * u64::from(i), 100 * u64::from(i) + 50)).collect(),
+        );
         // Last seen before 160: findings 1 (50) and 2 (150).
         assert_eq!(state.prune(160, 10), [1, 2]);
         // At most two kept: the oldest of the rest goes.
@@ -502,7 +538,15 @@ mod tests {
     }
 
     fn driver(ts: u64, pid: u32, op: Op, addr: u64, size: u64) -> Event {
-        let mut event = Event::new(ts, pid, pid, Source::Ebpf, Layer::Driver, op, Cow::Borrowed(if op == Op::Alloc { "cuMemAlloc_v2" } else { "cuMemFree_v2" }));
+        let mut event = Event::new(
+            ts,
+            pid,
+            pid,
+            Source::Ebpf,
+            Layer::Driver,
+            op,
+            Cow::Borrowed(if op == Op::Alloc { "cuMemAlloc_v2" } else { "cuMemFree_v2" }),
+        );
         event.kind = Some(Kind::Device);
         event.addr = Some(addr);
         event.size = size;
@@ -512,7 +556,14 @@ mod tests {
     #[test]
     fn a_nodes_events_make_it_dirty_once_and_its_processes_show_what_they_hold() {
         let mut state = State::new(Vec::new(), Vec::new());
-        state.ingest("node-a", vec![driver(1, 10, Op::Alloc, 0x1000, 8 << 20), driver(2, 10, Op::Alloc, 0x2000, 2 << 20), driver(3, 10, Op::Free, 0x2000, 0)]);
+        state.ingest(
+            "node-a",
+            vec![
+                driver(1, 10, Op::Alloc, 0x1000, 8 << 20),
+                driver(2, 10, Op::Alloc, 0x2000, 2 << 20),
+                driver(3, 10, Op::Free, 0x2000, 0),
+            ],
+        );
         // Gauges alone change nothing to save: the live node sends them again after a restart.
         state.live_gauge("node-b", 20, 5, "driver", "device", 1 << 20);
         let dirty = state.take_dirty();

@@ -34,7 +34,10 @@ impl Store {
         // redb caches pages up to its cache size (1 GiB by default): the state is rewritten at
         // every checkpoint, so a large cache is memory without a use.
         let db = Database::builder().set_cache_size(CACHE_BYTES).create(path).map_err(|e| {
-            anyhow::anyhow!("--db {}: cannot open it as a gpuprof-collector database ({e}); move it away or give another --db", path.display())
+            anyhow::anyhow!(
+                "--db {}: cannot open it as a gpuprof-collector database ({e}); move it away or give another --db",
+                path.display()
+            )
         })?;
         let setup = db.begin_write().context("cannot write to the database")?;
         setup.open_table(FINDINGS).context("cannot create the findings table")?;
@@ -50,8 +53,9 @@ impl Store {
         let mut findings = Vec::new();
         for entry in read.open_table(FINDINGS)?.iter()? {
             let (id, bytes) = entry?;
-            let finding: StoredFinding = serde_json::from_slice(bytes.value())
-                .with_context(|| format!("--db {}: finding {} is corrupt; move the file away", self.path.display(), id.value()))?;
+            let finding: StoredFinding = serde_json::from_slice(bytes.value()).with_context(|| {
+                format!("--db {}: finding {} is corrupt; move the file away", self.path.display(), id.value())
+            })?;
             findings.push(finding);
         }
         let mut nodes = Vec::new();
@@ -67,8 +71,13 @@ impl Store {
                 }
                 _ => bail!("--db {}: node {} was saved by another version of gpuprof-collector; move the file away to start afresh", self.path.display(), name.value()),
             }
-            let node: Node = postcard::from_bytes(&bytes[1..])
-                .with_context(|| format!("--db {}: the state of node {} is corrupt; move the file away", self.path.display(), name.value()))?;
+            let node: Node = postcard::from_bytes(&bytes[1..]).with_context(|| {
+                format!(
+                    "--db {}: the state of node {} is corrupt; move the file away",
+                    self.path.display(),
+                    name.value()
+                )
+            })?;
             nodes.push((name.value().to_string(), node));
         }
         Ok(Loaded { findings, nodes })
@@ -202,6 +211,11 @@ mod tests {
         let text = path.with_file_name("notes.txt");
         std::fs::write(&text, "these are not pages of a database").unwrap();
         let error = Store::open(&text).err().expect("not a database");
-        assert!(error.to_string().starts_with(&format!("--db {}: cannot open it as a gpuprof-collector database (", text.display())), "{error}");
+        assert!(
+            error
+                .to_string()
+                .starts_with(&format!("--db {}: cannot open it as a gpuprof-collector database (", text.display())),
+            "{error}"
+        );
     }
 }

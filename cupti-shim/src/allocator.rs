@@ -14,7 +14,13 @@ pub const DEVICE_TYPE_CUDA: u8 = 1;
 /// c10::Device is two one-byte fields (type, index) passed in one register: here as a u16 whose
 /// low byte is the type.
 #[export_name = "_ZN3c1027reportMemoryUsageToProfilerEPvlmmNS_6DeviceE"]
-pub unsafe extern "C" fn report_memory_usage_to_profiler(ptr: *mut c_void, alloc_size: i64, total_allocated: usize, total_reserved: usize, device: u16) {
+pub unsafe extern "C" fn report_memory_usage_to_profiler(
+    ptr: *mut c_void,
+    alloc_size: i64,
+    total_allocated: usize,
+    total_reserved: usize,
+    device: u16,
+) {
     let [device_type, device_index] = device.to_le_bytes();
     if device_type == DEVICE_TYPE_CUDA {
         record(ptr as u64, alloc_size, total_allocated as u64, total_reserved as u64, device_index as i8);

@@ -87,7 +87,11 @@ pub fn state() -> Option<AutogradState> {
                 thread: read(node + u64::from(NODE_THREAD_ID)),
             });
         }
-        Some(AutogradState { node_vtable: 0, seq: read(block + u64::from(layout.sequence_nr)), thread: read(block + u64::from(layout.thread_id)) })
+        Some(AutogradState {
+            node_vtable: 0,
+            seq: read(block + u64::from(layout.sequence_nr)),
+            thread: read(block + u64::from(layout.thread_id)),
+        })
     }
 }
 
@@ -113,7 +117,10 @@ pub fn configure() {
         // SAFETY: dlsym with RTLD_DEFAULT and a NUL-terminated name.
         let address = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"__tls_get_addr".as_ptr()) };
         if address.is_null() {
-            give_up(&format!("the dynamic linker exports no __tls_get_addr: backward-pass blocks of {} get no forward line", path.display()));
+            give_up(&format!(
+                "the dynamic linker exports no __tls_get_addr: backward-pass blocks of {} get no forward line",
+                path.display()
+            ));
             return;
         }
         // SAFETY: glibc's `void *__tls_get_addr(tls_index *)`.

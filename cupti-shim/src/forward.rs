@@ -3,7 +3,7 @@
 //! `dlsym(RTLD_NEXT)` does not see it: the loaded objects are searched for it by name instead.
 
 use std::ffi::{c_char, c_int, c_void, CStr};
-use std::sync::atomic::{AtomicPtr, AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 
 pub const SYMBOL: &CStr = c"_ZN3c1027reportMemoryUsageToProfilerEPvlmmNS_6DeviceE";
 

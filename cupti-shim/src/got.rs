@@ -61,7 +61,8 @@ unsafe fn redirect_in(info: &libc::dl_phdr_info, symbol: &CStr, target: *const c
     let headers = unsafe { std::slice::from_raw_parts(info.dlpi_phdr, usize::from(info.dlpi_phnum)) };
     let Some(dynamic) = headers.iter().find(|h| h.p_type == libc::PT_DYNAMIC) else { return 0 };
     let mut entry = (base + dynamic.p_vaddr) as *const [i64; 2];
-    let (mut strtab, mut symtab, mut rela, mut rela_size, mut jmprel, mut jmprel_size) = (0u64, 0u64, 0u64, 0u64, 0u64, 0u64);
+    let (mut strtab, mut symtab, mut rela, mut rela_size, mut jmprel, mut jmprel_size) =
+        (0u64, 0u64, 0u64, 0u64, 0u64, 0u64);
     loop {
         // SAFETY: the dynamic section is a DT_NULL-terminated array of (tag, value).
         let [tag, value] = unsafe { *entry };
@@ -108,7 +109,8 @@ unsafe fn redirect_in(info: &libc::dl_phdr_info, symbol: &CStr, target: *const c
             }
             let slot = (base + relocation.offset) as *mut *const c_void;
             let in_relro = headers.iter().any(|h| {
-                h.p_type == libc::PT_GNU_RELRO && (base + h.p_vaddr..base + h.p_vaddr + h.p_memsz).contains(&(slot as u64))
+                h.p_type == libc::PT_GNU_RELRO
+                    && (base + h.p_vaddr..base + h.p_vaddr + h.p_memsz).contains(&(slot as u64))
             });
             // SAFETY: the slot is this object's GOT entry for the symbol.
             if unsafe { write_slot(slot, target, in_relro) } {

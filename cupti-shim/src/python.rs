@@ -40,7 +40,8 @@ fn interpreter() -> Option<&'static Interpreter> {
             let layout = gpuprof_pystack::offsets::layout_for(version)?;
             let this_thread_state = lookup(c"PyGILState_GetThisThreadState")?;
             // SAFETY: the symbol is CPython's `PyThreadState *PyGILState_GetThisThreadState(void)`.
-            let this_thread_state = unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn() -> *mut c_void>(this_thread_state) };
+            let this_thread_state =
+                unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn() -> *mut c_void>(this_thread_state) };
             Some(Interpreter { layout, this_thread_state })
         })
         .as_ref()
@@ -139,7 +140,8 @@ pub fn walk(frames: &mut [RawFrame; MAX_FRAMES]) -> u8 {
     while frame != 0 && links < MAX_LINKS {
         links += 1;
         let is_shim = skip_shims
-            && o.frame_owner.is_some_and(|owner| unsafe { *((frame + u64::from(owner)) as *const u8) } == FRAME_OWNED_BY_CSTACK);
+            && o.frame_owner
+                .is_some_and(|owner| unsafe { *((frame + u64::from(owner)) as *const u8) } == FRAME_OWNED_BY_CSTACK);
         if !is_shim {
             if count == MAX_FRAMES {
                 COUNTERS.stacks_cut.fetch_add(1, Ordering::Relaxed);

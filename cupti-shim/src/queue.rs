@@ -86,11 +86,8 @@ pub struct Counters {
     pub stacks_cut: AtomicU64,
 }
 
-pub static COUNTERS: Counters = Counters {
-    queued: AtomicU64::new(0),
-    dropped_queue_full: AtomicU64::new(0),
-    stacks_cut: AtomicU64::new(0),
-};
+pub static COUNTERS: Counters =
+    Counters { queued: AtomicU64::new(0), dropped_queue_full: AtomicU64::new(0), stacks_cut: AtomicU64::new(0) };
 
 /// Code descriptions numbered so far.
 static CODE_SEQ: AtomicU64 = AtomicU64::new(0);

@@ -32,7 +32,8 @@ impl<T: Copy> Ring<T> {
     /// `capacity` (a power of two) slots, each starting as `empty`.
     pub fn new(capacity: usize, empty: T) -> Self {
         assert!(capacity.is_power_of_two());
-        let slots = (0..capacity).map(|i| Slot { sequence: AtomicUsize::new(i), value: UnsafeCell::new(empty) }).collect();
+        let slots =
+            (0..capacity).map(|i| Slot { sequence: AtomicUsize::new(i), value: UnsafeCell::new(empty) }).collect();
         Ring { slots, mask: capacity - 1, tail: AtomicUsize::new(0), head: AtomicUsize::new(0) }
     }
 
@@ -44,16 +45,19 @@ impl<T: Copy> Ring<T> {
             let slot = &self.slots[position & self.mask];
             let sequence = slot.sequence.load(Ordering::Acquire);
             match sequence.wrapping_sub(position) as isize {
-                0 => match self.tail.compare_exchange_weak(position, position + 1, Ordering::Relaxed, Ordering::Relaxed) {
-                    Ok(_) => {
-                        // SAFETY: this thread reserved the slot; no one else touches it until
-                        // the sequence number below publishes it.
-                        fill(unsafe { &mut *slot.value.get() });
-                        slot.sequence.store(position + 1, Ordering::Release);
-                        return true;
+                0 => {
+                    match self.tail.compare_exchange_weak(position, position + 1, Ordering::Relaxed, Ordering::Relaxed)
+                    {
+                        Ok(_) => {
+                            // SAFETY: this thread reserved the slot; no one else touches it until
+                            // the sequence number below publishes it.
+                            fill(unsafe { &mut *slot.value.get() });
+                            slot.sequence.store(position + 1, Ordering::Release);
+                            return true;
+                        }
+                        Err(current) => position = current,
                     }
-                    Err(current) => position = current,
-                },
+                }
                 // The reader has not freed this slot yet: full.
                 gap if gap < 0 => return false,
                 _ => position = self.tail.load(Ordering::Relaxed),

@@ -58,7 +58,10 @@ pub fn ensure_running() {
     let spawned = std::thread::Builder::new().name("gpuprof-shim".into()).spawn(run);
     if spawned.is_err() {
         // No thread, no sending: records stay queued until the queue is full, then are counted.
-        eprintln!("gpuprof shim: cannot start its sender thread: events of pid {} are not recorded", std::process::id());
+        eprintln!(
+            "gpuprof shim: cannot start its sender thread: events of pid {} are not recorded",
+            std::process::id()
+        );
     }
 }
 
@@ -89,7 +92,10 @@ pub fn register_exit_flush() {
 pub fn flush_before_exit() {
     // SAFETY: getpid has no preconditions.
     let pid = unsafe { libc::getpid() } as u32;
-    if !RUNNING.load(Ordering::Acquire) || SENDER_PID.load(Ordering::Acquire) != pid || EXITING.swap(true, Ordering::AcqRel) {
+    if !RUNNING.load(Ordering::Acquire)
+        || SENDER_PID.load(Ordering::Acquire) != pid
+        || EXITING.swap(true, Ordering::AcqRel)
+    {
         return;
     }
     queue::push(Record::Exiting { ts_ns: now_ns(), pid });
@@ -275,7 +281,10 @@ fn write(destination: &mut Destination, batch: &str) {
         Destination::Nowhere => None,
     };
     if let Some(error) = failed {
-        eprintln!("gpuprof shim: pid {}: sending failed ({error}); events from now on are not recorded", std::process::id());
+        eprintln!(
+            "gpuprof shim: pid {}: sending failed ({error}); events from now on are not recorded",
+            std::process::id()
+        );
         *destination = Destination::Nowhere;
     }
 }
@@ -306,7 +315,15 @@ fn call_event(record: &CallRecord, comm: &std::sync::Arc<str>, ppid: u32, names:
     let mut event = match &record.call {
         Call::Allocator { ptr, delta, allocated, reserved, device_index, autograd } => {
             let op = if *delta < 0 { Op::Free } else { Op::Alloc };
-            let mut event = Event::new(record.ts_ns, record.pid, record.tid, Source::Cupti, Layer::Allocator, op, Cow::Borrowed(PYTORCH_ALLOCATOR_API));
+            let mut event = Event::new(
+                record.ts_ns,
+                record.pid,
+                record.tid,
+                Source::Cupti,
+                Layer::Allocator,
+                op,
+                Cow::Borrowed(PYTORCH_ALLOCATOR_API),
+            );
             event.kind = Some(Kind::Device);
             event.device = Some(i32::from(*device_index));
             event.addr = Some(*ptr);
@@ -324,7 +341,15 @@ fn call_event(record: &CallRecord, comm: &std::sync::Arc<str>, ppid: u32, names:
         }
         Call::Driver { api, values, caller } => {
             let api = driver_api::by_id(*api).expect("the callback records table entries only");
-            let mut event = Event::new(record.ts_ns, record.pid, record.tid, Source::Cupti, Layer::Driver, api.op, Cow::Borrowed(api.name));
+            let mut event = Event::new(
+                record.ts_ns,
+                record.pid,
+                record.tid,
+                Source::Cupti,
+                Layer::Driver,
+                api.op,
+                Cow::Borrowed(api.name),
+            );
             api.fill_event(&mut event, values);
             event.caller_module = crate::cupti::caller::module_of(*caller);
             event

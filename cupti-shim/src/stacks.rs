@@ -38,7 +38,12 @@ pub struct Stacks {
 
 impl Stacks {
     pub fn new() -> Stacks {
-        Stacks { symbolizer: crate::python::layout().map(Symbolizer::new), frames: HashMap::new(), kept: 0, pending: BTreeMap::new() }
+        Stacks {
+            symbolizer: crate::python::layout().map(Symbolizer::new),
+            frames: HashMap::new(),
+            kept: 0,
+            pending: BTreeMap::new(),
+        }
     }
 
     /// A description numbered `seq` by the calling thread, applied before the first call record

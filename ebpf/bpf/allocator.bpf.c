@@ -16,7 +16,6 @@
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
-
 /*
  * glibc x86-64: the thread pointer (fs base) points at the TCB, whose second word is the DTV
  * pointer; dtv[-1] holds the DTV's length and each entry is 16 bytes, its first word the module's
@@ -48,11 +47,15 @@ static __always_inline void read_autograd(__u32 tgid, struct gp_record *rec, str
 		return;
 	if (node) {
 		if (bpf_probe_read_user(&out->autograd_node, sizeof(out->autograd_node), (void *)node) ||
-		    bpf_probe_read_user(&out->autograd_seq, sizeof(out->autograd_seq), (void *)(node + torch->node_sequence_nr)) ||
-		    bpf_probe_read_user(&out->autograd_thread, sizeof(out->autograd_thread), (void *)(node + torch->node_thread_id)))
+		    bpf_probe_read_user(&out->autograd_seq, sizeof(out->autograd_seq),
+					(void *)(node + torch->node_sequence_nr)) ||
+		    bpf_probe_read_user(&out->autograd_thread, sizeof(out->autograd_thread),
+					(void *)(node + torch->node_thread_id)))
 			return;
-	} else if (bpf_probe_read_user(&out->autograd_seq, sizeof(out->autograd_seq), (void *)(block + torch->sequence_nr)) ||
-		   bpf_probe_read_user(&out->autograd_thread, sizeof(out->autograd_thread), (void *)(block + torch->thread_id))) {
+	} else if (bpf_probe_read_user(&out->autograd_seq, sizeof(out->autograd_seq),
+				       (void *)(block + torch->sequence_nr)) ||
+		   bpf_probe_read_user(&out->autograd_thread, sizeof(out->autograd_thread),
+				       (void *)(block + torch->thread_id))) {
 		return;
 	}
 	rec->flags |= GP_FLAG_AUTOGRAD;

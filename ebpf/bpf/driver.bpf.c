@@ -149,8 +149,8 @@ static __always_inline int on_entry(struct pt_regs *ctx)
 		return 0;
 
 	struct gp_cookie cookie = read_cookie(ctx);
-	struct pending_calls *calls = bpf_task_storage_get(&pending, bpf_get_current_task_btf(), NULL,
-							   BPF_LOCAL_STORAGE_GET_F_CREATE);
+	struct pending_calls *calls =
+		bpf_task_storage_get(&pending, bpf_get_current_task_btf(), NULL, BPF_LOCAL_STORAGE_GET_F_CREATE);
 	if (!calls) {
 		count(GP_COUNTER_PENDING_FULL);
 		return 0;

@@ -67,7 +67,8 @@ int BPF_PROG(on_exec, struct task_struct *task, pid_t old_pid, struct linux_binp
 	/* A new program: whatever interpreter and libraries the old one ran are gone. */
 	bpf_map_delete_elem(&python_procs, &tgid);
 	bpf_map_delete_elem(&torch_procs, &tgid);
-	struct gp_exec_record *exec = (struct gp_exec_record *)reserve_record(GP_RECORD_EXEC, sizeof(struct gp_exec_record));
+	struct gp_exec_record *exec =
+		(struct gp_exec_record *)reserve_record(GP_RECORD_EXEC, sizeof(struct gp_exec_record));
 	if (!exec)
 		return 0;
 	struct gp_record *rec = &exec->rec;

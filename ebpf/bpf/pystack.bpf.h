@@ -126,8 +126,8 @@ static __always_inline __u64 current_tstate(const struct gp_python *py, __u32 ti
 }
 
 /* Copies a compact str's data (up to `cap` bytes); returns the bytes copied. */
-static __always_inline __u32 read_py_str(const struct gp_python *py, __u64 str, __u8 *dst, __u32 cap,
-					 __u8 *kind_out, __u32 *chars_out)
+static __always_inline __u32 read_py_str(const struct gp_python *py, __u64 str, __u8 *dst, __u32 cap, __u8 *kind_out,
+					 __u32 *chars_out)
 {
 	__u64 length = 0;
 	__u32 state = 0;
@@ -155,8 +155,8 @@ static __always_inline __u32 read_py_str(const struct gp_python *py, __u64 str, 
 }
 
 /* Sends what symbolizing a code object needs (see struct gp_code). */
-static __always_inline void describe_code(const struct gp_python *py, struct code_record *out, __u64 code,
-					  __u32 tgid, __u32 tid)
+static __always_inline void describe_code(const struct gp_python *py, struct code_record *out, __u64 code, __u32 tgid,
+					  __u32 tid)
 {
 	__u64 name = 0, file = 0, table = 0, table_size = 0;
 	struct gp_code *c = &out->code;
@@ -205,7 +205,7 @@ struct frame_walk {
 	struct gp_frame *frames;
 	struct stack_scratch *scratch;
 	__u64 frame;
-	__u64 stack_base;  /* the data stack copy covers [stack_base, stack_base + stack_len) */
+	__u64 stack_base; /* the data stack copy covers [stack_base, stack_base + stack_len) */
 	__u64 stack_len;
 	__u32 tgid;
 	__u32 tid;
@@ -289,7 +289,7 @@ static long describe_one(__u64 index, void *ctx)
  * GP_FLAG_STACK_TRUNCATED / GP_FLAG_STACK_LOST in `flags`.
  */
 static __always_inline __u32 walk_python_stack(__u32 tgid, __u32 tid, struct gp_frame *frames,
-						struct stack_scratch *scratch, __u8 *flags)
+					       struct stack_scratch *scratch, __u8 *flags)
 {
 	if (!python_stacks)
 		return 0;

@@ -71,7 +71,9 @@ impl ForwardStacks {
         }
         let (Some(seq), Some(thread)) = (event.autograd_seq, event.autograd_thread) else { return };
         match event.autograd_node.clone() {
-            None if event.op == Op::Alloc && !event.stack.is_empty() => self.observe(event.pid, thread, seq, &event.stack),
+            None if event.op == Op::Alloc && !event.stack.is_empty() => {
+                self.observe(event.pid, thread, seq, &event.stack)
+            }
             None => {}
             Some(node) => {
                 if let Some((forward, origin)) = self.forward_of(event.pid, thread, seq) {
@@ -157,7 +159,15 @@ mod tests {
     }
 
     fn block(op: Op, seq: u64, node: Option<&str>, own: Stack) -> Event {
-        let mut event = Event::new(1, 10, 11, Source::Ebpf, Layer::Allocator, op, Cow::Borrowed("c10::reportMemoryUsageToProfiler"));
+        let mut event = Event::new(
+            1,
+            10,
+            11,
+            Source::Ebpf,
+            Layer::Allocator,
+            op,
+            Cow::Borrowed("c10::reportMemoryUsageToProfiler"),
+        );
         event.autograd_seq = Some(seq);
         event.autograd_thread = Some(1);
         event.autograd_node = node.map(Arc::from);
@@ -176,7 +186,14 @@ mod tests {
         // (line 21, a view) allocates nothing; node 9 (line 22) allocates at 10; line 23 makes
         // node 10 (a transpose, nothing), node 11 (allocates at 12), node 12 (a view, nothing)
         // and node 13 (allocates at 14).
-        for (op, seq, line) in [(Op::Alloc, 7, 19), (Op::Alloc, 8, 20), (Op::Free, 8, 30), (Op::Alloc, 10, 22), (Op::Alloc, 12, 23), (Op::Alloc, 14, 23)] {
+        for (op, seq, line) in [
+            (Op::Alloc, 7, 19),
+            (Op::Alloc, 8, 20),
+            (Op::Free, 8, 30),
+            (Op::Alloc, 10, 22),
+            (Op::Alloc, 12, 23),
+            (Op::Alloc, 14, 23),
+        ] {
             stacks.attribute(&mut block(op, seq, None, stack(line)));
         }
         fn backward(stacks: &mut ForwardStacks, seq: u64, node: &str) -> (Vec<(String, u32)>, Option<StackOrigin>) {
@@ -185,14 +202,23 @@ mod tests {
             (lines(&event), event.stack_origin)
         }
         let marked = |node: &str, line| vec![(node.to_string(), 0), ("forward".to_string(), line)];
-        assert_eq!(backward(&mut stacks, 7, "AddmmBackward0"), (marked("AddmmBackward0", 20), Some(StackOrigin::Forward)));
+        assert_eq!(
+            backward(&mut stacks, 7, "AddmmBackward0"),
+            (marked("AddmmBackward0", 20), Some(StackOrigin::Forward))
+        );
         assert_eq!(backward(&mut stacks, 9, "MulBackward0"), (marked("MulBackward0", 22), Some(StackOrigin::Forward)));
         assert_eq!(backward(&mut stacks, 11, "MmBackward0"), (marked("MmBackward0", 23), Some(StackOrigin::Forward)));
         // Line 23 before it and after it.
-        assert_eq!(backward(&mut stacks, 12, "UnsafeViewBackward0"), (marked("UnsafeViewBackward0", 23), Some(StackOrigin::Forward)));
+        assert_eq!(
+            backward(&mut stacks, 12, "UnsafeViewBackward0"),
+            (marked("UnsafeViewBackward0", 23), Some(StackOrigin::Forward))
+        );
         // Line 20 before it (the free is not a forward op's output), line 22 after it: the one
         // before, marked near; likewise line 22 and 23 around the transpose.
-        assert_eq!(backward(&mut stacks, 8, "ViewBackward0"), (marked("ViewBackward0", 20), Some(StackOrigin::ForwardNear)));
+        assert_eq!(
+            backward(&mut stacks, 8, "ViewBackward0"),
+            (marked("ViewBackward0", 20), Some(StackOrigin::ForwardNear))
+        );
         assert_eq!(backward(&mut stacks, 10, "TBackward0"), (marked("TBackward0", 22), Some(StackOrigin::ForwardNear)));
         // Another process's thread 1, or a node older than anything seen: none.
         let mut other = block(Op::Alloc, 7, Some("AddmmBackward0"), Stack::empty());
@@ -218,10 +244,16 @@ mod tests {
         let mut given = block(Op::Alloc, 7, Some("AddmmBackward0"), stack(99));
         given.stack_origin = Some(StackOrigin::ForwardNear);
         stacks.follow(&mut given);
-        assert_eq!((lines(&given), given.stack_origin), (vec![("forward".to_string(), 99)], Some(StackOrigin::ForwardNear)));
+        assert_eq!(
+            (lines(&given), given.stack_origin),
+            (vec![("forward".to_string(), 99)], Some(StackOrigin::ForwardNear))
+        );
         let mut found = block(Op::Alloc, 7, Some("AddmmBackward0"), Stack::empty());
         stacks.follow(&mut found);
-        assert_eq!((lines(&found), found.stack_origin), (vec![("AddmmBackward0".to_string(), 0), ("forward".to_string(), 20)], Some(StackOrigin::Forward)));
+        assert_eq!(
+            (lines(&found), found.stack_origin),
+            (vec![("AddmmBackward0".to_string(), 0), ("forward".to_string(), 20)], Some(StackOrigin::Forward))
+        );
         let mut exit = Event::new(2, 10, 10, Source::Ebpf, Layer::Process, Op::Exit, Cow::Borrowed("exit"));
         stacks.follow(&mut exit);
         let mut after = block(Op::Alloc, 7, Some("AddmmBackward0"), Stack::empty());

@@ -73,7 +73,10 @@ impl Dedup {
         self.expire(event.ts);
         let key = CallKey::of(event);
         if let Some(copies) = self.waiting.get_mut(&key) {
-            if let Some(twin) = copies.iter().position(|(source, ts)| *source != event.source && event.ts.abs_diff(*ts) <= self.window_ns) {
+            if let Some(twin) = copies
+                .iter()
+                .position(|(source, ts)| *source != event.source && event.ts.abs_diff(*ts) <= self.window_ns)
+            {
                 copies.remove(twin);
                 if copies.is_empty() {
                     self.waiting.remove(&key);
@@ -117,7 +120,8 @@ mod tests {
     use super::*;
 
     fn report(ts: u64, source: Source, op: Op, addr: u64, allocated: u64) -> Event {
-        let mut event = Event::new(ts, 7, 7, source, Layer::Allocator, op, Cow::Borrowed(crate::event::PYTORCH_ALLOCATOR_API));
+        let mut event =
+            Event::new(ts, 7, 7, source, Layer::Allocator, op, Cow::Borrowed(crate::event::PYTORCH_ALLOCATOR_API));
         event.addr = Some(addr);
         event.size = 512;
         event.allocated = Some(allocated);

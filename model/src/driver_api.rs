@@ -157,10 +157,7 @@ pub fn by_id(id: u16) -> Option<&'static DriverApi> {
 
 /// The id and entry of an exported name.
 pub fn by_name(name: &str) -> Option<(u16, &'static DriverApi)> {
-    DRIVER_APIS
-        .iter()
-        .position(|api| api.name == name)
-        .map(|index| (index as u16, &DRIVER_APIS[index]))
+    DRIVER_APIS.iter().position(|api| api.name == name).map(|index| (index as u16, &DRIVER_APIS[index]))
 }
 
 /// Bytes of the longest handle a call carries (IPC handle, pool export data, fabric handle).
@@ -189,8 +186,17 @@ pub struct CallValues {
 
 impl CallValues {
     /// A call that named no device and carried no handle, values still to be read.
-    pub const EMPTY: CallValues =
-        CallValues { result: 0, addr: 0, size: 0, aux: 0, device: -1, duration_ns: 0, handle_type: 0, handle_len: 0, handle: [0; HANDLE_LEN] };
+    pub const EMPTY: CallValues = CallValues {
+        result: 0,
+        addr: 0,
+        size: 0,
+        aux: 0,
+        device: -1,
+        duration_ns: 0,
+        handle_type: 0,
+        handle_len: 0,
+        handle: [0; HANDLE_LEN],
+    };
 
     /// The call's handle bytes, if it carried one.
     pub fn handle(&self) -> Option<&[u8]> {

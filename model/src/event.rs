@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::hex::{serde_addr, serde_bytes};
 use crate::autograd::StackOrigin;
+use crate::hex::{serde_addr, serde_bytes};
 use crate::stack::Stack;
 
 /// Where an event was captured.

@@ -19,7 +19,7 @@ pub mod user_frame;
 
 pub use driver_api::{ArgLayout, DriverApi, DRIVER_APIS};
 pub use event::{Event, Frame, Kind, Layer, Op, Source};
-pub use stack::{Stack, StackTable};
 pub use findings::{analyze, Analyzer, Finding, FindingKind, RuleConfig, Severity};
+pub use stack::{Stack, StackTable};
 pub use track::{LiveSummary, ProcessState, Tracker};
 pub use user_frame::user_frame;

@@ -71,14 +71,17 @@ impl Stack {
     /// the thread: views, findings, exports and profiles group such memory by it. Shared per
     /// module.
     pub fn of_module(module: &str) -> Stack {
-        static MODULES: LazyLock<std::sync::Mutex<std::collections::HashMap<String, Stack>>> = LazyLock::new(Default::default);
+        static MODULES: LazyLock<std::sync::Mutex<std::collections::HashMap<String, Stack>>> =
+            LazyLock::new(Default::default);
         let mut modules = MODULES.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if let Some(stack) = modules.get(module) {
             return stack.clone();
         }
         modules
             .entry(module.to_string())
-            .or_insert_with(|| Stack::new(vec![Frame { function: format!("[{module}]"), file: NATIVE_FILE.to_string(), line: 0 }]))
+            .or_insert_with(|| {
+                Stack::new(vec![Frame { function: format!("[{module}]"), file: NATIVE_FILE.to_string(), line: 0 }])
+            })
             .clone()
     }
 }
@@ -205,7 +208,10 @@ mod tests {
         assert_eq!(a.content_hash(), b.content_hash());
         assert_ne!(a, c);
         assert_eq!(&a[..], &[frame("step", 7), frame("main", 20)]);
-        assert_eq!(serde_json::to_string(&a).unwrap(), r#"[{"function":"step","file":"train.py","line":7},{"function":"main","file":"train.py","line":20}]"#);
+        assert_eq!(
+            serde_json::to_string(&a).unwrap(),
+            r#"[{"function":"step","file":"train.py","line":7},{"function":"main","file":"train.py","line":20}]"#
+        );
         let back: Stack = serde_json::from_str(&serde_json::to_string(&a).unwrap()).unwrap();
         assert_eq!(back, a);
     }

@@ -10,7 +10,10 @@ pub fn user_frame(stack: &[Frame]) -> Option<&Frame> {
 }
 
 fn is_library(file: &str) -> bool {
-    file.starts_with('<') || file.contains("/site-packages/") || file.contains("/dist-packages/") || is_standard_library(file)
+    file.starts_with('<')
+        || file.contains("/site-packages/")
+        || file.contains("/dist-packages/")
+        || is_standard_library(file)
 }
 
 /// `…/lib/python3.12/…` or `…/lib64/python3.12/…` (a virtualenv's too), and Debian's

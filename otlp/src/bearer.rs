@@ -16,7 +16,14 @@ mod tests {
     fn only_the_exact_token_after_bearer_matches() {
         assert!(matches(None, None));
         assert!(matches(Some("t0k"), Some(b"Bearer t0k")));
-        for wrong in [None, Some(&b"t0k"[..]), Some(b"Bearer t0"), Some(b"Bearer t0kk"), Some(b"bearer t0k"), Some(b"Bearer T0k")] {
+        for wrong in [
+            None,
+            Some(&b"t0k"[..]),
+            Some(b"Bearer t0"),
+            Some(b"Bearer t0kk"),
+            Some(b"bearer t0k"),
+            Some(b"Bearer T0k"),
+        ] {
             assert!(!matches(Some("t0k"), wrong), "{wrong:?}");
         }
     }

@@ -2,8 +2,8 @@
 //! is about (next to that process's allocation spans), and a leak carries an error status so
 //! trace views flag it.
 
-use gpuprof_model::otel::span as attr;
 use gpuprof_model::findings::Severity;
+use gpuprof_model::otel::span as attr;
 use gpuprof_model::Finding;
 use opentelemetry_proto::tonic::trace::v1::{span, status, Span, Status};
 

@@ -115,14 +115,24 @@ impl Lifetimes {
                 }
                 let since = tracker.process(pid).map_or(event.ts, |p| p.first_ts);
                 let host = &self.host;
-                let trace = self.traces.entry(pid).or_insert_with(|| Trace { id: process_trace_id(host, pid, since), spans: 0 });
+                let trace = self
+                    .traces
+                    .entry(pid)
+                    .or_insert_with(|| Trace { id: process_trace_id(host, pid, since), spans: 0 });
                 if trace.spans >= self.policy.max_per_process {
                     self.over_cap += 1;
                     return;
                 }
                 trace.spans += 1;
-                let open = OpenSpan { trace: trace.id, id: span_id(&trace.id, trace.spans), start: event.clone(), events: Vec::new() };
-                if let Some(replaced) = self.open.entry(pid).or_default().insert((event.layer, Space::of(kind), addr), open) {
+                let open = OpenSpan {
+                    trace: trace.id,
+                    id: span_id(&trace.id, trace.spans),
+                    start: event.clone(),
+                    events: Vec::new(),
+                };
+                if let Some(replaced) =
+                    self.open.entry(pid).or_default().insert((event.layer, Space::of(kind), addr), open)
+                {
                     // The free was never seen (lost, or made by a path not probed).
                     self.finish(pid, replaced, event.ts, None);
                 }
@@ -191,13 +201,19 @@ impl Lifetimes {
     fn add_event(&mut self, key: &SpanKey, event: &Event, name: &str, attributes: Vec<KeyValue>) {
         let (pid, layer, space, addr) = *key;
         if let Some(open) = self.open.get_mut(&pid).and_then(|spans| spans.get_mut(&(layer, space, addr))) {
-            open.events.push(span::Event { time_unix_nano: event.ts, name: name.to_string(), attributes, dropped_attributes_count: 0 });
+            open.events.push(span::Event {
+                time_unix_nano: event.ts,
+                name: name.to_string(),
+                attributes,
+                dropped_attributes_count: 0,
+            });
         }
     }
 
     /// The process exited or exec'd: what it still held ends here, leaked.
     fn end_process(&mut self, pid: u32, ts: u64) {
-        let mut ending: Vec<OpenSpan> = self.open.remove(&pid).map(|spans| spans.into_values().collect()).unwrap_or_default();
+        let mut ending: Vec<OpenSpan> =
+            self.open.remove(&pid).map(|spans| spans.into_values().collect()).unwrap_or_default();
         ending.sort_by_key(|o| o.start.ts);
         for open in ending {
             self.finish(pid, open, ts, None);
@@ -297,7 +313,10 @@ mod tests {
 
         let (pid, freed) = &spans[0];
         assert_eq!(*pid, 40);
-        assert_eq!((freed.name.as_str(), freed.start_time_unix_nano, freed.end_time_unix_nano), ("cuMemAlloc_v2", 10, 14));
+        assert_eq!(
+            (freed.name.as_str(), freed.start_time_unix_nano, freed.end_time_unix_nano),
+            ("cuMemAlloc_v2", 10, 14)
+        );
         let a = &freed.attributes;
         assert_eq!(attribute_str(a, attr::ADDR), Some("0xa000"));
         assert_eq!(attribute_int(a, attr::SIZE), Some(4096));

@@ -114,7 +114,9 @@ pub fn profile_record(pprof: Vec<u8>, ts: u64, reason: &str) -> LogRecord {
 /// A profile record's pprof bytes and reason.
 pub fn profile_of(record: &LogRecord) -> Result<(&[u8], &str), DecodeError> {
     match record.body.as_ref().and_then(|b| b.value.as_ref()) {
-        Some(any_value::Value::BytesValue(bytes)) => Ok((bytes, attribute_str(&record.attributes, ATTR_PROFILE_REASON).unwrap_or(""))),
+        Some(any_value::Value::BytesValue(bytes)) => {
+            Ok((bytes, attribute_str(&record.attributes, ATTR_PROFILE_REASON).unwrap_or("")))
+        }
         None => Err(DecodeError::NoBody),
         Some(_) => Err(DecodeError::NotBytes),
     }
@@ -130,7 +132,15 @@ mod tests {
 
     #[test]
     fn an_event_survives_the_round_trip_field_for_field() {
-        let mut event = Event::new(1_700_000_000_123_456_789, 41, 42, Source::Ebpf, Layer::Driver, Op::IpcOpen, Cow::Borrowed("cuIpcOpenMemHandle_v2"));
+        let mut event = Event::new(
+            1_700_000_000_123_456_789,
+            41,
+            42,
+            Source::Ebpf,
+            Layer::Driver,
+            Op::IpcOpen,
+            Cow::Borrowed("cuIpcOpenMemHandle_v2"),
+        );
         event.kind = Some(Kind::Device);
         event.addr = Some(0x7f12_3400_0000);
         event.handle = Some((0..64).collect());

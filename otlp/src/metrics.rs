@@ -19,22 +19,42 @@ pub fn process_metrics(process: &ProcessMemory, ts: u64, nvml_used: Option<u64>)
     let mut live: Vec<NumberDataPoint> = summary
         .by_kind
         .iter()
-        .map(|(kind, total)| point(total.bytes, vec![kv_str(name::ATTR_LAYER, "driver"), kv_str(name::ATTR_KIND, kind.as_str())]))
+        .map(|(kind, total)| {
+            point(total.bytes, vec![kv_str(name::ATTR_LAYER, "driver"), kv_str(name::ATTR_KIND, kind.as_str())])
+        })
         .collect();
     if summary.blocks.count > 0 {
-        live.push(point(summary.blocks.bytes, vec![kv_str(name::ATTR_LAYER, "allocator"), kv_str(name::ATTR_KIND, "device")]));
+        live.push(point(
+            summary.blocks.bytes,
+            vec![kv_str(name::ATTR_LAYER, "allocator"), kv_str(name::ATTR_KIND, "device")],
+        ));
     }
     let mut metrics = vec![gauge(name::LIVE_BYTES, "Device memory a process holds, by layer and kind", live)];
     let totals = process.allocator_totals();
     if !totals.is_empty() {
         let per_device = |value: fn(&gpuprof_model::track::AllocatorTotals) -> u64| {
-            totals.iter().map(|(device, t)| point(value(t), vec![kv_str(name::ATTR_DEVICE, device.to_string())])).collect()
+            totals
+                .iter()
+                .map(|(device, t)| point(value(t), vec![kv_str(name::ATTR_DEVICE, device.to_string())]))
+                .collect()
         };
-        metrics.push(gauge(name::ALLOCATOR_ALLOCATED, "Bytes in a framework allocator's live blocks", per_device(|t| t.allocated)));
-        metrics.push(gauge(name::ALLOCATOR_RESERVED, "Bytes a framework allocator holds in segments, its cache included", per_device(|t| t.reserved)));
+        metrics.push(gauge(
+            name::ALLOCATOR_ALLOCATED,
+            "Bytes in a framework allocator's live blocks",
+            per_device(|t| t.allocated),
+        ));
+        metrics.push(gauge(
+            name::ALLOCATOR_RESERVED,
+            "Bytes a framework allocator holds in segments, its cache included",
+            per_device(|t| t.reserved),
+        ));
     }
     if let Some(used) = nvml_used {
-        metrics.push(gauge(name::NVML_USED, "Device memory the driver accounts to the process (NVML, as nvidia-smi shows), all devices", vec![point(used, Vec::new())]));
+        metrics.push(gauge(
+            name::NVML_USED,
+            "Device memory the driver accounts to the process (NVML, as nvidia-smi shows), all devices",
+            vec![point(used, Vec::new())],
+        ));
     }
     metrics
 }

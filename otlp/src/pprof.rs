@@ -191,9 +191,22 @@ impl ProfileBuilder {
         let mut builder = ProfileBuilder::default();
         builder.string(""); // pprof: string 0 is the empty string
         let filename = builder.string(program);
-        builder.profile.mapping = vec![Mapping { id: 1, filename, has_functions: true, has_filenames: true, has_line_numbers: true, ..Default::default() }];
-        let (objects, count, space, bytes) = (builder.string("inuse_objects"), builder.string("count"), builder.string("inuse_space"), builder.string("bytes"));
-        builder.profile.sample_type = vec![ValueType { r#type: objects, unit: count }, ValueType { r#type: space, unit: bytes }];
+        builder.profile.mapping = vec![Mapping {
+            id: 1,
+            filename,
+            has_functions: true,
+            has_filenames: true,
+            has_line_numbers: true,
+            ..Default::default()
+        }];
+        let (objects, count, space, bytes) = (
+            builder.string("inuse_objects"),
+            builder.string("count"),
+            builder.string("inuse_space"),
+            builder.string("bytes"),
+        );
+        builder.profile.sample_type =
+            vec![ValueType { r#type: objects, unit: count }, ValueType { r#type: space, unit: bytes }];
         builder.profile.default_sample_type = space;
         builder.profile.period_type = Some(ValueType { r#type: space, unit: bytes });
         builder.profile.period = 1;
@@ -224,7 +237,12 @@ impl ProfileBuilder {
         };
         *self.locations.entry((function_id, line)).or_insert_with(|| {
             let id = self.profile.location.len() as u64 + 1;
-            self.profile.location.push(Location { id, mapping_id: 1, line: vec![Line { function_id, line: i64::from(line), column: 0 }], ..Default::default() });
+            self.profile.location.push(Location {
+                id,
+                mapping_id: 1,
+                line: vec![Line { function_id, line: i64::from(line), column: 0 }],
+                ..Default::default()
+            });
             id
         })
     }
@@ -287,7 +305,11 @@ pub fn top_samples(profile: &Profile, n: usize) -> Vec<(Vec<Frame>, u64, u64)> {
                 .filter_map(|id| locations.get(id))
                 .flat_map(|l| &l.line)
                 .filter_map(|line| functions.get(&line.function_id).map(|f| (f, line.line)))
-                .map(|(f, line)| Frame { function: python_name(text(f.name)), file: text(f.filename), line: line as u32 })
+                .map(|(f, line)| Frame {
+                    function: python_name(text(f.name)),
+                    file: text(f.filename),
+                    line: line as u32,
+                })
                 .collect();
             let value = |i: usize| sample.value.get(i).copied().unwrap_or(0).max(0) as u64;
             (frames, value(space), value(objects))
@@ -355,7 +377,10 @@ mod tests {
         // Locations and functions are shared between samples; pprof sees `(module)`.
         assert_eq!(profile.location.len(), 5);
         assert_eq!(profile.function.len(), 5);
-        assert!(profile.string_table.iter().any(|s| s == "(module)") && !profile.string_table.iter().any(|s| s == "<module>"));
+        assert!(
+            profile.string_table.iter().any(|s| s == "(module)")
+                && !profile.string_table.iter().any(|s| s == "<module>")
+        );
         assert_eq!(profile.string_table[profile.mapping[0].filename as usize], "python");
         assert!(profile.location.iter().all(|l| l.id != 0) && profile.function.iter().all(|f| f.id != 0));
     }

@@ -45,9 +45,8 @@ fn main() {
         symbolizer.insert(code, info);
     }
     // Each event: the same 32 code objects, at one of 4 instructions each.
-    let stacks: Vec<Vec<(u64, u64)>> = (0..4u64)
-        .map(|k| codes.iter().map(|&c| (c, c + adaptive + 2 * (40 + k * 30))).collect())
-        .collect();
+    let stacks: Vec<Vec<(u64, u64)>> =
+        (0..4u64).map(|k| codes.iter().map(|&c| (c, c + adaptive + 2 * (40 + k * 30))).collect()).collect();
     let warm: Vec<Vec<Frame>> =
         stacks.iter().map(|s| s.iter().map(|&(c, i)| symbolizer.frame(&NoMemory, c, i).unwrap()).collect()).collect();
 
@@ -68,7 +67,8 @@ fn main() {
     });
     let symbolize = best(&mut || {
         for e in 0..EVENTS {
-            let frames: Vec<Frame> = stacks[e % 4].iter().map(|&(c, i)| symbolizer.frame(&NoMemory, c, i).unwrap()).collect();
+            let frames: Vec<Frame> =
+                stacks[e % 4].iter().map(|&(c, i)| symbolizer.frame(&NoMemory, c, i).unwrap()).collect();
             black_box(frames);
         }
         EVENTS

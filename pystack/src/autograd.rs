@@ -87,7 +87,10 @@ impl AutogradLayout {
             .flatten()
             .find(|(_, relocation)| {
                 relocation.flags() == (RelocationFlags::Elf { r_type: R_X86_64_DTPMOD64 })
-                    && matches!(relocation.target(), RelocationTarget::Absolute | RelocationTarget::Symbol(object::SymbolIndex(0)))
+                    && matches!(
+                        relocation.target(),
+                        RelocationTarget::Absolute | RelocationTarget::Symbol(object::SymbolIndex(0))
+                    )
             })
             .map(|(offset, _)| offset);
         Ok(AutogradLayout {
@@ -155,7 +158,10 @@ mod tests {
 
     #[test]
     fn class_names_from_mangled_type_names() {
-        assert_eq!(last_name_component("N5torch8autograd9generated14AddmmBackward0E").as_deref(), Some("AddmmBackward0"));
+        assert_eq!(
+            last_name_component("N5torch8autograd9generated14AddmmBackward0E").as_deref(),
+            Some("AddmmBackward0")
+        );
         assert_eq!(last_name_component("N5torch8autograd6PyNodeE").as_deref(), Some("PyNode"));
         assert_eq!(last_name_component("14AccumulateGrad").as_deref(), Some("AccumulateGrad"));
         assert_eq!(last_name_component("N5torch8autograd99tooshortE"), None);

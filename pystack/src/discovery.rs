@@ -34,7 +34,8 @@ pub enum DiscoveryError {
 /// The interpreter of a process, or None when it runs no CPython (yet: a process that has just
 /// exec'd may not have mapped libpython).
 pub fn find_interpreter(pid: u32) -> Result<Option<Interpreter>, DiscoveryError> {
-    let maps = fs::read_to_string(format!("/proc/{pid}/maps")).map_err(|source| DiscoveryError::Maps { pid, source })?;
+    let maps =
+        fs::read_to_string(format!("/proc/{pid}/maps")).map_err(|source| DiscoveryError::Maps { pid, source })?;
     let modules = candidate_modules(&maps);
     for (path, base) in modules {
         let file = PathBuf::from(format!("/proc/{pid}/root{path}"));
@@ -130,7 +131,10 @@ mod tests {
 ";
         assert_eq!(
             candidate_modules(maps),
-            vec![("/opt/py/lib/libpython3.11.so.1.0".to_string(), 0x7f00_0000_0000), ("/usr/bin/python3.12".to_string(), 0x5555_5555_4000)]
+            vec![
+                ("/opt/py/lib/libpython3.11.so.1.0".to_string(), 0x7f00_0000_0000),
+                ("/usr/bin/python3.12".to_string(), 0x5555_5555_4000)
+            ]
         );
     }
 

@@ -55,7 +55,8 @@ impl Memory for RemoteMemory {
         if n == buf.len() as isize {
             return Ok(());
         }
-        let reason = if n < 0 { std::io::Error::last_os_error().to_string() } else { format!("short read of {n} bytes") };
+        let reason =
+            if n < 0 { std::io::Error::last_os_error().to_string() } else { format!("short read of {n} bytes") };
         Err(MemoryError::Unreadable { pid: self.pid, addr, len: buf.len(), reason })
     }
 }

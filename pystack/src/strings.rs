@@ -35,7 +35,9 @@ pub fn decode(data: &[u8], kind: u32) -> String {
             .collect(),
         _ => data
             .chunks_exact(4)
-            .map(|c| char::from_u32(u32::from_le_bytes([c[0], c[1], c[2], c[3]])).unwrap_or(char::REPLACEMENT_CHARACTER))
+            .map(|c| {
+                char::from_u32(u32::from_le_bytes([c[0], c[1], c[2], c[3]])).unwrap_or(char::REPLACEMENT_CHARACTER)
+            })
             .collect(),
     }
 }

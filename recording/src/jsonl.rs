@@ -38,7 +38,8 @@ impl JsonlReader {
             }
             self.line.clear();
             self.number += 1;
-            let read = self.input.read_line(&mut self.line).map_err(|error| JsonlError::Io { line: self.number, error })?;
+            let read =
+                self.input.read_line(&mut self.line).map_err(|error| JsonlError::Io { line: self.number, error })?;
             if read == 0 {
                 self.ending = Some(Ending::Closed { events: self.events, lost: 0 });
                 return Ok(None);

@@ -60,7 +60,8 @@ impl EventFile {
         let open_error = |error| FileError::Open { path: path.to_path_buf(), error };
         let mut input = BufReader::with_capacity(1 << 16, File::open(path).map_err(open_error)?);
         let source = if is_recording(&mut input).map_err(open_error)? {
-            let reader = Reader::new(input).map_err(|error| FileError::Recording { path: path.to_path_buf(), error })?;
+            let reader =
+                Reader::new(input).map_err(|error| FileError::Recording { path: path.to_path_buf(), error })?;
             Source::Recording(Box::new(reader))
         } else {
             Source::Jsonl(jsonl::JsonlReader::new(Box::new(input) as Box<dyn BufRead>))

@@ -107,8 +107,10 @@ impl Reader {
                 }
                 tag::END => {
                     let mut at = 0;
-                    let events = varint::get(&self.entry, &mut at).ok_or_else(|| self.corrupt("an end entry cut short"))?;
-                    let lost = varint::get(&self.entry, &mut at).ok_or_else(|| self.corrupt("an end entry cut short"))?;
+                    let events =
+                        varint::get(&self.entry, &mut at).ok_or_else(|| self.corrupt("an end entry cut short"))?;
+                    let lost =
+                        varint::get(&self.entry, &mut at).ok_or_else(|| self.corrupt("an end entry cut short"))?;
                     self.ending = Some(Ending::Closed { events, lost });
                 }
                 _ => {} // a later version's entry: skipped
@@ -157,11 +159,16 @@ impl Reader {
     }
 
     fn string(&self, id: u64) -> Result<&std::sync::Arc<str>, ReadError> {
-        self.strings.get((id as usize).wrapping_sub(1)).ok_or_else(|| self.corrupt(&format!("string {id} was never written")))
+        self.strings
+            .get((id as usize).wrapping_sub(1))
+            .ok_or_else(|| self.corrupt(&format!("string {id} was never written")))
     }
 
     fn name(&self, id: u64) -> Result<Cow<'static, str>, ReadError> {
-        self.names.get((id as usize).wrapping_sub(1)).cloned().ok_or_else(|| self.corrupt(&format!("string {id} was never written")))
+        self.names
+            .get((id as usize).wrapping_sub(1))
+            .cloned()
+            .ok_or_else(|| self.corrupt(&format!("string {id} was never written")))
     }
 
     fn add_frame(&mut self) -> Result<(), ReadError> {
@@ -172,7 +179,11 @@ impl Reader {
         else {
             return Err(self.corrupt("a frame entry cut short"));
         };
-        let frame = Frame { function: self.string(function)?.to_string(), file: self.string(file)?.to_string(), line: line as u32 };
+        let frame = Frame {
+            function: self.string(function)?.to_string(),
+            file: self.string(file)?.to_string(),
+            line: line as u32,
+        };
         self.frames.push(frame);
         Ok(())
     }
@@ -184,7 +195,10 @@ impl Reader {
         let mut frames = Vec::with_capacity(count.min(1024) as usize);
         for _ in 0..count {
             let id = varint::get(data, &mut at).ok_or_else(|| self.corrupt("a stack entry cut short"))?;
-            let frame = self.frames.get((id as usize).wrapping_sub(1)).ok_or_else(|| self.corrupt(&format!("frame {id} was never written")))?;
+            let frame = self
+                .frames
+                .get((id as usize).wrapping_sub(1))
+                .ok_or_else(|| self.corrupt(&format!("frame {id} was never written")))?;
             frames.push(frame.clone());
         }
         self.stacks.push(Stack::new(frames));
@@ -205,7 +219,8 @@ impl Reader {
         let has = |field: Field| fields as u32 & field.bit() != 0;
         let Some(&packed) = data.get(*d) else { return Ok(None) };
         *d += 1;
-        let (source, layer, op) = codes::unpack(packed).ok_or_else(|| self.corrupt(&format!("an event of unknown kind {packed:#x}")))?;
+        let (source, layer, op) =
+            codes::unpack(packed).ok_or_else(|| self.corrupt(&format!("an event of unknown kind {packed:#x}")))?;
         let Some(ts) = varint::get_delta(data, d, self.deltas.ts) else { return Ok(None) };
         let Some(pid) = varint::get_delta(data, d, u64::from(self.deltas.pid)) else { return Ok(None) };
         let pid = pid as u32;
@@ -213,13 +228,19 @@ impl Reader {
         let (Some(comm), Some(api)) = (varint::get(data, d), varint::get(data, d)) else { return Ok(None) };
         let mut event = Event::new(ts, pid, tid as u32, source, layer, op, self.name(api)?);
         event.comm = self.string(comm)?.clone();
-        let (Some(size), Some(result), Some(stack)) = (varint::get(data, d), varint::get_signed(data, d), varint::get(data, d)) else {
+        let (Some(size), Some(result), Some(stack)) =
+            (varint::get(data, d), varint::get_signed(data, d), varint::get(data, d))
+        else {
             return Ok(None);
         };
         event.size = size;
         event.result = result as i32;
         if stack != 0 {
-            event.stack = self.stacks.get(stack as usize - 1).cloned().ok_or_else(|| self.corrupt(&format!("stack {stack} was never written")))?;
+            event.stack = self
+                .stacks
+                .get(stack as usize - 1)
+                .cloned()
+                .ok_or_else(|| self.corrupt(&format!("stack {stack} was never written")))?;
         }
         macro_rules! take {
             ($value:expr) => {
@@ -301,8 +322,13 @@ impl Reader {
         if has(Field::Native) {
             let count = take!(varint::get(data, d));
             for _ in 0..count {
-                let (symbol, module, offset) = (take!(varint::get(data, d)), take!(varint::get(data, d)), take!(varint::get(data, d)));
-                event.native.push(NativeFrame { symbol: self.string(symbol)?.to_string(), module: self.string(module)?.to_string(), offset });
+                let (symbol, module, offset) =
+                    (take!(varint::get(data, d)), take!(varint::get(data, d)), take!(varint::get(data, d)));
+                event.native.push(NativeFrame {
+                    symbol: self.string(symbol)?.to_string(),
+                    module: self.string(module)?.to_string(),
+                    offset,
+                });
             }
         }
         if has(Field::CallerModule) {
@@ -320,7 +346,8 @@ impl Reader {
         if has(Field::StackOrigin) {
             let code = *take!(data.get(*d));
             *d += 1;
-            event.stack_origin = Some(codes::origin_of(code).ok_or_else(|| self.corrupt(&format!("stack origin {code}")))?);
+            event.stack_origin =
+                Some(codes::origin_of(code).ok_or_else(|| self.corrupt(&format!("stack origin {code}")))?);
         }
         self.deltas.ts = ts;
         self.deltas.pid = pid;

@@ -14,16 +14,40 @@ fn frame(function: &str, line: u32) -> Frame {
 fn events() -> Vec<Event> {
     let deep = Stack::new((0..40).map(|i| frame(&format!("layer_{i}"), 100 + i)).collect());
     let mut out = Vec::new();
-    let mut fork = Event::new(1_800_000_000_000_000_000, 4711, 4711, Source::Ebpf, Layer::Process, Op::Fork, Cow::Borrowed("sched_process_fork"));
+    let mut fork = Event::new(
+        1_800_000_000_000_000_000,
+        4711,
+        4711,
+        Source::Ebpf,
+        Layer::Process,
+        Op::Fork,
+        Cow::Borrowed("sched_process_fork"),
+    );
     fork.ppid = Some(4700);
     fork.comm = "python3".into();
     out.push(fork);
-    let mut exec = Event::new(1_800_000_000_000_000_100, 4711, 4711, Source::Ebpf, Layer::Process, Op::Exec, Cow::Borrowed("sched_process_exec"));
+    let mut exec = Event::new(
+        1_800_000_000_000_000_100,
+        4711,
+        4711,
+        Source::Ebpf,
+        Layer::Process,
+        Op::Exec,
+        Cow::Borrowed("sched_process_exec"),
+    );
     exec.filename = Some("/usr/bin/python3.12".into());
     exec.ns_pid = Some(7);
     exec.comm = "python3".into();
     out.push(exec);
-    let mut segment = Event::new(1_800_000_000_000_001_000, 4711, 4712, Source::Ebpf, Layer::Driver, Op::Alloc, Cow::Borrowed("cuMemAlloc_v2"));
+    let mut segment = Event::new(
+        1_800_000_000_000_001_000,
+        4711,
+        4712,
+        Source::Ebpf,
+        Layer::Driver,
+        Op::Alloc,
+        Cow::Borrowed("cuMemAlloc_v2"),
+    );
     segment.kind = Some(Kind::Device);
     segment.device = Some(0);
     segment.addr = Some(0x7f20_0000_0000);
@@ -34,7 +58,15 @@ fn events() -> Vec<Event> {
     segment.comm = "python3".into();
     out.push(segment);
     for i in 0..3u64 {
-        let mut block = Event::new(1_800_000_000_000_002_000 + i, 4711, 4712, Source::Cupti, Layer::Allocator, Op::Alloc, Cow::Borrowed("c10::reportMemoryUsageToProfiler"));
+        let mut block = Event::new(
+            1_800_000_000_000_002_000 + i,
+            4711,
+            4712,
+            Source::Cupti,
+            Layer::Allocator,
+            Op::Alloc,
+            Cow::Borrowed("c10::reportMemoryUsageToProfiler"),
+        );
         block.kind = Some(Kind::Device);
         block.device = Some(0);
         block.addr = Some(0x7f20_0000_0000 + i * 512);
@@ -53,7 +85,15 @@ fn events() -> Vec<Event> {
         }
         out.push(block);
     }
-    let mut export = Event::new(1_800_000_000_000_003_000, 4711, 4711, Source::Ebpf, Layer::Driver, Op::IpcExport, Cow::Borrowed("cuMemExportToShareableHandle"));
+    let mut export = Event::new(
+        1_800_000_000_000_003_000,
+        4711,
+        4711,
+        Source::Ebpf,
+        Layer::Driver,
+        Op::IpcExport,
+        Cow::Borrowed("cuMemExportToShareableHandle"),
+    );
     export.kind = Some(Kind::Vmm);
     export.addr = Some(0x55);
     export.handle = Some((0..64).collect());
@@ -61,32 +101,81 @@ fn events() -> Vec<Event> {
     export.handle_object = Some(0xffff_8881_0000_1000);
     export.comm = "python3".into();
     out.push(export);
-    let mut open = Event::new(1_800_000_000_000_003_500, 4800, 4801, Source::Ebpf, Layer::Driver, Op::IpcOpen, Cow::Borrowed("cuIpcOpenMemHandle_v2"));
+    let mut open = Event::new(
+        1_800_000_000_000_003_500,
+        4800,
+        4801,
+        Source::Ebpf,
+        Layer::Driver,
+        Op::IpcOpen,
+        Cow::Borrowed("cuIpcOpenMemHandle_v2"),
+    );
     open.peer_pid = Some(4711);
     open.addr = Some(0x7fa0_0000_0000);
     open.handle = Some(vec![0xab; 64]);
     open.caller_module = Some("libnccl.so.2".into());
-    open.native = vec![NativeFrame { symbol: "ncclCommInitRank".into(), module: "libnccl.so.2".into(), offset: 0x1234 }];
+    open.native =
+        vec![NativeFrame { symbol: "ncclCommInitRank".into(), module: "libnccl.so.2".into(), offset: 0x1234 }];
     open.comm = "worker".into();
     out.push(open);
-    let mut map = Event::new(1_800_000_000_000_003_600, 4711, 4711, Source::Ebpf, Layer::Driver, Op::Map, Cow::Borrowed("cuMemMap"));
+    let mut map = Event::new(
+        1_800_000_000_000_003_600,
+        4711,
+        4711,
+        Source::Ebpf,
+        Layer::Driver,
+        Op::Map,
+        Cow::Borrowed("cuMemMap"),
+    );
     map.vmm_handle = Some(0x55);
     map.addr = Some(0x7f40_0000_0000);
     map.size = 2 << 20;
     out.push(map);
-    let mut pitched = Event::new(1_800_000_000_000_003_700, 4711, 4711, Source::Ebpf, Layer::Driver, Op::Alloc, Cow::Borrowed("cuMemAllocPitch_v2"));
+    let mut pitched = Event::new(
+        1_800_000_000_000_003_700,
+        4711,
+        4711,
+        Source::Ebpf,
+        Layer::Driver,
+        Op::Alloc,
+        Cow::Borrowed("cuMemAllocPitch_v2"),
+    );
     pitched.pitch = Some(512);
     pitched.size = 512 * 3;
     pitched.result = 2;
     out.push(pitched);
-    let mut info = Event::new(1_800_000_000_000_003_800, 4711, 4711, Source::Ebpf, Layer::Driver, Op::MemInfo, Cow::Borrowed("cuMemGetInfo_v2"));
+    let mut info = Event::new(
+        1_800_000_000_000_003_800,
+        4711,
+        4711,
+        Source::Ebpf,
+        Layer::Driver,
+        Op::MemInfo,
+        Cow::Borrowed("cuMemGetInfo_v2"),
+    );
     info.size = 1 << 30;
     info.total = Some(80 << 30);
     out.push(info);
-    let mut unknown = Event::new(1_799_999_999_000_000_000, 4711, 4711, Source::Ebpf, Layer::Driver, Op::Free, Cow::Owned("cuSomethingNew".into()));
+    let mut unknown = Event::new(
+        1_799_999_999_000_000_000,
+        4711,
+        4711,
+        Source::Ebpf,
+        Layer::Driver,
+        Op::Free,
+        Cow::Owned("cuSomethingNew".into()),
+    );
     unknown.addr = Some(0x1000);
     out.push(unknown);
-    let mut exit = Event::new(1_800_000_000_000_004_000, 4711, 4711, Source::Ebpf, Layer::Process, Op::Exit, Cow::Borrowed("sched_process_exit"));
+    let mut exit = Event::new(
+        1_800_000_000_000_004_000,
+        4711,
+        4711,
+        Source::Ebpf,
+        Layer::Process,
+        Op::Exit,
+        Cow::Borrowed("sched_process_exit"),
+    );
     exit.exit_code = Some(137);
     exit.signal = Some(9);
     out.push(exit);
@@ -224,9 +313,8 @@ fn event_files_of_either_format_read_the_same() {
 #[test]
 fn a_training_loop_costs_a_few_bytes_an_event() {
     // 200 distinct 40-frame stacks; blocks allocated and freed in steps, as PyTorch's allocator reports them.
-    let stacks: Vec<Stack> = (0..200)
-        .map(|s| Stack::new((0..40).map(|i| frame(&format!("module_{s}_{i}"), 10 + i)).collect()))
-        .collect();
+    let stacks: Vec<Stack> =
+        (0..200).map(|s| Stack::new((0..40).map(|i| frame(&format!("module_{s}_{i}"), 10 + i)).collect())).collect();
     let mut events = Vec::new();
     let mut ts = 1_800_000_000_000_000_000u64;
     let (mut allocated, reserved) = (0u64, 2u64 << 30);
@@ -237,7 +325,15 @@ fn a_training_loop_costs_a_few_bytes_an_event() {
             let size = 512 * (1 + (i as u64 % 64));
             allocated += size;
             let addr = 0x7f20_0000_0000 + (i as u64) * 0x10_0000;
-            let mut e = Event::new(ts, 4711, if i % 3 == 0 { 4790 } else { 4711 }, Source::Ebpf, Layer::Allocator, Op::Alloc, Cow::Borrowed("c10::reportMemoryUsageToProfiler"));
+            let mut e = Event::new(
+                ts,
+                4711,
+                if i % 3 == 0 { 4790 } else { 4711 },
+                Source::Ebpf,
+                Layer::Allocator,
+                Op::Alloc,
+                Cow::Borrowed("c10::reportMemoryUsageToProfiler"),
+            );
             e.comm = "python3".into();
             (e.kind, e.device, e.addr, e.size) = (Some(Kind::Device), Some(0), Some(addr), size);
             (e.allocated, e.reserved, e.segment) = (Some(allocated), Some(reserved), Some(addr & !0xf_ffff));
@@ -248,7 +344,15 @@ fn a_training_loop_costs_a_few_bytes_an_event() {
         for (addr, size, stack) in live {
             ts += 9_000 + step;
             allocated -= size;
-            let mut e = Event::new(ts, 4711, 4711, Source::Ebpf, Layer::Allocator, Op::Free, Cow::Borrowed("c10::reportMemoryUsageToProfiler"));
+            let mut e = Event::new(
+                ts,
+                4711,
+                4711,
+                Source::Ebpf,
+                Layer::Allocator,
+                Op::Free,
+                Cow::Borrowed("c10::reportMemoryUsageToProfiler"),
+            );
             e.comm = "python3".into();
             (e.kind, e.device, e.addr, e.size) = (Some(Kind::Device), Some(0), Some(addr), size);
             (e.allocated, e.reserved, e.segment) = (Some(allocated), Some(reserved), Some(addr & !0xf_ffff));
@@ -269,6 +373,10 @@ fn a_training_loop_costs_a_few_bytes_an_event() {
         jsonl.write_all(b"\n").unwrap();
     }
     assert!(jsonl.len() > 50 * plain.len(), "jsonl {} vs recording {}", jsonl.len(), plain.len());
-    eprintln!("bytes an event: recording {:.1}, compressed {:.1}, jsonl {:.1}", per_event(&plain), per_event(&compressed), per_event(&jsonl));
+    eprintln!(
+        "bytes an event: recording {:.1}, compressed {:.1}, jsonl {:.1}",
+        per_event(&plain),
+        per_event(&compressed),
+        per_event(&jsonl)
+    );
 }
-

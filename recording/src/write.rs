@@ -84,11 +84,8 @@ impl<W: Write> Writer<W> {
         out.write_all(MAGIC)?;
         out.write_all(&VERSION.to_le_bytes())?;
         out.write_all(&flags.to_le_bytes())?;
-        let sink = if compress {
-            Sink::Zstd(zstd::stream::write::Encoder::new(out, ZSTD_LEVEL)?)
-        } else {
-            Sink::Plain(out)
-        };
+        let sink =
+            if compress { Sink::Zstd(zstd::stream::write::Encoder::new(out, ZSTD_LEVEL)?) } else { Sink::Plain(out) };
         Ok(Writer {
             sink,
             buffer: Vec::with_capacity(1 << 16),
@@ -123,11 +120,8 @@ impl<W: Write> Writer<W> {
         let filename = event.filename.as_deref().map(|f| self.string_id(f));
         let caller_module = event.caller_module.as_deref().map(|m| self.string_id(m));
         let autograd_node = event.autograd_node.as_deref().map(|n| self.string_id(n));
-        let native: Vec<(u64, u64, u64)> = event
-            .native
-            .iter()
-            .map(|n| (self.string_id(&n.symbol), self.string_id(&n.module), n.offset))
-            .collect();
+        let native: Vec<(u64, u64, u64)> =
+            event.native.iter().map(|n| (self.string_id(&n.symbol), self.string_id(&n.module), n.offset)).collect();
 
         let mut fields = 0u32;
         let mut set = |field: Field, present: bool| {
@@ -196,7 +190,10 @@ impl<W: Write> Writer<W> {
         if let Some(id) = handle_type {
             varint::put(p, id);
         }
-        for v in [event.handle_object, event.peer_pid.map(u64::from), event.vmm_handle, event.pitch, event.total].into_iter().flatten() {
+        for v in [event.handle_object, event.peer_pid.map(u64::from), event.vmm_handle, event.pitch, event.total]
+            .into_iter()
+            .flatten()
+        {
             varint::put(p, v);
         }
         if event.allocated.is_some() || event.reserved.is_some() {

@@ -22,7 +22,8 @@ use super::{gpuprof, wait_with_limit};
 pub fn collector_bin() -> &'static Path {
     static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     BIN.get_or_init(|| {
-        let status = Command::new(env!("CARGO")).args(["build", "--quiet", "-p", "gpuprof-collector"]).status().unwrap();
+        let status =
+            Command::new(env!("CARGO")).args(["build", "--quiet", "-p", "gpuprof-collector"]).status().unwrap();
         assert!(status.success(), "cannot build gpuprof-collector");
         let path = Path::new(gpuprof()).with_file_name("gpuprof-collector");
         assert!(path.exists(), "{} missing", path.display());
@@ -44,16 +45,14 @@ impl Collector {
         if !args.contains(&"--grpc-listen") {
             command.args(["--grpc-listen", "127.0.0.1:0"]);
         }
-        let mut child = command
-            .args(args)
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut child = command.args(args).stderr(Stdio::piped()).spawn().unwrap();
         let mut stderr = BufReader::new(child.stderr.take().unwrap());
         let mut line = String::new();
         stderr.read_line(&mut line).unwrap();
         // "gpuprof-collector: OTLP/gRPC on A, OTLP/HTTP + API + /metrics on B, state in C"
-        let addr = |after: &str| line.split(after).nth(1).unwrap_or_else(|| panic!("{line}")).split(',').next().unwrap().to_string();
+        let addr = |after: &str| {
+            line.split(after).nth(1).unwrap_or_else(|| panic!("{line}")).split(',').next().unwrap().to_string()
+        };
         let (grpc, http) = (addr("OTLP/gRPC on "), addr("/metrics on "));
         std::thread::spawn(move || {
             let mut rest = String::new();
@@ -138,7 +137,10 @@ pub fn synthetic(ts: u64, pid: u32, op: Op, api: &'static str, addr: u64, size: 
 
 /// An OTLP/HTTP logs request body of these events, from one process of `node`.
 pub fn logs_request(node: &str, pid: u32, events: &[Event]) -> Vec<u8> {
-    logs_request_of(&ProcessIdentity { host_name: node.into(), pid, executable: "trainer".into(), ..Default::default() }, events)
+    logs_request_of(
+        &ProcessIdentity { host_name: node.into(), pid, executable: "trainer".into(), ..Default::default() },
+        events,
+    )
 }
 
 pub fn logs_request_of(identity: &ProcessIdentity, events: &[Event]) -> Vec<u8> {
@@ -146,7 +148,10 @@ pub fn logs_request_of(identity: &ProcessIdentity, events: &[Event]) -> Vec<u8> 
 }
 
 /// An OTLP/HTTP logs request body of these records, from one process.
-pub fn records_request(identity: &ProcessIdentity, log_records: Vec<gpuprof_otlp::proto::logs::v1::LogRecord>) -> Vec<u8> {
+pub fn records_request(
+    identity: &ProcessIdentity,
+    log_records: Vec<gpuprof_otlp::proto::logs::v1::LogRecord>,
+) -> Vec<u8> {
     ExportLogsServiceRequest {
         resource_logs: vec![ResourceLogs {
             resource: Some(identity.resource()),
@@ -164,11 +169,21 @@ pub fn trainer(node: &str, pid: u32) -> ProcessIdentity {
 
 /// A memory profile as a node sends it: (function at /srv/train.py, line, bytes, count) per
 /// stack, one frame each, in `layer` on device 0.
-pub fn profile_record(ts: u64, layer: &'static str, stacks: &[(&str, u32, u64, u64)]) -> gpuprof_otlp::proto::logs::v1::LogRecord {
+pub fn profile_record(
+    ts: u64,
+    layer: &'static str,
+    stacks: &[(&str, u32, u64, u64)],
+) -> gpuprof_otlp::proto::logs::v1::LogRecord {
     let mut builder = gpuprof_otlp::pprof::ProfileBuilder::new(ts);
     for (function, line, bytes, count) in stacks {
         let stack = [gpuprof_model::Frame { function: (*function).into(), file: "/srv/train.py".into(), line: *line }];
-        builder.add(&gpuprof_otlp::pprof::StackSample { stack: &stack, bytes: *bytes, count: *count, layer, device: Some(0) });
+        builder.add(&gpuprof_otlp::pprof::StackSample {
+            stack: &stack,
+            bytes: *bytes,
+            count: *count,
+            layer,
+            device: Some(0),
+        });
     }
     gpuprof_otlp::logs::profile_record(gpuprof_otlp::pprof::encode(&builder.finish()), ts, "periodic")
 }
@@ -178,8 +193,14 @@ pub fn allocator_gauges(identity: &ProcessIdentity, ts: u64, allocated: u64, res
     use gpuprof_model::otel::metric as name;
     use gpuprof_otlp::proto::collector::metrics::v1::ExportMetricsServiceRequest;
     use gpuprof_otlp::proto::common::v1::{any_value, AnyValue, KeyValue};
-    use gpuprof_otlp::proto::metrics::v1::{metric, number_data_point, Gauge, Metric, NumberDataPoint, ResourceMetrics, ScopeMetrics};
-    let device = KeyValue { key: name::ATTR_DEVICE.into(), value: Some(AnyValue { value: Some(any_value::Value::StringValue("0".into())) }), ..Default::default() };
+    use gpuprof_otlp::proto::metrics::v1::{
+        metric, number_data_point, Gauge, Metric, NumberDataPoint, ResourceMetrics, ScopeMetrics,
+    };
+    let device = KeyValue {
+        key: name::ATTR_DEVICE.into(),
+        value: Some(AnyValue { value: Some(any_value::Value::StringValue("0".into())) }),
+        ..Default::default()
+    };
     let gauge = |metric_name: &str, value: u64| Metric {
         name: metric_name.into(),
         unit: "By".into(),
@@ -211,8 +232,14 @@ pub fn allocator_gauges(identity: &ProcessIdentity, ts: u64, allocated: u64, res
 pub fn nvml_gauge(identity: &ProcessIdentity, ts: u64, used: u64) -> Vec<u8> {
     use gpuprof_model::otel::metric as name;
     use gpuprof_otlp::proto::collector::metrics::v1::ExportMetricsServiceRequest;
-    use gpuprof_otlp::proto::metrics::v1::{metric, number_data_point, Gauge, Metric, NumberDataPoint, ResourceMetrics, ScopeMetrics};
-    let point = NumberDataPoint { time_unix_nano: ts, value: Some(number_data_point::Value::AsInt(used as i64)), ..Default::default() };
+    use gpuprof_otlp::proto::metrics::v1::{
+        metric, number_data_point, Gauge, Metric, NumberDataPoint, ResourceMetrics, ScopeMetrics,
+    };
+    let point = NumberDataPoint {
+        time_unix_nano: ts,
+        value: Some(number_data_point::Value::AsInt(used as i64)),
+        ..Default::default()
+    };
     let gauge = Metric {
         name: name::NVML_USED.into(),
         unit: "By".into(),
@@ -222,7 +249,11 @@ pub fn nvml_gauge(identity: &ProcessIdentity, ts: u64, used: u64) -> Vec<u8> {
     ExportMetricsServiceRequest {
         resource_metrics: vec![ResourceMetrics {
             resource: Some(identity.resource()),
-            scope_metrics: vec![ScopeMetrics { scope: Some(gpuprof_otlp::scope()), metrics: vec![gauge], ..Default::default() }],
+            scope_metrics: vec![ScopeMetrics {
+                scope: Some(gpuprof_otlp::scope()),
+                metrics: vec![gauge],
+                ..Default::default()
+            }],
             ..Default::default()
         }],
     }
@@ -231,7 +262,8 @@ pub fn nvml_gauge(identity: &ProcessIdentity, ts: u64, used: u64) -> Vec<u8> {
 
 /// What the agent's end-of-export line says it handed over: (log records, findings, profiles, spans, metric points).
 pub fn handed_over(stderr: &str) -> (u64, u64, u64, u64, u64) {
-    let line = stderr.lines().find(|l| l.contains(": handed over ")).unwrap_or_else(|| panic!("no export line in\n{stderr}"));
+    let line =
+        stderr.lines().find(|l| l.contains(": handed over ")).unwrap_or_else(|| panic!("no export line in\n{stderr}"));
     let numbers: Vec<u64> = line
         .split(": handed over ")
         .nth(1)

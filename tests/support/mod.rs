@@ -103,7 +103,15 @@ pub fn nccl_standin_dir() -> &'static Path {
         compile(
             "libnccl_standin.c",
             &dir.join("libnccl.so.2"),
-            &["-shared", "-fPIC", "-fno-optimize-sibling-calls", "-fvisibility=hidden", "-Wl,-soname,libnccl.so.2", "-lpthread", "-ldl"],
+            &[
+                "-shared",
+                "-fPIC",
+                "-fno-optimize-sibling-calls",
+                "-fvisibility=hidden",
+                "-Wl,-soname,libnccl.so.2",
+                "-lpthread",
+                "-ldl",
+            ],
         );
         dir
     })
@@ -155,7 +163,8 @@ pub fn c_thread_library() -> &'static Path {
 
 /// Where scripts/install-prerequisites.sh puts the test tools (`GPUPROF_TEST_TOOLS`).
 pub fn test_tools() -> PathBuf {
-    std::env::var_os("GPUPROF_TEST_TOOLS").map_or_else(|| PathBuf::from("/usr/local/lib/gpuprof-test-tools"), PathBuf::from)
+    std::env::var_os("GPUPROF_TEST_TOOLS")
+        .map_or_else(|| PathBuf::from("/usr/local/lib/gpuprof-test-tools"), PathBuf::from)
 }
 
 /// The Python that has the test tools' packages (OpenTelemetry, kubernetes-validate): their
@@ -187,7 +196,9 @@ pub fn pythons() -> Vec<(String, PathBuf)> {
                 entries
                     .flatten()
                     .map(|e| e.path())
-                    .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&format!("{version}."))))
+                    .filter(|p| {
+                        p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&format!("{version}.")))
+                    })
                     .map(|p| p.join("bin").join(format!("python{version}")))
                     .find(|p| p.is_file())
             });
@@ -199,7 +210,8 @@ pub fn pythons() -> Vec<(String, PathBuf)> {
     if !missing.is_empty() && std::env::var("CI").as_deref() == Ok("true") {
         panic!("CPython {} missing: CI requires every version the stack tests read: {install}", missing.join(", "));
     }
-    let found: Vec<(String, PathBuf)> = found.into_iter().map(|(version, path)| (version, path.expect("partitioned"))).collect();
+    let found: Vec<(String, PathBuf)> =
+        found.into_iter().map(|(version, path)| (version, path.expect("partitioned"))).collect();
     assert!(!found.is_empty(), "no CPython 3.8-3.13 for the stack tests: {install}");
     if !missing.is_empty() {
         let covered: Vec<&str> = found.iter().map(|(v, _)| v.as_str()).collect();
@@ -229,7 +241,11 @@ pub fn libc10_cuda_standin() -> &'static Path {
         let output = dir.join("libc10_cuda.so");
         let search = format!("-L{}", dir.display());
         // Full RELRO, as distributions build: an injected shim must lift it to rebind the import.
-        compile("libc10_cuda_standin.c", &output, &["-shared", "-fPIC", &search, "-lc10", "-Wl,-rpath,$ORIGIN", "-Wl,-z,relro,-z,now"]);
+        compile(
+            "libc10_cuda_standin.c",
+            &output,
+            &["-shared", "-fPIC", &search, "-lc10", "-Wl,-rpath,$ORIGIN", "-Wl,-z,relro,-z,now"],
+        );
         output
     })
 }
@@ -243,7 +259,11 @@ pub fn libtorch_cpu_standin() -> &'static Path {
         let dir = libc10.parent().unwrap();
         let output = dir.join("libtorch_cpu.so");
         let search = format!("-L{}", dir.display());
-        compile("libtorch_cpu_standin.c", &output, &["-shared", "-fPIC", "-fvisibility=hidden", &search, "-lc10", "-Wl,-rpath,$ORIGIN", "-lpthread"]);
+        compile(
+            "libtorch_cpu_standin.c",
+            &output,
+            &["-shared", "-fPIC", "-fvisibility=hidden", &search, "-lc10", "-Wl,-rpath,$ORIGIN", "-lpthread"],
+        );
         output
     })
 }
@@ -302,7 +322,9 @@ pub fn read_events(path: &Path) -> Vec<Event> {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
     text.lines()
         .enumerate()
-        .map(|(i, line)| serde_json::from_str(line).unwrap_or_else(|e| panic!("{}:{}: {e}: {line}", path.display(), i + 1)))
+        .map(|(i, line)| {
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("{}:{}: {e}: {line}", path.display(), i + 1))
+        })
         .collect()
 }
 
@@ -453,8 +475,14 @@ pub fn assert_backward_attribution(expected: &[Value], events: &[Event]) {
             assert_eq!(block.autograd_thread, forward_thread.autograd_thread);
             assert_eq!(block.stack_origin.map(|o| o.as_str()), node["origin"].as_str(), "{node}");
             let frames = block.stack.frames();
-            assert_eq!((frames[0].function.as_str(), frames[0].file.as_str()), (node["node"].as_str().unwrap(), "<autograd>"));
-            let forward: Vec<Value> = frames[1..].iter().map(|f| serde_json::json!({"function": f.function, "file": f.file, "line": f.line})).collect();
+            assert_eq!(
+                (frames[0].function.as_str(), frames[0].file.as_str()),
+                (node["node"].as_str().unwrap(), "<autograd>")
+            );
+            let forward: Vec<Value> = frames[1..]
+                .iter()
+                .map(|f| serde_json::json!({"function": f.function, "file": f.file, "line": f.line}))
+                .collect();
             assert_eq!(Value::from(forward), node["stack"], "{node}");
         }
     }
@@ -485,9 +513,18 @@ pub const NCCL_CALLS: &str = "import ctypes\n\
 /// with its line, the one on NCCL's thread with none; Python's own ctypes calls name libffi.
 pub fn assert_nccl_callers(captured: &[Event], pid: u32) {
     let allocs: Vec<&Event> = captured.iter().filter(|e| e.pid == pid && e.api == "cuMemAlloc_v2").collect();
-    let got: Vec<(u64, Option<&str>, bool, Option<u32>)> =
-        allocs.iter().map(|e| (e.size, e.caller_module.as_deref(), e.tid == e.pid, e.stack.first().map(|f| f.line))).collect();
-    assert_eq!(got, vec![(2 << 20, Some("libnccl.so.2"), true, Some(6)), (4 << 20, Some("libnccl.so.2"), false, None)], "{allocs:#?}");
+    let got: Vec<(u64, Option<&str>, bool, Option<u32>)> = allocs
+        .iter()
+        .map(|e| (e.size, e.caller_module.as_deref(), e.tid == e.pid, e.stack.first().map(|f| f.line)))
+        .collect();
+    assert_eq!(
+        got,
+        vec![(2 << 20, Some("libnccl.so.2"), true, Some(6)), (4 << 20, Some("libnccl.so.2"), false, None)],
+        "{allocs:#?}"
+    );
     let context = captured.iter().find(|e| e.pid == pid && e.api == "cuDevicePrimaryCtxRetain").unwrap();
-    assert!(context.caller_module.as_deref().is_some_and(|m| m.starts_with("libffi.so") || m.starts_with("_ctypes")), "{context:?}");
+    assert!(
+        context.caller_module.as_deref().is_some_and(|m| m.starts_with("libffi.so") || m.starts_with("_ctypes")),
+        "{context:?}"
+    );
 }

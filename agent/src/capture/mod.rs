@@ -9,8 +9,8 @@ pub use record::{flags, Record};
 
 use std::cell::RefCell;
 use std::mem::MaybeUninit;
-use std::rc::Rc;
 use std::os::fd::AsFd;
+use std::rc::Rc;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -160,9 +160,8 @@ impl Capture {
         let driver_object: &'static mut MaybeUninit<OpenObject> = Box::leak(Box::new(MaybeUninit::uninit()));
         let process_object: &'static mut MaybeUninit<OpenObject> = Box::leak(Box::new(MaybeUninit::uninit()));
 
-        let mut open_driver = DriverSkelBuilder::default()
-            .open(driver_object)
-            .map_err(|e| load_error("open the driver probes", e))?;
+        let mut open_driver =
+            DriverSkelBuilder::default().open(driver_object).map_err(|e| load_error("open the driver probes", e))?;
         open_driver
             .maps
             .events
@@ -193,12 +192,36 @@ impl Capture {
             rodata.pidns_dev = pidns_dev;
             rodata.pidns_ino = pidns_ino;
         }
-        open_process.maps.events.reuse_fd(driver.maps.events.as_fd()).map_err(|e| load_error("share the ring buffer", e))?;
-        open_process.maps.tracked.reuse_fd(driver.maps.tracked.as_fd()).map_err(|e| load_error("share the tracked map", e))?;
-        open_process.maps.counters.reuse_fd(driver.maps.counters.as_fd()).map_err(|e| load_error("share the counters", e))?;
-        open_process.maps.python_procs.reuse_fd(driver.maps.python_procs.as_fd()).map_err(|e| load_error("share the Python map", e))?;
-        open_process.maps.thread_states.reuse_fd(driver.maps.thread_states.as_fd()).map_err(|e| load_error("share the thread map", e))?;
-        open_process.maps.torch_procs.reuse_fd(driver.maps.torch_procs.as_fd()).map_err(|e| load_error("share the autograd map", e))?;
+        open_process
+            .maps
+            .events
+            .reuse_fd(driver.maps.events.as_fd())
+            .map_err(|e| load_error("share the ring buffer", e))?;
+        open_process
+            .maps
+            .tracked
+            .reuse_fd(driver.maps.tracked.as_fd())
+            .map_err(|e| load_error("share the tracked map", e))?;
+        open_process
+            .maps
+            .counters
+            .reuse_fd(driver.maps.counters.as_fd())
+            .map_err(|e| load_error("share the counters", e))?;
+        open_process
+            .maps
+            .python_procs
+            .reuse_fd(driver.maps.python_procs.as_fd())
+            .map_err(|e| load_error("share the Python map", e))?;
+        open_process
+            .maps
+            .thread_states
+            .reuse_fd(driver.maps.thread_states.as_fd())
+            .map_err(|e| load_error("share the thread map", e))?;
+        open_process
+            .maps
+            .torch_procs
+            .reuse_fd(driver.maps.torch_procs.as_fd())
+            .map_err(|e| load_error("share the autograd map", e))?;
         let process = open_process.load().map_err(|e| load_error("load the process tracepoints", e))?;
 
         let allocator_object: &'static mut MaybeUninit<OpenObject> = Box::leak(Box::new(MaybeUninit::uninit()));
@@ -296,16 +319,23 @@ impl Capture {
     pub fn attach_allocator(&self, library: &LibraryFile) -> Result<Attachment> {
         let functions = elf::exported_functions(&library.path)?;
         let offset = *functions.get(ALLOCATOR_SYMBOL).ok_or_else(|| {
-            anyhow!("{} does not export c10::reportMemoryUsageToProfiler: no tensor-level events from it", library.path.display())
+            anyhow!(
+                "{} does not export c10::reportMemoryUsageToProfiler: no tensor-level events from it",
+                library.path.display()
+            )
         })? as usize;
         let link = match self.probe_links {
             ProbeLinks::Multi => {
                 let opts = UprobeMultiOpts { offsets: vec![offset], cookies: vec![0], ..Default::default() };
                 self.allocator.progs.allocator_report_multi.attach_uprobe_multi_with_opts(-1, &library.path, "", opts)
             }
-            ProbeLinks::PerfEvent => self.allocator.progs.allocator_report.attach_uprobe(false, -1, &library.path, offset),
+            ProbeLinks::PerfEvent => {
+                self.allocator.progs.allocator_report.attach_uprobe(false, -1, &library.path, offset)
+            }
         }
-        .with_context(|| format!("cannot attach a uprobe to c10::reportMemoryUsageToProfiler in {}", library.path.display()))?;
+        .with_context(|| {
+            format!("cannot attach a uprobe to c10::reportMemoryUsageToProfiler in {}", library.path.display())
+        })?;
         let attachment = Attachment { library: library.clone(), probes: 1, missing: Vec::new() };
         self.uprobes.borrow_mut().push(link);
         self.attached.borrow_mut().push(attachment.clone());
@@ -360,7 +390,9 @@ impl Capture {
     fn attach_each(&self, library: &LibraryFile, targets: &[(usize, u64, &str)]) -> Result<Vec<Link>> {
         let mut links = Vec::with_capacity(targets.len() * 2);
         for &(offset, cookie, symbol) in targets {
-            for (program, retprobe) in [(&self.driver.progs.driver_entry, false), (&self.driver.progs.driver_return, true)] {
+            for (program, retprobe) in
+                [(&self.driver.progs.driver_entry, false), (&self.driver.progs.driver_return, true)]
+            {
                 let opts = UprobeOpts { cookie, retprobe, ..Default::default() };
                 let link = program
                     .attach_uprobe_with_opts(-1, &library.path, offset, opts)

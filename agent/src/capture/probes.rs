@@ -49,13 +49,21 @@ pub fn cookie(api: u16, layout: ArgLayout) -> u64 {
 /// Every driver probe, in table order, then the context switches (ids after the table's; they
 /// make no record, only the thread's current context).
 pub fn driver_probes() -> Vec<DriverProbe> {
-    let recorded = DRIVER_APIS.iter().enumerate().map(|(id, api)| DriverProbe { symbol: api.name, cookie: cookie(id as u16, api.args) });
+    let recorded = DRIVER_APIS
+        .iter()
+        .enumerate()
+        .map(|(id, api)| DriverProbe { symbol: api.name, cookie: cookie(id as u16, api.args) });
     let switches = CONTEXT_SWITCHES.iter().enumerate().map(|(i, (symbol, switch))| {
         let param = match switch {
             ContextSwitch::Set => 0,
             ContextSwitch::Pop => 1,
         };
-        let cookie = gp_cookie { api: (DRIVER_APIS.len() + i) as u16, shape: gp_shape::GP_SHAPE_CTX_CURRENT.0 as u8, param, reserved: 0 };
+        let cookie = gp_cookie {
+            api: (DRIVER_APIS.len() + i) as u16,
+            shape: gp_shape::GP_SHAPE_CTX_CURRENT.0 as u8,
+            param,
+            reserved: 0,
+        };
         // SAFETY: as in `cookie`.
         DriverProbe { symbol, cookie: unsafe { std::mem::transmute::<gp_cookie, u64>(cookie) } }
     });

@@ -76,9 +76,9 @@ impl Record {
         let depth = usize::from(header.stack_depth);
         let frames = data.get(at..at + depth * FRAME_LEN)?;
         self.frames.extend(
-            frames
-                .chunks_exact(FRAME_LEN)
-                .map(|f| (u64::from_ne_bytes(f[..8].try_into().unwrap()), u64::from_ne_bytes(f[8..].try_into().unwrap()))),
+            frames.chunks_exact(FRAME_LEN).map(|f| {
+                (u64::from_ne_bytes(f[..8].try_into().unwrap()), u64::from_ne_bytes(f[8..].try_into().unwrap()))
+            }),
         );
         at += depth * FRAME_LEN;
         if header.kind == gp_record_kind::GP_RECORD_EXEC.0 {

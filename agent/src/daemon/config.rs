@@ -185,9 +185,16 @@ impl DaemonArgs {
                 .map_err(|_| anyhow::anyhow!("otlp_protocol = \"{name}\" in the config file: give grpc or http"))?,
             (None, None) => Protocol::Grpc,
         };
-        let token = token_of(self.otlp_token.clone().or(file.otlp_token.clone()), self.otlp_token_file.clone().or(file.otlp_token_file.clone()), "otlp")?;
-        let metrics_token =
-            token_of(self.metrics_token.clone().or(file.metrics_token.clone()), self.metrics_token_file.clone().or(file.metrics_token_file.clone()), "metrics")?;
+        let token = token_of(
+            self.otlp_token.clone().or(file.otlp_token.clone()),
+            self.otlp_token_file.clone().or(file.otlp_token_file.clone()),
+            "otlp",
+        )?;
+        let metrics_token = token_of(
+            self.metrics_token.clone().or(file.metrics_token.clone()),
+            self.metrics_token_file.clone().or(file.metrics_token_file.clone()),
+            "metrics",
+        )?;
         let node_name = self.node_name.clone().or(file.node_name.clone());
         let memory_cap_mib = self.memory_cap_mib.or(file.memory_cap_mib).unwrap_or(256);
         if memory_cap_mib < 64 {
@@ -236,7 +243,13 @@ impl DaemonArgs {
         }
         let shim_access = SocketAccess {
             // In a sidecar the directory is the pod's own volume: any of its containers' users.
-            mode: socket_mode(self.shim_socket_mode.as_deref().or(file.shim_socket_mode.as_deref()).unwrap_or(if sidecar.is_some() { "0666" } else { "0660" }))?,
+            mode: socket_mode(
+                self.shim_socket_mode.as_deref().or(file.shim_socket_mode.as_deref()).unwrap_or(if sidecar.is_some() {
+                    "0666"
+                } else {
+                    "0660"
+                }),
+            )?,
             group: self.shim_socket_group.as_deref().or(file.shim_socket_group.as_deref()).map(group_id).transpose()?,
         };
         let growth_window = seconds("growth_window", self.growth_window.or(file.growth_window).unwrap_or(10.0))?;
@@ -285,7 +298,8 @@ impl FileConfig {
 }
 
 fn read_file(path: &Path) -> Result<FileConfig> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("config file {}: cannot read it", path.display()))?;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("config file {}: cannot read it", path.display()))?;
     toml::from_str(&text).map_err(|error| {
         // toml's message spans lines (it quotes the file); the first says what is wrong.
         let message = error.message().to_string();
@@ -309,7 +323,8 @@ mod tests {
     use super::*;
 
     fn write(text: &str) -> PathBuf {
-        let path = std::env::temp_dir().join(format!("gpuprof-daemon-config-{}-{}.toml", std::process::id(), text.len()));
+        let path =
+            std::env::temp_dir().join(format!("gpuprof-daemon-config-{}-{}.toml", std::process::id(), text.len()));
         std::fs::write(&path, text).unwrap();
         path
     }
@@ -340,7 +355,10 @@ mod tests {
     fn an_unknown_key_names_the_file_and_line() {
         let path = write("otlp_endpoint = \"http://x:4317\"\nscan_intervall = 0.5\n");
         let error = DaemonArgs { config: Some(path.clone()), ..Default::default() }.resolve().unwrap_err().to_string();
-        assert!(error.starts_with(&format!("config file {} line 2: unknown field `scan_intervall`", path.display())), "{error}");
+        assert!(
+            error.starts_with(&format!("config file {} line 2: unknown field `scan_intervall`", path.display())),
+            "{error}"
+        );
     }
 
     #[test]
@@ -369,7 +387,8 @@ fn group_id(group: &str) -> Result<u32> {
     if let Ok(gid) = group.parse::<u32>() {
         return Ok(gid);
     }
-    let name = std::ffi::CString::new(group).map_err(|_| anyhow::anyhow!("shim_socket_group {group:?}: not a group name"))?;
+    let name =
+        std::ffi::CString::new(group).map_err(|_| anyhow::anyhow!("shim_socket_group {group:?}: not a group name"))?;
     // SAFETY: getgrnam reads the group database; the entry is copied out before any other call.
     let entry = unsafe { libc::getgrnam(name.as_ptr()) };
     if entry.is_null() {
@@ -383,9 +402,12 @@ fn group_id(group: &str) -> Result<u32> {
 fn token_of(value: Option<String>, file: Option<PathBuf>, what: &str) -> Result<Option<String>> {
     let token = match (value, file) {
         (Some(token), _) => Some(token),
-        (None, Some(path)) => {
-            Some(std::fs::read_to_string(&path).with_context(|| format!("{what} token file {}: cannot read it", path.display()))?.trim().to_string())
-        }
+        (None, Some(path)) => Some(
+            std::fs::read_to_string(&path)
+                .with_context(|| format!("{what} token file {}: cannot read it", path.display()))?
+                .trim()
+                .to_string(),
+        ),
         (None, None) => None,
     };
     if token.as_deref() == Some("") {

@@ -58,7 +58,12 @@ pub struct Health {
 
 impl Health {
     pub fn new() -> Arc<Health> {
-        Arc::new(Health { started: Instant::now(), ready: AtomicBool::new(false), heartbeat_ms: AtomicU64::new(0), snapshot: Mutex::default() })
+        Arc::new(Health {
+            started: Instant::now(),
+            ready: AtomicBool::new(false),
+            heartbeat_ms: AtomicU64::new(0),
+            snapshot: Mutex::default(),
+        })
     }
 
     pub fn set_ready(&self, ready: bool) {
@@ -81,27 +86,36 @@ impl Health {
 /// Binds `listen` now (so a taken port is an error at start) and serves from a new thread.
 /// Serves /healthz, /readyz and /metrics (the last only to who sends `metrics_token`, if one is set).
 pub fn serve(listen: SocketAddr, metrics_token: Option<String>, health: Arc<Health>) -> Result<SocketAddr> {
-    let listener = std::net::TcpListener::bind(listen)
-        .with_context(|| format!("cannot listen on {listen} for /healthz and /metrics: give another address with --listen"))?;
+    let listener = std::net::TcpListener::bind(listen).with_context(|| {
+        format!("cannot listen on {listen} for /healthz and /metrics: give another address with --listen")
+    })?;
     listener.set_nonblocking(true).context("cannot set up the health listener")?;
     let bound = listener.local_addr().context("cannot set up the health listener")?;
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("cannot start the health server")?;
+    let runtime =
+        tokio::runtime::Builder::new_current_thread().enable_all().build().context("cannot start the health server")?;
     std::thread::Builder::new()
         .name("gpuprof-health".into())
         .spawn(move || {
             runtime.block_on(async move {
                 let metrics_token: Arc<Option<String>> = Arc::new(metrics_token);
-                let scrapers_only = axum::middleware::from_fn(move |request: axum::extract::Request, next: axum::middleware::Next| {
-                    let token = metrics_token.clone();
-                    async move {
-                        let authorization = request.headers().get(header::AUTHORIZATION).map(|v| v.as_bytes().to_vec());
-                        if gpuprof_otlp::bearer::matches(token.as_deref(), authorization.as_deref()) {
-                            next.run(request).await
-                        } else {
-                            (StatusCode::UNAUTHORIZED, [(header::WWW_AUTHENTICATE, "Bearer")], "missing or wrong metrics token (--metrics-token)\n").into_response()
+                let scrapers_only =
+                    axum::middleware::from_fn(move |request: axum::extract::Request, next: axum::middleware::Next| {
+                        let token = metrics_token.clone();
+                        async move {
+                            let authorization =
+                                request.headers().get(header::AUTHORIZATION).map(|v| v.as_bytes().to_vec());
+                            if gpuprof_otlp::bearer::matches(token.as_deref(), authorization.as_deref()) {
+                                next.run(request).await
+                            } else {
+                                (
+                                    StatusCode::UNAUTHORIZED,
+                                    [(header::WWW_AUTHENTICATE, "Bearer")],
+                                    "missing or wrong metrics token (--metrics-token)\n",
+                                )
+                                    .into_response()
+                            }
                         }
-                    }
-                });
+                    });
                 let app = axum::Router::new()
                     .route("/metrics", get(metrics))
                     .route_layer(scrapers_only)
@@ -156,25 +170,105 @@ fn render(s: &Snapshot) -> String {
         registry.register(name, help, metric);
     };
     gauge(&mut registry, "gpuprof_daemon_processes_followed", "CUDA processes followed now", s.processes_followed);
-    gauge(&mut registry, "gpuprof_daemon_processes_retained", "Process tables held in memory (followed, and exited ones not yet forgotten)", s.processes_retained);
-    gauge(&mut registry, "gpuprof_daemon_libraries_probed", "libcuda and libc10 files with probes on them", s.libraries_probed);
+    gauge(
+        &mut registry,
+        "gpuprof_daemon_processes_retained",
+        "Process tables held in memory (followed, and exited ones not yet forgotten)",
+        s.processes_retained,
+    );
+    gauge(
+        &mut registry,
+        "gpuprof_daemon_libraries_probed",
+        "libcuda and libc10 files with probes on them",
+        s.libraries_probed,
+    );
     gauge(&mut registry, "gpuprof_daemon_resident_bytes", "The daemon's resident memory", s.resident_bytes);
-    counter(&mut registry, "gpuprof_daemon_processes_discovered", "Processes followed since the start", s.processes_followed_total);
-    counter(&mut registry, "gpuprof_daemon_processes_exited", "Followed processes seen to exit", s.processes_exited_total);
-    counter(&mut registry, "gpuprof_daemon_processes_forgotten", "Exited processes whose tables were dropped after the retention time", s.processes_forgotten_total);
+    counter(
+        &mut registry,
+        "gpuprof_daemon_processes_discovered",
+        "Processes followed since the start",
+        s.processes_followed_total,
+    );
+    counter(
+        &mut registry,
+        "gpuprof_daemon_processes_exited",
+        "Followed processes seen to exit",
+        s.processes_exited_total,
+    );
+    counter(
+        &mut registry,
+        "gpuprof_daemon_processes_forgotten",
+        "Exited processes whose tables were dropped after the retention time",
+        s.processes_forgotten_total,
+    );
     counter(&mut registry, "gpuprof_daemon_events", "Events captured", s.events_total);
-    counter(&mut registry, "gpuprof_daemon_events_lost", "Events lost in the kernel (ring buffer or call table full)", s.events_lost_total);
-    counter(&mut registry, "gpuprof_daemon_callers_untracked", "Calls of processes the tracked map had no room for (still recorded)", s.callers_untracked_total);
-    counter(&mut registry, "gpuprof_daemon_stacks_unreadable", "Python stacks that could not be read whole", s.stacks_unreadable_total);
+    counter(
+        &mut registry,
+        "gpuprof_daemon_events_lost",
+        "Events lost in the kernel (ring buffer or call table full)",
+        s.events_lost_total,
+    );
+    counter(
+        &mut registry,
+        "gpuprof_daemon_callers_untracked",
+        "Calls of processes the tracked map had no room for (still recorded)",
+        s.callers_untracked_total,
+    );
+    counter(
+        &mut registry,
+        "gpuprof_daemon_stacks_unreadable",
+        "Python stacks that could not be read whole",
+        s.stacks_unreadable_total,
+    );
     counter(&mut registry, "gpuprof_daemon_findings", "Leak findings fired", s.findings_total);
-    counter(&mut registry, "gpuprof_daemon_otlp_sent_items", "Log records, spans and metric points the collector accepted", s.otlp_sent_total);
-    counter(&mut registry, "gpuprof_daemon_otlp_lost_items", "OTLP items dropped (queue full, delivery failed, too large) or rejected", s.otlp_lost_total);
-    gauge(&mut registry, "gpuprof_daemon_otlp_queued_bytes", "Encoded OTLP requests waiting for the collector", s.otlp_queued_bytes);
-    counter(&mut registry, "gpuprof_daemon_shim_events", "Events received from processes running gpuprof's shim", s.shim_events_total);
-    counter(&mut registry, "gpuprof_daemon_shim_dropped", "Events shims dropped in their process (queue full), as they reported at exit", s.shim_dropped_total);
-    counter(&mut registry, "gpuprof_daemon_shim_undecodable", "Lines from shims that were not events", s.shim_undecodable_total);
-    counter(&mut registry, "gpuprof_daemon_shim_refused", "Events from shims naming a process other than the one connected (refused)", s.shim_refused_total);
-    counter(&mut registry, "gpuprof_daemon_duplicates_dropped", "Second copies of calls both the shim and the probes saw", s.duplicates_dropped_total);
+    counter(
+        &mut registry,
+        "gpuprof_daemon_otlp_sent_items",
+        "Log records, spans and metric points the collector accepted",
+        s.otlp_sent_total,
+    );
+    counter(
+        &mut registry,
+        "gpuprof_daemon_otlp_lost_items",
+        "OTLP items dropped (queue full, delivery failed, too large) or rejected",
+        s.otlp_lost_total,
+    );
+    gauge(
+        &mut registry,
+        "gpuprof_daemon_otlp_queued_bytes",
+        "Encoded OTLP requests waiting for the collector",
+        s.otlp_queued_bytes,
+    );
+    counter(
+        &mut registry,
+        "gpuprof_daemon_shim_events",
+        "Events received from processes running gpuprof's shim",
+        s.shim_events_total,
+    );
+    counter(
+        &mut registry,
+        "gpuprof_daemon_shim_dropped",
+        "Events shims dropped in their process (queue full), as they reported at exit",
+        s.shim_dropped_total,
+    );
+    counter(
+        &mut registry,
+        "gpuprof_daemon_shim_undecodable",
+        "Lines from shims that were not events",
+        s.shim_undecodable_total,
+    );
+    counter(
+        &mut registry,
+        "gpuprof_daemon_shim_refused",
+        "Events from shims naming a process other than the one connected (refused)",
+        s.shim_refused_total,
+    );
+    counter(
+        &mut registry,
+        "gpuprof_daemon_duplicates_dropped",
+        "Second copies of calls both the shim and the probes saw",
+        s.duplicates_dropped_total,
+    );
     let mut text = String::new();
     encode(&mut text, &registry).expect("writing to a String cannot fail");
     text

@@ -17,11 +17,11 @@ use anyhow::{Context, Result};
 use gpuprof_model::Layer;
 
 use crate::capture::{Capture, CaptureOptions};
+use crate::flow::EventFlow;
 use crate::flow::FlowOptions;
 use crate::libcuda::{self, LibraryFile};
 use crate::output::{self, Format, NullSink};
 use crate::pipeline::{Pipeline, PipelineOptions};
-use crate::flow::EventFlow;
 use crate::shim_socket::{self, ShimCounters, ShimMessage, ShimProcesses};
 use crate::telemetry::Telemetry;
 use crate::{preflight, signals};
@@ -209,7 +209,8 @@ fn share_the_shim(dir: &std::path::Path) -> Result<()> {
     let shim = crate::via_shim::shim_library(None)?;
     let target = dir.join(crate::via_shim::SHIM_FILE);
     let partial = dir.join(format!(".{}.partial", crate::via_shim::SHIM_FILE));
-    std::fs::copy(&shim, &partial).with_context(|| format!("cannot copy the shim {} into {}", shim.display(), dir.display()))?;
+    std::fs::copy(&shim, &partial)
+        .with_context(|| format!("cannot copy the shim {} into {}", shim.display(), dir.display()))?;
     std::fs::set_permissions(&partial, std::os::unix::fs::PermissionsExt::from_mode(0o644))
         .with_context(|| format!("cannot make {} readable", partial.display()))?;
     std::fs::rename(&partial, &target).with_context(|| format!("cannot put the shim at {}", target.display()))
@@ -217,7 +218,11 @@ fn share_the_shim(dir: &std::path::Path) -> Result<()> {
 
 /// "ml/train-x7k2p", as the downward API names the pod, or "(unnamed)".
 fn pod_name(config: &DaemonConfig) -> String {
-    let pod = config.otlp.as_ref().and_then(|o| o.pod.clone()).unwrap_or_else(crate::telemetry::PodIdentity::from_environment);
+    let pod = config
+        .otlp
+        .as_ref()
+        .and_then(|o| o.pod.clone())
+        .unwrap_or_else(crate::telemetry::PodIdentity::from_environment);
     match (pod.namespace, pod.name) {
         (Some(namespace), Some(name)) => format!("{namespace}/{name}"),
         (None, Some(name)) => name,
@@ -338,4 +343,3 @@ fn destinations(config: &DaemonConfig) -> String {
     }
     to.join(" and ")
 }
-

@@ -33,10 +33,7 @@ pub fn stacks(tracker: &Tracker, layer: StackLayer, include_exited: bool) -> Vec
             totals.entry((process.pid, kind, &allocation.stack)).or_insert((&process.comm, 0)).1 += allocation.size;
         }
     }
-    totals
-        .into_iter()
-        .map(|((pid, kind, stack), (comm, bytes))| LiveStack { pid, comm, kind, stack, bytes })
-        .collect()
+    totals.into_iter().map(|((pid, kind, stack), (comm, bytes))| LiveStack { pid, comm, kind, stack, bytes }).collect()
 }
 
 /// One folded line per stack as it reads (two files of one base name are one frame), sorted.
@@ -58,7 +55,12 @@ fn path(stack: &[Frame]) -> String {
 
 /// "forward (model.py:12)", as flame graphs and speedscope name a frame.
 pub fn frame_name(frame: &Frame) -> String {
-    format!("{} ({}:{})", clean(&frame.function), clean(frame.file.rsplit('/').next().unwrap_or(&frame.file)), frame.line)
+    format!(
+        "{} ({}:{})",
+        clean(&frame.function),
+        clean(frame.file.rsplit('/').next().unwrap_or(&frame.file)),
+        frame.line
+    )
 }
 
 /// Folded lines use ';' between frames and ' ' before the count.

@@ -84,7 +84,8 @@ pub fn export(request: &ExportRequest<'_>) -> Result<u8> {
         external_annotations: Vec::new(),
     };
     let mut writer = output::open_writer(request.output.as_deref())?;
-    serde_pickle::to_writer(&mut writer, &snapshot, serde_pickle::SerOptions::new()).context("cannot write the memory_viz snapshot")?;
+    serde_pickle::to_writer(&mut writer, &snapshot, serde_pickle::SerOptions::new())
+        .context("cannot write the memory_viz snapshot")?;
     writer.flush().context("cannot write the memory_viz snapshot")?;
     Ok(0)
 }
@@ -102,10 +103,12 @@ fn actions(event: &Event, ours: &HashSet<u64>, segment_sizes: &mut HashMap<u64, 
             vec![(if event.op == Op::Map { "segment_map" } else { "segment_alloc" }, event.size)]
         }
         // A free carries no size: the segment's is the one it was allocated with.
-        (Layer::Driver, Op::Free | Op::Unmap) if event.succeeded() => match event.addr.and_then(|a| segment_sizes.remove(&a)) {
-            Some(size) => vec![(if event.op == Op::Unmap { "segment_unmap" } else { "segment_free" }, size)],
-            None => Vec::new(),
-        },
+        (Layer::Driver, Op::Free | Op::Unmap) if event.succeeded() => {
+            match event.addr.and_then(|a| segment_sizes.remove(&a)) {
+                Some(size) => vec![(if event.op == Op::Unmap { "segment_unmap" } else { "segment_free" }, size)],
+                None => Vec::new(),
+            }
+        }
         (Layer::Driver, Op::Alloc) if event.result == CUDA_ERROR_OUT_OF_MEMORY => vec![("oom", event.size)],
         (Layer::Allocator, Op::Alloc) => vec![("alloc", event.size)],
         // PyTorch records a free as requested, then completed once the stream is done.
@@ -115,7 +118,12 @@ fn actions(event: &Event, ours: &HashSet<u64>, segment_sizes: &mut HashMap<u64, 
 }
 
 /// The process asked for, else the one with the most allocator events, else the most driver calls.
-fn choose_process<'t>(tracker: &'t Tracker, allocator_events: &HashMap<u32, u64>, pid: Option<u32>, at_end: bool) -> Result<&'t ProcessMemory> {
+fn choose_process<'t>(
+    tracker: &'t Tracker,
+    allocator_events: &HashMap<u32, u64>,
+    pid: Option<u32>,
+    at_end: bool,
+) -> Result<&'t ProcessMemory> {
     let candidates: Vec<&ProcessMemory> = if at_end { tracker.processes() } else { tracker.live_processes() };
     if let Some(pid) = pid {
         return match candidates.into_iter().rev().find(|p| p.pid == pid) {
@@ -124,7 +132,8 @@ fn choose_process<'t>(tracker: &'t Tracker, allocator_events: &HashMap<u32, u64>
         };
     }
     let weight = |p: &&ProcessMemory| (allocator_events.get(&p.pid).copied().unwrap_or(0), p.driver_calls());
-    match candidates.into_iter().filter(|p| p.driver_calls() > 0 || !p.allocator_totals().is_empty()).max_by_key(weight) {
+    match candidates.into_iter().filter(|p| p.driver_calls() > 0 || !p.allocator_totals().is_empty()).max_by_key(weight)
+    {
         Some(process) => Ok(process),
         None => bail!("the recording has no CUDA memory events: nothing to export"),
     }
@@ -158,7 +167,13 @@ struct TraceEntry {
 
 impl TraceEntry {
     fn of(event: &Event, action: &'static str, size: u64) -> Self {
-        TraceEntry { action, addr: event.addr.unwrap_or(0), size, time_us: event.ts / 1000, stack: event.attributed_stack() }
+        TraceEntry {
+            action,
+            addr: event.addr.unwrap_or(0),
+            size,
+            time_us: event.ts / 1000,
+            stack: event.attributed_stack(),
+        }
     }
 }
 
@@ -284,7 +299,13 @@ impl<'a> SegmentView<'a> {
         let end = start + size;
         let mut live: Vec<_> = process.blocks().into_iter().filter(|b| b.addr >= start && b.addr < end).collect();
         live.sort_by_key(|b| b.addr);
-        let inactive = |address: u64, size: u64| BlockView { address, size, requested_size: 0, state: "inactive", frames: FramesView(&[]) };
+        let inactive = |address: u64, size: u64| BlockView {
+            address,
+            size,
+            requested_size: 0,
+            state: "inactive",
+            frames: FramesView(&[]),
+        };
         let mut blocks = Vec::new();
         let mut at = start;
         let mut allocated = 0;

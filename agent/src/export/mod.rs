@@ -17,8 +17,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use gpuprof_model::event::{Event, Layer, Op, CUDA_ERROR_OUT_OF_MEMORY};
 use gpuprof_model::autograd::ForwardStacks;
+use gpuprof_model::event::{Event, Layer, Op, CUDA_ERROR_OUT_OF_MEMORY};
 use gpuprof_model::{Analyzer, RuleConfig};
 
 use crate::input;
@@ -148,7 +148,13 @@ fn convert(request: &ExportRequest<'_>, format: output::Format) -> Result<u8> {
         Some(gpuprof_recording::Ending::Closed { lost, .. }) => lost,
         _ => 0,
     };
-    sink.finish(&EndOfRun { processes: &[], findings: &[], lost_events: lost, nvml: &std::collections::BTreeMap::new() }).context("cannot write the export")?;
+    sink.finish(&EndOfRun {
+        processes: &[],
+        findings: &[],
+        lost_events: lost,
+        nvml: &std::collections::BTreeMap::new(),
+    })
+    .context("cannot write the export")?;
     Ok(0)
 }
 

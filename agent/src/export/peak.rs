@@ -50,7 +50,11 @@ pub fn find_with(input: &Path, layer: StackLayer, each: impl FnMut(&Event, &Trac
 
 /// One pass: the peak (None when nothing was ever live), the rules' state at the end, and the
 /// number of events.
-pub fn scan(input: &Path, layer: StackLayer, mut each: impl FnMut(&Event, &Tracker)) -> Result<(Option<Peak>, Analyzer, u64)> {
+pub fn scan(
+    input: &Path,
+    layer: StackLayer,
+    mut each: impl FnMut(&Event, &Tracker),
+) -> Result<(Option<Peak>, Analyzer, u64)> {
     let mut analyzer = Analyzer::new(RuleConfig::default());
     let mut forward_stacks = ForwardStacks::default();
     let mut counted: HashMap<u32, u64> = HashMap::new();

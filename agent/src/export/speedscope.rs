@@ -15,7 +15,11 @@ pub fn write(stacks: &[LiveStack<'_>], title: &str, writer: &mut dyn Write) -> R
     let mut index: HashMap<(String, String, u32), usize> = HashMap::new();
     let mut frame_of = |name: String, file: &str, line: u32| -> usize {
         *index.entry((name.clone(), file.to_string(), line)).or_insert_with(|| {
-            frames.push(if file.is_empty() { json!({ "name": name }) } else { json!({ "name": name, "file": file, "line": line }) });
+            frames.push(if file.is_empty() {
+                json!({ "name": name })
+            } else {
+                json!({ "name": name, "file": file, "line": line })
+            });
             frames.len() - 1
         })
     };

@@ -107,7 +107,11 @@ pub fn summarize(request: &SummaryRequest<'_>) -> Result<Summary> {
         }
         let place = place_of(&event.attributed_stack());
         let both = allocated.entry(event.pid).or_default().entry(place).or_default();
-        if event.layer == Layer::Allocator { both.0.add(event.size) } else { both.1.add(event.size) }
+        if event.layer == Layer::Allocator {
+            both.0.add(event.size)
+        } else {
+            both.1.add(event.size)
+        }
     })?;
     let at_peak = replay_to(request.input, Moment::AfterEvents(peak.events), |_| ())?;
     let mut processes = Vec::new();
@@ -118,7 +122,11 @@ pub fn summarize(request: &SummaryRequest<'_>) -> Result<Summary> {
     }
     processes.sort_by(|a, b| b.at_peak.bytes.cmp(&a.at_peak.bytes).then(a.pid.cmp(&b.pid)));
     if let Some(pid) = request.pid.filter(|_| processes.is_empty()) {
-        anyhow::bail!("pid {pid} allocated no GPU memory in {}: `gpuprof report {}` lists the processes", request.input.display(), request.input.display());
+        anyhow::bail!(
+            "pid {pid} allocated no GPU memory in {}: `gpuprof report {}` lists the processes",
+            request.input.display(),
+            request.input.display()
+        );
     }
     Ok(Summary { peak_secs: peak.secs, peak_bytes: peak.bytes, processes })
 }
@@ -152,7 +160,11 @@ fn process_summary(
             let live = if tensors { process.blocks() } else { process.allocations() };
             for allocation in live {
                 let row = row_for(&mut rows, &place_of(&allocation.stack));
-                if at_end { row.at_end.add(allocation.size) } else { row.at_peak.add(allocation.size) }
+                if at_end {
+                    row.at_end.add(allocation.size)
+                } else {
+                    row.at_peak.add(allocation.size)
+                }
             }
         }
     }
@@ -163,7 +175,9 @@ fn process_summary(
             .then_with(|| a.place.cmp(&b.place))
     });
     let sum = |pick: fn(&Row) -> Amount| {
-        rows.iter().map(pick).fold(Amount::default(), |t, a| Amount { bytes: t.bytes + a.bytes, count: t.count + a.count })
+        rows.iter()
+            .map(pick)
+            .fold(Amount::default(), |t, a| Amount { bytes: t.bytes + a.bytes, count: t.count + a.count })
     };
     let (at_peak, at_end, total) = (sum(|r| r.at_peak), sum(|r| r.at_end), sum(|r| r.allocated));
     let more = rows.len().saturating_sub(request.top);

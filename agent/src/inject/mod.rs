@@ -84,7 +84,9 @@ fn read_input(input: Option<&Path>) -> Result<String> {
     let mut text = String::new();
     match input {
         Some(path) => {
-            std::fs::File::open(path).and_then(|mut f| f.read_to_string(&mut text)).with_context(|| format!("cannot read {}", path.display()))?;
+            std::fs::File::open(path)
+                .and_then(|mut f| f.read_to_string(&mut text))
+                .with_context(|| format!("cannot read {}", path.display()))?;
         }
         None => {
             std::io::stdin().read_to_string(&mut text).context("cannot read the manifests from stdin")?;
@@ -104,7 +106,13 @@ pub struct Report {
 impl std::fmt::Display for Report {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let list = |names: &[String]| if names.is_empty() { "none".to_string() } else { names.join(", ") };
-        write!(f, "injected {}; already injected {}; no pod template (unchanged) {}", list(&self.injected), list(&self.already), list(&self.passed))
+        write!(
+            f,
+            "injected {}; already injected {}; no pod template (unchanged) {}",
+            list(&self.injected),
+            list(&self.already),
+            list(&self.passed)
+        )
     }
 }
 
@@ -118,9 +126,12 @@ pub fn inject(text: &str, settings: &SidecarSettings) -> Result<(String, Report)
             continue;
         }
         let what = workloads::describe(&document, index + 1);
-        let outcome = workloads::patch(&mut document, settings).map_err(|e| anyhow::anyhow!("{what}: cannot inject: {e}"))?;
+        let outcome =
+            workloads::patch(&mut document, settings).map_err(|e| anyhow::anyhow!("{what}: cannot inject: {e}"))?;
         let mut emitted = String::new();
-        YamlEmitter::new(&mut emitted).dump(&document).map_err(|e| anyhow::anyhow!("{what}: cannot write it back: {e}"))?;
+        YamlEmitter::new(&mut emitted)
+            .dump(&document)
+            .map_err(|e| anyhow::anyhow!("{what}: cannot write it back: {e}"))?;
         match outcome {
             workloads::Outcome::Injected => report.injected.push(what),
             workloads::Outcome::Already => report.already.push(what),

@@ -60,7 +60,9 @@ impl SidecarSettings {
         let token_text = args.token_secret.clone().or(file.token_secret);
         let token = match &token_text {
             Some(text) => match text.split_once('/') {
-                Some((secret, key)) if !secret.is_empty() && !key.is_empty() => Some((secret.to_string(), key.to_string())),
+                Some((secret, key)) if !secret.is_empty() && !key.is_empty() => {
+                    Some((secret.to_string(), key.to_string()))
+                }
                 _ => bail!("token secret {text}: give the Secret and its key as SECRET/KEY"),
             },
             None => None,
@@ -106,10 +108,15 @@ struct SettingsFile {
 
 impl SettingsFile {
     fn read(path: &std::path::Path) -> Result<SettingsFile> {
-        let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("cannot read the settings {}: {e}", path.display()))?;
-        let documents = yaml_rust2::YamlLoader::load_from_str(&text).map_err(|e| anyhow::anyhow!("the settings {} are not YAML: {e}", path.display()))?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("cannot read the settings {}: {e}", path.display()))?;
+        let documents = yaml_rust2::YamlLoader::load_from_str(&text)
+            .map_err(|e| anyhow::anyhow!("the settings {} are not YAML: {e}", path.display()))?;
         let Some(Yaml::Hash(map)) = documents.into_iter().next() else {
-            bail!("the settings {} are not a mapping: give image, collector, otlpProtocol, tokenSecret, port, via", path.display())
+            bail!(
+                "the settings {} are not a mapping: give image, collector, otlpProtocol, tokenSecret, port, via",
+                path.display()
+            )
         };
         let mut file = SettingsFile::default();
         for (name, value) in map {
@@ -187,7 +194,8 @@ pub fn patch(spec: &mut Yaml, settings: &SidecarSettings) -> Result<Outcome> {
         bail!("it already has a container named {SIDECAR_NAME}, not gpuprof's sidecar: rename that container");
     }
     let targets: Vec<String> = if settings.containers.is_empty() {
-        let gpu: Vec<String> = containers.iter().filter(|c| asks_for_gpu(c)).filter_map(name_of).map(str::to_string).collect();
+        let gpu: Vec<String> =
+            containers.iter().filter(|c| asks_for_gpu(c)).filter_map(name_of).map(str::to_string).collect();
         if gpu.is_empty() {
             names.iter().map(|n| n.to_string()).collect()
         } else {
@@ -270,7 +278,11 @@ fn patch_container(container: &mut Yaml, settings: &SidecarSettings) -> Result<(
     if mounts.iter().any(|m| m["mountPath"].as_str() == Some(MOUNT)) {
         bail!("container {name} already mounts something at {MOUNT}: gpuprof's volume goes there");
     }
-    mounts.push(hash(vec![("name", string(SIDECAR_NAME)), ("mountPath", string(MOUNT)), ("readOnly", Yaml::Boolean(true))]));
+    mounts.push(hash(vec![
+        ("name", string(SIDECAR_NAME)),
+        ("mountPath", string(MOUNT)),
+        ("readOnly", Yaml::Boolean(true)),
+    ]));
     Ok(())
 }
 
@@ -287,11 +299,20 @@ fn sidecar(settings: &SidecarSettings, targets: &[String]) -> Yaml {
     if let Some((secret, secret_key)) = &settings.token {
         env.push(hash(vec![
             ("name", string("GPUPROF_OTLP_TOKEN")),
-            ("valueFrom", hash(vec![("secretKeyRef", hash(vec![("name", string(secret)), ("key", string(secret_key))]))])),
+            (
+                "valueFrom",
+                hash(vec![("secretKeyRef", hash(vec![("name", string(secret)), ("key", string(secret_key))]))]),
+            ),
         ]));
     }
     let port = Yaml::Integer(i64::from(settings.port));
-    let mut args = vec![string("daemon"), string("--sidecar"), string(MOUNT), string("--listen"), string(&format!("0.0.0.0:{}", settings.port))];
+    let mut args = vec![
+        string("daemon"),
+        string("--sidecar"),
+        string(MOUNT),
+        string("--listen"),
+        string(&format!("0.0.0.0:{}", settings.port)),
+    ];
     let security = match settings.capture {
         // Restricted Pod Security: no privilege at all.
         Capture::Shim => hash(vec![
@@ -311,7 +332,13 @@ fn sidecar(settings: &SidecarSettings, targets: &[String]) -> Yaml {
                 ("runAsUser", Yaml::Integer(0)),
                 ("allowPrivilegeEscalation", Yaml::Boolean(false)),
                 ("readOnlyRootFilesystem", Yaml::Boolean(true)),
-                ("capabilities", hash(vec![("drop", Yaml::Array(vec![string("ALL")])), ("add", Yaml::Array(vec![string("BPF"), string("PERFMON"), string("SYS_PTRACE")]))])),
+                (
+                    "capabilities",
+                    hash(vec![
+                        ("drop", Yaml::Array(vec![string("ALL")])),
+                        ("add", Yaml::Array(vec![string("BPF"), string("PERFMON"), string("SYS_PTRACE")])),
+                    ]),
+                ),
                 ("seccompProfile", hash(vec![("type", string("Unconfined"))])),
                 ("appArmorProfile", hash(vec![("type", string("Unconfined"))])),
             ])

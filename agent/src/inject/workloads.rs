@@ -52,7 +52,9 @@ pub fn patch(document: &mut Yaml, settings: &SidecarSettings) -> Result<Outcome>
         kind if TEMPLATED.contains(&kind) => template(document, &["spec", "template", "spec"], settings),
         kind => {
             let replica_sets: Vec<Yaml> = match &document["spec"] {
-                Yaml::Hash(spec) => spec.keys().filter(|k| k.as_str().is_some_and(|k| k.ends_with("ReplicaSpecs"))).cloned().collect(),
+                Yaml::Hash(spec) => {
+                    spec.keys().filter(|k| k.as_str().is_some_and(|k| k.ends_with("ReplicaSpecs"))).cloned().collect()
+                }
                 _ => Vec::new(),
             };
             if replica_sets.is_empty() {
@@ -64,10 +66,13 @@ pub fn patch(document: &mut Yaml, settings: &SidecarSettings) -> Result<Outcome>
             let mut outcomes = Vec::new();
             for set in replica_sets {
                 let set = set.as_str().expect("keys kept are strings").to_string();
-                let Some(Yaml::Hash(replicas)) = get_mut(document, &["spec", &set]) else { bail!("its spec.{set} is not a mapping") };
+                let Some(Yaml::Hash(replicas)) = get_mut(document, &["spec", &set]) else {
+                    bail!("its spec.{set} is not a mapping")
+                };
                 for (role, replica) in replicas.iter_mut() {
                     let role = role.as_str().unwrap_or("?").to_string();
-                    let outcome = template(replica, &["template", "spec"], settings).map_err(|e| anyhow::anyhow!("spec.{set}.{role}: {e}"))?;
+                    let outcome = template(replica, &["template", "spec"], settings)
+                        .map_err(|e| anyhow::anyhow!("spec.{set}.{role}: {e}"))?;
                     outcomes.push(outcome);
                 }
             }

@@ -21,7 +21,9 @@ struct Yaml11 {
 impl MarkedEventReceiver for Yaml11 {
     fn on_event(&mut self, event: Event, mark: Marker) {
         let event = match event {
-            Event::Scalar(value, TScalarStyle::Plain, anchor, None) => Event::Scalar(resolve(value), TScalarStyle::Plain, anchor, None),
+            Event::Scalar(value, TScalarStyle::Plain, anchor, None) => {
+                Event::Scalar(resolve(value), TScalarStyle::Plain, anchor, None)
+            }
             other => other,
         };
         self.loader.on_event(event, mark);
@@ -30,7 +32,8 @@ impl MarkedEventReceiver for Yaml11 {
 
 /// A plain scalar's YAML 1.1 meaning, in YAML 1.2 words.
 fn resolve(value: String) -> String {
-    let digits = value.strip_prefix('0').filter(|rest| !rest.is_empty() && rest.bytes().all(|b| (b'0'..=b'7').contains(&b)));
+    let digits =
+        value.strip_prefix('0').filter(|rest| !rest.is_empty() && rest.bytes().all(|b| (b'0'..=b'7').contains(&b)));
     if let Some(octal) = digits.and_then(|d| i64::from_str_radix(d, 8).ok()) {
         return octal.to_string();
     }

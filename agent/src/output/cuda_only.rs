@@ -24,7 +24,13 @@ pub struct CudaProcessesOnly {
 
 impl CudaProcessesOnly {
     pub fn new(inner: Box<dyn EventSink>) -> Self {
-        CudaProcessesOnly { inner, cuda: HashSet::new(), waiting: HashMap::new(), left_out_processes: 0, left_out_events: 0 }
+        CudaProcessesOnly {
+            inner,
+            cuda: HashSet::new(),
+            waiting: HashMap::new(),
+            left_out_processes: 0,
+            left_out_events: 0,
+        }
     }
 }
 

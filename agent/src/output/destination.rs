@@ -85,7 +85,13 @@ fn unused_name(name: &str) -> PathBuf {
     let stamp = local_time_stamp();
     let base = format!("gpuprof-{}-{stamp}", clean(name));
     (1..)
-        .map(|n| if n == 1 { PathBuf::from(format!("{base}.{RECORDING_EXTENSION}")) } else { PathBuf::from(format!("{base}-{n}.{RECORDING_EXTENSION}")) })
+        .map(|n| {
+            if n == 1 {
+                PathBuf::from(format!("{base}.{RECORDING_EXTENSION}"))
+            } else {
+                PathBuf::from(format!("{base}-{n}.{RECORDING_EXTENSION}"))
+            }
+        })
         .find(|path| !path.exists())
         .expect("some suffix is free")
 }
@@ -114,8 +120,13 @@ pub fn name_of_command(command: &[impl AsRef<OsStr>]) -> String {
 
 /// File-name-safe: letters, digits, '.', '_' and '-'; the rest become '_'.
 fn clean(name: &str) -> String {
-    let cleaned: String = name.chars().map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c } else { '_' }).collect();
-    if cleaned.is_empty() { "run".to_string() } else { cleaned }
+    let cleaned: String =
+        name.chars().map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c } else { '_' }).collect();
+    if cleaned.is_empty() {
+        "run".to_string()
+    } else {
+        cleaned
+    }
 }
 
 /// YYYYMMDD-HHMMSS in local time.
@@ -125,7 +136,15 @@ fn local_time_stamp() -> String {
         let now = libc::time(std::ptr::null_mut());
         let mut tm: libc::tm = std::mem::zeroed();
         libc::localtime_r(&now, &mut tm);
-        format!("{:04}{:02}{:02}-{:02}{:02}{:02}", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec)
+        format!(
+            "{:04}{:02}{:02}-{:02}{:02}{:02}",
+            tm.tm_year + 1900,
+            tm.tm_mon + 1,
+            tm.tm_mday,
+            tm.tm_hour,
+            tm.tm_min,
+            tm.tm_sec
+        )
     }
 }
 
@@ -147,7 +166,10 @@ mod tests {
     #[test]
     fn format_and_file_follow_the_flags() {
         let d = Destination::resolve(None, Some(Path::new("run.gpuprof")), "x").unwrap();
-        assert_eq!(d, Destination { format: Format::Recording, file: Some(PathBuf::from("run.gpuprof")), chosen: false });
+        assert_eq!(
+            d,
+            Destination { format: Format::Recording, file: Some(PathBuf::from("run.gpuprof")), chosen: false }
+        );
         let d = Destination::resolve(None, Some(Path::new("ev.jsonl")), "x").unwrap();
         assert_eq!(d, Destination { format: Format::Jsonl, file: Some(PathBuf::from("ev.jsonl")), chosen: false });
         let d = Destination::resolve(None, Some(Path::new("-")), "x").unwrap();
@@ -157,6 +179,11 @@ mod tests {
         let d = Destination::resolve(None, None, "train").unwrap();
         assert_eq!((d.format, d.chosen), (Format::Recording, true));
         let name = d.file.unwrap().to_string_lossy().into_owned();
-        assert!(name.starts_with("gpuprof-train-") && name.ends_with(".gpuprof") && name.len() == "gpuprof-train-20261125-223001.gpuprof".len(), "{name}");
+        assert!(
+            name.starts_with("gpuprof-train-")
+                && name.ends_with(".gpuprof")
+                && name.len() == "gpuprof-train-20261125-223001.gpuprof".len(),
+            "{name}"
+        );
     }
 }

@@ -19,7 +19,10 @@ pub fn write_table(writer: &mut dyn Write, findings: &[Finding]) -> io::Result<(
     }
     let leaks = findings.iter().filter(|f| f.severity == Severity::Leak).count();
     writeln!(writer, "Findings ({} leaks, {} info):", leaks, findings.len() - leaks)?;
-    let ordered = findings.iter().filter(|f| f.severity == Severity::Leak).chain(findings.iter().filter(|f| f.severity != Severity::Leak));
+    let ordered = findings
+        .iter()
+        .filter(|f| f.severity == Severity::Leak)
+        .chain(findings.iter().filter(|f| f.severity != Severity::Leak));
     for finding in ordered {
         let peer = finding.peer_pid.map(|p| format!(" peer {p}")).unwrap_or_default();
         let rank = finding.rank.map(|r| format!(" (rank {r})")).unwrap_or_default();
@@ -56,5 +59,7 @@ pub fn write_json(writer: &mut dyn Write, findings: &[Finding]) -> io::Result<()
 pub fn save_json(path: &Path, findings: &[Finding]) -> Result<()> {
     let file = File::create(path).with_context(|| format!("cannot create findings file {}", path.display()))?;
     let mut writer = BufWriter::new(file);
-    write_json(&mut writer, findings).and_then(|_| writer.flush()).with_context(|| format!("cannot write {}", path.display()))
+    write_json(&mut writer, findings)
+        .and_then(|_| writer.flush())
+        .with_context(|| format!("cannot write {}", path.display()))
 }

@@ -96,7 +96,11 @@ pub fn capture_sink(destination: &Destination, compress: bool, all_processes: bo
         Some(path) if destination.chosen => Box::new(ChosenFileSink::new(inner, path.clone())),
         _ => inner,
     };
-    Ok(if destination.format == Format::Jsonl && !all_processes { Box::new(CudaProcessesOnly::new(inner)) } else { inner })
+    Ok(if destination.format == Format::Jsonl && !all_processes {
+        Box::new(CudaProcessesOnly::new(inner))
+    } else {
+        inner
+    })
 }
 
 /// Stdout, or the file named by `--output` (created or truncated).

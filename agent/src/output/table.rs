@@ -180,12 +180,7 @@ pub fn write_live_summary(writer: &mut dyn Write, processes: &[LiveSummary]) -> 
                 fit(&state_text(process.state), 14)
             )
         };
-        let tail = format!(
-            "{:>10} {:>8} {:>5}",
-            human_bytes(process.mapped_bytes),
-            process.imports,
-            process.contexts
-        );
+        let tail = format!("{:>10} {:>8} {:>5}", human_bytes(process.mapped_bytes), process.imports, process.contexts);
         if process.by_kind.is_empty() {
             head(writer)?;
             writeln!(writer, " {:<11} {:>10} {:>6} {tail}", "-", human_bytes(0), 0)?;
@@ -233,11 +228,20 @@ fn write_before_capture(writer: &mut dyn Write, processes: &[&LiveSummary]) -> i
         return Ok(());
     }
     writeln!(writer)?;
-    writeln!(writer, "Held before the capture started (the allocator's first report, less what gpuprof saw; not in the rows above):")?;
+    writeln!(
+        writer,
+        "Held before the capture started (the allocator's first report, less what gpuprof saw; not in the rows above):"
+    )?;
     writeln!(writer, "{:>7} {:>12} {:>12}", "PID", "ALLOCATED", "RESERVED")?;
     for process in held {
         let before = process.before_capture.expect("filtered");
-        writeln!(writer, "{:>7} {:>12} {:>12}", process.pid, human_bytes(before.allocated), human_bytes(before.reserved))?;
+        writeln!(
+            writer,
+            "{:>7} {:>12} {:>12}",
+            process.pid,
+            human_bytes(before.allocated),
+            human_bytes(before.reserved)
+        )?;
     }
     Ok(())
 }
@@ -249,8 +253,14 @@ fn write_nvml(writer: &mut dyn Write, processes: &[LiveSummary], nvml: &BTreeMap
         return Ok(());
     }
     writeln!(writer)?;
-    writeln!(writer, "GPU memory per process as the driver accounts it (NVML, as nvidia-smi shows), last seen while running;")?;
-    writeln!(writer, "NOT PROBED = NVML USED - PROBED CALLS: the CUDA context, modules, memory from before the capture or from")?;
+    writeln!(
+        writer,
+        "GPU memory per process as the driver accounts it (NVML, as nvidia-smi shows), last seen while running;"
+    )?;
+    writeln!(
+        writer,
+        "NOT PROBED = NVML USED - PROBED CALLS: the CUDA context, modules, memory from before the capture or from"
+    )?;
     writeln!(writer, "calls gpuprof does not probe:")?;
     writeln!(writer, "{:>7} {:<15} {:>12} {:>12} {:>12}", "PID", "COMM", "NVML USED", "PROBED CALLS", "NOT PROBED")?;
     for (pid, seen) in nvml {
@@ -311,7 +321,15 @@ fn write_live_by_frame(writer: &mut dyn Write, processes: &[&LiveSummary]) -> io
         if !rest.is_empty() {
             let bytes: u64 = rest.iter().map(|e| e.total.bytes).sum();
             let count: u64 = rest.iter().map(|e| e.total.count).sum();
-            writeln!(writer, "{:>7} {:<11} {:>10} {:>6}  ({} more frames)", process.pid, "", human_bytes(bytes), count, rest.len())?;
+            writeln!(
+                writer,
+                "{:>7} {:<11} {:>10} {:>6}  ({} more frames)",
+                process.pid,
+                "",
+                human_bytes(bytes),
+                count,
+                rest.len()
+            )?;
         }
     }
     Ok(())
@@ -328,7 +346,10 @@ mod tests {
         assert_eq!(result_text(123456), "123456");
         assert_eq!(result_text(0), "ok");
         let frame = |file: &str, line, function: &str| Frame { file: file.into(), line, function: function.into() };
-        let stack = [frame("/v/lib/python3.12/site-packages/torch/nn/modules/linear.py", 134, "Linear.forward"), frame("/src/train.py", 42, "evaluate")];
+        let stack = [
+            frame("/v/lib/python3.12/site-packages/torch/nn/modules/linear.py", 134, "Linear.forward"),
+            frame("/src/train.py", 42, "evaluate"),
+        ];
         assert_eq!(python_column(&stack), "train.py:42 evaluate < Linear.forward");
         assert_eq!(python_column(&stack[1..]), "train.py:42 evaluate");
         assert_eq!(python_column(&stack[..1]), "linear.py:134 Linear.forward");

@@ -75,7 +75,8 @@ impl PodIdentity {
     /// K8S_NODE_NAME and GPUPROF_WORKLOAD_CONTAINER (one name; several leave it unsaid).
     pub fn from_environment() -> PodIdentity {
         let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
-        let uid = var("K8S_POD_UID").or_else(|| kubernetes_of_cgroup(&fs::read_to_string("/proc/self/cgroup").unwrap_or_default()).1);
+        let uid = var("K8S_POD_UID")
+            .or_else(|| kubernetes_of_cgroup(&fs::read_to_string("/proc/self/cgroup").unwrap_or_default()).1);
         PodIdentity {
             name: var("K8S_POD_NAME").or_else(|| var("POD_NAME")),
             namespace: var("K8S_NAMESPACE").or_else(|| var("POD_NAMESPACE")),
@@ -87,7 +88,14 @@ impl PodIdentity {
     }
 
     /// A process of the pod, as /proc says it (visible processes) or as its shim said it.
-    pub fn identify(&self, pid: u32, node: &str, gpus: &[String], comm: &str, parent_pid: Option<u32>) -> ProcessIdentity {
+    pub fn identify(
+        &self,
+        pid: u32,
+        node: &str,
+        gpus: &[String],
+        comm: &str,
+        parent_pid: Option<u32>,
+    ) -> ProcessIdentity {
         if !self.processes_visible {
             return self.process(pid, node, gpus, comm, parent_pid);
         }
@@ -106,7 +114,14 @@ impl PodIdentity {
     }
 
     /// A process of the pod: its pid and name as its shim said them.
-    pub fn process(&self, pid: u32, node: &str, gpus: &[String], comm: &str, parent_pid: Option<u32>) -> ProcessIdentity {
+    pub fn process(
+        &self,
+        pid: u32,
+        node: &str,
+        gpus: &[String],
+        comm: &str,
+        parent_pid: Option<u32>,
+    ) -> ProcessIdentity {
         ProcessIdentity {
             host_name: node.to_string(),
             pid,
@@ -191,7 +206,10 @@ mod tests {
             kubernetes_of_cgroup(&cgroupfs),
             (Some(ID.to_string()), Some("5f1c0e1e-0000-4000-8000-000000000002".to_string()))
         );
-        assert_eq!(kubernetes_of_cgroup(&format!("0::/system.slice/docker-{ID}.scope\n")), (Some(ID.to_string()), None));
+        assert_eq!(
+            kubernetes_of_cgroup(&format!("0::/system.slice/docker-{ID}.scope\n")),
+            (Some(ID.to_string()), None)
+        );
         assert_eq!(kubernetes_of_cgroup("0::/user.slice/user-0.slice/session-1.scope\n"), (None, None));
     }
 

@@ -232,7 +232,9 @@ impl Telemetry {
         self.findings(fired, tracker);
         if event.op == Op::Exit {
             // A CUDA process's last word: what it held as it went, as gauges and a profile.
-            if let Some(process) = last_instance(tracker, pid).filter(|p| p.driver_calls() > 0 || !p.allocator_totals().is_empty()) {
+            if let Some(process) =
+                last_instance(tracker, pid).filter(|p| p.driver_calls() > 0 || !p.allocator_totals().is_empty())
+            {
                 self.process_metrics(process, event.ts);
                 self.profile(process, event.ts, Reason::Exit);
             }
@@ -356,7 +358,11 @@ impl Telemetry {
         let resident = crate::procfs::own_resident_bytes();
         let over = resident > cap;
         if over && !self.over_memory_cap {
-            tracing::warn!(resident, cap, "over the memory cap: allocator events are no longer sent one by one (counted as shed)");
+            tracing::warn!(
+                resident,
+                cap,
+                "over the memory cap: allocator events are no longer sent one by one (counted as shed)"
+            );
         }
         self.over_memory_cap = over;
     }
@@ -415,7 +421,8 @@ impl Telemetry {
         }
         self.profiles_due.clear();
         self.flush(tracker, now);
-        let (findings, profiles, shed, over_cap, handed) = (self.findings_sent, self.profiles_sent, self.shed, self.lifetimes.over_cap(), self.handed);
+        let (findings, profiles, shed, over_cap, handed) =
+            (self.findings_sent, self.profiles_sent, self.shed, self.lifetimes.over_cap(), self.handed);
         let endpoint = self.client.endpoint();
         let delivery = self.client.finish(DRAIN_LIMIT);
         Delivered { endpoint, handed, delivery, findings, profiles, shed, spans_over_cap: over_cap }
@@ -466,7 +473,13 @@ impl std::fmt::Display for Delivered {
         write!(
             f,
             "otlp to {}: handed over {} log records ({} findings, {} memory profiles), {} spans, {} metric points; {}",
-            self.endpoint, self.handed.records, self.findings, self.profiles, self.handed.spans, self.handed.points, self.delivery
+            self.endpoint,
+            self.handed.records,
+            self.findings,
+            self.profiles,
+            self.handed.spans,
+            self.handed.points,
+            self.delivery
         )?;
         if self.shed > 0 {
             write!(f, "; over the memory cap, {} allocator events not sent one by one", self.shed)?;

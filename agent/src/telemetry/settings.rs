@@ -60,7 +60,13 @@ impl OtlpTuning {
     }
 
     /// The export's options, the defaults filled in and every value checked.
-    pub fn options(&self, endpoint: &str, protocol: Protocol, token: Option<String>, node: Option<String>) -> Result<OtlpOptions> {
+    pub fn options(
+        &self,
+        endpoint: &str,
+        protocol: Protocol,
+        token: Option<String>,
+        node: Option<String>,
+    ) -> Result<OtlpOptions> {
         let seconds = |name: &str, value: Option<f64>, default: Duration| -> Result<Duration> {
             match value {
                 None => Ok(default),
@@ -68,8 +74,10 @@ impl OtlpTuning {
                 Some(v) => bail!("{name} {v}: give a positive number of seconds"),
             }
         };
-        let metrics_interval = seconds("otlp_metrics_interval", self.otlp_metrics_interval, OtlpOptions::DEFAULT_METRICS_INTERVAL)?;
-        let profile_interval = seconds("otlp_profile_interval", self.otlp_profile_interval, OtlpOptions::DEFAULT_PROFILE_INTERVAL)?;
+        let metrics_interval =
+            seconds("otlp_metrics_interval", self.otlp_metrics_interval, OtlpOptions::DEFAULT_METRICS_INTERVAL)?;
+        let profile_interval =
+            seconds("otlp_profile_interval", self.otlp_profile_interval, OtlpOptions::DEFAULT_PROFILE_INTERVAL)?;
         let max_request_bytes = self.otlp_max_request_bytes.unwrap_or(DEFAULT_MAX_REQUEST_BYTES);
         if max_request_bytes < 64 * 1024 {
             bail!("otlp_max_request_bytes {max_request_bytes}: give at least 65536 (a memory profile must fit in one request)");
@@ -80,7 +88,10 @@ impl OtlpTuning {
             None => DEFAULT_QUEUE_BYTES,
         };
         if queue_bytes < max_request_bytes {
-            bail!("otlp_queue_mib {}: the queue must hold at least one request of {max_request_bytes} bytes", queue_bytes >> 20);
+            bail!(
+                "otlp_queue_mib {}: the queue must hold at least one request of {max_request_bytes} bytes",
+                queue_bytes >> 20
+            );
         }
         let profile_stacks = self.otlp_profile_stacks.unwrap_or(OtlpOptions::DEFAULT_PROFILE_STACKS);
         if profile_stacks == 0 {

@@ -103,7 +103,12 @@ impl Model {
             .map(|p| p.summary())
             .filter(|s| s.driver_calls > 0 || s.allocator.is_some())
             .collect();
-        Model { processes, findings: pipeline.findings().to_vec(), events: pipeline.events(), nvml: pipeline.nvml().now().clone() }
+        Model {
+            processes,
+            findings: pipeline.findings().to_vec(),
+            events: pipeline.events(),
+            nvml: pipeline.nvml().now().clone(),
+        }
     }
 }
 
@@ -115,13 +120,15 @@ pub fn draw(frame: &mut Frame<'_>, model: &Model, state: &mut ViewState) {
     let mut processes: Vec<&LiveSummary> = model.processes.iter().collect();
     // Running processes first, each group in the chosen order.
     match state.sort {
-        SortKey::Driver => processes.sort_by_key(|p| (p.state != ProcessState::Running, std::cmp::Reverse(device_bytes(p)))),
-        SortKey::Allocated => {
-            processes.sort_by_key(|p| (p.state != ProcessState::Running, std::cmp::Reverse(p.allocator.map_or(0, |a| a.allocated))))
+        SortKey::Driver => {
+            processes.sort_by_key(|p| (p.state != ProcessState::Running, std::cmp::Reverse(device_bytes(p))))
         }
-        SortKey::Reserved => {
-            processes.sort_by_key(|p| (p.state != ProcessState::Running, std::cmp::Reverse(p.allocator.map_or(0, |a| a.reserved))))
-        }
+        SortKey::Allocated => processes.sort_by_key(|p| {
+            (p.state != ProcessState::Running, std::cmp::Reverse(p.allocator.map_or(0, |a| a.allocated)))
+        }),
+        SortKey::Reserved => processes.sort_by_key(|p| {
+            (p.state != ProcessState::Running, std::cmp::Reverse(p.allocator.map_or(0, |a| a.reserved)))
+        }),
         SortKey::Pid => processes.sort_by_key(|p| (p.state != ProcessState::Running, p.pid)),
     }
     state.rows = processes.len();
@@ -148,7 +155,8 @@ pub fn draw(frame: &mut Frame<'_>, model: &Model, state: &mut ViewState) {
             ProcessState::Exited { code, .. } => format!("exited({code})"),
             ProcessState::Replaced { .. } => "exec'd".to_string(),
         };
-        let (allocated, reserved) = p.allocator.map_or((String::from("-"), String::from("-")), |a| (human(a.allocated), human(a.reserved)));
+        let (allocated, reserved) =
+            p.allocator.map_or((String::from("-"), String::from("-")), |a| (human(a.allocated), human(a.reserved)));
         // NVML's figure and the part of it no probed call made (context, modules, …).
         let (nvml, not_probed) = model.nvml.get(&p.pid).map_or((String::from("-"), String::from("-")), |r| {
             let sign = if r.not_probed() < 0 { "-" } else { "" };
@@ -160,7 +168,11 @@ pub fn draw(frame: &mut Frame<'_>, model: &Model, state: &mut ViewState) {
             Cell::from(p.pid.to_string()),
             Cell::from(p.comm.clone()),
             Cell::from(state_text),
-            Cell::from(if p.devices.is_empty() { "-".to_string() } else { p.devices.iter().map(i32::to_string).collect::<Vec<_>>().join(",") }),
+            Cell::from(if p.devices.is_empty() {
+                "-".to_string()
+            } else {
+                p.devices.iter().map(i32::to_string).collect::<Vec<_>>().join(",")
+            }),
             Cell::from(human(device_bytes(p))),
             Cell::from(allocated),
             Cell::from(reserved),
@@ -171,7 +183,11 @@ pub fn draw(frame: &mut Frame<'_>, model: &Model, state: &mut ViewState) {
             Cell::from(p.contexts.to_string()),
             Cell::from(p.driver_calls.to_string()),
         ]);
-        if p.state == ProcessState::Running { row } else { row.style(Style::default().add_modifier(Modifier::DIM)) }
+        if p.state == ProcessState::Running {
+            row
+        } else {
+            row.style(Style::default().add_modifier(Modifier::DIM))
+        }
     });
     let table = Table::new(
         rows,
@@ -192,8 +208,22 @@ pub fn draw(frame: &mut Frame<'_>, model: &Model, state: &mut ViewState) {
         ],
     )
     .header(
-        Row::new(["PID", "COMM", "STATE", "DEV", "DRIVER", "ALLOCATED", "RESERVED", "BEFORE", "NVML USED", "NOT PROBED", "IPC OPEN", "CTX", "CALLS"])
-            .style(Style::default().add_modifier(Modifier::BOLD)),
+        Row::new([
+            "PID",
+            "COMM",
+            "STATE",
+            "DEV",
+            "DRIVER",
+            "ALLOCATED",
+            "RESERVED",
+            "BEFORE",
+            "NVML USED",
+            "NOT PROBED",
+            "IPC OPEN",
+            "CTX",
+            "CALLS",
+        ])
+        .style(Style::default().add_modifier(Modifier::BOLD)),
     )
     .row_highlight_style(Style::default().add_modifier(Modifier::REVERSED))
     .block(Block::default().borders(Borders::ALL).title("Processes"));

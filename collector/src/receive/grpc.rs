@@ -40,7 +40,10 @@ impl tonic::service::Interceptor for Gate {
 
 #[tonic::async_trait]
 impl LogsService for Receiver {
-    async fn export(&self, request: Request<ExportLogsServiceRequest>) -> Result<Response<ExportLogsServiceResponse>, Status> {
+    async fn export(
+        &self,
+        request: Request<ExportLogsServiceRequest>,
+    ) -> Result<Response<ExportLogsServiceResponse>, Status> {
         let collector = self.0.clone();
         Ok(Response::new(tokio::task::block_in_place(move || collector.logs(request.into_inner()))))
     }
@@ -48,14 +51,20 @@ impl LogsService for Receiver {
 
 #[tonic::async_trait]
 impl TraceService for Receiver {
-    async fn export(&self, request: Request<ExportTraceServiceRequest>) -> Result<Response<ExportTraceServiceResponse>, Status> {
+    async fn export(
+        &self,
+        request: Request<ExportTraceServiceRequest>,
+    ) -> Result<Response<ExportTraceServiceResponse>, Status> {
         Ok(Response::new(self.0.traces(request.into_inner())))
     }
 }
 
 #[tonic::async_trait]
 impl MetricsService for Receiver {
-    async fn export(&self, request: Request<ExportMetricsServiceRequest>) -> Result<Response<ExportMetricsServiceResponse>, Status> {
+    async fn export(
+        &self,
+        request: Request<ExportMetricsServiceRequest>,
+    ) -> Result<Response<ExportMetricsServiceResponse>, Status> {
         Ok(Response::new(self.0.metrics(request.into_inner())))
     }
 }
@@ -71,8 +80,14 @@ pub fn services(collector: Arc<Collector>) -> Services {
     let receiver = Receiver(collector.clone());
     let gate = Gate(collector);
     (
-        InterceptedService::new(LogsServiceServer::new(receiver.clone()).max_decoding_message_size(limit), gate.clone()),
-        InterceptedService::new(TraceServiceServer::new(receiver.clone()).max_decoding_message_size(limit), gate.clone()),
+        InterceptedService::new(
+            LogsServiceServer::new(receiver.clone()).max_decoding_message_size(limit),
+            gate.clone(),
+        ),
+        InterceptedService::new(
+            TraceServiceServer::new(receiver.clone()).max_decoding_message_size(limit),
+            gate.clone(),
+        ),
         InterceptedService::new(MetricsServiceServer::new(receiver).max_decoding_message_size(limit), gate),
     )
 }

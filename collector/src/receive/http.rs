@@ -55,7 +55,11 @@ where
         response
     };
     if !collector.admit(peer) {
-        return refuse(Refusal::RateLimited, StatusCode::TOO_MANY_REQUESTS, "too many requests on this connection; retry later\n".into());
+        return refuse(
+            Refusal::RateLimited,
+            StatusCode::TOO_MANY_REQUESTS,
+            "too many requests on this connection; retry later\n".into(),
+        );
     }
     if !collector.authorized(headers.get(header::AUTHORIZATION).map(|v| v.as_bytes())) {
         return refuse(Refusal::Unauthenticated, StatusCode::UNAUTHORIZED, "missing or wrong bearer token\n".into());
@@ -93,7 +97,12 @@ where
     };
     let response = tokio::task::block_in_place(|| handle(&collector, request));
     match encoding {
-        Encoding::Protobuf => ([(header::CONTENT_TYPE, "application/x-protobuf")], response.encode_to_vec()).into_response(),
-        Encoding::Json => ([(header::CONTENT_TYPE, "application/json")], serde_json::to_vec(&response).unwrap_or_default()).into_response(),
+        Encoding::Protobuf => {
+            ([(header::CONTENT_TYPE, "application/x-protobuf")], response.encode_to_vec()).into_response()
+        }
+        Encoding::Json => {
+            ([(header::CONTENT_TYPE, "application/json")], serde_json::to_vec(&response).unwrap_or_default())
+                .into_response()
+        }
     }
 }

@@ -87,7 +87,12 @@ static API_OF: [u8; MAX_CALLBACK_ID] = {
 pub static SEEN: Tally = Tally::new();
 
 /// CUPTI's `CUpti_CallbackFunc`.
-pub unsafe extern "C" fn on_callback(_userdata: *mut c_void, domain: CUpti_CallbackDomain, cbid: CUpti_CallbackId, data: *const c_void) {
+pub unsafe extern "C" fn on_callback(
+    _userdata: *mut c_void,
+    domain: CUpti_CallbackDomain,
+    cbid: CUpti_CallbackId,
+    data: *const c_void,
+) {
     // Never unwind into the driver: a panic here ends as a missing event, not a dead process.
     let _ = std::panic::catch_unwind(|| {
         // SAFETY: CUPTI passes a CUpti_CallbackData for the driver domain.
@@ -122,7 +127,8 @@ unsafe fn handle(domain: u32, cbid: u32, data: *const CUpti_CallbackData) {
     let started = if data.correlationData.is_null() { now } else { unsafe { *data.correlationData } };
     let started = if started == 0 || started > now { now } else { started };
     // SAFETY: functionReturnValue points at the call's CUresult at exit.
-    let result = if data.functionReturnValue.is_null() { 0 } else { unsafe { *(data.functionReturnValue as *const i32) } };
+    let result =
+        if data.functionReturnValue.is_null() { 0 } else { unsafe { *(data.functionReturnValue as *const i32) } };
     let mut values = CallValues { result, duration_ns: now - started, ..CallValues::EMPTY };
     // SAFETY: functionParams is this entry point's argument struct.
     unsafe { super::params::read(entry.args, data.functionParams as *const u8, &mut values) };

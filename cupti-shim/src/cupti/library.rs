@@ -12,7 +12,10 @@ use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use cudarc::cupti::sys::{CUpti_Activity, CUpti_BuffersCallbackCompleteFunc, CUpti_BuffersCallbackRequestFunc, CUpti_CallbackFunc, CUpti_SubscriberHandle};
+use cudarc::cupti::sys::{
+    CUpti_Activity, CUpti_BuffersCallbackCompleteFunc, CUpti_BuffersCallbackRequestFunc, CUpti_CallbackFunc,
+    CUpti_SubscriberHandle,
+};
 use cudarc::driver::sys::CUcontext;
 
 pub const PATH_VAR: &str = "GPUPROF_CUPTI";
@@ -28,7 +31,8 @@ type SubscribeFn = unsafe extern "C" fn(*mut CUpti_SubscriberHandle, CUpti_Callb
 type UnsubscribeFn = unsafe extern "C" fn(CUpti_SubscriberHandle) -> Status;
 type EnableCallbackFn = unsafe extern "C" fn(u32, CUpti_SubscriberHandle, u32, u32) -> Status;
 type GetResultStringFn = unsafe extern "C" fn(Status, *mut *const c_char) -> Status;
-type ActivityRegisterCallbacksFn = unsafe extern "C" fn(CUpti_BuffersCallbackRequestFunc, CUpti_BuffersCallbackCompleteFunc) -> Status;
+type ActivityRegisterCallbacksFn =
+    unsafe extern "C" fn(CUpti_BuffersCallbackRequestFunc, CUpti_BuffersCallbackCompleteFunc) -> Status;
 type ActivityEnableFn = unsafe extern "C" fn(u32) -> Status;
 type ActivityDisableFn = unsafe extern "C" fn(u32) -> Status;
 type ActivityFlushAllFn = unsafe extern "C" fn(u32) -> Status;
@@ -65,7 +69,8 @@ pub fn load() -> Result<&'static Cupti, String> {
     let (path, handle) = find().ok_or_else(|| {
         format!("no libcupti (loaded, ${PATH_VAR}, beside libcudart, $CUDA_HOME, /usr/local/cuda, the loader's path): set {PATH_VAR}=/path/to/libcupti.so")
     })?;
-    let function = |name: &CStr| symbol(handle, name).ok_or_else(|| format!("{path} has no {}", name.to_string_lossy()));
+    let function =
+        |name: &CStr| symbol(handle, name).ok_or_else(|| format!("{path} has no {}", name.to_string_lossy()));
     // SAFETY: each symbol is CUPTI's function of exactly this signature (cupti_callbacks.h,
     // cupti_activity.h, cupti_result.h), as cudarc declares them.
     let bound = unsafe {
@@ -73,13 +78,25 @@ pub fn load() -> Result<&'static Cupti, String> {
             subscribe: std::mem::transmute::<*const c_void, SubscribeFn>(function(c"cuptiSubscribe")?),
             unsubscribe: std::mem::transmute::<*const c_void, UnsubscribeFn>(function(c"cuptiUnsubscribe")?),
             enable_callback: std::mem::transmute::<*const c_void, EnableCallbackFn>(function(c"cuptiEnableCallback")?),
-            get_result_string: std::mem::transmute::<*const c_void, GetResultStringFn>(function(c"cuptiGetResultString")?),
-            activity_register_callbacks: std::mem::transmute::<*const c_void, ActivityRegisterCallbacksFn>(function(c"cuptiActivityRegisterCallbacks")?),
+            get_result_string: std::mem::transmute::<*const c_void, GetResultStringFn>(function(
+                c"cuptiGetResultString",
+            )?),
+            activity_register_callbacks: std::mem::transmute::<*const c_void, ActivityRegisterCallbacksFn>(function(
+                c"cuptiActivityRegisterCallbacks",
+            )?),
             activity_enable: std::mem::transmute::<*const c_void, ActivityEnableFn>(function(c"cuptiActivityEnable")?),
-            activity_disable: std::mem::transmute::<*const c_void, ActivityDisableFn>(function(c"cuptiActivityDisable")?),
-            activity_flush_all: std::mem::transmute::<*const c_void, ActivityFlushAllFn>(function(c"cuptiActivityFlushAll")?),
-            activity_get_next_record: std::mem::transmute::<*const c_void, ActivityGetNextRecordFn>(function(c"cuptiActivityGetNextRecord")?),
-            activity_get_num_dropped_records: std::mem::transmute::<*const c_void, ActivityGetNumDroppedRecordsFn>(function(c"cuptiActivityGetNumDroppedRecords")?),
+            activity_disable: std::mem::transmute::<*const c_void, ActivityDisableFn>(function(
+                c"cuptiActivityDisable",
+            )?),
+            activity_flush_all: std::mem::transmute::<*const c_void, ActivityFlushAllFn>(function(
+                c"cuptiActivityFlushAll",
+            )?),
+            activity_get_next_record: std::mem::transmute::<*const c_void, ActivityGetNextRecordFn>(function(
+                c"cuptiActivityGetNextRecord",
+            )?),
+            activity_get_num_dropped_records: std::mem::transmute::<*const c_void, ActivityGetNumDroppedRecordsFn>(
+                function(c"cuptiActivityGetNumDroppedRecords")?,
+            ),
             path,
         }
     };
@@ -103,7 +120,11 @@ fn find() -> Option<(String, *mut c_void)> {
         folders.extend([home.join("lib64"), home.join("targets/x86_64-linux/lib"), home.join("extras/CUPTI/lib64")]);
     }
     let toolkit = Path::new("/usr/local/cuda");
-    folders.extend([toolkit.join("lib64"), toolkit.join("targets/x86_64-linux/lib"), toolkit.join("extras/CUPTI/lib64")]);
+    folders.extend([
+        toolkit.join("lib64"),
+        toolkit.join("targets/x86_64-linux/lib"),
+        toolkit.join("extras/CUPTI/lib64"),
+    ]);
     for folder in folders {
         for name in NAMES {
             let path = folder.join(name);

@@ -105,7 +105,8 @@ pub fn arrange_injection() {
     let Some(ours) = own_path() else { return };
     match std::env::var_os(INJECTION_VAR) {
         None => {
-            let (name, value) = (CString::new(INJECTION_VAR).expect("no NUL"), CString::new(ours).expect("a path has no NUL"));
+            let (name, value) =
+                (CString::new(INJECTION_VAR).expect("no NUL"), CString::new(ours).expect("a path has no NUL"));
             // SAFETY: the constructor runs before the program's threads; both are NUL-terminated.
             unsafe { libc::setenv(name.as_ptr(), value.as_ptr(), 0) };
         }
@@ -179,7 +180,11 @@ fn subscribe(cupti: &'static library::Cupti) -> Result<(), (State, String)> {
 ///
 /// SAFETY: CUPTI's `cuptiSubscribe` contract.
 #[no_mangle]
-pub unsafe extern "C" fn cuptiSubscribe(subscriber: *mut CUpti_SubscriberHandle, callback: CUpti_CallbackFunc, userdata: *mut c_void) -> u32 {
+pub unsafe extern "C" fn cuptiSubscribe(
+    subscriber: *mut CUpti_SubscriberHandle,
+    callback: CUpti_CallbackFunc,
+    userdata: *mut c_void,
+) -> u32 {
     let Ok(cupti) = library::load() else { return NOT_INITIALIZED };
     let _slot = SLOT.lock().unwrap_or_else(|e| e.into_inner());
     let ours = OURS.swap(std::ptr::null_mut(), Ordering::AcqRel);
@@ -204,7 +209,8 @@ pub unsafe extern "C" fn cuptiUnsubscribe(subscriber: CUpti_SubscriberHandle) ->
     let _slot = SLOT.lock().unwrap_or_else(|e| e.into_inner());
     // SAFETY: the caller's argument, to the real function.
     let result = unsafe { (cupti.unsubscribe)(subscriber) };
-    if result == library::SUCCESS && matches!(state(), State::HandedOver | State::SlotTaken) && subscribe(cupti).is_ok() {
+    if result == library::SUCCESS && matches!(state(), State::HandedOver | State::SlotTaken) && subscribe(cupti).is_ok()
+    {
         CROSS_CHECK_INTERRUPTED.store(true, Ordering::Relaxed);
         set_state(State::Subscribed);
         say("the other CUPTI subscriber let go: gpuprof captures driver calls in-process again");
@@ -324,7 +330,15 @@ mod tests {
     use super::*;
 
     fn check(callbacks: Counts, activity: Counts) -> CrossCheck {
-        CrossCheck { enabled: true, interrupted: false, callbacks, activity, activity_pool_records: 0, activity_dropped: 0, activity_buffers: 1 }
+        CrossCheck {
+            enabled: true,
+            interrupted: false,
+            callbacks,
+            activity,
+            activity_pool_records: 0,
+            activity_dropped: 0,
+            activity_buffers: 1,
+        }
     }
 
     #[test]

@@ -33,13 +33,25 @@ impl Params {
 /// What a pointer argument points at. SAFETY: a non-null output the driver wrote, or an input
 /// the caller passed for the driver to read.
 unsafe fn pointee_u64(address: u64) -> u64 {
-    if address == 0 { 0 } else { unsafe { (address as *const u64).read_unaligned() } }
+    if address == 0 {
+        0
+    } else {
+        unsafe { (address as *const u64).read_unaligned() }
+    }
 }
 unsafe fn pointee_u32(address: u64) -> u64 {
-    if address == 0 { 0 } else { u64::from(unsafe { (address as *const u32).read_unaligned() }) }
+    if address == 0 {
+        0
+    } else {
+        u64::from(unsafe { (address as *const u32).read_unaligned() })
+    }
 }
 unsafe fn pointee_i32(address: u64) -> i32 {
-    if address == 0 { -1 } else { unsafe { (address as *const i32).read_unaligned() } }
+    if address == 0 {
+        -1
+    } else {
+        unsafe { (address as *const i32).read_unaligned() }
+    }
 }
 unsafe fn pointee_bytes(address: u64, len: usize) -> [u8; HANDLE_LEN] {
     let mut bytes = [0u8; HANDLE_LEN];
@@ -92,7 +104,11 @@ pub unsafe fn read(layout: ArgLayout, params: *const u8, call: &mut CallValues) 
             ArgLayout::OutPtrSize32 | ArgLayout::OutPtr32Size32 => {
                 call.size = p.u32_at(8);
                 if ok {
-                    call.addr = if layout == ArgLayout::OutPtrSize32 { pointee_u64(p.u64_at(0)) } else { pointee_u32(p.u64_at(0)) };
+                    call.addr = if layout == ArgLayout::OutPtrSize32 {
+                        pointee_u64(p.u64_at(0))
+                    } else {
+                        pointee_u32(p.u64_at(0))
+                    };
                 }
             }
             ArgLayout::OutPitch => {
@@ -212,7 +228,10 @@ mod tests {
 
     #[test]
     fn offsets_match_cuptis_parameter_structs() {
-        assert_eq!((offset_of!(cupti::cuMemAlloc_v2_params_st, dptr), offset_of!(cupti::cuMemAlloc_v2_params_st, bytesize)), (0, 8));
+        assert_eq!(
+            (offset_of!(cupti::cuMemAlloc_v2_params_st, dptr), offset_of!(cupti::cuMemAlloc_v2_params_st, bytesize)),
+            (0, 8)
+        );
         assert_eq!(offset_of!(cupti::cuMemAlloc_params_st, bytesize), 8);
         assert_eq!(offset_of!(cupti::cuMemAllocPitch_v2_params_st, pPitch), 8);
         assert_eq!(offset_of!(cupti::cuMemAllocPitch_v2_params_st, WidthInBytes), 16);
@@ -222,14 +241,24 @@ mod tests {
         assert_eq!(offset_of!(cupti::cuMemAllocHost_params_st, bytesize), 8);
         assert_eq!(offset_of!(cupti::cuMemCreate_params_st, size), 8);
         assert_eq!(offset_of!(cupti::cuMemCreate_params_st, prop), 16);
-        assert_eq!(offset_of!(cudarc::driver::sys::CUmemAllocationProp_st, location) + offset_of!(cudarc::driver::sys::CUmemLocation_st, id), PROP_LOCATION_ID);
+        assert_eq!(
+            offset_of!(cudarc::driver::sys::CUmemAllocationProp_st, location)
+                + offset_of!(cudarc::driver::sys::CUmemLocation_st, id),
+            PROP_LOCATION_ID
+        );
         assert_eq!(offset_of!(cupti::cuMemMap_params_st, handle), 24);
         assert_eq!(offset_of!(cupti::cuMemHostRegister_v2_params_st, bytesize), 8);
         assert_eq!(offset_of!(cupti::cuIpcGetMemHandle_params_st, dptr), 8);
         assert_eq!(offset_of!(cupti::cuIpcOpenMemHandle_v2_params_st, handle), 8);
         assert_eq!(offset_of!(cupti::cuIpcOpenMemHandle_v2_params_st, Flags), 8 + HANDLE_LEN);
         assert_eq!(offset_of!(cupti::cuMemPoolExportPointer_params_st, ptr), 8);
-        assert_eq!((offset_of!(cupti::cuMemPoolImportPointer_params_st, pool), offset_of!(cupti::cuMemPoolImportPointer_params_st, shareData)), (8, 16));
+        assert_eq!(
+            (
+                offset_of!(cupti::cuMemPoolImportPointer_params_st, pool),
+                offset_of!(cupti::cuMemPoolImportPointer_params_st, shareData)
+            ),
+            (8, 16)
+        );
         assert_eq!(offset_of!(cupti::cuMemExportToShareableHandle_params_st, handle), 8);
         assert_eq!(offset_of!(cupti::cuMemExportToShareableHandle_params_st, handleType), 16);
         assert_eq!(offset_of!(cupti::cuMemImportFromShareableHandle_params_st, osHandle), 8);

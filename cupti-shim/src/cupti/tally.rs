@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use gpuprof_model::event::{Kind, Op};
 
 /// `CUpti_ActivityMemoryKind` values 0..=7, by name.
-pub const MEMORY_KINDS: [&str; 8] = ["unknown", "pageable", "pinned", "device", "array", "managed", "device_static", "managed_static"];
+pub const MEMORY_KINDS: [&str; 8] =
+    ["unknown", "pageable", "pinned", "device", "array", "managed", "device_static", "managed_static"];
 pub const PINNED: usize = 2;
 pub const DEVICE: usize = 3;
 pub const MANAGED: usize = 5;

@@ -41,8 +41,17 @@ pub fn check(event: &Event, world: &Tracker) -> Option<Finding> {
         ),
     };
     let first_ts = live.iter().map(|a| a.ts).min().unwrap_or(event.ts);
-    let mut finding =
-        Finding::new(FindingKind::ExitWithLiveAllocations, process.pid, &process.comm, bytes, count, first_ts, event.ts, &largest.stack, detail);
+    let mut finding = Finding::new(
+        FindingKind::ExitWithLiveAllocations,
+        process.pid,
+        &process.comm,
+        bytes,
+        count,
+        first_ts,
+        event.ts,
+        &largest.stack,
+        detail,
+    );
     finding.severity = severity;
     finding.api = Some(largest.api.to_string());
     Some(finding)
@@ -65,7 +74,10 @@ impl AllocatorShare {
             wording::bytes(self.cached)
         );
         if self.outside > 0 {
-            parts.push_str(&format!(", {} more was allocated outside the allocator (libraries' workspaces, direct driver calls)", wording::bytes(self.outside)));
+            parts.push_str(&format!(
+                ", {} more was allocated outside the allocator (libraries' workspaces, direct driver calls)",
+                wording::bytes(self.outside)
+            ));
         }
         parts
     }

@@ -46,13 +46,7 @@ pub struct Rule {
 
 impl Rule {
     pub fn new(config: RuleConfig) -> Self {
-        Rule {
-            config,
-            window_end: None,
-            series: HashMap::new(),
-            releasing: None,
-            reported: HashSet::new(),
-        }
+        Rule { config, window_end: None, series: HashMap::new(), releasing: None, reported: HashSet::new() }
     }
 
     /// Drops what is kept of processes the tracker no longer knows.
@@ -154,7 +148,8 @@ impl Rule {
                 series.rises = 0;
             }
             series.sampled = series.live;
-            if series.rises >= self.config.growth_rises && !self.reported.contains(process) && !grown.contains(process) {
+            if series.rises >= self.config.growth_rises && !self.reported.contains(process) && !grown.contains(process)
+            {
                 grown.push(*process);
             }
         }
@@ -216,7 +211,17 @@ impl Rule {
             wording::bytes(live),
             wording::count(count, "allocation", "allocations"),
         );
-        let mut finding = Finding::new(FindingKind::Growth, process.pid, &main.comm, bytes, count, first_ts, window_end, main_stack, detail);
+        let mut finding = Finding::new(
+            FindingKind::Growth,
+            process.pid,
+            &main.comm,
+            bytes,
+            count,
+            first_ts,
+            window_end,
+            main_stack,
+            detail,
+        );
         finding.api = Some(main.api.to_string());
         finding.stacks = grew
             .iter()
@@ -238,7 +243,12 @@ fn segments_carrying(process: &ProcessMemory, grew: &[(&Stack, &Series)], since:
         .filter(|block| block.ts >= since && stacks.contains(&block.stack))
         .filter_map(|block| process.segment_of(block.addr))
         .collect();
-    carrying.into_iter().filter_map(|start| process.segment_at(start)).filter(|(_, ts)| *ts >= since).map(|(size, _)| size).sum()
+    carrying
+        .into_iter()
+        .filter_map(|start| process.segment_at(start))
+        .filter(|(_, ts)| *ts >= since)
+        .map(|(size, _)| size)
+        .sum()
 }
 
 /// How much a series grew since its streak began.

@@ -13,7 +13,9 @@ pub fn check(event: &Event, world: &Tracker) -> Vec<Finding> {
         (Layer::Process, Op::Exit) => (None, "exited, losing".to_string()),
         (Layer::Process, Op::Exec) => (None, "exec'd, losing".to_string()),
         (Layer::Driver, Op::Free) => match exporter.released_by(event) {
-            Some(allocation) => (Some(allocation.addr), format!("freed ({} {})", event.api, wording::at(&event.attributed_stack()))),
+            Some(allocation) => {
+                (Some(allocation.addr), format!("freed ({} {})", event.api, wording::at(&event.attributed_stack())))
+            }
             None => return Vec::new(),
         },
         _ => return Vec::new(),

@@ -151,7 +151,17 @@ pub struct Finding {
 impl Finding {
     /// A finding with what every kind has; the rest empty, its severity `leak`.
     #[allow(clippy::too_many_arguments)]
-    pub fn new(kind: FindingKind, pid: u32, comm: &str, bytes: u64, count: u64, first_ts: u64, last_ts: u64, stack: &[Frame], detail: String) -> Finding {
+    pub fn new(
+        kind: FindingKind,
+        pid: u32,
+        comm: &str,
+        bytes: u64,
+        count: u64,
+        first_ts: u64,
+        last_ts: u64,
+        stack: &[Frame],
+        detail: String,
+    ) -> Finding {
         Finding {
             kind,
             pid,
@@ -219,7 +229,11 @@ impl RuleConfig {
 
 impl Default for RuleConfig {
     fn default() -> Self {
-        RuleConfig { growth_window_ns: 10_000_000_000, growth_rises: 3, orphan_grace_ns: RuleConfig::default_orphan_grace_ns() }
+        RuleConfig {
+            growth_window_ns: 10_000_000_000,
+            growth_rises: 3,
+            orphan_grace_ns: RuleConfig::default_orphan_grace_ns(),
+        }
     }
 }
 
@@ -321,10 +335,13 @@ impl Analyzer {
     }
 
     fn completed(&self, found: Vec<Finding>) -> Vec<Finding> {
-        found.into_iter().map(|f| {
-            let since = self.tracker.instance_since(f.pid, f.first_ts);
-            f.complete(since)
-        }).collect()
+        found
+            .into_iter()
+            .map(|f| {
+                let since = self.tracker.instance_since(f.pid, f.first_ts);
+                f.complete(since)
+            })
+            .collect()
     }
 }
 

@@ -33,7 +33,8 @@ impl Rule {
         if event.layer != Layer::Driver || event.op != Op::Alloc {
             return None;
         }
-        let process = world.process(event.pid).map(|p| p.as_ref()).unwrap_or(ProcessRef { pid: event.pid, since: event.ts });
+        let process =
+            world.process(event.pid).map(|p| p.as_ref()).unwrap_or(ProcessRef { pid: event.pid, since: event.ts });
         if event.succeeded() {
             self.failing.remove(&process);
             return None;
@@ -106,7 +107,8 @@ fn picture(event: &Event, world: &Tracker) -> Finding {
         wording::at(&stack),
         wording::bytes(total),
     );
-    let mut finding = Finding::new(FindingKind::Oom, event.pid, &event.comm, event.size, 1, event.ts, event.ts, &stack, detail);
+    let mut finding =
+        Finding::new(FindingKind::Oom, event.pid, &event.comm, event.size, 1, event.ts, event.ts, &stack, detail);
     finding.api = Some(event.api.to_string());
     finding.processes = processes;
     finding.fragmentation = fragmentation;
@@ -135,8 +137,12 @@ fn snapshot(process: &ProcessMemory, device: Option<i32>) -> ProcessSnapshot {
         .into_iter()
         .map(|top| StackBytes { stack: top.stack.to_vec(), bytes: top.total.bytes, count: top.total.count })
         .collect();
-    let totals: Vec<_> =
-        process.allocator_totals().iter().filter(|(d, _)| device.is_none_or(|device| **d == device)).map(|(_, t)| *t).collect();
+    let totals: Vec<_> = process
+        .allocator_totals()
+        .iter()
+        .filter(|(d, _)| device.is_none_or(|device| **d == device))
+        .map(|(_, t)| *t)
+        .collect();
     let (allocated, reserved) = if totals.is_empty() {
         (None, None)
     } else {

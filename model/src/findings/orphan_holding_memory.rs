@@ -49,8 +49,9 @@ impl Rule {
     /// The parents whose grace period ended by `now` (all of them when `now` is None: the
     /// capture ends): their descendants that still hold device memory or a context.
     pub fn check(&mut self, now: Option<u64>, grace_ns: u64, world: &Tracker) -> Vec<Finding> {
-        let (due, waiting): (Vec<Gone>, Vec<Gone>) =
-            std::mem::take(&mut self.pending).into_iter().partition(|gone| now.is_none_or(|now| now >= gone.ts + grace_ns));
+        let (due, waiting): (Vec<Gone>, Vec<Gone>) = std::mem::take(&mut self.pending)
+            .into_iter()
+            .partition(|gone| now.is_none_or(|now| now >= gone.ts + grace_ns));
         self.pending = waiting;
         let mut found = Vec::new();
         for gone in due {
@@ -99,7 +100,11 @@ fn finding(orphan: &ProcessMemory, gone: &Gone, ts: u64, all: &str) -> Finding {
     let stack: Vec<Frame> = largest.map(|a| a.stack.to_vec()).unwrap_or_default();
     let holds = match (bytes, orphan.contexts()) {
         (0, _) => "a CUDA context".to_string(),
-        (bytes, 0) => format!("{} of device memory in {}", wording::bytes(bytes), wording::count(live.len() as u64, "allocation", "allocations")),
+        (bytes, 0) => format!(
+            "{} of device memory in {}",
+            wording::bytes(bytes),
+            wording::count(live.len() as u64, "allocation", "allocations")
+        ),
         (bytes, _) => format!(
             "{} of device memory in {} and a CUDA context",
             wording::bytes(bytes),
@@ -117,7 +122,17 @@ fn finding(orphan: &ProcessMemory, gone: &Gone, ts: u64, all: &str) -> Finding {
         gone.how,
     );
     let count = live.len() as u64;
-    let mut finding = Finding::new(FindingKind::OrphanHoldingMemory, orphan.pid, &orphan.comm, bytes, count, gone.ts, ts.max(gone.ts), &stack, detail);
+    let mut finding = Finding::new(
+        FindingKind::OrphanHoldingMemory,
+        orphan.pid,
+        &orphan.comm,
+        bytes,
+        count,
+        gone.ts,
+        ts.max(gone.ts),
+        &stack,
+        detail,
+    );
     finding.peer_pid = Some(gone.parent.pid);
     finding.api = largest.map(|a| a.api.to_string());
     finding

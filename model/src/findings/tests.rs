@@ -135,7 +135,10 @@ fn ipc_opened_and_closed_is_clean_but_left_open_is_a_finding() {
     let found = leaky.findings(RuleConfig::default());
     assert_eq!(found.len(), 1);
     let f = &found[0];
-    assert_eq!((f.kind, f.pid, f.peer_pid, f.bytes, f.count), (FindingKind::IpcHandleNotClosed, 11, Some(10), 4 * MIB, 1));
+    assert_eq!(
+        (f.kind, f.pid, f.peer_pid, f.bytes, f.count),
+        (FindingKind::IpcHandleNotClosed, 11, Some(10), 4 * MIB, 1)
+    );
     assert_eq!(f.api.as_deref(), Some("cuIpcOpenMemHandle_v2"));
     // The exporter's export is gone with its exit, importer or not: no second finding.
 }
@@ -147,13 +150,19 @@ fn ipc_still_open_at_the_end_of_the_window() {
     let found = s.findings(RuleConfig::default());
     assert_eq!(found.len(), 1);
     assert_eq!((found[0].kind, found[0].pid), (FindingKind::IpcHandleNotClosed, 11));
-    assert!(found[0].detail.contains("still had open, when the capture ended, 1 IPC mapping (4.0 MiB) of pid 10's memory"));
+    assert!(found[0]
+        .detail
+        .contains("still had open, when the capture ended, 1 IPC mapping (4.0 MiB) of pid 10's memory"));
 }
 
 #[test]
 fn exporter_freeing_or_exiting_under_an_importer() {
     let mut freed = parent_and_worker();
-    freed.ipc(11, Op::IpcOpen, 0xF000, 0xAA).free(10, 0xA000).ipc(11, Op::IpcClose, 0xF000, 0).process(11, Op::Exit, 10);
+    freed.ipc(11, Op::IpcOpen, 0xF000, 0xAA).free(10, 0xA000).ipc(11, Op::IpcClose, 0xF000, 0).process(
+        11,
+        Op::Exit,
+        10,
+    );
     let found = freed.findings(RuleConfig::default());
     assert_eq!(found.len(), 1, "{found:#?}");
     let f = &found[0];
@@ -165,7 +174,11 @@ fn exporter_freeing_or_exiting_under_an_importer() {
     let kinds: Vec<FindingKind> = exited.findings(RuleConfig::default()).iter().map(|f| f.kind).collect();
     assert_eq!(
         kinds,
-        vec![FindingKind::ExitWithLiveAllocations, FindingKind::IpcExportFreedWhileImported, FindingKind::IpcHandleNotClosed]
+        vec![
+            FindingKind::ExitWithLiveAllocations,
+            FindingKind::IpcExportFreedWhileImported,
+            FindingKind::IpcHandleNotClosed
+        ]
     );
 }
 
@@ -235,7 +248,8 @@ fn oom_pictures_every_process() {
     s.driver(31, Op::Alloc, "cuMemAlloc_v2", Some(Kind::Device), 0, 2 << 30);
     s.events.last_mut().unwrap().result = 2;
     s.events.last_mut().unwrap().stack = frame("step", 7).into();
-    let found: Vec<Finding> = s.findings(RuleConfig::default()).into_iter().filter(|f| f.kind == FindingKind::Oom).collect();
+    let found: Vec<Finding> =
+        s.findings(RuleConfig::default()).into_iter().filter(|f| f.kind == FindingKind::Oom).collect();
     assert_eq!(found.len(), 1);
     let f = &found[0];
     assert_eq!((f.pid, f.bytes, f.stack.clone()), (31, 2 << 30, frame("step", 7)));
@@ -314,7 +328,15 @@ fn an_analyzer_saved_and_restored_mid_stream_fires_the_same_findings() {
 impl Stream {
     /// A framework allocator's block, with the allocator's totals after it.
     fn block(&mut self, pid: u32, op: Op, addr: u64, size: u64, totals: (u64, u64), stack: &[Frame]) -> &mut Self {
-        let mut event = Event::new(0, pid, pid, Source::Ebpf, Layer::Allocator, op, Cow::Borrowed("c10::reportMemoryUsageToProfiler"));
+        let mut event = Event::new(
+            0,
+            pid,
+            pid,
+            Source::Ebpf,
+            Layer::Allocator,
+            op,
+            Cow::Borrowed("c10::reportMemoryUsageToProfiler"),
+        );
         event.kind = Some(Kind::Device);
         event.device = Some(0);
         event.addr = Some(addr);
@@ -343,7 +365,11 @@ impl Stream {
 }
 
 fn library_frame(function: &str, line: u32) -> Frame {
-    Frame { function: function.into(), file: "/venv/lib/python3.12/site-packages/torch/nn/modules/linear.py".into(), line }
+    Frame {
+        function: function.into(),
+        file: "/venv/lib/python3.12/site-packages/torch/nn/modules/linear.py".into(),
+        line,
+    }
 }
 
 #[test]
@@ -372,7 +398,8 @@ fn tensors_and_the_segments_carrying_them_grow_as_one_finding() {
     // Windows 1-3 end with 2 more steps each: 6 steps of 2 MiB (relu) and 1 MiB (linear).
     assert_eq!((f.bytes, f.count, f.segment_bytes), (18 * MIB, 12, Some(24 * MIB)));
     assert_eq!(f.stack, relu);
-    let stacks: Vec<(u32, u64, u64)> = f.stacks.iter().map(|s| (s.stack.last().unwrap().line, s.bytes, s.count)).collect();
+    let stacks: Vec<(u32, u64, u64)> =
+        f.stacks.iter().map(|s| (s.stack.last().unwrap().line, s.bytes, s.count)).collect();
     assert_eq!(stacks, vec![(43, 12 * MIB, 6), (42, 6 * MIB, 6)]);
     assert_eq!(f.user_frame, Some(relu[0].clone()));
     assert_eq!(
@@ -386,15 +413,31 @@ fn one_oom_per_incident_with_the_caches_that_would_have_sufficed() {
     let mut s = Stream::new();
     // A neighbour (60) holds 6 GiB of segments with only 1 GiB in tensors; the evaluator (61)
     // holds 2 GiB with 1.5 GiB in tensors and asks for 1 GiB more.
-    s.alloc(60, 0xA000_0000, 6 << 30, &frame("train", 3)).block(60, Op::Alloc, 0xA000_0000, 1 << 30, (1 << 30, 6 << 30), &frame("train", 3));
-    s.alloc(61, 0xA000_0000, 2 << 30, &frame("evaluate", 9)).block(61, Op::Alloc, 0xA000_0000, 3 << 29, (3 << 29, 2 << 30), &frame("evaluate", 9));
+    s.alloc(60, 0xA000_0000, 6 << 30, &frame("train", 3)).block(
+        60,
+        Op::Alloc,
+        0xA000_0000,
+        1 << 30,
+        (1 << 30, 6 << 30),
+        &frame("train", 3),
+    );
+    s.alloc(61, 0xA000_0000, 2 << 30, &frame("evaluate", 9)).block(
+        61,
+        Op::Alloc,
+        0xA000_0000,
+        3 << 29,
+        (3 << 29, 2 << 30),
+        &frame("evaluate", 9),
+    );
     // The allocator fails, returns its cache (nothing whole to return) and fails again.
     s.failed_alloc(61, 1 << 30, &frame("evaluate", 9)).failed_alloc(61, 1 << 30, &frame("evaluate", 9));
-    let found: Vec<Finding> = s.findings(RuleConfig::default()).into_iter().filter(|f| f.kind == FindingKind::Oom).collect();
+    let found: Vec<Finding> =
+        s.findings(RuleConfig::default()).into_iter().filter(|f| f.kind == FindingKind::Oom).collect();
     assert_eq!(found.len(), 1, "{found:#?}");
     let f = &found[0];
     assert_eq!((f.pid, f.bytes, f.fragmentation, f.severity), (61, 1 << 30, false, Severity::Leak));
-    let caches: Vec<(u32, Option<u64>, Option<u64>)> = f.processes.iter().map(|p| (p.pid, p.allocated, p.reserved)).collect();
+    let caches: Vec<(u32, Option<u64>, Option<u64>)> =
+        f.processes.iter().map(|p| (p.pid, p.allocated, p.reserved)).collect();
     assert_eq!(caches, vec![(60, Some(1 << 30), Some(6 << 30)), (61, Some(3 << 29), Some(2 << 30))]);
     assert_eq!(
         f.detail,
@@ -404,24 +447,45 @@ fn one_oom_per_incident_with_the_caches_that_would_have_sufficed() {
     // A successful allocation ends the incident: the next failure is another one. Its own cache
     // (512 MiB free in reserved segments) covers a 256 MiB request: fragmentation.
     s.alloc(61, 0xF000_0000, 2 * MIB, &[]).failed_alloc(61, 256 * MIB, &frame("evaluate", 9));
-    let found: Vec<Finding> = s.findings(RuleConfig::default()).into_iter().filter(|f| f.kind == FindingKind::Oom).collect();
-    assert_eq!(found.iter().map(|f| (f.bytes, f.fragmentation)).collect::<Vec<_>>(), vec![(1 << 30, false), (256 * MIB, true)]);
+    let found: Vec<Finding> =
+        s.findings(RuleConfig::default()).into_iter().filter(|f| f.kind == FindingKind::Oom).collect();
+    assert_eq!(
+        found.iter().map(|f| (f.bytes, f.fragmentation)).collect::<Vec<_>>(),
+        vec![(1 << 30, false), (256 * MIB, true)]
+    );
     assert!(found[1].detail.ends_with(": its allocator had 512.0 MiB cached (reserved, not in tensors), enough for the request but in pieces too small for it: fragmentation; set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, or call torch.cuda.empty_cache() between phases; pid 60 (python3) caches 5.0 GiB it does not use, enough on its own: torch.cuda.empty_cache() there would have made room."), "{}", found[1].detail);
 }
 
 #[test]
 fn exiting_with_only_the_allocators_segments_is_info_a_missing_free_is_a_leak() {
     let mut s = Stream::new();
-    s.alloc(70, 0xA000, 20 * MIB, &frame("model", 1)).block(70, Op::Alloc, 0xA000, 8 * MIB, (8 * MIB, 20 * MIB), &frame("model", 1));
+    s.alloc(70, 0xA000, 20 * MIB, &frame("model", 1)).block(
+        70,
+        Op::Alloc,
+        0xA000,
+        8 * MIB,
+        (8 * MIB, 20 * MIB),
+        &frame("model", 1),
+    );
     s.process(70, Op::Exit, 1);
     s.alloc(71, 0xA000, 20 * MIB, &frame("raw", 2)).process(71, Op::Exit, 1);
     // A framework process whose library also took a workspace from the driver (cuBLAS does, on
     // an H100 machine): still its own, held to the end on purpose.
-    s.alloc(72, 0xA000, 20 * MIB, &frame("model", 1)).block(72, Op::Alloc, 0xA000, 20 * MIB, (20 * MIB, 20 * MIB), &frame("model", 1));
+    s.alloc(72, 0xA000, 20 * MIB, &frame("model", 1)).block(
+        72,
+        Op::Alloc,
+        0xA000,
+        20 * MIB,
+        (20 * MIB, 20 * MIB),
+        &frame("model", 1),
+    );
     s.alloc(72, 0xF000, 4 * MIB, &frame("matmul", 3)).process(72, Op::Exit, 1);
     let found = s.findings(RuleConfig::default());
     let got: Vec<(u32, u64, Severity)> = found.iter().map(|f| (f.pid, f.bytes, f.severity)).collect();
-    assert_eq!(got, vec![(70, 20 * MIB, Severity::Info), (71, 20 * MIB, Severity::Leak), (72, 24 * MIB, Severity::Info)]);
+    assert_eq!(
+        got,
+        vec![(70, 20 * MIB, Severity::Info), (71, 20 * MIB, Severity::Leak), (72, 24 * MIB, Severity::Info)]
+    );
     assert_eq!(
         found[0].detail,
         "pid 70 (python3) exited still holding 20.0 MiB of device memory in 1 allocation: its framework allocator's segments hold 8.0 MiB in live tensors and 12.0 MiB cached; the driver takes it back with the process: nothing to do."
@@ -454,10 +518,15 @@ fn workers_outliving_a_killed_parent_with_memory_are_orphans() {
     // Worker 82 notices within the grace period and exits; 81 is still there after it.
     s.at(killed_at + 1_000_000_000).process(82, Op::Exit, 80);
     s.at(killed_at + 6_000_000_000).process(90, Op::Fork, 1);
-    let found: Vec<Finding> = s.findings(config).into_iter().filter(|f| f.kind == FindingKind::OrphanHoldingMemory).collect();
+    let found: Vec<Finding> =
+        s.findings(config).into_iter().filter(|f| f.kind == FindingKind::OrphanHoldingMemory).collect();
     assert_eq!(found.len(), 2, "{found:#?}");
-    let got: Vec<(u32, Option<u32>, u64, u64, Severity)> = found.iter().map(|f| (f.pid, f.peer_pid, f.bytes, f.first_ts, f.severity)).collect();
-    assert_eq!(got, vec![(81, Some(80), 1 << 30, killed_at, Severity::Leak), (83, Some(80), 0, killed_at, Severity::Leak)]);
+    let got: Vec<(u32, Option<u32>, u64, u64, Severity)> =
+        found.iter().map(|f| (f.pid, f.peer_pid, f.bytes, f.first_ts, f.severity)).collect();
+    assert_eq!(
+        got,
+        vec![(81, Some(80), 1 << 30, killed_at, Severity::Leak), (83, Some(80), 0, killed_at, Severity::Leak)]
+    );
     assert_eq!(found[0].user_frame, Some(frame("work", 12)[0].clone()));
     assert_eq!(
         found[0].detail,
@@ -472,7 +541,9 @@ fn workers_outliving_a_killed_parent_with_memory_are_orphans() {
     for event in &s.events {
         analyzer.observe(&mut event.clone());
     }
-    let orphans = |found: Vec<Finding>| -> Vec<u32> { found.iter().filter(|f| f.kind == FindingKind::OrphanHoldingMemory).map(|f| f.pid).collect() };
+    let orphans = |found: Vec<Finding>| -> Vec<u32> {
+        found.iter().filter(|f| f.kind == FindingKind::OrphanHoldingMemory).map(|f| f.pid).collect()
+    };
     assert_eq!(orphans(analyzer.tick(killed_at + 4_000_000_000)), Vec::<u32>::new());
     let due = orphans(analyzer.tick(killed_at + 5_000_000_000));
     assert_eq!(due, vec![81, 82, 83]);
@@ -488,8 +559,12 @@ fn children_gone_before_their_parent_leave_no_orphan() {
     // The capture ends right after the parent: children still holding memory are orphans then.
     let mut s = launcher_and_workers();
     s.process(80, Op::Exit, 1);
-    let orphans: Vec<u32> =
-        s.findings(RuleConfig::default()).iter().filter(|f| f.kind == FindingKind::OrphanHoldingMemory).map(|f| f.pid).collect();
+    let orphans: Vec<u32> = s
+        .findings(RuleConfig::default())
+        .iter()
+        .filter(|f| f.kind == FindingKind::OrphanHoldingMemory)
+        .map(|f| f.pid)
+        .collect();
     assert_eq!(orphans, vec![81, 82, 83]);
 }
 

@@ -1,7 +1,7 @@
 //! How findings say things: one place for bytes, frames and process names in sentences.
 
-use crate::bytes::human;
 use super::user_frame;
+use crate::bytes::human;
 use crate::event::Frame;
 
 /// "at train.py:88 in evaluate": the user's own line (see `user_frame`), with the library
@@ -56,10 +56,14 @@ mod tests {
             frame("Block.forward", "/srv/model.py", 58),
         ];
         assert_eq!(at(&forward), "at /srv/model.py:58 in Block.forward (through Linear.forward)");
-        let backward: Vec<Frame> = std::iter::once(frame("AddmmBackward0", crate::autograd::AUTOGRAD_FILE, 0)).chain(forward).collect();
+        let backward: Vec<Frame> =
+            std::iter::once(frame("AddmmBackward0", crate::autograd::AUTOGRAD_FILE, 0)).chain(forward).collect();
         assert_eq!(at(&backward), "in AddmmBackward0 (backward pass) of the forward call at /srv/model.py:58 in Block.forward (through Linear.forward)");
         assert_eq!(backward[0].to_string(), "AddmmBackward0 (backward)");
-        assert_eq!(at(&[frame("[libnccl.so.2]", crate::stack::NATIVE_FILE, 0)]), "called from libnccl.so.2 (no Python stack)");
+        assert_eq!(
+            at(&[frame("[libnccl.so.2]", crate::stack::NATIVE_FILE, 0)]),
+            "called from libnccl.so.2 (no Python stack)"
+        );
         assert_eq!(at(&[]), "(no Python stack)");
     }
 }

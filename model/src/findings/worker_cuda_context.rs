@@ -35,7 +35,17 @@ struct Created {
 
 impl Created {
     fn finding(self) -> Finding {
-        let mut finding = Finding::new(FindingKind::WorkerCudaContext, self.child.pid, &self.comm, 0, 1, self.ts, self.ts, &self.stack, self.detail);
+        let mut finding = Finding::new(
+            FindingKind::WorkerCudaContext,
+            self.child.pid,
+            &self.comm,
+            0,
+            1,
+            self.ts,
+            self.ts,
+            &self.stack,
+            self.detail,
+        );
         finding.peer_pid = Some(self.parent);
         finding.api = Some(self.api);
         finding

@@ -24,7 +24,9 @@ impl ExportKey {
             return None;
         }
         match event.kind? {
-            Kind::Vmm if event.handle_type.as_deref() == Some("posix_fd") => event.handle_object.map(ExportKey::FileObject),
+            Kind::Vmm if event.handle_type.as_deref() == Some("posix_fd") => {
+                event.handle_object.map(ExportKey::FileObject)
+            }
             Kind::Vmm => event.handle.clone().map(ExportKey::Shareable),
             Kind::Pool => event.handle.clone().map(ExportKey::Pool),
             _ => event.handle.clone().map(ExportKey::Legacy),

@@ -12,8 +12,9 @@ mod process;
 use std::collections::HashMap;
 
 pub use ipc::{Export, ExportKey, ProcessRef};
-pub use process::{Stack, 
-    Allocation, AllocatorTotals, FrameTotal, Import, KindTotal, LiveSummary, Mapping, ProcessMemory, ProcessState, Space, StackTotal,
+pub use process::{
+    Allocation, AllocatorTotals, FrameTotal, Import, KindTotal, LiveSummary, Mapping, ProcessMemory, ProcessState,
+    Space, Stack, StackTotal,
 };
 
 use crate::event::{Event, Layer, Op};
@@ -45,11 +46,8 @@ impl Tracker {
             }
             (Layer::Process, Op::Exit) => {
                 self.process_mut(event);
-                let state = ProcessState::Exited {
-                    code: event.exit_code.unwrap_or(0),
-                    signal: event.signal,
-                    ts: event.ts,
-                };
+                let state =
+                    ProcessState::Exited { code: event.exit_code.unwrap_or(0), signal: event.signal, ts: event.ts };
                 self.close(event.pid, state);
             }
             (Layer::Allocator, _) => {
@@ -85,11 +83,8 @@ impl Tracker {
     /// The exports of `process` that hold the allocation at `addr` (all of them when `addr` is
     /// None, as at exit).
     pub fn exports_of(&self, process: ProcessRef, addr: Option<u64>) -> Vec<(&ExportKey, &Export)> {
-        let mut found: Vec<(&ExportKey, &Export)> = self
-            .exports
-            .iter()
-            .filter(|(_, e)| e.exporter == process && addr.is_none_or(|a| a == e.addr))
-            .collect();
+        let mut found: Vec<(&ExportKey, &Export)> =
+            self.exports.iter().filter(|(_, e)| e.exporter == process && addr.is_none_or(|a| a == e.addr)).collect();
         found.sort_by_key(|(_, e)| (e.ts, e.addr));
         found
     }

@@ -57,9 +57,15 @@ pub struct Import {
 pub enum ProcessState {
     Running,
     /// The process exited; `code` is its exit status or 128 + signal.
-    Exited { code: i32, signal: Option<i32>, ts: u64 },
+    Exited {
+        code: i32,
+        signal: Option<i32>,
+        ts: u64,
+    },
     /// The program was replaced by exec (or the pid forked anew); a new table follows.
-    Replaced { ts: u64 },
+    Replaced {
+        ts: u64,
+    },
 }
 
 /// The address spaces allocations live in: device/host pointers and VMM handles are different
@@ -249,8 +255,15 @@ impl ProcessMemory {
             total.bytes += allocation.size;
             total.count += 1;
         }
-        let mut top: Vec<StackTotal<'_>> = by_stack.into_iter().map(|(stack, total)| StackTotal { stack, total }).collect();
-        top.sort_by(|a, b| b.total.bytes.cmp(&a.total.bytes).then_with(|| a.stack.len().cmp(&b.stack.len())).then_with(|| a.stack.cmp(b.stack)));
+        let mut top: Vec<StackTotal<'_>> =
+            by_stack.into_iter().map(|(stack, total)| StackTotal { stack, total }).collect();
+        top.sort_by(|a, b| {
+            b.total
+                .bytes
+                .cmp(&a.total.bytes)
+                .then_with(|| a.stack.len().cmp(&b.stack.len()))
+                .then_with(|| a.stack.cmp(b.stack))
+        });
         top.truncate(n);
         top
     }
@@ -295,7 +308,8 @@ impl ProcessMemory {
                     Op::Free => allocated + event.size,
                     _ => allocated,
                 };
-                let seen_segments: u64 = self.allocations.values().filter(|a| a.is_device_memory()).map(|a| a.size).sum();
+                let seen_segments: u64 =
+                    self.allocations.values().filter(|a| a.is_device_memory()).map(|a| a.size).sum();
                 self.before_capture = Some(AllocatorTotals {
                     allocated: allocated_before,
                     reserved: reserved.saturating_sub(seen_segments),

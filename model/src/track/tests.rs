@@ -111,7 +111,8 @@ fn closed_tables_are_forgotten_after_they_ended_and_live_ones_kept() {
 }
 
 fn block(ts: u64, pid: u32, op: Op, addr: u64, size: u64, allocated: u64, reserved: u64) -> Event {
-    let mut event = Event::new(ts, pid, pid, Source::Ebpf, Layer::Allocator, op, Cow::Borrowed("c10::reportMemoryUsageToProfiler"));
+    let mut event =
+        Event::new(ts, pid, pid, Source::Ebpf, Layer::Allocator, op, Cow::Borrowed("c10::reportMemoryUsageToProfiler"));
     event.addr = Some(addr);
     event.size = size;
     event.allocated = Some(allocated);
@@ -153,14 +154,23 @@ fn memory_held_before_the_capture_is_the_first_report_less_what_was_seen() {
     // Attached to a running process: its first report says 27 MiB allocated, 40 MiB reserved.
     let mut tracker = Tracker::new();
     tracker.apply(&block(1, 10, Op::Alloc, 0x7f00_0000_0000, 1 << 20, 28 << 20, 40 << 20));
-    assert_eq!(tracker.process(10).unwrap().before_capture(), Some(AllocatorTotals { allocated: 27 << 20, reserved: 40 << 20, ts: 1 }));
-    assert_eq!(tracker.process(10).unwrap().summary().before_capture.map(|b| (b.allocated, b.reserved)), Some((27 << 20, 40 << 20)));
+    assert_eq!(
+        tracker.process(10).unwrap().before_capture(),
+        Some(AllocatorTotals { allocated: 27 << 20, reserved: 40 << 20, ts: 1 })
+    );
+    assert_eq!(
+        tracker.process(10).unwrap().summary().before_capture.map(|b| (b.allocated, b.reserved)),
+        Some((27 << 20, 40 << 20))
+    );
     // A process seen from its start: the segment was allocated in view, the block is the first.
     tracker.apply(&process(2, 11, Op::Fork, 10));
     tracker.apply(&driver(3, 11, Op::Alloc, "cuMemAlloc_v2", Kind::Device, 0x7e00_0000_0000, 2 << 20));
     tracker.apply(&block(4, 11, Op::Alloc, 0x7e00_0000_0000, 4096, 4096, 2 << 20));
     tracker.apply(&block(5, 11, Op::Alloc, 0x7e00_0000_1000, 4096, 8192, 2 << 20));
-    assert_eq!(tracker.process(11).unwrap().before_capture(), Some(AllocatorTotals { allocated: 0, reserved: 0, ts: 4 }));
+    assert_eq!(
+        tracker.process(11).unwrap().before_capture(),
+        Some(AllocatorTotals { allocated: 0, reserved: 0, ts: 4 })
+    );
     assert_eq!(tracker.process(11).unwrap().summary().before_capture, None);
     // A first report that frees a block from before: it was allocated before, too.
     tracker.apply(&block(6, 12, Op::Free, 0x7d00_0000_0000, 1024, 0, 2 << 20));

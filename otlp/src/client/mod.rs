@@ -27,8 +27,8 @@ use crate::proto::logs::v1::ResourceLogs;
 use crate::proto::metrics::v1::ResourceMetrics;
 use crate::proto::trace::v1::ResourceSpans;
 use queue::{Batch, Queue};
-pub use transport::{Protocol, Request, SendError};
 use transport::Transport;
+pub use transport::{Protocol, Request, SendError};
 
 /// The OpenTelemetry Collector's gRPC receiver takes 4 MiB a message unless told otherwise
 /// (Jaeger's and Tempo's OTLP receivers are that receiver): requests stay under it.
@@ -206,7 +206,10 @@ impl Client {
     fn too_large(&self, items: u64) {
         if items > 0 {
             self.counters.dropped_too_large.fetch_add(items, Ordering::Relaxed);
-            self.note_error(format!("an item over the {} bytes a request may carry was dropped", self.max_request_bytes));
+            self.note_error(format!(
+                "an item over the {} bytes a request may carry was dropped",
+                self.max_request_bytes
+            ));
         }
     }
 

@@ -41,7 +41,11 @@ pub(crate) struct Queue {
 
 impl Queue {
     pub fn new(limit: usize) -> Self {
-        Queue { limit, state: Mutex::new(State { batches: VecDeque::new(), bytes: 0, closed: false }), changed: Condvar::new() }
+        Queue {
+            limit,
+            state: Mutex::new(State { batches: VecDeque::new(), bytes: 0, closed: false }),
+            changed: Condvar::new(),
+        }
     }
 
     /// Queues `batch`; returns the items that were dropped to stay within the limit (gauges

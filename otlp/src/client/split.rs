@@ -31,7 +31,10 @@ impl Envelope for ResourceLogs {
     }
 
     fn from_parts(resource: Option<Resource>, scopes: Scopes<LogRecord>) -> Self {
-        let scope_logs = scopes.into_iter().map(|(scope, log_records)| ScopeLogs { scope, log_records, ..Default::default() }).collect();
+        let scope_logs = scopes
+            .into_iter()
+            .map(|(scope, log_records)| ScopeLogs { scope, log_records, ..Default::default() })
+            .collect();
         ResourceLogs { resource, scope_logs, ..Default::default() }
     }
 
@@ -48,7 +51,8 @@ impl Envelope for ResourceSpans {
     }
 
     fn from_parts(resource: Option<Resource>, scopes: Scopes<Span>) -> Self {
-        let scope_spans = scopes.into_iter().map(|(scope, spans)| ScopeSpans { scope, spans, ..Default::default() }).collect();
+        let scope_spans =
+            scopes.into_iter().map(|(scope, spans)| ScopeSpans { scope, spans, ..Default::default() }).collect();
         ResourceSpans { resource, scope_spans, ..Default::default() }
     }
 
@@ -65,7 +69,8 @@ impl Envelope for ResourceMetrics {
     }
 
     fn from_parts(resource: Option<Resource>, scopes: Scopes<Metric>) -> Self {
-        let scope_metrics = scopes.into_iter().map(|(scope, metrics)| ScopeMetrics { scope, metrics, ..Default::default() }).collect();
+        let scope_metrics =
+            scopes.into_iter().map(|(scope, metrics)| ScopeMetrics { scope, metrics, ..Default::default() }).collect();
         ResourceMetrics { resource, scope_metrics, ..Default::default() }
     }
 

@@ -20,7 +20,8 @@ fn record(n: usize, body_bytes: usize) -> LogRecord {
 }
 
 fn logs(pid: u32, records: Vec<LogRecord>) -> ResourceLogs {
-    let identity = ProcessIdentity { host_name: "node-a".into(), pid, executable: "python3".into(), ..Default::default() };
+    let identity =
+        ProcessIdentity { host_name: "node-a".into(), pid, executable: "python3".into(), ..Default::default() };
     ResourceLogs {
         resource: Some(identity.resource()),
         scope_logs: vec![ScopeLogs { scope: Some(crate::scope()), log_records: records, ..Default::default() }],
@@ -85,7 +86,13 @@ impl Receiver {
     }
 }
 
-fn serve(stream: TcpStream, records: &Mutex<Vec<u64>>, requests: &Mutex<Vec<usize>>, refused: &mut usize, refuse_first: usize) {
+fn serve(
+    stream: TcpStream,
+    records: &Mutex<Vec<u64>>,
+    requests: &Mutex<Vec<usize>>,
+    refused: &mut usize,
+    refuse_first: usize,
+) {
     let mut reader = BufReader::new(stream.try_clone().unwrap());
     let mut writer = stream;
     loop {
@@ -119,7 +126,9 @@ fn serve(stream: TcpStream, records: &Mutex<Vec<u64>>, requests: &Mutex<Vec<usiz
                 seen.push(record.time_unix_nano);
             }
         }
-        writer.write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n").unwrap();
+        writer
+            .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n")
+            .unwrap();
     }
 }
 
@@ -154,9 +163,19 @@ fn a_full_queue_gives_up_gauges_first_and_counts_what_it_refuses() {
     let client = Client::start(options, "test-otlp").unwrap();
     let gauge = |value: i64| {
         use crate::proto::metrics::v1::{metric, Gauge, NumberDataPoint};
-        let point = NumberDataPoint { value: Some(crate::proto::metrics::v1::number_data_point::Value::AsInt(value)), ..Default::default() };
-        let metric = Metric { name: "g".into(), data: Some(metric::Data::Gauge(Gauge { data_points: vec![point; 100] })), ..Default::default() };
-        ResourceMetrics { scope_metrics: vec![ScopeMetrics { metrics: vec![metric], ..Default::default() }], ..Default::default() }
+        let point = NumberDataPoint {
+            value: Some(crate::proto::metrics::v1::number_data_point::Value::AsInt(value)),
+            ..Default::default()
+        };
+        let metric = Metric {
+            name: "g".into(),
+            data: Some(metric::Data::Gauge(Gauge { data_points: vec![point; 100] })),
+            ..Default::default()
+        };
+        ResourceMetrics {
+            scope_metrics: vec![ScopeMetrics { metrics: vec![metric], ..Default::default() }],
+            ..Default::default()
+        }
     };
     for value in 0..20 {
         client.metrics(vec![gauge(value)]);

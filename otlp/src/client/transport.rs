@@ -72,7 +72,8 @@ impl Transport {
         }
         let inner = match protocol {
             Protocol::Grpc => {
-                let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(ClientError::Runtime)?;
+                let runtime =
+                    tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(ClientError::Runtime)?;
                 let channel = {
                     let _entered = runtime.enter();
                     tonic::transport::Endpoint::from_shared(endpoint.to_string())
@@ -117,7 +118,11 @@ fn grpc_request<T>(message: T, token: Option<&str>) -> Result<tonic::Request<T>,
     Ok(request)
 }
 
-async fn send_grpc(channel: tonic::transport::Channel, request: Request, token: Option<&str>) -> Result<Rejected, SendError> {
+async fn send_grpc(
+    channel: tonic::transport::Channel,
+    request: Request,
+    token: Option<&str>,
+) -> Result<Rejected, SendError> {
     let result = match request {
         Request::Logs(r) => LogsServiceClient::new(channel)
             .export(grpc_request(r, token)?)
@@ -137,9 +142,7 @@ async fn send_grpc(channel: tonic::transport::Channel, request: Request, token: 
         use tonic::Code::*;
         match status.code() {
             // OUT_OF_RANGE is a message over the receiver's size limit: retrying cannot help.
-            Unavailable | ResourceExhausted | DeadlineExceeded | Aborted | Cancelled => {
-                SendError::Retryable(why)
-            }
+            Unavailable | ResourceExhausted | DeadlineExceeded | Aborted | Cancelled => SendError::Retryable(why),
             _ => SendError::Refused(why),
         }
     })

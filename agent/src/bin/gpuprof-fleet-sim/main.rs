@@ -89,11 +89,21 @@ fn run(args: &Args) -> Result<String> {
     if template.round.is_empty() {
         bail!("--input {}: no allocation freed within the recording, nothing to repeat", args.input.display());
     }
-    let shape = NodeShape { processes: args.processes, rate: args.rate, seconds: args.seconds, worker_every: args.worker_every };
+    let shape = NodeShape {
+        processes: args.processes,
+        rate: args.rate,
+        seconds: args.seconds,
+        worker_every: args.worker_every,
+    };
     let received_before = replay::received(&args.collector_http)?;
     let start = wall_clock_ns();
     let stream = node::build(&template, shape, EventStream::Summary, start);
-    let full = node::build(&template, NodeShape { seconds: args.compare_seconds.min(args.seconds), ..shape }, EventStream::All, start);
+    let full = node::build(
+        &template,
+        NodeShape { seconds: args.compare_seconds.min(args.seconds), ..shape },
+        EventStream::All,
+        start,
+    );
     let (records, spans, points, bytes) = node::count(&stream.batches);
     let (full_records, full_spans, full_points, full_bytes) = node::count(&full.batches);
     let per_s = |n: u64, secs: f64| n as f64 / secs;
@@ -111,7 +121,9 @@ fn run(args: &Args) -> Result<String> {
     };
     let result = replay::run(&fleet, &stream, start)?;
     let received_after = replay::received(&args.collector_http)?;
-    let got = |signal: &str| received_after.get(signal).copied().unwrap_or(0) - received_before.get(signal).copied().unwrap_or(0);
+    let got = |signal: &str| {
+        received_after.get(signal).copied().unwrap_or(0) - received_before.get(signal).copied().unwrap_or(0)
+    };
     let n = u64::from(args.nodes);
     let percentile = |p: f64| {
         let l = &result.latencies_ms;
@@ -156,7 +168,11 @@ fn run(args: &Args) -> Result<String> {
     // OTLP delivers at least once: a request the collector answered after the client gave up
     // waiting is sent again, and counted twice there.
     let complete = got("log_records") >= n * records && got("spans") >= n * spans && got("metric_points") >= n * points;
-    if !complete || result.delivery.lost() > 0 || result.findings_missing > 0 || result.latencies_ms.len() as u64 != n * stream.findings.len() as u64 {
+    if !complete
+        || result.delivery.lost() > 0
+        || result.findings_missing > 0
+        || result.latencies_ms.len() as u64 != n * stream.findings.len() as u64
+    {
         bail!("the collector does not have everything the fleet sent: {report}");
     }
     Ok(report.to_string())

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use gpuprof::telemetry::{EventStream, Outbox, OtlpOptions, OtlpTuning, Protocol, Telemetry};
+use gpuprof::telemetry::{EventStream, OtlpOptions, OtlpTuning, Outbox, Protocol, Telemetry};
 use gpuprof_model::{Analyzer, Event, Kind, Layer, Op, RuleConfig, Source};
 use gpuprof_otlp::client::Delivery;
 use gpuprof_otlp::proto::logs::v1::ResourceLogs;
@@ -112,7 +112,15 @@ pub fn template(recording: &[Event]) -> Template {
         // A recording made after the process set up CUDA (attach): its context, as at its start.
         let first = prologue.first().or(round.first());
         if let Some(first) = first {
-            let mut context = Event::new(first.ts, first.pid, first.pid, Source::Ebpf, Layer::Driver, Op::CtxCreate, Cow::Borrowed("cuDevicePrimaryCtxRetain"));
+            let mut context = Event::new(
+                first.ts,
+                first.pid,
+                first.pid,
+                Source::Ebpf,
+                Layer::Driver,
+                Op::CtxCreate,
+                Cow::Borrowed("cuDevicePrimaryCtxRetain"),
+            );
             (context.addr, context.device, context.comm) = (Some(0x5555_0000), Some(0), first.comm.clone());
             prologue.insert(0, context);
         }
@@ -225,7 +233,8 @@ fn worker(ts: u64, pid: u32, parent: u32) -> Vec<Event> {
     let mut context = event(ts + 1_000_000, Layer::Driver, Op::CtxCreate, "cuDevicePrimaryCtxRetain");
     (context.addr, context.device) = (Some(0x5555_0000), Some(0));
     let mut alloc = event(ts + 2_000_000, Layer::Driver, Op::Alloc, "cuMemAlloc_v2");
-    (alloc.kind, alloc.device, alloc.addr, alloc.size) = (Some(Kind::Device), Some(0), Some(0x7e00_0000_0000), WORKER_BYTES);
+    (alloc.kind, alloc.device, alloc.addr, alloc.size) =
+        (Some(Kind::Device), Some(0), Some(0x7e00_0000_0000), WORKER_BYTES);
     let mut exit = event(ts + 50_000_000, Layer::Process, Op::Exit, "sched_process_exit");
     exit.exit_code = Some(0);
     vec![fork, context, alloc, exit]
@@ -275,7 +284,9 @@ pub fn build(template: &Template, shape: NodeShape, events: EventStream, start: 
 
     let recorder = Recorder { now: Arc::new(AtomicU64::new(start)), batches: Arc::default() };
     let tuning = OtlpTuning { otlp_events: Some(events), ..Default::default() };
-    let options: OtlpOptions = tuning.options("http://recorded", Protocol::Grpc, None, Some("sim-node".into())).expect("default settings are valid");
+    let options: OtlpOptions = tuning
+        .options("http://recorded", Protocol::Grpc, None, Some("sim-node".into()))
+        .expect("default settings are valid");
     let cpu_before = gpuprof::procfs::own_cpu_seconds();
     let mut telemetry = Telemetry::with_outbox(options, Box::new(recorder.clone()), start);
     let mut analyzer = Analyzer::new(RuleConfig::default());

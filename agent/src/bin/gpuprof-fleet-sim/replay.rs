@@ -148,11 +148,20 @@ pub fn run(fleet: &Fleet, stream: &NodeStream, stream_start: u64) -> Result<Repl
 }
 
 /// One thread's nodes, each batch sent at its time, the nodes interleaved.
-fn send_nodes(nodes: &[u32], batches: &[(u64, Outgoing)], options: ClientOptions, start: Instant, sent: &Sent) -> Result<(Delivery, f64)> {
+fn send_nodes(
+    nodes: &[u32],
+    batches: &[(u64, Outgoing)],
+    options: ClientOptions,
+    start: Instant,
+    sent: &Sent,
+) -> Result<(Delivery, f64)> {
     let mut clients: Vec<(String, Client)> = Vec::new();
     for &n in nodes {
         let name = node_name(n);
-        clients.push((name, Client::start(options.clone(), "sim-otlp").context("cannot start a simulated node's client")?));
+        clients.push((
+            name,
+            Client::start(options.clone(), "sim-otlp").context("cannot start a simulated node's client")?,
+        ));
     }
     let mut next = 0;
     let mut max_lag_ms: f64 = 0.0;
@@ -249,10 +258,18 @@ fn add(total: &mut Delivery, d: &Delivery) {
 }
 
 fn findings_since(http: &ureq::Agent, base: &str, since: u64) -> Result<Vec<(String, u32, String)>> {
-    let mut response =
-        http.get(&format!("{base}/api/v1/findings?since={since}")).call().with_context(|| format!("cannot reach the collector at {base}"))?;
-    let body = response.body_mut().with_config().limit(1 << 30).read_to_string().context("reading the collector's findings")?;
-    let findings: Vec<serde_json::Value> = serde_json::from_str(&body).context("the collector's findings are not JSON")?;
+    let mut response = http
+        .get(&format!("{base}/api/v1/findings?since={since}"))
+        .call()
+        .with_context(|| format!("cannot reach the collector at {base}"))?;
+    let body = response
+        .body_mut()
+        .with_config()
+        .limit(1 << 30)
+        .read_to_string()
+        .context("reading the collector's findings")?;
+    let findings: Vec<serde_json::Value> =
+        serde_json::from_str(&body).context("the collector's findings are not JSON")?;
     Ok(findings
         .iter()
         .map(|f| {
@@ -285,8 +302,10 @@ fn resident_bytes(pid: u32) -> Option<u64> {
 /// Items the collector says it received, by signal, from its /metrics.
 pub fn received(base: &str) -> Result<BTreeMap<String, u64>> {
     let http: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
-    let mut response = http.get(&format!("{base}/metrics")).call().with_context(|| format!("cannot reach the collector at {base}"))?;
-    let text = response.body_mut().with_config().limit(1 << 30).read_to_string().context("reading the collector's metrics")?;
+    let mut response =
+        http.get(&format!("{base}/metrics")).call().with_context(|| format!("cannot reach the collector at {base}"))?;
+    let text =
+        response.body_mut().with_config().limit(1 << 30).read_to_string().context("reading the collector's metrics")?;
     Ok(text
         .lines()
         .filter_map(|l| l.strip_prefix("gpuprof_collector_received_total{signal=\""))

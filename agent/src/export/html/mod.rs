@@ -127,7 +127,9 @@ pub fn export(request: &ExportRequest<'_>) -> Result<u8> {
 pub fn write_file(input: &Path, output: &Path) -> Result<()> {
     let report = build(input, Moment::Peak, StackLayer::Auto, None)?;
     let mut writer = crate::output::open_writer(Some(output))?;
-    page::write(&report, &mut writer).and_then(|_| writer.flush()).with_context(|| format!("cannot write {}", output.display()))
+    page::write(&report, &mut writer)
+        .and_then(|_| writer.flush())
+        .with_context(|| format!("cannot write {}", output.display()))
 }
 
 fn build(input: &Path, moment: Moment, layer: StackLayer, pid: Option<u32>) -> Result<Report> {
@@ -137,7 +139,10 @@ fn build(input: &Path, moment: Moment, layer: StackLayer, pid: Option<u32>) -> R
         last_ts = last_ts.max(event.ts);
     })?;
     let Some(first_ts) = first_ts else {
-        bail!("{} holds no events: nothing to report; check that the capture ran (`gpuprof run -- CMD` writes one)", input.display())
+        bail!(
+            "{} holds no events: nothing to report; check that the capture ran (`gpuprof run -- CMD` writes one)",
+            input.display()
+        )
     };
     let span = last_ts.saturating_sub(first_ts);
     let mut builder = Builder::new(first_ts, span, peak);
@@ -168,12 +173,17 @@ fn build(input: &Path, moment: Moment, layer: StackLayer, pid: Option<u32>) -> R
         Moment::At(secs) => {
             let at = (secs * 1e9) as u64;
             if at > span {
-                bail!("--at {secs} is past the end of {}: its events span {:.3} s; give at most that", input.display(), span as f64 / 1e9);
+                bail!(
+                    "--at {secs} is past the end of {}: its events span {:.3} s; give at most that",
+                    input.display(),
+                    span as f64 / 1e9
+                );
             }
             at
         }
         Moment::Oom(n) => {
-            let ooms: Vec<u64> = builder.findings.iter().filter(|f| f.finding.kind == FindingKind::Oom).map(|f| f.t).collect();
+            let ooms: Vec<u64> =
+                builder.findings.iter().filter(|f| f.finding.kind == FindingKind::Oom).map(|f| f.t).collect();
             match ooms.get(n.max(1) - 1) {
                 Some(&t) => t,
                 None => bail!("{} has {} out-of-memory failures, fewer than {n}", input.display(), ooms.len()),
@@ -294,7 +304,12 @@ impl Builder {
             .tracker()
             .live_processes()
             .into_iter()
-            .filter_map(|process| self.current.get(&process.pid).filter(|(_, since)| *since == process.first_ts).map(|(index, _)| (*index, process)))
+            .filter_map(|process| {
+                self.current
+                    .get(&process.pid)
+                    .filter(|(_, since)| *since == process.first_ts)
+                    .map(|(index, _)| (*index, process))
+            })
             .collect();
         let snapshot = snapshots::take(t, label, &live, self.first_ts, &mut self.stacks);
         self.snapshots.push(snapshot);
@@ -308,7 +323,9 @@ impl Builder {
             Some((index, since)) if since == process.first_ts => index,
             previous => {
                 // Another program under the same pid (exec): the one before holds nothing now.
-                if let Some((replaced, _)) = previous.filter(|(index, _)| self.processes[*index as usize].exit.is_none()) {
+                if let Some((replaced, _)) =
+                    previous.filter(|(index, _)| self.processes[*index as usize].exit.is_none())
+                {
                     self.exited(replaced, t);
                 }
                 let index = self.processes.len() as u32;
@@ -362,7 +379,8 @@ impl Builder {
     fn exited(&mut self, index: u32, t: u64) {
         self.processes[index as usize].exit = Some(t);
         self.markers.push(Marker { t, kind: MarkerKind::Exit, process: index, finding: None });
-        let held: Vec<(Option<i32>, Metric)> = self.curve_of.keys().filter(|(p, _, _)| *p == index).map(|&(_, d, m)| (d, m)).collect();
+        let held: Vec<(Option<i32>, Metric)> =
+            self.curve_of.keys().filter(|(p, _, _)| *p == index).map(|&(_, d, m)| (d, m)).collect();
         for (device, metric) in held {
             self.set(index, device, metric, t, 0);
         }
@@ -370,7 +388,11 @@ impl Builder {
 
     /// The curves of the event's process move.
     fn after(&mut self, event: &Event, freed_device: Option<Option<i32>>, analyzer: &Analyzer, t: u64) {
-        let Some(process) = analyzer.tracker().process(event.pid).filter(|p| p.state == gpuprof_model::ProcessState::Running) else { return };
+        let Some(process) =
+            analyzer.tracker().process(event.pid).filter(|p| p.state == gpuprof_model::ProcessState::Running)
+        else {
+            return;
+        };
         let index = self.process_index(process, t);
         match event.layer {
             Layer::Process => {}

@@ -33,10 +33,12 @@ pub(super) fn write(report: &Report, writer: &mut dyn Write) -> io::Result<()> {
     let mut rest = TEMPLATE;
     while let Some(at) = rest.find("{{") {
         writer.write_all(rest[..at].as_bytes())?;
-        let (name, text) = parts
-            .iter()
-            .find(|(name, _)| rest[at..].starts_with(name))
-            .ok_or_else(|| io::Error::other(format!("report.html names an unknown part at {}", &rest[at..at + 20.min(rest.len() - at)])))?;
+        let (name, text) = parts.iter().find(|(name, _)| rest[at..].starts_with(name)).ok_or_else(|| {
+            io::Error::other(format!(
+                "report.html names an unknown part at {}",
+                &rest[at..at + 20.min(rest.len() - at)]
+            ))
+        })?;
         writer.write_all(text.as_bytes())?;
         rest = &rest[at + name.len()..];
     }

@@ -143,7 +143,13 @@ pub struct Blocks {
 }
 
 /// Takes a snapshot of `processes` (the live ones, each with its index in the report).
-pub fn take(t: u64, label: String, processes: &[(u32, &ProcessMemory)], first_ts: u64, stacks: &mut Stacks) -> Snapshot {
+pub fn take(
+    t: u64,
+    label: String,
+    processes: &[(u32, &ProcessMemory)],
+    first_ts: u64,
+    stacks: &mut Stacks,
+) -> Snapshot {
     let mut snapshot = Snapshot { t, label, ..Snapshot::default() };
     let mut entries: HashMap<(u32, u8, u32), (u64, u32)> = HashMap::new();
     let mut tensors: Vec<(u32, &Allocation)> = Vec::new();
@@ -163,7 +169,8 @@ pub fn take(t: u64, label: String, processes: &[(u32, &ProcessMemory)], first_ts
             tensors.push((index, block));
         }
         for allocation in process.allocations_unordered() {
-            let entry = entries.entry((index, kind_index(allocation.kind), stacks.node(&allocation.stack))).or_default();
+            let entry =
+                entries.entry((index, kind_index(allocation.kind), stacks.node(&allocation.stack))).or_default();
             entry.0 += allocation.size;
             entry.1 += 1;
             driver.push((index, allocation));
@@ -180,7 +187,9 @@ pub fn take(t: u64, label: String, processes: &[(u32, &ProcessMemory)], first_ts
     }
     for (kind, mut live) in [(None, tensors), (Some(()), driver)] {
         let keep = TOP_BLOCKS.min(live.len());
-        let largest = |a: &(u32, &Allocation), b: &(u32, &Allocation)| b.1.size.cmp(&a.1.size).then(a.1.ts.cmp(&b.1.ts)).then(a.1.addr.cmp(&b.1.addr));
+        let largest = |a: &(u32, &Allocation), b: &(u32, &Allocation)| {
+            b.1.size.cmp(&a.1.size).then(a.1.ts.cmp(&b.1.ts)).then(a.1.addr.cmp(&b.1.addr))
+        };
         if keep < live.len() {
             live.select_nth_unstable_by(keep, largest);
             live.truncate(keep);

@@ -126,7 +126,8 @@ impl Curve {
             _ => {
                 self.close_slice();
                 let point = (t, value);
-                self.slice = Some(Slice { index, first: point, low: point, high: point, last: point, pins: Vec::new() });
+                self.slice =
+                    Some(Slice { index, first: point, low: point, high: point, last: point, pins: Vec::new() });
             }
         }
     }

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The style gates CI enforces before the tests: rustfmt (rustfmt.toml), clippy with every warning an
+# error, and clang-format (.clang-format) for the BPF C. Each names what to run to fix it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo fmt --all --check >/dev/null 2>&1 || {
+  echo "gpuprof: Rust sources differ from rustfmt: run \`cargo fmt --all\` (what differs: cargo fmt --all --check)" >&2
+  exit 1
+}
+bpf_sources=(ebpf/bpf/*.c ebpf/bpf/*.h)
+clang-format --dry-run --Werror "${bpf_sources[@]}" 2>/dev/null || {
+  echo "gpuprof: BPF C differs from .clang-format: run \`clang-format -i ${bpf_sources[*]}\`" >&2
+  exit 1
+}
+cargo clippy --workspace --all-targets --quiet -- -D warnings
