@@ -304,6 +304,53 @@ impl CaptureArgs {
     pub fn sink(&self, destination: &crate::output::Destination) -> anyhow::Result<Box<dyn crate::output::EventSink>> {
         crate::output::capture_sink(destination, self.compress == Compression::Zstd, self.all_processes)
     }
+
+    /// The flow the capture's events go through: rules, output, findings, OTLP.
+    pub fn flow(&self, destination: &crate::output::Destination) -> anyhow::Result<crate::flow::EventFlow> {
+        let options = crate::flow::FlowOptions {
+            rules: self.rules.config()?,
+            format: destination.format,
+            output_file: destination.file.clone(),
+            findings_file: self.findings.clone(),
+            notices: true,
+            keep_findings: true,
+            pids_are_ours: true,
+        };
+        let mut flow = crate::flow::EventFlow::new(options, self.sink(destination)?);
+        flow.set_telemetry(self.otlp.start()?);
+        Ok(flow)
+    }
+
+    /// `--duration`, checked.
+    pub fn duration(&self) -> anyhow::Result<Option<std::time::Duration>> {
+        self.duration
+            .map(|secs| {
+                if secs.is_finite() && secs > 0.0 {
+                    Ok(std::time::Duration::from_secs_f64(secs))
+                } else {
+                    Err(anyhow::anyhow!("--duration {secs}: give a positive number of seconds"))
+                }
+            })
+            .transpose()
+    }
+
+    /// The kernel side of an eBPF capture.
+    pub fn capture_options(&self) -> anyhow::Result<crate::capture::CaptureOptions> {
+        let mib = self.buffer_mib;
+        if !mib.is_power_of_two() || mib > 1024 {
+            anyhow::bail!("--buffer-mib {mib}: give a power of two from 1 to 1024");
+        }
+        Ok(crate::capture::CaptureOptions {
+            ring_buffer_bytes: mib << 20,
+            python_stacks: !self.no_stacks,
+            ..crate::capture::CaptureOptions::default()
+        })
+    }
+
+    /// The user-space side of an eBPF capture.
+    pub fn ebpf_options(&self) -> crate::session::EbpfOptions {
+        crate::session::EbpfOptions { print_stats: self.stats, autograd: !self.no_stacks && !self.no_autograd }
+    }
 }
 
 impl OtlpArgs {

@@ -1,5 +1,5 @@
-//! What happens to every event, whichever capture made it (the eBPF pipeline or the in-process
-//! shim): the forward line of a backward-pass block, OTLP export, the tracker and leak rules, the output; and the end of a run: the last
+//! What happens to every event, whichever capture made it (eBPF or the in-process shim): one
+//! event per call where both capture it, the forward line of a backward-pass block, OTLP export, the tracker and leak rules, the output; and the end of a run: the last
 //! findings, the summaries, the findings table or file, the counters.
 
 use std::collections::HashMap;
@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use gpuprof_model::autograd::ForwardStacks;
+use gpuprof_model::dedup::Dedup;
 use gpuprof_model::event::{Layer, Op};
 use gpuprof_model::{Analyzer, Event, Finding, RuleConfig};
 
@@ -54,6 +55,8 @@ pub struct EventFlow {
     /// RANK in its environment), so findings name it.
     ranks: HashMap<u32, Option<u32>>,
     pids_are_ours: bool,
+    /// With two captures feeding the flow (eBPF and the shim): one event per call.
+    dedup: Option<Dedup>,
 }
 
 impl EventFlow {
@@ -74,7 +77,18 @@ impl EventFlow {
             forward_stacks: ForwardStacks::default(),
             ranks: HashMap::new(),
             pids_are_ours: options.pids_are_ours,
+            dedup: None,
         }
+    }
+
+    /// Events come from two captures (eBPF and the shim): a call both see is kept once.
+    pub fn keep_one_event_per_call(&mut self) {
+        self.dedup = Some(Dedup::new(gpuprof_model::dedup::DEFAULT_WINDOW_NS));
+    }
+
+    /// Second copies of calls dropped so far.
+    pub fn duplicates_dropped(&self) -> u64 {
+        self.dedup.as_ref().map_or(0, Dedup::dropped)
     }
 
     pub fn set_telemetry(&mut self, telemetry: Option<Telemetry>) {
@@ -83,6 +97,9 @@ impl EventFlow {
 
     /// One event through backward attribution, export, tracker, rules and output.
     pub fn observe(&mut self, mut event: Event) -> io::Result<()> {
+        if self.dedup.as_mut().is_some_and(|d| !d.admit(&event)) {
+            return Ok(());
+        }
         self.forward_stacks.follow(&mut event);
         if let Some(telemetry) = &mut self.telemetry {
             telemetry.before(&event, self.analyzer.tracker());

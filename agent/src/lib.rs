@@ -1,10 +1,13 @@
 //! The gpuprof agent: eBPF capture of CUDA memory calls and process lifecycle, decoding into the
 //! event contract, tracking of live memory per process, and the local outputs.
 //!
-//! Data flows one way: `capture` (kernel) → `decode` → `python` (symbolize stacks) →
-//! `gpuprof_model::Analyzer` (tracker and leak rules) → `output`; `session` runs that loop for `attach` and `run`, `daemon` for every
-//! CUDA process of a node, `report` runs the rules over a recorded file.
+//! Data flows one way: `capture` (the kernel's records) → `decode` → `python` (symbolize stacks)
+//! → `flow` (`gpuprof_model::Analyzer`: tracker and leak rules; `output`, `telemetry`).
+//! `session` is the one capture loop, taking events from eBPF, the shim's socket or both;
+//! `attach`, `run` (and `run::via_shim`), `daemon` and `top` configure it. `report` and `export`
+//! read a recorded file. Modules are public only where a binary or a benchmark needs them.
 
+pub mod attach;
 pub mod autograd;
 pub mod callers;
 pub mod capture;
@@ -20,14 +23,13 @@ pub mod input;
 pub mod libcuda;
 pub mod nvml;
 pub mod output;
-pub mod pipeline;
 pub mod preflight;
 pub mod procfs;
 pub mod python;
 pub mod report;
+pub mod run;
 pub mod session;
 pub mod shim_socket;
 pub mod signals;
 pub mod telemetry;
 pub mod top;
-pub mod via_shim;

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use gpuprof::cli::{Cli, Command, Via};
-use gpuprof::{daemon, export, report, session, top, via_shim};
+use gpuprof::{attach, daemon, export, report, run, top};
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
@@ -15,10 +15,12 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let outcome = match cli.command {
         Command::Attach { pid, pid_flag, wait, capture } => {
-            session::attach(pid.or(pid_flag).expect("clap requires one of them"), wait, &capture)
+            attach::attach(pid.or(pid_flag).expect("clap requires one of them"), wait, &capture)
         }
-        Command::Run { capture, command, via: Via::Ebpf, .. } => session::run(&command, &capture),
-        Command::Run { capture, command, via: Via::Shim, shim } => via_shim::run(&command, &capture, shim.as_deref()),
+        Command::Run { capture, command, via: Via::Ebpf, .. } => run::run(&command, &capture),
+        Command::Run { capture, command, via: Via::Shim, shim } => {
+            run::via_shim::run(&command, &capture, shim.as_deref())
+        }
         Command::Summary { input, input_flag, pid, top, layer, format, output } => {
             let input = input.or(input_flag).expect("clap requires one of them");
             export::summary::run(&export::summary::SummaryRequest {

@@ -18,6 +18,8 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
+use crate::session::Session;
+
 /// The capture loop is taken for stuck when it has not turned for this long.
 const STALL_LIMIT: Duration = Duration::from_secs(10);
 
@@ -46,6 +48,51 @@ pub struct Snapshot {
     pub shim_undecodable_total: u64,
     pub shim_refused_total: u64,
     pub duplicates_dropped_total: u64,
+}
+
+impl Snapshot {
+    /// What a session has followed, captured, dropped and delivered so far; `forgotten_total`:
+    /// exited processes whose tables were dropped.
+    pub fn of(session: &Session<'_>, forgotten_total: u64) -> Snapshot {
+        let flow = session.flow();
+        let telemetry = flow.telemetry();
+        let mut snapshot = Snapshot {
+            processes_retained: flow.analyzer().tracker().processes().len() as u64,
+            processes_forgotten_total: forgotten_total,
+            events_total: flow.events(),
+            events_lost_total: session.lost_events(),
+            findings_total: flow.findings_fired(),
+            otlp_sent_total: telemetry.map_or(0, |t| t.delivery().sent()),
+            otlp_lost_total: telemetry.map_or(0, |t| t.delivery().lost()),
+            otlp_queued_bytes: telemetry.map_or(0, |t| t.queued_bytes() as u64),
+            resident_bytes: crate::procfs::own_resident_bytes(),
+            duplicates_dropped_total: flow.duplicates_dropped(),
+            ..Snapshot::default()
+        };
+        if let Some(shim) = session.shim() {
+            let processes = shim.processes();
+            snapshot.processes_followed = processes.open() as u64;
+            snapshot.processes_followed_total = processes.processes_seen;
+            snapshot.processes_exited_total = processes.processes_closed;
+            snapshot.stacks_unreadable_total = processes.counters.stacks_unresolved;
+            snapshot.shim_events_total = shim.events();
+            snapshot.shim_dropped_total = processes.counters.dropped_queue_full;
+            snapshot.shim_undecodable_total = processes.undecodable;
+            snapshot.shim_refused_total = processes.refused;
+        }
+        // With eBPF, the kernel follows every process (the shim's too) and reads their stacks.
+        if let Some(ebpf) = session.ebpf() {
+            let drops = ebpf.drops();
+            let (followed_total, exited_total) = ebpf.process_counts();
+            snapshot.processes_followed = ebpf.alive().len() as u64;
+            snapshot.processes_followed_total = followed_total;
+            snapshot.processes_exited_total = exited_total;
+            snapshot.libraries_probed = ebpf.libraries_probed() as u64;
+            snapshot.callers_untracked_total = drops.tracked_full;
+            snapshot.stacks_unreadable_total = drops.stack_unreadable;
+        }
+        snapshot
+    }
 }
 
 pub struct Health {

@@ -89,7 +89,7 @@ impl SidecarSettings {
     }
 
     fn shim_path(&self) -> String {
-        format!("{MOUNT}/{}", crate::via_shim::SHIM_FILE)
+        format!("{MOUNT}/{}", crate::run::via_shim::SHIM_FILE)
     }
 }
 

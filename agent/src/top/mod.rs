@@ -1,11 +1,12 @@
 //! `gpuprof top`: a live terminal view of every CUDA process on the machine (or one process
 //! tree): driver bytes, the allocator's allocated and reserved, IPC mappings, the stacks holding
-//! the most, findings as they fire. The capture runs through the same pipeline as `attach`; new
+//! the most, findings as they fire. The capture is a session like `attach`'s; new
 //! CUDA processes are picked up by a scan of /proc every second.
 
 mod view;
 
 use std::io;
+use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
@@ -13,10 +14,9 @@ use crossterm::event::{self, Event as TermEvent, KeyCode, KeyEventKind, KeyModif
 use gpuprof_model::RuleConfig;
 
 use crate::capture::{Capture, CaptureOptions};
-use crate::flow::FlowOptions;
-use crate::libcuda;
+use crate::flow::{EventFlow, FlowOptions};
 use crate::output::{Format, NullSink};
-use crate::pipeline::{Pipeline, PipelineOptions};
+use crate::session::{EbpfOptions, EbpfSource, Every, Scope, Session, Until};
 use crate::{preflight, procfs, signals};
 
 pub use view::SortKey;
@@ -43,8 +43,8 @@ pub fn run(args: &TopArgs) -> Result<u8> {
     preflight::check_ebpf_capture()?;
     signals::install();
     let capture = Capture::load(CaptureOptions::default())?;
-    let options = PipelineOptions {
-        flow: FlowOptions {
+    let flow = EventFlow::new(
+        FlowOptions {
             rules: RuleConfig::default(),
             format: Format::Jsonl,
             output_file: None,
@@ -53,42 +53,48 @@ pub fn run(args: &TopArgs) -> Result<u8> {
             keep_findings: true,
             pids_are_ours: true,
         },
-        print_stats: false,
-        autograd: true,
-    };
-    let mut pipeline = Pipeline::new(&capture, options, Box::new(NullSink), None);
-    follow_new_processes(&mut pipeline, args.pid);
-    pipeline.discover_libraries();
+        Box::new(NullSink),
+    );
+    let ebpf = EbpfSource::new(&capture, EbpfOptions { print_stats: false, autograd: true }, None);
+    let mut session = Session::new(flow).with_ebpf(ebpf).with_poll(POLL);
+    let scope = args.pid.map_or(Scope::Node, Scope::Tree);
+    session.follow(scope);
 
     let mut terminal = ratatui::try_init().context("cannot take over the terminal (is stdout a terminal?)")?;
-    let outcome = view_loop(&mut terminal, &mut pipeline, args);
+    let outcome = view_loop(&mut terminal, &mut session, scope, args);
     ratatui::restore();
     outcome?;
-    let findings = pipeline.findings();
-    crate::output::findings::write_table(&mut io::stdout(), findings).context("cannot write to stdout")?;
+    crate::output::findings::write_table(&mut io::stdout(), session.flow().findings())
+        .context("cannot write to stdout")?;
     Ok(0)
 }
 
-fn view_loop(terminal: &mut ratatui::DefaultTerminal, pipeline: &mut Pipeline<'_>, args: &TopArgs) -> Result<()> {
+/// The capture loop with two hooks: a scan for new processes each second, and the terminal —
+/// keys read each turn, redrawn each `--interval` or at a key.
+fn view_loop(
+    terminal: &mut ratatui::DefaultTerminal,
+    session: &mut Session<'_>,
+    scope: Scope,
+    args: &TopArgs,
+) -> Result<()> {
     let redraw = Duration::from_secs_f64(args.interval);
     let mut state = view::ViewState::default();
-    let mut last_scan = Instant::now();
     let mut last_draw: Option<Instant> = None;
-    loop {
-        pipeline.pump(POLL)?;
-        pipeline.tick();
-        if last_scan.elapsed() >= RESCAN {
-            last_scan = Instant::now();
-            follow_new_processes(pipeline, args.pid);
-        }
+    let rescan = Every::new(RESCAN, |session: &mut Session<'_>| {
+        session.follow(scope);
+        Ok(ControlFlow::Continue(()))
+    });
+    let screen = Every::new(Duration::ZERO, |session: &mut Session<'_>| {
         while event::poll(Duration::ZERO).context("cannot read the keyboard")? {
             if let TermEvent::Key(key) = event::read().context("cannot read the keyboard")? {
                 if key.kind != KeyEventKind::Press {
                     continue;
                 }
                 match key.code {
-                    KeyCode::Char('q') | KeyCode::Esc => return Ok(()),
-                    KeyCode::Char('c') if key.modifiers.contains(KeyModifiers::CONTROL) => return Ok(()),
+                    KeyCode::Char('q') | KeyCode::Esc => return Ok(ControlFlow::Break(())),
+                    KeyCode::Char('c') if key.modifiers.contains(KeyModifiers::CONTROL) => {
+                        return Ok(ControlFlow::Break(()))
+                    }
                     KeyCode::Down | KeyCode::Char('j') => state.select_next(),
                     KeyCode::Up | KeyCode::Char('k') => state.select_previous(),
                     KeyCode::Char('s') => state.next_sort(),
@@ -99,27 +105,13 @@ fn view_loop(terminal: &mut ratatui::DefaultTerminal, pipeline: &mut Pipeline<'_
                 last_draw = None;
             }
         }
-        if signals::take().is_some() {
-            return Ok(());
-        }
         if last_draw.is_none_or(|t| t.elapsed() >= redraw) {
-            let model = view::Model::from_pipeline(pipeline);
+            let model = view::Model::of(session.flow());
             terminal.draw(|frame| view::draw(frame, &model, &mut state)).context("cannot draw")?;
             last_draw = Some(Instant::now());
         }
-    }
-}
-
-/// Follows CUDA processes not followed yet: the given one and its descendants, or every process
-/// on the machine that maps libcuda or libc10.
-fn follow_new_processes(pipeline: &mut Pipeline<'_>, pid: Option<u32>) {
-    let candidates: Vec<u32> = match pid {
-        Some(root) => std::iter::once(root).chain(procfs::descendants(root)).collect(),
-        None => libcuda::cuda_processes_on_node(pipeline.alive()),
-    };
-    for pid in candidates {
-        if !pipeline.alive().contains(&pid) {
-            let _ = pipeline.add_process(pid);
-        }
-    }
+        Ok(ControlFlow::Continue(()))
+    });
+    session.run(Until::Stopped, None, &mut [rescan, screen])?;
+    Ok(())
 }

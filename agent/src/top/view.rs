@@ -11,8 +11,8 @@ use ratatui::text::Line;
 use ratatui::widgets::{Block, Borders, Cell, Paragraph, Row, Table, TableState, Wrap};
 use ratatui::Frame;
 
+use crate::flow::EventFlow;
 use crate::nvml::Reconciled;
-use crate::pipeline::Pipeline;
 
 /// The columns the process table can be sorted by.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -77,7 +77,7 @@ impl ViewState {
 /// How long an exited process stays in the table (dimmed), for its last figures and findings.
 pub const KEEP_EXITED_NS: u64 = 60_000_000_000;
 
-/// One redraw's worth of state, taken from the pipeline.
+/// One redraw's worth of state, taken from the session's flow.
 pub struct Model {
     processes: Vec<LiveSummary>,
     findings: Vec<Finding>,
@@ -87,9 +87,9 @@ pub struct Model {
 }
 
 impl Model {
-    pub fn from_pipeline(pipeline: &Pipeline<'_>) -> Model {
+    pub fn of(flow: &EventFlow) -> Model {
         let since = gpuprof_model::event::wall_clock_ns().saturating_sub(KEEP_EXITED_NS);
-        let processes = pipeline
+        let processes = flow
             .analyzer()
             .tracker()
             .processes()
@@ -103,12 +103,7 @@ impl Model {
             .map(|p| p.summary())
             .filter(|s| s.driver_calls > 0 || s.allocator.is_some())
             .collect();
-        Model {
-            processes,
-            findings: pipeline.findings().to_vec(),
-            events: pipeline.events(),
-            nvml: pipeline.nvml().now().clone(),
-        }
+        Model { processes, findings: flow.findings().to_vec(), events: flow.events(), nvml: flow.nvml().now().clone() }
     }
 }
 

@@ -1,26 +1,21 @@
-//! The live path of a capture, shared by `attach`, `run` and `top`: records from the ring buffer
-//! are decoded, given their Python stacks, folded into the tracker and the leak rules, and
-//! written out; between polls, the processes followed are searched for libraries to probe
-//! (libcuda, libc10) and interpreters to read.
+//! The eBPF source of a capture session: records from the ring buffer are decoded and given
+//! their Python stacks, then handed to the session's flow; between polls, the processes followed
+//! are searched for libraries to probe (libcuda, libc10) and interpreters to read.
 
 use std::collections::{HashMap, HashSet};
 use std::io;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use gpuprof_model::dedup::Dedup;
 use gpuprof_model::event::{Event, Op};
-use gpuprof_model::{Analyzer, Finding};
 
 use crate::autograd::{AutogradConfig, Configured};
 use crate::capture::{Capture, DropCounters, Record};
 use crate::clock::Clock;
 use crate::decode::Decoder;
-use crate::flow::{EventFlow, FlowOptions};
+use crate::flow::EventFlow;
 use crate::libcuda::{self, LibraryFile};
-use crate::output::EventSink;
 use crate::python::Pythons;
-use crate::telemetry::Telemetry;
 
 /// How often followed processes' maps are checked for a library not probed yet.
 const DISCOVERY_INTERVAL: Duration = Duration::from_millis(200);
@@ -28,9 +23,9 @@ const DISCOVERY_INTERVAL: Duration = Duration::from_millis(200);
 /// the program gets to its first CUDA call.
 const DISCOVERY_POLL: Duration = Duration::from_millis(2);
 
-/// What a pipeline does besides capturing.
-pub struct PipelineOptions {
-    pub flow: FlowOptions,
+/// What the eBPF source does besides capturing.
+pub struct EbpfOptions {
+    /// Print the counters each second (`--stats`).
     pub print_stats: bool,
     /// Read PyTorch's autograd state at each allocator event: backward-pass blocks get the
     /// forward line of their node.
@@ -52,19 +47,17 @@ impl Probed {
     }
 }
 
-/// The live path of a capture: ring buffer → decode → Python stacks → tracker and leak rules
-/// → output, and the discovery of libraries and interpreters in the processes it follows.
-pub struct Pipeline<'c> {
+/// The kernel's events: ring buffer → decode → Python stacks, and the discovery of libraries and
+/// interpreters in the processes it follows.
+pub struct EbpfSource<'c> {
     capture: &'c Capture,
     decoder: Decoder,
     pub(crate) python: Pythons,
     /// None when backward attribution is off.
     autograd: Option<AutogradConfig>,
-    flow: EventFlow,
-    /// With a second capture feeding the flow (the shim): one event per call.
-    dedup: Option<Dedup>,
+    /// The process whose exit ends an `attach`, and whether the kernel said it exited.
     root: Option<u32>,
-    pub(crate) root_exited: bool,
+    root_exited: bool,
     /// Tracked processes believed alive: the root and the descendants seen forking.
     alive: HashSet<u32>,
     /// Processes whose libcuda (and libc10, once a process has loaded PyTorch) are probed: their
@@ -81,17 +74,15 @@ pub struct Pipeline<'c> {
     last_discovery: Instant,
 }
 
-impl<'c> Pipeline<'c> {
-    /// `root`: the process whose exit ends an `attach` (none for `top`).
-    pub fn new(capture: &'c Capture, options: PipelineOptions, sink: Box<dyn EventSink>, root: Option<u32>) -> Self {
+impl<'c> EbpfSource<'c> {
+    /// `root`: the process whose exit ends an `attach` or a `run` (none for `top` and `daemon`).
+    pub fn new(capture: &'c Capture, options: EbpfOptions, root: Option<u32>) -> Self {
         let now = Instant::now();
-        Pipeline {
+        EbpfSource {
             capture,
             decoder: Decoder::new(Clock::new()),
             python: Pythons::default(),
             autograd: options.autograd.then(AutogradConfig::default),
-            flow: EventFlow::new(options.flow, sink),
-            dedup: None,
             root,
             root_exited: false,
             alive: root.into_iter().collect(),
@@ -106,33 +97,16 @@ impl<'c> Pipeline<'c> {
         }
     }
 
-    /// Also sends everything over OTLP.
-    pub fn with_telemetry(mut self, telemetry: Option<Telemetry>) -> Self {
-        self.flow.set_telemetry(telemetry);
-        self
+    /// The root process (see `new`) exited: the kernel said so, or it is gone.
+    pub fn root_exited(&self) -> bool {
+        self.root_exited || self.root.is_some_and(|pid| !crate::procfs::is_running(pid))
     }
 
-    /// Events also come from the shim: a call both captures see is kept once.
-    pub fn with_dedup(mut self) -> Self {
-        self.dedup = Some(Dedup::new(gpuprof_model::dedup::DEFAULT_WINDOW_NS));
-        self
-    }
-
-    /// Second copies of calls dropped so far.
-    pub fn duplicates_dropped(&self) -> u64 {
-        self.dedup.as_ref().map_or(0, Dedup::dropped)
-    }
-
-    /// An event the shim sent (its process transitions are the kernel's to report, so none
-    /// come here).
-    pub fn observe_from_shim(&mut self, event: Event) -> Result<()> {
-        if !self.alive.contains(&event.pid) {
-            self.follow(event.pid);
+    /// A process another capture (the shim) speaks for: followed from now on.
+    pub fn heard_of(&mut self, pid: u32) {
+        if !self.alive.contains(&pid) {
+            self.follow(pid);
         }
-        if self.dedup.as_mut().is_some_and(|d| !d.admit(&event)) {
-            return Ok(());
-        }
-        self.flow.observe(event).context("cannot write the output")
     }
 
     /// Looks for the interpreters of processes just followed now, rather than at the next poll:
@@ -160,24 +134,9 @@ impl<'c> Pipeline<'c> {
         (self.followed_total, self.exited_total)
     }
 
-    /// See `EventFlow::forget_exited`: a long-running daemon stays bounded under churn.
-    pub fn forget_exited(&mut self, age: Duration) -> usize {
-        self.flow.forget_exited(age)
-    }
-
-    /// Events captured so far.
-    pub fn events(&self) -> u64 {
-        self.flow.events()
-    }
-
     /// Processes followed and believed alive.
     pub fn alive(&self) -> &HashSet<u32> {
         &self.alive
-    }
-
-    /// The OTLP export, when there is one.
-    pub fn telemetry(&self) -> Option<&Telemetry> {
-        self.flow.telemetry()
     }
 
     /// libcuda and libc10 files with probes on them.
@@ -185,47 +144,24 @@ impl<'c> Pipeline<'c> {
         self.capture.attachments().len()
     }
 
-    pub fn analyzer(&self) -> &Analyzer {
-        self.flow.analyzer()
-    }
-
-    /// Findings so far, in the order they fired (none kept without `keep_findings`).
-    pub fn findings(&self) -> &[Finding] {
-        self.flow.findings()
-    }
-
-    /// What NVML says the followed processes use.
-    pub fn nvml(&self) -> &crate::nvml::NvmlView {
-        self.flow.nvml()
-    }
-
-    /// Findings fired so far, kept or not.
-    pub fn findings_fired(&self) -> u64 {
-        self.flow.findings_fired()
-    }
-
-    fn notice(&self, text: String) {
-        self.flow.notice(text);
-    }
-
-    pub fn attach(&mut self, library: &LibraryFile) -> Result<()> {
+    pub fn attach(&mut self, flow: &EventFlow, library: &LibraryFile) -> Result<()> {
         if self.capture.is_attached(library) {
             return Ok(());
         }
         let attachment = self.capture.attach_library(library)?;
         tracing::debug!(missing = ?attachment.missing, "entry points this libcuda does not export");
-        self.notice(format!("probing {} entry points of {}", attachment.probes, library.path.display()));
+        flow.notice(format!("probing {} entry points of {}", attachment.probes, library.path.display()));
         Ok(())
     }
 
-    /// Reads what the ring buffer has (waiting up to `timeout`) through to the output.
-    pub fn pump(&mut self, timeout: Duration) -> Result<()> {
+    /// Reads what the ring buffer has (waiting up to `timeout`) into `flow`.
+    pub fn pump(&mut self, flow: &mut EventFlow, timeout: Duration) -> Result<()> {
         let capture = self.capture;
         let timeout = if self.python.is_looking() { timeout.min(DISCOVERY_POLL) } else { timeout };
         let mut failure: Option<io::Error> = None;
         capture.poll(timeout, &mut |record| {
             if failure.is_none() {
-                failure = self.handle(record).err();
+                failure = self.handle(flow, record).err();
             }
         })?;
         if let Some(error) = failure {
@@ -234,12 +170,12 @@ impl<'c> Pipeline<'c> {
         if self.python.is_looking() {
             self.python.discover(capture);
             // A new program maps its libraries now: probe them before its first calls.
-            self.discover_libraries();
+            self.discover_libraries(flow);
         }
-        self.flow.flush()
+        Ok(())
     }
 
-    fn handle(&mut self, record: &Record) -> io::Result<()> {
+    fn handle(&mut self, flow: &mut EventFlow, record: &Record) -> io::Result<()> {
         if record.code.is_some() {
             self.python.remember(record);
             return Ok(());
@@ -256,10 +192,7 @@ impl<'c> Pipeline<'c> {
         };
         self.follow_process_tree(&event);
         self.python.symbolize(record, &mut event);
-        if self.dedup.as_mut().is_some_and(|d| !d.admit(&event)) {
-            return Ok(());
-        }
-        self.flow.observe(event)
+        flow.observe(event)
     }
 
     fn follow_process_tree(&mut self, event: &Event) {
@@ -294,20 +227,20 @@ impl<'c> Pipeline<'c> {
     }
 
     /// Periodic work between polls: new libcuda files, statistics.
-    pub fn tick(&mut self) {
+    pub fn tick(&mut self, flow: &EventFlow) {
         if self.last_discovery.elapsed() >= DISCOVERY_INTERVAL {
             self.last_discovery = Instant::now();
-            self.discover_libraries();
+            self.discover_libraries(flow);
         }
         if self.print_stats && self.last_stats.elapsed() >= Duration::from_secs(1) {
             self.last_stats = Instant::now();
-            eprintln!("gpuprof: {}", self.stats_line());
+            eprintln!("gpuprof: {}", self.stats_line(flow));
         }
     }
 
     /// A tracked process may load a libcuda other than the one probed (another path, a
     /// container's copy): probe it as soon as it appears in the process's maps.
-    pub fn discover_libraries(&mut self) {
+    pub fn discover_libraries(&mut self, flow: &EventFlow) {
         let pending: Vec<u32> =
             self.alive.iter().copied().filter(|pid| !self.probed.get(pid).is_some_and(Probed::all)).collect();
         for pid in pending {
@@ -315,8 +248,8 @@ impl<'c> Pipeline<'c> {
             if !probed.libcuda {
                 let Ok(libraries) = libcuda::mapped_by(pid) else { continue };
                 for library in &libraries {
-                    if let Err(error) = self.attach(library) {
-                        self.notice(format!("warning: {error:#}"));
+                    if let Err(error) = self.attach(flow, library) {
+                        flow.notice(format!("warning: {error:#}"));
                     }
                 }
                 probed.libcuda = !libraries.is_empty();
@@ -324,14 +257,14 @@ impl<'c> Pipeline<'c> {
             if !probed.libc10 {
                 let Ok(libraries) = libcuda::mapped_matching(pid, libcuda::is_libc10) else { continue };
                 for library in &libraries {
-                    if let Err(error) = self.attach_allocator(library) {
-                        self.notice(format!("warning: {error:#}"));
+                    if let Err(error) = self.attach_allocator(flow, library) {
+                        flow.notice(format!("warning: {error:#}"));
                     }
                 }
                 probed.libc10 = !libraries.is_empty();
             }
             if probed.libc10 && !probed.autograd {
-                probed.autograd = self.configure_autograd(pid);
+                probed.autograd = self.configure_autograd(flow, pid);
             }
             self.probed.insert(pid, probed);
         }
@@ -339,7 +272,7 @@ impl<'c> Pipeline<'c> {
 
     /// True once there is nothing more to do for this process's autograd (configured, off, or
     /// impossible: said once); false to look again (libtorch_cpu not loaded yet).
-    fn configure_autograd(&mut self, pid: u32) -> bool {
+    fn configure_autograd(&mut self, flow: &EventFlow, pid: u32) -> bool {
         let Some(autograd) = self.autograd.as_mut() else { return true };
         match autograd.configure(self.capture, pid) {
             Configured::Yes => {
@@ -349,19 +282,19 @@ impl<'c> Pipeline<'c> {
             Configured::NoLibrary => false,
             Configured::No(reason) => {
                 if let Some(reason) = reason {
-                    self.notice(format!("warning: {reason}"));
+                    flow.notice(format!("warning: {reason}"));
                 }
                 true
             }
         }
     }
 
-    fn attach_allocator(&mut self, library: &LibraryFile) -> Result<()> {
+    fn attach_allocator(&mut self, flow: &EventFlow, library: &LibraryFile) -> Result<()> {
         if self.capture.is_attached(library) {
             return Ok(());
         }
         self.capture.attach_allocator(library)?;
-        self.notice(format!("probing c10::reportMemoryUsageToProfiler of {}", library.path.display()));
+        flow.notice(format!("probing c10::reportMemoryUsageToProfiler of {}", library.path.display()));
         Ok(())
     }
 
@@ -369,15 +302,16 @@ impl<'c> Pipeline<'c> {
         self.capture.drop_counters().unwrap_or_default()
     }
 
-    pub fn stats_line(&self) -> String {
+    /// The counters, for the end of the run and `--stats`.
+    pub fn stats_line(&self, flow: &EventFlow) -> String {
         let drops = self.drops();
         let seconds = self.started.elapsed().as_secs_f64();
         let cpu_seconds = crate::procfs::own_cpu_seconds();
         format!(
             "{} events ({:.0}/s) from {} processes in {:.1} s; lost {} (ring buffer full {}, call table full {}); out-pointers unread {}, returns without entry {}, undecodable {}; Python stacks {} from {} interpreters, unresolved {} (unreadable in the kernel {}); allocator reports of other devices {}; agent CPU {:.2} s ({:.2} µs an event)",
-            self.events(),
-            self.events() as f64 / seconds.max(1e-9),
-            self.analyzer().tracker().processes().len(),
+            flow.events(),
+            flow.events() as f64 / seconds.max(1e-9),
+            flow.analyzer().tracker().processes().len(),
             seconds,
             drops.lost_events(),
             drops.ring_buffer_full,
@@ -391,22 +325,7 @@ impl<'c> Pipeline<'c> {
             drops.stack_unreadable,
             drops.allocator_other_device,
             cpu_seconds,
-            cpu_seconds * 1e6 / self.events().max(1) as f64
+            cpu_seconds * 1e6 / flow.events().max(1) as f64
         )
-    }
-
-    pub fn finish(self) -> Result<()> {
-        let stats = self.stats_line();
-        let drops = self.drops();
-        self.flow.finish(&stats, drops.lost_events())?;
-        if drops.lost_events() > 0 {
-            eprintln!(
-                "gpuprof: warning: {} events were lost; give a larger --buffer-mib (ring buffer full {}, call table full {})",
-                drops.lost_events(),
-                drops.ring_buffer_full,
-                drops.pending_full
-            );
-        }
-        Ok(())
     }
 }

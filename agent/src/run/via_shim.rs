@@ -11,20 +11,20 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 
+use super::{exit_code, find_program};
 use crate::cli::CaptureArgs;
-use crate::flow::EventFlow;
-use crate::session::{duration_of, exit_code_of, find_program, flow_options, supervise};
-use crate::shim_socket::{self, ShimProcesses};
-use crate::signals;
+use crate::session::{Session, ShimSource, Until};
+use crate::{shim_socket, signals};
 
 /// The shim's file name, looked for next to the gpuprof executable.
 pub const SHIM_FILE: &str = "libgpuprof_shim.so";
 /// How long the end of the run waits for the command's processes to hang up.
 const LAST_WORDS: Duration = Duration::from_secs(3);
+const LAST_WORDS_POLL: Duration = Duration::from_millis(50);
 
 /// Returns CMD's exit code.
 pub fn run(command: &[OsString], args: &CaptureArgs, shim: Option<&Path>) -> Result<u8> {
-    let duration = duration_of(args)?;
+    let duration = args.duration()?;
     let shim = shim_library(shim)?;
     let (program, program_args) = command.split_first().ok_or_else(|| anyhow!("no command given after `--`"))?;
     let program = find_program(program)?;
@@ -35,9 +35,7 @@ pub fn run(command: &[OsString], args: &CaptureArgs, shim: Option<&Path>) -> Res
     let received = shim_socket::listen(&socket, shim_socket::SocketAccess::PRIVATE)?;
 
     let destination = args.destination(&crate::output::name_of_command(command))?;
-    let sink = args.sink(&destination)?;
-    let mut flow = EventFlow::new(flow_options(args, &destination)?, sink);
-    flow.set_telemetry(args.otlp.start()?);
+    let mut session = Session::new(args.flow(&destination)?).with_shim(ShimSource::new(received, true));
     let mut child = Command::new(&program)
         .args(program_args)
         .env("LD_PRELOAD", preload_with(&shim))
@@ -47,30 +45,17 @@ pub fn run(command: &[OsString], args: &CaptureArgs, shim: Option<&Path>) -> Res
         .with_context(|| format!("cannot run `{}`", program.display()))?;
     eprintln!("gpuprof: capturing `{}` through {} (no eBPF)", program.display(), shim.display());
 
-    let mut run = ShimProcesses::new(true);
-    let receive = |run: &mut ShimProcesses, flow: &mut EventFlow, wait: Duration| -> Result<()> {
-        run.receive(&received, wait, &mut |event| flow.observe(event).context("cannot write the output"))?;
-        flow.flush()
-    };
     let deadline = duration.map(|d| Instant::now() + d);
-    let status = supervise(&mut child, deadline, || receive(&mut run, &mut flow, Duration::from_millis(100)))?;
+    let ended = session.run(Until::CommandExits(&mut child), deadline, &mut [])?;
     // The command's processes send what they still hold as they exit.
-    let waited = Instant::now();
-    while run.open() > 0 && waited.elapsed() < LAST_WORDS {
-        receive(&mut run, &mut flow, Duration::from_millis(50))?;
-    }
-    receive(&mut run, &mut flow, Duration::ZERO)?;
+    let all_hung_up = |session: &Session<'_>| session.shim().is_none_or(|s| s.processes().open() == 0);
+    session = session.with_poll(LAST_WORDS_POLL);
+    session.run(Until::Holds(&all_hung_up), Some(Instant::now() + LAST_WORDS), &mut [])?;
+    session.pump(Duration::ZERO)?;
     let _ = std::fs::remove_dir_all(&dir);
-    let stats = run.stats_line(flow.events());
-    flow.finish(&stats, run.dropped())?;
+    session.finish()?;
     args.write_html(&destination)?;
-    Ok(match status {
-        Some(status) => exit_code_of(status),
-        None => {
-            eprintln!("gpuprof: stopped before the command exited; it is still running as pid {}", child.id());
-            0
-        }
-    })
+    Ok(exit_code(ended, &child))
 }
 
 /// `--shim`, else next to the gpuprof executable (a cargo build), else in `../lib/gpuprof/` from

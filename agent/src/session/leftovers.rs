@@ -1,0 +1,74 @@
+//! After the target of a capture ends, processes it started may still hold GPU memory (workers
+//! left behind): they are named, with what they hold, and followed until they end, the deadline
+//! passes or a signal says stop.
+
+use std::time::Instant;
+
+use anyhow::Result;
+
+use super::{Ended, Session, Until};
+use crate::procfs;
+
+/// A live followed process holding device memory or a CUDA context.
+struct Holder {
+    pid: u32,
+    comm: String,
+    bytes: u64,
+    contexts: u32,
+}
+
+/// `what` names the target in the messages ("process", "command").
+pub fn follow(session: &mut Session<'_>, deadline: Option<Instant>, what: &str) -> Result<()> {
+    let holding = holders(session);
+    if holding.is_empty() {
+        return Ok(());
+    }
+    eprintln!(
+        "gpuprof: the {what} exited, but {} still {}: following until they exit (Ctrl-C stops gpuprof and leaves them running; `kill {}` ends them)",
+        describe(&holding),
+        if holding.len() == 1 { "holds GPU memory" } else { "hold GPU memory" },
+        pids(&holding),
+    );
+    let none_left = |session: &Session<'_>| holders(session).is_empty();
+    match session.run(Until::Holds(&none_left), deadline, &mut [])? {
+        Ended::Held => eprintln!("gpuprof: the processes left behind have exited"),
+        _ => {
+            let holding = holders(session);
+            eprintln!(
+                "gpuprof: stopped following; still running and holding GPU memory: {} (follow them with `gpuprof attach PID`, end them with `kill {}`)",
+                describe(&holding),
+                pids(&holding)
+            );
+        }
+    }
+    Ok(())
+}
+
+fn holders(session: &Session<'_>) -> Vec<Holder> {
+    session
+        .flow()
+        .analyzer()
+        .tracker()
+        .live_processes()
+        .into_iter()
+        .filter(|p| (p.device_bytes() > 0 || p.contexts() > 0) && procfs::is_running(p.pid))
+        .map(|p| Holder { pid: p.pid, comm: p.comm.to_string(), bytes: p.device_bytes(), contexts: p.contexts() })
+        .collect()
+}
+
+/// "pid 12 (python3) 1.0 GiB and a CUDA context, pid 13 (python3) a CUDA context".
+fn describe(holders: &[Holder]) -> String {
+    let one = |holder: &Holder| {
+        let held = match (holder.bytes, holder.contexts) {
+            (0, _) => "a CUDA context".to_string(),
+            (bytes, 0) => gpuprof_model::bytes::human(bytes),
+            (bytes, _) => format!("{} and a CUDA context", gpuprof_model::bytes::human(bytes)),
+        };
+        format!("pid {} ({}) {held}", holder.pid, holder.comm)
+    };
+    holders.iter().map(one).collect::<Vec<_>>().join(", ")
+}
+
+fn pids(holders: &[Holder]) -> String {
+    holders.iter().map(|holder| holder.pid.to_string()).collect::<Vec<_>>().join(" ")
+}

@@ -1,0 +1,266 @@
+//! The one capture loop. A session takes events from its sources — the kernel's ring buffer
+//! (`ebpf`), the shim's socket (`shim`), or both — into one flow (tracker, leak rules, outputs,
+//! OTLP), and turns until a stop condition holds (`Until`), a signal arrives or the deadline
+//! passes, running periodic hooks (`Every`) between polls. `attach`, `run`, `run --via shim`,
+//! `daemon` and `top` are configurations of it: which sources, which stop condition, which hooks.
+
+pub mod ebpf;
+pub mod leftovers;
+pub mod shim;
+
+use std::ops::ControlFlow;
+use std::process::{Child, ExitStatus};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+
+use crate::flow::EventFlow;
+use crate::{libcuda, procfs, signals};
+pub use ebpf::{EbpfOptions, EbpfSource};
+pub use shim::ShimSource;
+
+/// How long a turn waits for events unless the session is told otherwise.
+const POLL: Duration = Duration::from_millis(100);
+
+/// When a capture ends, besides a signal (SIGINT/SIGTERM), the deadline or a hook.
+pub enum Until<'a> {
+    /// A command started here exits. The first signal is passed on to it; a second stops the
+    /// capture.
+    CommandExits(&'a mut Child),
+    /// The root process of the eBPF source (the one attached to) exits.
+    RootExits,
+    /// The condition holds (checked each turn).
+    Holds(&'a dyn Fn(&Session<'_>) -> bool),
+    /// Nothing else: a daemon, a terminal view.
+    Stopped,
+}
+
+/// Why a capture loop ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    CommandExited(ExitStatus),
+    RootExited,
+    Held,
+    Deadline,
+    Signal,
+    /// A hook said stop (`top`'s q).
+    Hook,
+}
+
+/// What a hook does with the session; `Break` stops the loop.
+type HookAction<'h, 'c> = Box<dyn FnMut(&mut Session<'c>) -> Result<ControlFlow<()>> + 'h>;
+
+/// A hook run every `period` (each turn when zero) with the session; it may stop the loop.
+pub struct Every<'h, 'c> {
+    period: Duration,
+    last: Instant,
+    action: HookAction<'h, 'c>,
+}
+
+impl<'h, 'c> Every<'h, 'c> {
+    pub fn new(period: Duration, action: impl FnMut(&mut Session<'c>) -> Result<ControlFlow<()>> + 'h) -> Self {
+        Every { period, last: Instant::now(), action: Box::new(action) }
+    }
+}
+
+/// Which processes a session looks for, besides those its sources report.
+#[derive(Debug, Clone, Copy)]
+pub enum Scope {
+    /// One process and its descendants.
+    Tree(u32),
+    /// Every process on the node that maps libcuda or libc10.
+    Node,
+}
+
+/// One capture: its sources, the flow their events go through, the loop.
+pub struct Session<'c> {
+    flow: EventFlow,
+    ebpf: Option<EbpfSource<'c>>,
+    shim: Option<ShimSource>,
+    poll: Duration,
+}
+
+impl<'c> Session<'c> {
+    pub fn new(flow: EventFlow) -> Self {
+        Session { flow, ebpf: None, shim: None, poll: POLL }
+    }
+
+    pub fn with_ebpf(mut self, source: EbpfSource<'c>) -> Self {
+        self.ebpf = Some(source);
+        self
+    }
+
+    /// With eBPF as well, the shim's process transitions are left to the kernel and a call both
+    /// capture is kept once.
+    pub fn with_shim(mut self, source: ShimSource) -> Self {
+        self.shim = Some(match self.ebpf {
+            Some(_) => {
+                self.flow.keep_one_event_per_call();
+                source.beside_the_kernel()
+            }
+            None => source,
+        });
+        self
+    }
+
+    /// How long a turn waits for events.
+    pub fn with_poll(mut self, poll: Duration) -> Self {
+        self.poll = poll;
+        self
+    }
+
+    pub fn flow(&self) -> &EventFlow {
+        &self.flow
+    }
+
+    pub fn ebpf(&self) -> Option<&EbpfSource<'c>> {
+        self.ebpf.as_ref()
+    }
+
+    pub fn shim(&self) -> Option<&ShimSource> {
+        self.shim.as_ref()
+    }
+
+    /// Turns until `until` holds, a signal arrives or `deadline` passes, running `hooks` as they
+    /// fall due.
+    pub fn run(
+        &mut self,
+        mut until: Until<'_>,
+        deadline: Option<Instant>,
+        hooks: &mut [Every<'_, 'c>],
+    ) -> Result<Ended> {
+        let mut signal_passed_on = false;
+        loop {
+            self.pump(self.poll)?;
+            self.tick();
+            for hook in hooks.iter_mut() {
+                if hook.last.elapsed() >= hook.period {
+                    hook.last = Instant::now();
+                    if (hook.action)(self)?.is_break() {
+                        return Ok(Ended::Hook);
+                    }
+                }
+            }
+            let ended = match &mut until {
+                Until::CommandExits(child) => {
+                    child.try_wait().context("cannot wait for the command")?.map(Ended::CommandExited)
+                }
+                Until::RootExits => {
+                    self.ebpf.as_ref().is_some_and(EbpfSource::root_exited).then_some(Ended::RootExited)
+                }
+                Until::Holds(condition) => condition(self).then_some(Ended::Held),
+                Until::Stopped => None,
+            };
+            if let Some(ended) = ended {
+                // The exit tracepoint fires before the parent is told: the records are all there.
+                self.pump(Duration::ZERO)?;
+                return Ok(ended);
+            }
+            if let Some(signal) = signals::take() {
+                match &mut until {
+                    Until::CommandExits(child) if !signal_passed_on => {
+                        // SAFETY: kill(2) on our own child's pid.
+                        unsafe { libc::kill(child.id() as i32, signal) };
+                        signal_passed_on = true;
+                    }
+                    _ => return Ok(Ended::Signal),
+                }
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Ok(Ended::Deadline);
+            }
+        }
+    }
+
+    /// Takes what the sources have (the first waiting up to `timeout`) through the flow.
+    pub fn pump(&mut self, timeout: Duration) -> Result<()> {
+        let mut shim_wait = timeout;
+        if let Some(ebpf) = &mut self.ebpf {
+            ebpf.pump(&mut self.flow, timeout)?;
+            shim_wait = Duration::ZERO;
+        }
+        if let Some(shim) = &mut self.shim {
+            let mut ebpf = self.ebpf.as_mut();
+            shim.pump(&mut self.flow, shim_wait, &mut |pid| {
+                if let Some(ebpf) = ebpf.as_mut() {
+                    ebpf.heard_of(pid);
+                }
+            })?;
+        }
+        self.flow.flush()
+    }
+
+    /// Periodic work of the sources between polls: new libraries, statistics.
+    fn tick(&mut self) {
+        if let Some(ebpf) = &mut self.ebpf {
+            ebpf.tick(&self.flow);
+        }
+    }
+
+    /// Follows the processes in `scope` not followed yet, their interpreters and libraries: the
+    /// one way a session finds processes besides what its sources report.
+    pub fn follow(&mut self, scope: Scope) {
+        let Some(ebpf) = &mut self.ebpf else { return };
+        let candidates: Vec<u32> = match scope {
+            Scope::Tree(root) => std::iter::once(root).chain(procfs::descendants(root)).collect(),
+            Scope::Node => libcuda::cuda_processes_on_node(ebpf.alive()),
+        };
+        for pid in candidates {
+            if !ebpf.alive().contains(&pid) {
+                // A process that exits meanwhile is simply not there to follow.
+                let _ = ebpf.add_process(pid);
+            }
+        }
+        // Now rather than at the next poll: a process found by a scan may make its first call
+        // at any moment.
+        ebpf.discover_interpreters();
+        ebpf.discover_libraries(&self.flow);
+    }
+
+    /// Probes a libcuda file (no-op without eBPF, or when it is probed already).
+    pub fn attach(&mut self, library: &libcuda::LibraryFile) -> Result<()> {
+        match &mut self.ebpf {
+            Some(ebpf) => ebpf.attach(&self.flow, library),
+            None => Ok(()),
+        }
+    }
+
+    /// See `EventFlow::forget_exited`.
+    pub fn forget_exited(&mut self, age: Duration) -> usize {
+        self.flow.forget_exited(age)
+    }
+
+    /// Events lost on the way: the kernel's ring buffer and call table, the shims' queues.
+    pub fn lost_events(&self) -> u64 {
+        self.ebpf.as_ref().map_or(0, |e| e.drops().lost_events())
+            + self.shim.as_ref().map_or(0, |s| s.processes().dropped())
+    }
+
+    /// The counters of every source, for the end of the run.
+    pub fn stats_line(&self) -> String {
+        let kernel = self.ebpf.as_ref().map(|e| e.stats_line(&self.flow));
+        let shim = self.shim.as_ref().map(|s| s.processes().stats_line(s.events()));
+        match (kernel, shim) {
+            (Some(kernel), Some(shim)) => format!("{kernel}; {shim}"),
+            (kernel, shim) => kernel.or(shim).unwrap_or_default(),
+        }
+    }
+
+    /// The end of the run: the flow's last findings and summaries, the counters, and a warning
+    /// when the kernel lost events.
+    pub fn finish(self) -> Result<()> {
+        let stats = self.stats_line();
+        let lost = self.lost_events();
+        let drops = self.ebpf.as_ref().map(EbpfSource::drops).unwrap_or_default();
+        self.flow.finish(&stats, lost)?;
+        if drops.lost_events() > 0 {
+            eprintln!(
+                "gpuprof: warning: {} events were lost; give a larger --buffer-mib (ring buffer full {}, call table full {})",
+                drops.lost_events(),
+                drops.ring_buffer_full,
+                drops.pending_full
+            );
+        }
+        Ok(())
+    }
+}
