@@ -13,7 +13,7 @@ use gpuprof_model::event::{Event, Frame};
 use gpuprof_model::Stack;
 use gpuprof_pystack::code::CodeInfo;
 use gpuprof_pystack::strings::decode;
-use gpuprof_pystack::{find_interpreter, Interpreter, Layout, RemoteMemory, Symbolizer};
+use gpuprof_pystack::{find_interpreter, Interpreter, RemoteMemory, Symbolizer};
 
 use crate::capture::{flags, Capture, Record};
 
@@ -196,10 +196,6 @@ impl Pythons {
             // A code object at a reused address makes the stacks that named the old one wrong.
             process.stacks.clear();
         }
-    }
-
-    pub fn layout_of(&self, pid: u32) -> Option<&Layout> {
-        self.processes.get(&pid).map(|p| &p.interpreter.layout)
     }
 
     /// Fills the event's stack from the record's frames. A stack that cannot be read whole is
