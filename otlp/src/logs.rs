@@ -161,8 +161,10 @@ mod tests {
     #[test]
     fn a_record_that_is_not_an_event_is_an_error() {
         assert!(matches!(event_of(&LogRecord::default()), Err(DecodeError::NoBody)));
-        let mut record = LogRecord::default();
-        record.body = Some(AnyValue { value: Some(any_value::Value::StringValue(r#"{"ts": "soon"}"#.into())) });
+        let mut record = LogRecord {
+            body: Some(AnyValue { value: Some(any_value::Value::StringValue(r#"{"ts": "soon"}"#.into())) }),
+            ..LogRecord::default()
+        };
         assert!(event_of(&record).unwrap_err().to_string().starts_with("log record body is not a gpuprof event"));
         record.body = Some(AnyValue { value: Some(any_value::Value::IntValue(3)) });
         assert_eq!(event_of(&record).unwrap_err().to_string(), "log record body is not a string");

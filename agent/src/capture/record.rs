@@ -118,11 +118,13 @@ mod tests {
 
     #[test]
     fn header_then_handle_then_frames() {
-        let mut header = gp_record::default();
-        header.kind = gp_record_kind::GP_RECORD_DRIVER.0;
-        header.flags = flags::HANDLE;
-        header.handle_len = 64;
-        header.stack_depth = 2;
+        let header = gp_record {
+            kind: gp_record_kind::GP_RECORD_DRIVER.0,
+            flags: flags::HANDLE,
+            handle_len: 64,
+            stack_depth: 2,
+            ..gp_record::default()
+        };
         let mut bytes = header_bytes(&header);
         bytes.extend([0xab; 64]);
         for (code, instr) in [(0x1000u64, 0x1010u64), (0x2000, 0x2020)] {

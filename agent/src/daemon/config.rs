@@ -318,6 +318,48 @@ fn seconds(name: &str, value: f64) -> Result<Duration> {
     Ok(Duration::from_secs_f64(value))
 }
 
+/// A socket mode in octal ("0660"); the set-id and sticky bits mean nothing on a socket.
+fn socket_mode(text: &str) -> Result<u32> {
+    match u32::from_str_radix(text.trim_start_matches("0o"), 8) {
+        Ok(mode) if mode <= 0o777 => Ok(mode),
+        _ => bail!("shim_socket_mode {text}: give permission bits in octal, e.g. 0660"),
+    }
+}
+
+/// A group by number or by name (from the system's group database).
+fn group_id(group: &str) -> Result<u32> {
+    if let Ok(gid) = group.parse::<u32>() {
+        return Ok(gid);
+    }
+    let name =
+        std::ffi::CString::new(group).map_err(|_| anyhow::anyhow!("shim_socket_group {group:?}: not a group name"))?;
+    // SAFETY: getgrnam reads the group database; the entry is copied out before any other call.
+    let entry = unsafe { libc::getgrnam(name.as_ptr()) };
+    if entry.is_null() {
+        bail!("shim_socket_group {group}: no such group on this machine: give its number or create it");
+    }
+    // SAFETY: a non-null entry from getgrnam.
+    Ok(unsafe { (*entry).gr_gid })
+}
+
+/// A token given as a value or in a file (`what`: "otlp" or "metrics", for the error).
+fn token_of(value: Option<String>, file: Option<PathBuf>, what: &str) -> Result<Option<String>> {
+    let token = match (value, file) {
+        (Some(token), _) => Some(token),
+        (None, Some(path)) => Some(
+            std::fs::read_to_string(&path)
+                .with_context(|| format!("{what} token file {}: cannot read it", path.display()))?
+                .trim()
+                .to_string(),
+        ),
+        (None, None) => None,
+    };
+    if token.as_deref() == Some("") {
+        bail!("the {what} token is empty: give a non-empty --{what}-token or --{what}-token-file");
+    }
+    Ok(token)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -372,46 +414,4 @@ mod tests {
         let args = DaemonArgs { output: Some("x".into()), scan_interval: Some(2.0), ..Default::default() };
         assert!(args.resolve().unwrap_err().to_string().starts_with("scan_interval 2s: at most 1 second"));
     }
-}
-
-/// A socket mode in octal ("0660"); the set-id and sticky bits mean nothing on a socket.
-fn socket_mode(text: &str) -> Result<u32> {
-    match u32::from_str_radix(text.trim_start_matches("0o"), 8) {
-        Ok(mode) if mode <= 0o777 => Ok(mode),
-        _ => bail!("shim_socket_mode {text}: give permission bits in octal, e.g. 0660"),
-    }
-}
-
-/// A group by number or by name (from the system's group database).
-fn group_id(group: &str) -> Result<u32> {
-    if let Ok(gid) = group.parse::<u32>() {
-        return Ok(gid);
-    }
-    let name =
-        std::ffi::CString::new(group).map_err(|_| anyhow::anyhow!("shim_socket_group {group:?}: not a group name"))?;
-    // SAFETY: getgrnam reads the group database; the entry is copied out before any other call.
-    let entry = unsafe { libc::getgrnam(name.as_ptr()) };
-    if entry.is_null() {
-        bail!("shim_socket_group {group}: no such group on this machine: give its number or create it");
-    }
-    // SAFETY: a non-null entry from getgrnam.
-    Ok(unsafe { (*entry).gr_gid })
-}
-
-/// A token given as a value or in a file (`what`: "otlp" or "metrics", for the error).
-fn token_of(value: Option<String>, file: Option<PathBuf>, what: &str) -> Result<Option<String>> {
-    let token = match (value, file) {
-        (Some(token), _) => Some(token),
-        (None, Some(path)) => Some(
-            std::fs::read_to_string(&path)
-                .with_context(|| format!("{what} token file {}: cannot read it", path.display()))?
-                .trim()
-                .to_string(),
-        ),
-        (None, None) => None,
-    };
-    if token.as_deref() == Some("") {
-        bail!("the {what} token is empty: give a non-empty --{what}-token or --{what}-token-file");
-    }
-    Ok(token)
 }

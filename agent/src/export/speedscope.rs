@@ -23,7 +23,9 @@ pub fn write(stacks: &[LiveStack<'_>], title: &str, writer: &mut dyn Write) -> R
             frames.len() - 1
         })
     };
-    let mut by_process: BTreeMap<(u32, &str), (Vec<Vec<usize>>, Vec<u64>)> = BTreeMap::new();
+    // Per process: samples (frame indices, root first) and their weights.
+    type Samples = (Vec<Vec<usize>>, Vec<u64>);
+    let mut by_process: BTreeMap<(u32, &str), Samples> = BTreeMap::new();
     for stack in stacks {
         let mut sample = vec![frame_of(stack.kind.to_string(), "", 0)];
         if stack.stack.is_empty() {

@@ -139,7 +139,7 @@ fn process_summary(
     request: &SummaryRequest<'_>,
 ) -> ProcessSummary {
     // The newest instance of the pid decides its name and what it counts.
-    let last = end.processes().into_iter().filter(|p| p.pid == pid).last();
+    let last = end.processes().into_iter().rfind(|p| p.pid == pid);
     let tensors = match last {
         Some(process) => request.layer.counts_tensors(process),
         None => request.layer == StackLayer::Allocator,
@@ -235,8 +235,8 @@ fn write_table(writer: &mut dyn Write, summary: &Summary, input: &Path) -> Resul
         )?;
         writeln!(
             writer,
-            "  {:>10} {:>8}  {:>10} {:>8}  {:>10} {:>8}  {}",
-            "AT PEAK", "COUNT", "AT END", "COUNT", "ALLOCATED", "COUNT", "WHERE"
+            "  {:>10} {:>8}  {:>10} {:>8}  {:>10} {:>8}  WHERE",
+            "AT PEAK", "COUNT", "AT END", "COUNT", "ALLOCATED", "COUNT"
         )?;
         for row in &process.rows {
             writeln!(

@@ -275,12 +275,10 @@ fn growth_fires_for_a_growing_stack_not_for_a_plateau() {
     let mut s = Stream::new();
     // Ten windows of 100 µs: the leaking stack allocates every 50 µs and never frees; the steady
     // stack warms up in the first window, then frees what it allocates.
-    let mut addr = 0x10_0000;
     s.alloc(40, 0x1, MIB, &steady).alloc(40, 0x2, MIB, &steady);
     for step in 0..20u64 {
         s.at(2_000 + step * 50_000);
-        s.alloc(40, addr, MIB, &leak);
-        addr += 1;
+        s.alloc(40, 0x10_0000 + step, MIB, &leak);
         s.alloc(40, 0x100 + step, MIB, &steady).free(40, 0x100 + step);
     }
     let found = s.findings(config);

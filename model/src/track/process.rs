@@ -539,6 +539,7 @@ impl ProcessMemory {
 
 /// The entry point's name without a copy of its text, for names gpuprof knows (events read back
 /// from a file or OTLP own theirs).
+#[allow(clippy::ptr_arg)] // the Cow is the point: a borrowed name is kept borrowed
 fn api_name(api: &Cow<'static, str>) -> Cow<'static, str> {
     if let Cow::Owned(name) = api {
         if name == crate::event::PYTORCH_ALLOCATOR_API {

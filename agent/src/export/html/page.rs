@@ -32,7 +32,7 @@ pub(super) fn write(report: &Report, writer: &mut dyn Write) -> io::Result<()> {
     ];
     let mut rest = TEMPLATE;
     while let Some(at) = rest.find("{{") {
-        writer.write_all(rest[..at].as_bytes())?;
+        writer.write_all(&rest.as_bytes()[..at])?;
         let (name, text) = parts.iter().find(|(name, _)| rest[at..].starts_with(name)).ok_or_else(|| {
             io::Error::other(format!(
                 "report.html names an unknown part at {}",
