@@ -12,7 +12,6 @@ pub mod cli;
 pub mod clock;
 pub mod daemon;
 pub mod decode;
-pub mod elf;
 pub mod export;
 pub mod flow;
 pub mod inject;
