@@ -3,7 +3,8 @@
 //!
 //! - `offsets`: the structure layout of each version, as data (tables checked against the real
 //!   headers in the tests; `_Py_DebugOffsets` read from the interpreter itself where present);
-//! - `discovery`: which module of a process holds `_PyRuntime`, and which version it is;
+//! - `discovery`: which module of a process holds `_PyRuntime` (its maps and symbols read with
+//!   `gpuprof_procfs`), and which version it is;
 //! - `memory`: reading another process's memory (or our own);
 //! - `code` + `linetable` + `strings`: code objects to `file:line function`, with a cache per
 //!   code object;
