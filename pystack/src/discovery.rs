@@ -7,6 +7,7 @@ use gpuprof_procfs::elf;
 use gpuprof_procfs::maps::{self, Mapping, MapsError};
 use thiserror::Error;
 
+use crate::debug_offsets::{self, DebugOffsets313};
 use crate::memory::{Memory, RemoteMemory};
 use crate::offsets::{self, Layout, Version};
 
@@ -51,9 +52,10 @@ pub fn find_interpreter(pid: u32) -> Result<Option<Interpreter>, DiscoveryError>
         let runtime = runtime_vaddr.wrapping_add(bias);
         if version.minor >= 13 {
             let bytes = memory
-                .read_vec(runtime, offsets::DEBUG_OFFSETS_LEN)
+                .read_vec(runtime, debug_offsets::DEBUG_OFFSETS_LEN)
                 .map_err(|e| DiscoveryError::DebugOffsets { pid, reason: e.to_string() })?;
-            layout.offsets = offsets::from_debug_offsets(&bytes, &layout.offsets)
+            layout.offsets = DebugOffsets313::parse(&bytes)
+                .and_then(|debug| debug.offsets(&layout.offsets))
                 .map_err(|e| DiscoveryError::DebugOffsets { pid, reason: e.to_string() })?;
         }
         return Ok(Some(Interpreter { pid, module: path, runtime, layout }));
