@@ -43,7 +43,7 @@ pub fn find_interpreter(pid: u32) -> Result<Option<Interpreter>, DiscoveryError>
         let memory = RemoteMemory { pid };
         let version = version_vaddr
             .and_then(|v| memory.read_u32(v.wrapping_add(bias)).ok())
-            .map(|hex| Version { major: (hex >> 24) as u8, minor: (hex >> 16) as u8 })
+            .map(Version::from_hex)
             .or_else(|| version_from_name(&path));
         let Some(version) = version else { continue };
         let Some(mut layout) = offsets::layout_for(version) else {
@@ -123,5 +123,11 @@ mod tests {
         assert_eq!(version_from_name("/x/libpython3.9.so.1.0"), Some(Version { major: 3, minor: 9 }));
         assert_eq!(version_from_name("/usr/bin/python3.12"), Some(Version { major: 3, minor: 12 }));
         assert_eq!(version_from_name("/usr/bin/python3"), None);
+    }
+
+    #[test]
+    fn versions_from_py_version_hex() {
+        assert_eq!(Version::from_hex(0x030d_00f0), Version { major: 3, minor: 13 });
+        assert_eq!(Version::from_hex(0x0308_12f0), Version { major: 3, minor: 8 });
     }
 }

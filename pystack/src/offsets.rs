@@ -10,6 +10,14 @@ pub struct Version {
     pub minor: u8,
 }
 
+impl Version {
+    /// From `PY_VERSION_HEX` (`Py_Version`): 0xMMmmppRS, major and minor in the top two bytes.
+    pub fn from_hex(hex: u32) -> Version {
+        let [major, minor, _micro, _release] = hex.to_be_bytes();
+        Version { major, minor }
+    }
+}
+
 impl std::fmt::Display for Version {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}.{}", self.major, self.minor)
