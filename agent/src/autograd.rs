@@ -8,12 +8,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use gpuprof_ebpf::types::gp_autograd;
+use gpuprof_procfs::maps;
 use gpuprof_pystack::autograd::{node_class, AutogradLayout, LIBRARY, NODE_SEQUENCE_NR, NODE_THREAD_ID};
 use gpuprof_pystack::RemoteMemory;
 
 use crate::capture::Capture;
 use crate::libcuda::LibraryFile;
-use crate::procfs;
 
 /// What is known about the libtorch_cpu.so files seen and the processes configured.
 #[derive(Default)]
@@ -36,7 +36,8 @@ pub enum Configured {
 impl AutogradConfig {
     /// Configures the probe for a process that has loaded PyTorch.
     pub fn configure(&mut self, capture: &Capture, pid: u32) -> Configured {
-        let Ok(bases) = procfs::load_bases(pid) else { return Configured::No(None) };
+        let Ok(mappings) = maps::read(pid) else { return Configured::No(None) };
+        let bases = maps::load_bases(&mappings);
         let Some(&(base, _)) = bases.iter().find(|(_, name)| name == LIBRARY) else { return Configured::NoLibrary };
         let Ok(files) = crate::libcuda::mapped_matching(pid, |path| path.rsplit('/').next() == Some(LIBRARY)) else {
             return Configured::No(None);

@@ -8,7 +8,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use crate::procfs;
+use gpuprof_procfs::maps;
 
 #[derive(Default)]
 pub struct CallerModules {
@@ -33,7 +33,7 @@ impl CallerModules {
         if self.processes.get(&pid).is_some_and(|p| p.outside.contains(&addr)) {
             return None;
         }
-        let ranges = procfs::code_ranges(pid).unwrap_or_default();
+        let ranges = maps::read(pid).map(|mappings| maps::code_ranges(&mappings)).unwrap_or_default();
         let known: HashMap<&str, Arc<str>> = self
             .processes
             .get(&pid)

@@ -15,7 +15,6 @@ pub mod cli;
 pub mod clock;
 pub mod daemon;
 pub mod decode;
-pub(crate) mod elf;
 pub mod export;
 pub(crate) mod flow;
 pub mod inject;

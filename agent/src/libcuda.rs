@@ -9,6 +9,8 @@ use std::process::Command;
 
 use anyhow::{Context, Result};
 
+use gpuprof_procfs::maps;
+
 use crate::procfs;
 
 /// The soname applications (and the CUDA runtime) load.
@@ -49,8 +51,8 @@ pub fn cuda_processes_on_node(skip: &std::collections::HashSet<u32>) -> Vec<u32>
         .into_iter()
         .filter(|pid| *pid != me && !skip.contains(pid))
         .filter(|pid| {
-            procfs::mapped_files(*pid)
-                .map(|files| files.iter().any(|f| is_libcuda(&f.path) || is_libc10(&f.path)))
+            maps::read(*pid)
+                .map(|mappings| maps::mapped_files(&mappings).iter().any(|f| is_libcuda(&f.path) || is_libc10(&f.path)))
                 .unwrap_or(false)
         })
         .collect()
@@ -63,11 +65,11 @@ pub fn mapped_by(pid: u32) -> Result<Vec<LibraryFile>> {
 
 /// Every file a process maps whose path passes `wanted`, opened through the process's root.
 pub fn mapped_matching(pid: u32, wanted: fn(&str) -> bool) -> Result<Vec<LibraryFile>> {
-    let files = procfs::mapped_files(pid).with_context(|| format!("cannot read /proc/{pid}/maps"))?;
+    let files = maps::mapped_files(&maps::read(pid)?);
     let mut found: Vec<LibraryFile> = Vec::new();
     for file in files.iter().filter(|f| wanted(&f.path)) {
         let path = file.path.strip_suffix(" (deleted)").unwrap_or(&file.path);
-        let Ok(library) = LibraryFile::open(procfs::path_in_root(pid, path)) else { continue };
+        let Ok(library) = LibraryFile::open(maps::path_in_root(pid, path)) else { continue };
         if !found.iter().any(|f| f.identity == library.identity) {
             found.push(library);
         }

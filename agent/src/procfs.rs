@@ -1,19 +1,10 @@
-//! What gpuprof reads about other processes from /proc: existence, names, parents, namespaces,
-//! and memory maps (to find the libcuda a process actually loaded).
+//! What gpuprof reads about processes from /proc: existence, names, parents, namespaces, the
+//! rank a launcher gave them, and this process's own costs. Their memory maps and the symbols of
+//! the files mapped are read by `gpuprof_procfs`, which pystack shares.
 
 use std::collections::HashMap;
 use std::fs;
-use std::io;
 use std::path::PathBuf;
-
-/// One file-backed line of /proc/PID/maps.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MappedFile {
-    /// The path as the process sees it (inside its own mount namespace).
-    pub path: String,
-    pub dev: String,
-    pub inode: u64,
-}
 
 pub fn exists(pid: u32) -> bool {
     PathBuf::from(format!("/proc/{pid}")).exists()
@@ -50,7 +41,6 @@ pub fn stat(pid: u32) -> Option<(char, u32)> {
     Some((state, ppid))
 }
 
-/// A live process (not a zombie waiting to be reaped).
 /// CPU time (user + system) this process spent so far, its threads included, its children not.
 pub fn own_cpu_seconds() -> f64 {
     // SAFETY: getrusage writes one rusage struct; RUSAGE_SELF needs nothing else.
@@ -71,6 +61,7 @@ pub fn own_resident_bytes() -> u64 {
     pages * page
 }
 
+/// A live process (not a zombie waiting to be reaped).
 pub fn is_running(pid: u32) -> bool {
     matches!(stat(pid), Some((state, _)) if state != 'Z' && state != 'X')
 }
@@ -108,94 +99,9 @@ pub fn descendants(root: u32) -> Vec<u32> {
     found
 }
 
-/// The file-backed mappings of a process.
-pub fn mapped_files(pid: u32) -> io::Result<Vec<MappedFile>> {
-    let maps = fs::read_to_string(format!("/proc/{pid}/maps"))?;
-    Ok(parse_maps(&maps))
-}
-
-fn parse_maps(maps: &str) -> Vec<MappedFile> {
-    let mut files: Vec<MappedFile> = Vec::new();
-    for line in maps.lines() {
-        // address perms offset dev inode path
-        let mut fields = line.splitn(6, ' ');
-        let (Some(_), Some(_), Some(_), Some(dev), Some(inode)) =
-            (fields.next(), fields.next(), fields.next(), fields.next(), fields.next())
-        else {
-            continue;
-        };
-        let Some(path) = fields.next().map(str::trim_start) else { continue };
-        let Ok(inode) = inode.parse::<u64>() else { continue };
-        if inode == 0 || !path.starts_with('/') {
-            continue;
-        }
-        let file = MappedFile { path: path.to_string(), dev: dev.to_string(), inode };
-        if !files.contains(&file) {
-            files.push(file);
-        }
-    }
-    files
-}
-
-/// The executable file-backed mappings of a process: (start, end, the file's name), sorted.
-pub fn code_ranges(pid: u32) -> io::Result<Vec<(u64, u64, String)>> {
-    let maps = fs::read_to_string(format!("/proc/{pid}/maps"))?;
-    Ok(parse_code_ranges(&maps))
-}
-
-fn parse_code_ranges(maps: &str) -> Vec<(u64, u64, String)> {
-    let mut ranges = Vec::new();
-    for line in maps.lines() {
-        let mut fields = line.splitn(6, ' ');
-        let (Some(range), Some(perms)) = (fields.next(), fields.next()) else { continue };
-        let Some(path) = fields.nth(3).map(str::trim_start) else { continue };
-        if !perms.contains('x') || !path.starts_with('/') {
-            continue;
-        }
-        let Some((start, end)) = range.split_once('-') else { continue };
-        let (Ok(start), Ok(end)) = (u64::from_str_radix(start, 16), u64::from_str_radix(end, 16)) else { continue };
-        let path = path.strip_suffix(" (deleted)").unwrap_or(path);
-        let name = path.rsplit('/').next().unwrap_or(path);
-        ranges.push((start, end, name.to_string()));
-    }
-    ranges.sort();
-    ranges
-}
-
-/// Where each file-backed mapping of a process starts that maps its file from offset 0 (a shared
-/// library's load base): (start, the file's name).
-pub fn load_bases(pid: u32) -> io::Result<Vec<(u64, String)>> {
-    let maps = fs::read_to_string(format!("/proc/{pid}/maps"))?;
-    Ok(parse_load_bases(&maps))
-}
-
-fn parse_load_bases(maps: &str) -> Vec<(u64, String)> {
-    let mut bases = Vec::new();
-    for line in maps.lines() {
-        let mut fields = line.splitn(6, ' ');
-        let (Some(range), Some(_), Some(offset)) = (fields.next(), fields.next(), fields.next()) else { continue };
-        let Some(path) = fields.nth(2).map(str::trim_start) else { continue };
-        if !path.starts_with('/') || u64::from_str_radix(offset, 16) != Ok(0) {
-            continue;
-        }
-        let Some(start) = range.split_once('-').and_then(|(start, _)| u64::from_str_radix(start, 16).ok()) else {
-            continue;
-        };
-        let name = path.strip_suffix(" (deleted)").unwrap_or(path).rsplit('/').next().unwrap_or(path);
-        if !bases.iter().any(|(_, n)| n == name) {
-            bases.push((start, name.to_string()));
-        }
-    }
-    bases
-}
-
-/// A path of a process's mount namespace, opened from ours.
-pub fn path_in_root(pid: u32, path: &str) -> PathBuf {
-    PathBuf::from(format!("/proc/{pid}/root{path}"))
-}
-
 #[cfg(test)]
 mod tests {
+    use super::*;
 
     #[test]
     fn the_rank_is_the_rank_variable_alone() {
@@ -203,65 +109,6 @@ mod tests {
         assert_eq!(rank_in(b"LOCAL_RANK=3\0GROUP_RANK=1\0"), None);
         assert_eq!(rank_in(b"RANK=x\0"), None);
         assert_eq!(rank_in(b""), None);
-    }
-
-    use super::*;
-
-    #[test]
-    fn parses_file_backed_mappings_once_each() {
-        let maps = "\
-7f0000000000-7f0000001000 r--p 00000000 fd:01 1234 /usr/lib/x86_64-linux-gnu/libcuda.so.580.95
-7f0000001000-7f0000002000 r-xp 00001000 fd:01 1234 /usr/lib/x86_64-linux-gnu/libcuda.so.580.95
-7f0000003000-7f0000004000 rw-p 00000000 00:00 0 
-7ffd00000000-7ffd00001000 rw-p 00000000 00:00 0                          [stack]
-7f0000005000-7f0000006000 r-xp 00000000 fd:01 99 /tmp/dir with space/lib.so (deleted)
-";
-        let files = parse_maps(maps);
-        assert_eq!(
-            files,
-            vec![
-                MappedFile {
-                    path: "/usr/lib/x86_64-linux-gnu/libcuda.so.580.95".into(),
-                    dev: "fd:01".into(),
-                    inode: 1234
-                },
-                MappedFile { path: "/tmp/dir with space/lib.so (deleted)".into(), dev: "fd:01".into(), inode: 99 },
-            ]
-        );
-    }
-
-    #[test]
-    fn names_the_file_of_each_code_range() {
-        let maps = "\
-7f0000000000-7f0000001000 r--p 00000000 fd:01 1234 /usr/lib/x86_64-linux-gnu/libcuda.so.580.95
-7f0000001000-7f0000002000 r-xp 00001000 fd:01 1234 /usr/lib/x86_64-linux-gnu/libcuda.so.580.95
-7e0000001000-7e0000003000 r-xp 00001000 fd:01 77 /site-packages/nvidia/nccl/lib/libnccl.so.2
-7f0000003000-7f0000004000 rwxp 00000000 00:00 0 
-7f0000005000-7f0000006000 r-xp 00000000 fd:01 99 /tmp/dir with space/ext.so (deleted)
-";
-        assert_eq!(
-            parse_code_ranges(maps),
-            vec![
-                (0x7e00_0000_1000, 0x7e00_0000_3000, "libnccl.so.2".to_string()),
-                (0x7f00_0000_1000, 0x7f00_0000_2000, "libcuda.so.580.95".to_string()),
-                (0x7f00_0000_5000, 0x7f00_0000_6000, "ext.so".to_string()),
-            ]
-        );
-    }
-
-    #[test]
-    fn load_bases_are_the_mappings_of_file_offset_zero() {
-        let maps = "\
-7f0000000000-7f0000001000 r--p 00000000 fd:01 1234 /opt/torch/lib/libtorch_cpu.so
-7f0000001000-7f0000002000 r-xp 00001000 fd:01 1234 /opt/torch/lib/libtorch_cpu.so
-7f0000003000-7f0000004000 rw-p 00000000 00:00 0 
-7e0000000000-7e0000001000 r--p 00000000 fd:01 77      /opt/torch/lib/libc10.so (deleted)
-7e0000004000-7e0000005000 r--p 00000000 fd:01 77 /opt/torch/lib/libc10.so
-";
-        assert_eq!(
-            parse_load_bases(maps),
-            vec![(0x7f00_0000_0000, "libtorch_cpu.so".to_string()), (0x7e00_0000_0000, "libc10.so".to_string())]
-        );
     }
 
     #[test]

@@ -12,10 +12,9 @@
 //!   through the vtable's RTTI. Run on PyTorch 2.11; a libtorch_cpu.so without these symbols gets
 //!   a one-line warning and no attribution.
 
-use std::fs;
 use std::path::Path;
 
-use object::{Object, ObjectSymbol, RelocationFlags, RelocationTarget, SymbolKind};
+use gpuprof_procfs::elf::{self, ElfError};
 use thiserror::Error;
 
 use crate::memory::Memory;
@@ -38,8 +37,6 @@ const CURRENT_NODE_MARK: &str = "tls_current_evaluating_node";
 pub const NODE_SEQUENCE_NR: u16 = 24;
 pub const NODE_THREAD_ID: u16 = 48;
 
-const R_X86_64_DTPMOD64: u32 = 16;
-
 /// Where one libtorch_cpu.so file keeps autograd's thread-locals.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AutogradLayout {
@@ -53,8 +50,8 @@ pub struct AutogradLayout {
 
 #[derive(Debug, Error)]
 pub enum AutogradError {
-    #[error("cannot read {path}: {reason}")]
-    Unreadable { path: String, reason: String },
+    #[error(transparent)]
+    Unreadable(#[from] ElfError),
     #[error("{path} has no {what} in its symbol table (a build without one, or a PyTorch that keeps it differently): backward-pass blocks get no forward line")]
     Missing { path: String, what: &'static str },
 }
@@ -62,37 +59,21 @@ pub enum AutogradError {
 impl AutogradLayout {
     /// Reads the layout from a libtorch_cpu.so file.
     pub fn of_file(path: &Path) -> Result<AutogradLayout, AutogradError> {
-        let unreadable = |reason: String| AutogradError::Unreadable { path: path.display().to_string(), reason };
         let missing = |what| AutogradError::Missing { path: path.display().to_string(), what };
-        let file = fs::File::open(path).map_err(|e| unreadable(e.to_string()))?;
-        // SAFETY: read-only mapping, dropped before returning; installers replace libraries by
-        // writing a new inode.
-        let data = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| unreadable(e.to_string()))?;
-        let elf = object::File::parse(&*data).map_err(|e| unreadable(format!("not an ELF file ({e})")))?;
-        let (mut sequence_nr, mut thread_id, mut current_node) = (None, None, None);
-        for symbol in elf.symbols().filter(|s| s.kind() == SymbolKind::Tls) {
-            let Ok(name) = symbol.name() else { continue };
-            let offset = u32::try_from(symbol.address()).ok();
-            if name == SEQUENCE_NR {
-                sequence_nr = offset;
-            } else if name == CURRENT_THREAD_ID {
-                thread_id = offset;
-            } else if name.contains(CURRENT_NODE_MARK) && symbol.size() == 16 {
-                current_node = offset;
+        let (module_slot, sequence_nr, thread_id, current_node) = elf::read(path, |elf| {
+            let (mut sequence_nr, mut thread_id, mut current_node) = (None, None, None);
+            for symbol in elf.thread_locals() {
+                let offset = u32::try_from(symbol.address).ok();
+                if symbol.name == SEQUENCE_NR {
+                    sequence_nr = offset;
+                } else if symbol.name == CURRENT_THREAD_ID {
+                    thread_id = offset;
+                } else if symbol.name.contains(CURRENT_NODE_MARK) && symbol.size == 16 {
+                    current_node = offset;
+                }
             }
-        }
-        let module_slot = elf
-            .dynamic_relocations()
-            .into_iter()
-            .flatten()
-            .find(|(_, relocation)| {
-                relocation.flags() == (RelocationFlags::Elf { r_type: R_X86_64_DTPMOD64 })
-                    && matches!(
-                        relocation.target(),
-                        RelocationTarget::Absolute | RelocationTarget::Symbol(object::SymbolIndex(0))
-                    )
-            })
-            .map(|(offset, _)| offset);
+            (elf.tls_module_slot(), sequence_nr, thread_id, current_node)
+        })?;
         Ok(AutogradLayout {
             module_slot: module_slot.ok_or_else(|| missing("module-local TLS relocation"))?,
             sequence_nr: sequence_nr.ok_or_else(|| missing("at::sequence_number thread-local"))?,

@@ -37,6 +37,9 @@ impl CodeInfo {
     }
 }
 
+/// `sizeof(_Py_CODEUNIT)`: an instruction and its argument, the unit 3.10+ count instructions in.
+const CODE_UNIT: u64 = 2;
+
 /// Resolved frames kept per process: hot loops hit the same (code, instruction) pairs.
 const FRAME_CACHE_LIMIT: usize = 1 << 16;
 
@@ -105,10 +108,10 @@ impl Symbolizer {
         match self.layout.instr {
             // f_lasti is a C int; -1 means "not started".
             InstrEncoding::ByteOffset => u64::from((instr as u32 as i32).max(0) as u32),
-            InstrEncoding::CodeUnitIndex => u64::from((instr as u32 as i32).max(0) as u32) * 2,
+            InstrEncoding::CodeUnitIndex => u64::from((instr as u32 as i32).max(0) as u32) * CODE_UNIT,
             InstrEncoding::Pointer => {
                 let first = code + u64::from(self.layout.offsets.code_adaptive.unwrap_or(0));
-                instr.saturating_sub(first) / 2
+                instr.saturating_sub(first) / CODE_UNIT
             }
         }
     }

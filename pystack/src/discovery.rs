@@ -1,12 +1,13 @@
 //! Finding the interpreter in a process: the module (libpython3.X.so, or a python executable
 //! with libpython linked in) whose symbols hold `_PyRuntime`, its load address, and its version.
 
-use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use object::{Object, ObjectSegment, ObjectSymbol};
+use gpuprof_procfs::elf;
+use gpuprof_procfs::maps::{self, Mapping, MapsError};
 use thiserror::Error;
 
+use crate::debug_offsets::{self, DebugOffsets313};
 use crate::memory::{Memory, RemoteMemory};
 use crate::offsets::{self, Layout, Version};
 
@@ -23,8 +24,8 @@ pub struct Interpreter {
 
 #[derive(Debug, Error)]
 pub enum DiscoveryError {
-    #[error("cannot read /proc/{pid}/maps: {source}")]
-    Maps { pid: u32, source: std::io::Error },
+    #[error(transparent)]
+    Maps(#[from] MapsError),
     #[error("CPython {version} in pid {pid} ({module}) is not a version gpuprof reads (3.8 to 3.13)")]
     Unsupported { pid: u32, module: String, version: Version },
     #[error("cannot read _Py_DebugOffsets of pid {pid}: {reason}")]
@@ -34,17 +35,15 @@ pub enum DiscoveryError {
 /// The interpreter of a process, or None when it runs no CPython (yet: a process that has just
 /// exec'd may not have mapped libpython).
 pub fn find_interpreter(pid: u32) -> Result<Option<Interpreter>, DiscoveryError> {
-    let maps =
-        fs::read_to_string(format!("/proc/{pid}/maps")).map_err(|source| DiscoveryError::Maps { pid, source })?;
-    let modules = candidate_modules(&maps);
-    for (path, base) in modules {
-        let file = PathBuf::from(format!("/proc/{pid}/root{path}"));
+    let mappings = maps::read(pid)?;
+    for (path, base) in candidate_modules(&mappings) {
+        let file = maps::path_in_root(pid, &path);
         let Some((runtime_vaddr, version_vaddr, lowest_vaddr)) = runtime_symbol(&file) else { continue };
         let bias = base.wrapping_sub(lowest_vaddr);
         let memory = RemoteMemory { pid };
         let version = version_vaddr
             .and_then(|v| memory.read_u32(v.wrapping_add(bias)).ok())
-            .map(|hex| Version { major: (hex >> 24) as u8, minor: (hex >> 16) as u8 })
+            .map(Version::from_hex)
             .or_else(|| version_from_name(&path));
         let Some(version) = version else { continue };
         let Some(mut layout) = offsets::layout_for(version) else {
@@ -53,9 +52,10 @@ pub fn find_interpreter(pid: u32) -> Result<Option<Interpreter>, DiscoveryError>
         let runtime = runtime_vaddr.wrapping_add(bias);
         if version.minor >= 13 {
             let bytes = memory
-                .read_vec(runtime, offsets::DEBUG_OFFSETS_LEN)
+                .read_vec(runtime, debug_offsets::DEBUG_OFFSETS_LEN)
                 .map_err(|e| DiscoveryError::DebugOffsets { pid, reason: e.to_string() })?;
-            layout.offsets = offsets::from_debug_offsets(&bytes, &layout.offsets)
+            layout.offsets = DebugOffsets313::parse(&bytes)
+                .and_then(|debug| debug.offsets(&layout.offsets))
                 .map_err(|e| DiscoveryError::DebugOffsets { pid, reason: e.to_string() })?;
         }
         return Ok(Some(Interpreter { pid, module: path, runtime, layout }));
@@ -65,47 +65,27 @@ pub fn find_interpreter(pid: u32) -> Result<Option<Interpreter>, DiscoveryError>
 
 /// File-backed modules that may hold the interpreter, libpython first, each with the address
 /// its first page is mapped at.
-fn candidate_modules(maps: &str) -> Vec<(String, u64)> {
+fn candidate_modules(mappings: &[Mapping]) -> Vec<(String, u64)> {
     let mut found: Vec<(String, u64)> = Vec::new();
-    for line in maps.lines() {
-        let mut fields = line.splitn(6, ' ');
-        let (Some(range), Some(_perms), Some(offset), Some(_dev), Some(_inode), Some(path)) =
-            (fields.next(), fields.next(), fields.next(), fields.next(), fields.next(), fields.next())
-        else {
-            continue;
-        };
-        let path = path.trim_start();
-        if !path.starts_with('/') || offset.trim_start_matches('0') != "" {
-            continue;
-        }
-        let name = path.rsplit('/').next().unwrap_or(path);
+    for mapping in mappings.iter().filter(|m| m.offset == 0) {
+        let (Some(path), Some(name)) = (mapping.file_path(), mapping.file_name()) else { continue };
         let is_python = name.starts_with("libpython3") || name.starts_with("python");
-        let Some(start) = range.split('-').next().and_then(|s| u64::from_str_radix(s, 16).ok()) else { continue };
         if is_python && !found.iter().any(|(p, _)| p == path) {
-            found.push((path.to_string(), start));
+            found.push((path.to_string(), mapping.range.start));
         }
     }
     found.sort_by_key(|(path, _)| !path.rsplit('/').next().unwrap_or("").starts_with("libpython"));
     found
 }
 
-/// (`_PyRuntime`, `Py_Version` if any, lowest loadable address) from the module's symbols.
+/// (`_PyRuntime`, `Py_Version` if any, the address of the first page) from the module's symbols.
 fn runtime_symbol(path: &Path) -> Option<(u64, Option<u64>, u64)> {
-    let file = fs::File::open(path).ok()?;
-    // SAFETY: read-only mapping, dropped before returning.
-    let data = unsafe { memmap2::Mmap::map(&file) }.ok()?;
-    let elf = object::File::parse(&*data).ok()?;
-    let lowest = elf.segments().map(|s| s.address()).min().unwrap_or(0) & !0xfff;
-    let mut runtime = None;
-    let mut version = None;
-    for symbol in elf.dynamic_symbols().chain(elf.symbols()) {
-        match symbol.name() {
-            Ok("_PyRuntime") if symbol.address() != 0 => runtime = runtime.or(Some(symbol.address())),
-            Ok("Py_Version") if symbol.address() != 0 => version = version.or(Some(symbol.address())),
-            _ => {}
-        }
-    }
-    Some((runtime?, version, lowest))
+    elf::read(path, |elf| {
+        let [runtime, version] = elf.symbol_addresses(["_PyRuntime", "Py_Version"]);
+        Some((runtime?, version, elf.first_load_page()))
+    })
+    .ok()
+    .flatten()
 }
 
 /// 3.X from "libpython3.X.so…" or "python3.X".
@@ -130,7 +110,7 @@ mod tests {
 7f0000003000-7f0000004000 r--p 00000000 fd:01 33 /usr/lib/libc.so.6
 ";
         assert_eq!(
-            candidate_modules(maps),
+            candidate_modules(&maps::parse(maps)),
             vec![
                 ("/opt/py/lib/libpython3.11.so.1.0".to_string(), 0x7f00_0000_0000),
                 ("/usr/bin/python3.12".to_string(), 0x5555_5555_4000)
@@ -143,5 +123,11 @@ mod tests {
         assert_eq!(version_from_name("/x/libpython3.9.so.1.0"), Some(Version { major: 3, minor: 9 }));
         assert_eq!(version_from_name("/usr/bin/python3.12"), Some(Version { major: 3, minor: 12 }));
         assert_eq!(version_from_name("/usr/bin/python3"), None);
+    }
+
+    #[test]
+    fn versions_from_py_version_hex() {
+        assert_eq!(Version::from_hex(0x030d_00f0), Version { major: 3, minor: 13 });
+        assert_eq!(Version::from_hex(0x0308_12f0), Version { major: 3, minor: 8 });
     }
 }

@@ -2,8 +2,11 @@
 //! kernel and symbolizes here) and the in-process shim (which walks and symbolizes here):
 //!
 //! - `offsets`: the structure layout of each version, as data (tables checked against the real
-//!   headers in the tests; `_Py_DebugOffsets` read from the interpreter itself where present);
-//! - `discovery`: which module of a process holds `_PyRuntime`, and which version it is;
+//!   headers in the tests);
+//! - `debug_offsets`: 3.13's `_Py_DebugOffsets`, the layout the interpreter publishes itself,
+//!   mirrored field by field;
+//! - `discovery`: which module of a process holds `_PyRuntime` (its maps and symbols read with
+//!   `gpuprof_procfs`), and which version it is;
 //! - `memory`: reading another process's memory (or our own);
 //! - `code` + `linetable` + `strings`: code objects to `file:line function`, with a cache per
 //!   code object;
@@ -12,6 +15,7 @@
 
 pub mod autograd;
 pub mod code;
+pub mod debug_offsets;
 pub mod discovery;
 pub mod linetable;
 pub mod memory;

@@ -48,8 +48,20 @@ fn pep626(table: &[u8], first_line: i32, offset: u64) -> Option<i32> {
     None
 }
 
-/// 3.11+: the location table. Each entry starts with a byte `1ccccnnn`: code `c`, and n + 1 code
-/// units covered; the code says how the line changes and which varints follow.
+// Kinds of location-table entry (`_PyCodeLocationInfoKind`, Include/cpython/code.h); those
+// below ONE_LINE0 are short forms: the same line, one column byte.
+/// The line moves by 0 (`ONE_LINE0`) to 2 (`ONE_LINE2`); two column bytes follow.
+const ONE_LINE0: u8 = 10;
+const ONE_LINE2: u8 = 12;
+/// A signed line delta, no columns.
+const NO_COLUMNS: u8 = 13;
+/// A signed line delta, then the end line delta and both columns.
+const LONG: u8 = 14;
+/// No location: the instructions have no line.
+const NONE: u8 = 15;
+
+/// 3.11+: the location table. Each entry starts with a byte `1ccccnnn`: kind `c`, and n + 1 code
+/// units covered; the kind says how the line changes and which varints follow.
 fn locations(table: &[u8], first_line: i32, offset: u64) -> Option<i32> {
     let mut reader = Varints { bytes: table, at: 0 };
     let mut line = first_line;
@@ -58,23 +70,23 @@ fn locations(table: &[u8], first_line: i32, offset: u64) -> Option<i32> {
         if first & 0x80 == 0 {
             return None; // not the start of an entry: a corrupt table
         }
-        let code = (first >> 3) & 0x0f;
+        let kind = (first >> 3) & 0x0f;
         let units = u64::from(first & 0x07) + 1;
-        let entry_line = match code {
-            15 => None,
-            14 => {
+        let entry_line = match kind {
+            NONE => None,
+            LONG => {
                 line += reader.signed()?;
                 reader.unsigned()?; // end line delta
                 reader.unsigned()?; // column + 1
                 reader.unsigned()?; // end column + 1
                 Some(line)
             }
-            13 => {
+            NO_COLUMNS => {
                 line += reader.signed()?;
                 Some(line)
             }
-            10..=12 => {
-                line += i32::from(code) - 10;
+            ONE_LINE0..=ONE_LINE2 => {
+                line += i32::from(kind - ONE_LINE0);
                 reader.byte()?;
                 reader.byte()?;
                 Some(line)

@@ -1,15 +1,21 @@
 //! Structure offsets of each CPython version, as data. Derived by compiling `derive/offsets.c`
 //! against each version's headers (x86-64 release builds); the tests re-derive them from every
 //! installed interpreter and compare. From 3.13 on, the interpreter publishes them itself in
-//! `_Py_DebugOffsets` at the start of `_PyRuntime`, and those win.
-
-use thiserror::Error;
+//! `_Py_DebugOffsets` at the start of `_PyRuntime` (`debug_offsets`), and those win.
 
 /// A CPython version, major.minor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Version {
     pub major: u8,
     pub minor: u8,
+}
+
+impl Version {
+    /// From `PY_VERSION_HEX` (`Py_Version`): 0xMMmmppRS, major and minor in the top two bytes.
+    pub fn from_hex(hex: u32) -> Version {
+        let [major, minor, _micro, _release] = hex.to_be_bytes();
+        Version { major, minor }
+    }
 }
 
 impl std::fmt::Display for Version {
@@ -266,72 +272,4 @@ pub fn layout_for(version: Version) -> Option<Layout> {
         _ => return None,
     };
     Some(Layout { version, offsets, instr, line_table, has_cstack_frames: version.minor >= 12 })
-}
-
-#[derive(Debug, Error, PartialEq, Eq)]
-pub enum DebugOffsetsError {
-    #[error("_PyRuntime does not start with the _Py_DebugOffsets cookie")]
-    NoCookie,
-    #[error("the interpreter is a free-threaded build, which gpuprof does not read yet")]
-    FreeThreaded,
-    #[error("_Py_DebugOffsets is shorter than expected")]
-    Short,
-    #[error("_Py_DebugOffsets names an offset past 64 KiB: {0}")]
-    Implausible(u64),
-}
-
-/// The size of the 3.13 `_Py_DebugOffsets` (73 words), in bytes.
-pub const DEBUG_OFFSETS_LEN: usize = 8 * 73;
-
-/// Offsets published by a 3.13+ interpreter at the start of `_PyRuntime` (`_Py_DebugOffsets`).
-/// Unicode and bytes layouts come from there too; fields it lacks come from `fallback`.
-pub fn from_debug_offsets(bytes: &[u8], fallback: &Offsets) -> Result<Offsets, DebugOffsetsError> {
-    if bytes.len() < DEBUG_OFFSETS_LEN {
-        return Err(DebugOffsetsError::Short);
-    }
-    if &bytes[..8] != b"xdebugpy" {
-        return Err(DebugOffsetsError::NoCookie);
-    }
-    let field = |index: usize| -> Result<u16, DebugOffsetsError> {
-        let value = u64::from_le_bytes(bytes[index * 8..index * 8 + 8].try_into().expect("8 bytes"));
-        u16::try_from(value).map_err(|_| DebugOffsetsError::Implausible(value))
-    };
-    // Indexes in u64 words of the 3.13 `_Py_DebugOffsets` (cookie = word 0, version = 1,
-    // free_threaded = 2, then runtime_state, interpreter_state, thread_state,
-    // interpreter_frame, code_object, pyobject, type, tuple, list, dict, float, long, bytes,
-    // unicode, gc; each struct begins with its size).
-    if field(2)? != 0 {
-        return Err(DebugOffsetsError::FreeThreaded);
-    }
-    Ok(Offsets {
-        runtime_interpreters_head: field(5)?,
-        interp_threads_head: field(9)?,
-        tstate_next: field(21)?,
-        tstate_thread_id: field(24)?,
-        tstate_frame: field(23)?,
-        cframe_current_frame: None,
-        tstate_datastack_chunk: Some(field(26)?),
-        // datastack_top follows datastack_chunk in PyThreadState; chunks start with
-        // (previous, size, top) before their data. Neither is published.
-        tstate_datastack_top: Some(field(26)? + 8),
-        chunk_data: fallback.chunk_data,
-        frame_previous: field(29)?,
-        frame_code: field(30)?,
-        frame_instr: field(31)?,
-        frame_owner: Some(field(33)?),
-        code_filename: field(35)?,
-        code_name: field(36)?,
-        code_qualname: Some(field(37)?),
-        code_linetable: field(38)?,
-        code_firstlineno: field(39)?,
-        code_adaptive: Some(field(43)?),
-        bytes_size: field(65)?,
-        bytes_data: field(66)?,
-        unicode_state: field(68)?,
-        unicode_length: field(69)?,
-        unicode_ascii_size: field(70)?,
-        // Not published: sizeof(PyCompactUnicodeObject) is the ASCII header plus utf8_length
-        // and utf8, which the fallback table has.
-        unicode_compact_size: fallback.unicode_compact_size,
-    })
 }

@@ -8,16 +8,22 @@ use crate::offsets::Offsets;
 /// Longest string read, in code points: file paths and qualified names fit well within it.
 pub const MAX_CHARS: u64 = 4096;
 
+/// `PyASCIIObject.state`, a bit field laid out alike in every version read: interned:2, kind:3,
+/// compact:1, ascii:1, then bits that differ.
+const STATE_KIND_SHIFT: u32 = 2;
+const STATE_KIND_MASK: u32 = 0b111;
+const STATE_COMPACT: u32 = 1 << 5;
+const STATE_ASCII: u32 = 1 << 6;
+
 pub fn read_str(memory: &dyn Memory, offsets: &Offsets, addr: u64) -> Result<String, MemoryError> {
     if addr == 0 {
         return Err(MemoryError::Implausible { what: "string pointer", addr });
     }
     let length = memory.read_u64(addr + u64::from(offsets.unicode_length))?;
     let state = memory.read_u32(addr + u64::from(offsets.unicode_state))?;
-    // state bit field: interned:2, kind:3, compact:1, ascii:1, …
-    let kind = (state >> 2) & 0b111;
-    let compact = (state >> 5) & 1 == 1;
-    let ascii = (state >> 6) & 1 == 1;
+    let kind = (state >> STATE_KIND_SHIFT) & STATE_KIND_MASK;
+    let compact = state & STATE_COMPACT != 0;
+    let ascii = state & STATE_ASCII != 0;
     if !compact || length > MAX_CHARS || !matches!(kind, 1 | 2 | 4) {
         return Err(MemoryError::Implausible { what: "string", addr });
     }

@@ -21,8 +21,8 @@ use gpuprof_ebpf::allocator::{AllocatorSkel, AllocatorSkelBuilder};
 use gpuprof_ebpf::driver::{DriverSkel, DriverSkelBuilder};
 use gpuprof_ebpf::process::{ProcessSkel, ProcessSkelBuilder};
 use gpuprof_ebpf::types::gp_counter;
+use gpuprof_procfs::elf;
 
-use crate::elf;
 use crate::libcuda::LibraryFile;
 
 /// How the driver probes are put on a library.
@@ -317,7 +317,7 @@ impl Capture {
 
     /// Puts the allocator-report probe on a libc10 file.
     pub fn attach_allocator(&self, library: &LibraryFile) -> Result<Attachment> {
-        let functions = elf::exported_functions(&library.path)?;
+        let functions = elf::read(&library.path, |elf| elf.exported_functions())?;
         let offset = *functions.get(ALLOCATOR_SYMBOL).ok_or_else(|| {
             anyhow!(
                 "{} does not export c10::reportMemoryUsageToProfiler: no tensor-level events from it",
@@ -344,7 +344,7 @@ impl Capture {
 
     /// Puts an entry and a return probe on every table entry point the library exports.
     pub fn attach_library(&self, library: &LibraryFile) -> Result<Attachment> {
-        let functions = elf::exported_functions(&library.path)?;
+        let functions = elf::read(&library.path, |elf| elf.exported_functions())?;
         let mut targets: Vec<(usize, u64, &'static str)> = Vec::new();
         let mut missing = Vec::new();
         for probe in probes::driver_probes() {
