@@ -325,7 +325,7 @@ impl ShimProcesses {
                                 wall_clock_ns(),
                                 pid,
                                 pid,
-                                Source::Cupti,
+                                Source::Shim,
                                 Layer::Process,
                                 Op::Exit,
                                 "exit".into(),

@@ -1,5 +1,5 @@
 //! The shim's sender thread: drains the queue, turns records into contract events (jsonl, the
-//! same as the agent writes, `source: cupti`) with their Python stacks symbolized, and writes
+//! same as the agent writes, `source: shim`) with their Python stacks symbolized, and writes
 //! them to the local agent's Unix socket (`GPUPROF_SHIM_SOCKET`) or, with no agent listening, to
 //! the jsonl file `GPUPROF_SHIM_OUTPUT` (appended to; several processes may share it). At exit
 //! what is queued is sent; drops are said on stderr and, to an agent, in a last counters line.
@@ -296,13 +296,13 @@ fn event_of(record: Record, stacks: &mut Stacks, comm: &std::sync::Arc<str>, ppi
             None
         }
         Record::Forked { ts_ns, pid, parent } => {
-            let mut event = Event::new(ts_ns, pid, pid, Source::Cupti, Layer::Process, Op::Fork, Cow::Borrowed("fork"));
+            let mut event = Event::new(ts_ns, pid, pid, Source::Shim, Layer::Process, Op::Fork, Cow::Borrowed("fork"));
             event.ppid = Some(parent);
             event.comm = comm.clone();
             Some(event)
         }
         Record::Exiting { ts_ns, pid } => {
-            let mut event = Event::new(ts_ns, pid, pid, Source::Cupti, Layer::Process, Op::Exit, Cow::Borrowed("exit"));
+            let mut event = Event::new(ts_ns, pid, pid, Source::Shim, Layer::Process, Op::Exit, Cow::Borrowed("exit"));
             event.ppid = Some(ppid);
             event.comm = comm.clone();
             Some(event)
@@ -319,7 +319,7 @@ fn call_event(record: &CallRecord, comm: &std::sync::Arc<str>, ppid: u32, names:
                 record.ts_ns,
                 record.pid,
                 record.tid,
-                Source::Cupti,
+                Source::Shim,
                 Layer::Allocator,
                 op,
                 Cow::Borrowed(PYTORCH_ALLOCATOR_API),
@@ -345,7 +345,7 @@ fn call_event(record: &CallRecord, comm: &std::sync::Arc<str>, ppid: u32, names:
                 record.ts_ns,
                 record.pid,
                 record.tid,
-                Source::Cupti,
+                Source::Shim,
                 Layer::Driver,
                 api.op,
                 Cow::Borrowed(api.name),
