@@ -13,7 +13,7 @@ pub const DEVICE_TYPE_CUDA: u8 = 1;
 
 /// c10::Device is two one-byte fields (type, index) passed in one register: here as a u16 whose
 /// low byte is the type.
-#[export_name = "_ZN3c1027reportMemoryUsageToProfilerEPvlmmNS_6DeviceE"]
+#[export_name = gpuprof_model::allocator_symbol!()]
 pub unsafe extern "C" fn report_memory_usage_to_profiler(
     ptr: *mut c_void,
     alloc_size: i64,

@@ -18,11 +18,9 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
+use gpuprof_model::shim::AUTOGRAD_VAR;
 use gpuprof_pystack::autograd::{node_class, AutogradLayout, LIBRARY, NODE_SEQUENCE_NR, NODE_THREAD_ID};
 use gpuprof_pystack::RemoteMemory;
-
-/// Set to `0` or `off`: no backward attribution (`gpuprof run --via shim --no-autograd` sets it).
-pub const AUTOGRAD_VAR: &str = "GPUPROF_SHIM_AUTOGRAD";
 
 /// What the autograd thread-locals held at one report.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -14,13 +14,12 @@ use std::time::{Duration, Instant};
 
 use gpuprof_model::driver_api;
 use gpuprof_model::event::{Event, Kind, Layer, Op, Source, PYTORCH_ALLOCATOR_API};
+use gpuprof_model::shim::{Counters, CountersLine, OUTPUT_VAR, SOCKET_VAR};
 
 use crate::autograd::{self, NodeNames};
 use crate::queue::{self, Call, CallRecord, Record, COUNTERS};
 use crate::stacks::Stacks;
 
-pub const SOCKET_VAR: &str = "GPUPROF_SHIM_SOCKET";
-pub const OUTPUT_VAR: &str = "GPUPROF_SHIM_OUTPUT";
 /// Set: the counters line is also written to stderr at exit (to see what a process counted).
 pub const REPORT_VAR: &str = "GPUPROF_SHIM_REPORT";
 /// The sender's sleep when the queue is empty: the latency of an event, not of the caller.
@@ -245,16 +244,8 @@ fn run() {
         // Everything taken from the ring is out (or could not be sent, which flushing cannot fix).
         WRITTEN.store(queue::calls_taken(), Ordering::Release);
         if stopping {
-            let counters = serde_json::json!({"gpuprof_shim": {
-                "pid": std::process::id(),
-                "sent": SENT.load(Ordering::Relaxed),
-                "dropped_queue_full": COUNTERS.dropped_queue_full.load(Ordering::Relaxed),
-                "stacks_cut": COUNTERS.stacks_cut.load(Ordering::Relaxed),
-                "stacks_unresolved": UNRESOLVED.load(Ordering::Relaxed),
-                "cupti": crate::cupti::state().name(),
-                "cupti_library": crate::cupti::library_path(),
-                "cupti_cross_check": crate::cupti::cross_check().to_json(),
-            }});
+            let counters = serde_json::to_string(&CountersLine { gpuprof_shim: counters() })
+                .expect("the counters always serialize");
             if let Destination::Agent(stream) = &mut destination {
                 let _ = stream.write_all(format!("{counters}\n").as_bytes());
             }
@@ -265,6 +256,20 @@ fn run() {
             return;
         }
         std::thread::sleep(IDLE);
+    }
+}
+
+/// What this process counted, for the last line to the agent.
+fn counters() -> Counters {
+    Counters {
+        pid: std::process::id(),
+        sent: SENT.load(Ordering::Relaxed),
+        dropped_queue_full: COUNTERS.dropped_queue_full.load(Ordering::Relaxed),
+        stacks_cut: COUNTERS.stacks_cut.load(Ordering::Relaxed),
+        stacks_unresolved: UNRESOLVED.load(Ordering::Relaxed),
+        cupti: Some(crate::cupti::state()),
+        cupti_library: crate::cupti::library_path().map(str::to_string),
+        cupti_cross_check: Some(crate::cupti::cross_check().report()),
     }
 }
 
