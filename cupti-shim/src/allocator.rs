@@ -5,8 +5,10 @@
 
 use std::ffi::c_void;
 
-use crate::queue::{self, Call};
-use crate::{forward, sink};
+use gpuprof_model::event::wall_clock_ns;
+
+use crate::queue::Call;
+use crate::{autograd, cupti, forward, recorder};
 
 /// `c10::DeviceType::CUDA`.
 pub const DEVICE_TYPE_CUDA: u8 = 1;
@@ -32,7 +34,7 @@ pub unsafe extern "C" fn report_memory_usage_to_profiler(
 }
 
 fn record(ptr: u64, delta: i64, allocated: u64, reserved: u64, device_index: i8) {
-    crate::cupti::start_if_driver_unwatched();
-    let autograd = crate::autograd::state();
-    queue::record_call(sink::now_ns(), Call::Allocator { ptr, delta, allocated, reserved, device_index, autograd });
+    cupti::start_if_driver_unwatched();
+    let autograd = autograd::state();
+    recorder::record(wall_clock_ns(), Call::Allocator { ptr, delta, allocated, reserved, device_index, autograd });
 }

@@ -22,16 +22,7 @@ use gpuprof_model::shim::AUTOGRAD_VAR;
 use gpuprof_pystack::autograd::{node_class, AutogradLayout, LIBRARY, NODE_SEQUENCE_NR, NODE_THREAD_ID};
 use gpuprof_pystack::RemoteMemory;
 
-/// What the autograd thread-locals held at one report.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct AutogradState {
-    /// The evaluated node's vtable (0: no node, a forward-pass or plain block).
-    pub node_vtable: u64,
-    /// The node's `sequence_nr_`, or the thread's counter (the number its next node takes).
-    pub seq: u64,
-    /// The node's forward thread, or this thread's RecordFunction id.
-    pub thread: u64,
-}
+use crate::queue::AutogradState;
 
 /// glibc's `tls_index`: the argument of `__tls_get_addr`.
 #[repr(C)]

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering}
 use std::time::{Duration, Instant};
 
 use gpuprof_model::driver_api;
-use gpuprof_model::event::{Event, Kind, Layer, Op, Source, PYTORCH_ALLOCATOR_API};
+use gpuprof_model::event::{wall_clock_ns, Event, Kind, Layer, Op, Source, PYTORCH_ALLOCATOR_API};
 use gpuprof_model::shim::{Counters, CountersLine, OUTPUT_VAR, SOCKET_VAR};
 
 use crate::autograd::{self, NodeNames};
@@ -42,10 +42,6 @@ static UNRESOLVED: AtomicU64 = AtomicU64::new(0);
 static SENT: AtomicU64 = AtomicU64::new(0);
 /// Call records (ring positions) whose events the sender has written to its destination.
 static WRITTEN: AtomicUsize = AtomicUsize::new(0);
-
-pub fn now_ns() -> u64 {
-    gpuprof_model::event::wall_clock_ns()
-}
 
 /// Starts this process's sender on its first record.
 pub fn ensure_running() {
@@ -97,7 +93,7 @@ pub fn flush_before_exit() {
     {
         return;
     }
-    queue::push(Record::Exiting { ts_ns: now_ns(), pid });
+    queue::push(Record::Exiting { ts_ns: wall_clock_ns(), pid });
     STOP.store(true, Ordering::Release);
     let started = Instant::now();
     while !DRAINED.load(Ordering::Acquire) && started.elapsed() < EXIT_DRAIN {
