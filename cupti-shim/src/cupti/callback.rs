@@ -132,7 +132,7 @@ unsafe fn handle(domain: u32, cbid: u32, data: *const CUpti_CallbackData) {
         if data.functionReturnValue.is_null() { 0 } else { unsafe { *(data.functionReturnValue as *const i32) } };
     let mut values = CallValues { result, duration_ns: now - started, ..CallValues::EMPTY };
     // SAFETY: functionParams is this entry point's argument struct.
-    unsafe { super::params::read(entry.args, data.functionParams as *const u8, &mut values) };
+    unsafe { super::params::read(entry.args, data.functionParams, &mut values) };
     if let (0, Some((memory_kind, release))) = (result, counted_as(entry.kind, entry.op, values.addr)) {
         SEEN.add(memory_kind, release);
     }
