@@ -478,7 +478,7 @@ fn a_shim_connection_speaks_only_for_its_own_process() {
     let victim = workload.id();
     let forged = |op: &str| {
         format!(
-            r#"{{"ts":1,"pid":{victim},"tid":{victim},"comm":"python3","source":"cupti","layer":"{layer}","op":"{op}","api":"{api}","kind":"device","device":0,"addr":"0xdead0000","size":{size},"result":0,"stack":[]}}"#,
+            r#"{{"ts":1,"pid":{victim},"tid":{victim},"comm":"python3","source":"shim","layer":"{layer}","op":"{op}","api":"{api}","kind":"device","device":0,"addr":"0xdead0000","size":{size},"result":0,"stack":[]}}"#,
             layer = if op == "exit" { "process" } else { "allocator" },
             api = if op == "exit" { "exit" } else { "c10::reportMemoryUsageToProfiler" },
             size = if op == "exit" { 0 } else { 1 << 30 },
@@ -633,7 +633,7 @@ fn without_ebpf_the_daemon_takes_the_shims_events() {
     let events = read_events(&events_path);
     assert_eq!(events.iter().filter(|e| e.pid == pid && e.layer == Layer::Allocator).count() as u64, reports);
     assert_eq!(
-        events.iter().filter(|e| e.pid == pid && e.layer == Layer::Driver && e.source == Source::Cupti).count() as u64,
+        events.iter().filter(|e| e.pid == pid && e.layer == Layer::Driver && e.source == Source::Shim).count() as u64,
         driver_calls
     );
     assert_eq!((events.last().unwrap().op, events.last().unwrap().pid), (Op::Exit, pid));

@@ -151,7 +151,7 @@ fn cupti_callbacks_capture_every_driver_entry_point_exactly() {
     let calls = expected_driver_calls(&expected);
     assert_eq!(calls.len(), 67);
     let captured = driver_events(&events);
-    assert_same_calls_from(&calls, &captured, Source::Cupti);
+    assert_same_calls_from(&calls, &captured, Source::Shim);
     assert!(captured.iter().all(|e| e.duration_ns.is_some() && &*e.comm == "python3"));
     assert_eq!((events.len(), events.last().unwrap().op), (68, Op::Exit));
 
@@ -187,7 +187,7 @@ fn a_profiler_subscribing_later_gets_cupti_and_the_shim_takes_it_back_after() {
         .filter(|e| !(e["api"] == "cuMemAlloc_v2" && e["addr"] == profiled.as_str()))
         .collect();
     let captured = read_events(&events);
-    assert_same_calls_from(&calls, &driver_events(&captured), Source::Cupti);
+    assert_same_calls_from(&calls, &driver_events(&captured), Source::Shim);
     assert_eq!(calls.iter().filter(|e| e["api"] == "cuMemFree_v2").count(), 2);
     let pid = captured[0].pid;
     let said: Vec<&str> = stderr.lines().collect();
@@ -228,7 +228,7 @@ fn without_cupti_the_shim_says_why_once_and_the_allocator_path_goes_on() {
         );
         let blocks = expected_blocks(&expected);
         let captured: Vec<&gpuprof_model::Event> = events.iter().filter(|e| e.layer == Layer::Allocator).collect();
-        assert_same_calls_from(&blocks, &captured, Source::Cupti);
+        assert_same_calls_from(&blocks, &captured, Source::Shim);
         assert_eq!(driver_events(&events).len(), 0, "{case}");
     }
 }
@@ -273,14 +273,14 @@ fn every_allocator_report_is_an_event_with_its_python_stack_and_still_reaches_li
     let blocks = expected_blocks(&expected);
     let captured: Vec<&gpuprof_model::Event> = events.iter().filter(|e| e.layer == Layer::Allocator).collect();
     assert!(blocks.len() > 20, "{}", blocks.len());
-    assert_same_calls_from(&blocks, &captured, Source::Cupti);
+    assert_same_calls_from(&blocks, &captured, Source::Shim);
     for event in &captured {
         assert_eq!((event.pid, &*event.comm), (pid, "python3"));
     }
     // The segments under the blocks, through CUPTI's callbacks: cuMemAlloc_v2 and cuMemFree_v2.
     let segments = expected_driver_calls(&expected);
     assert_eq!(segments.iter().filter(|e| e["api"] == "cuMemAlloc_v2").count(), 3);
-    assert_same_calls_from(&segments, &driver_events(&events), Source::Cupti);
+    assert_same_calls_from(&segments, &driver_events(&events), Source::Shim);
     // The process's exit closes it.
     let exit = events.last().unwrap();
     assert_eq!((exit.layer, exit.op, exit.pid), (Layer::Process, Op::Exit, pid));
@@ -378,8 +378,8 @@ fn run_via_shim_captures_without_privileges() {
     let segments = expected_driver_calls(&expected);
     let captured = read_events(&events);
     let allocator: Vec<&gpuprof_model::Event> = captured.iter().filter(|e| e.layer == Layer::Allocator).collect();
-    assert_same_calls_from(&blocks, &allocator, Source::Cupti);
-    assert_same_calls_from(&segments, &driver_events(&captured), Source::Cupti);
+    assert_same_calls_from(&blocks, &allocator, Source::Shim);
+    assert_same_calls_from(&segments, &driver_events(&captured), Source::Shim);
     assert_eq!((captured.last().unwrap().op, captured.last().unwrap().pid), (Op::Exit, pid));
     // Every block was freed before the end: nothing to find.
     assert_eq!(std::fs::read_to_string(&findings).unwrap().trim(), "[]");

@@ -192,8 +192,8 @@ fn the_installed_gpuprof_captures_through_the_installed_shim() {
     let captured = read_events(&events);
     let allocator: Vec<&gpuprof_model::Event> = captured.iter().filter(|e| e.layer == Layer::Allocator).collect();
     assert_eq!(segments.iter().filter(|e| e["api"] == "cuMemAlloc_v2").count(), 3);
-    assert_same_calls_from(&blocks, &allocator, Source::Cupti);
-    assert_same_calls_from(&segments, &driver_events(&captured), Source::Cupti);
+    assert_same_calls_from(&blocks, &allocator, Source::Shim);
+    assert_same_calls_from(&segments, &driver_events(&captured), Source::Shim);
     let last = captured.last().unwrap();
     assert_eq!((last.op, last.pid, captured.len()), (Op::Exit, pid, blocks.len() + segments.len() + 1));
 }

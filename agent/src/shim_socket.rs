@@ -18,10 +18,10 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use gpuprof_model::event::{wall_clock_ns, Event, Layer, Op, Source};
-use serde::Deserialize;
+use gpuprof_model::shim::{self, CountersLine, CuptiState};
 
 /// The shim's counters, summed over the processes that sent theirs.
-#[derive(Debug, Default, Clone, Copy, Deserialize)]
+#[derive(Debug, Default, Clone, Copy)]
 pub struct ShimCounters {
     pub sent: u64,
     pub dropped_queue_full: u64,
@@ -29,10 +29,8 @@ pub struct ShimCounters {
     pub stacks_unresolved: u64,
     /// Processes whose driver calls CUPTI's callbacks captured, and those where it could not:
     /// another subscriber held the slot, or no libcupti was found.
-    #[serde(default, rename = "cupti", deserialize_with = "cupti_state")]
     pub cupti: CuptiProcesses,
     /// Processes whose CUPTI activity records disagreed with the callbacks.
-    #[serde(default, rename = "cupti_cross_check", deserialize_with = "cross_check_disagrees")]
     pub cross_check_disagreed: u64,
 }
 
@@ -47,28 +45,27 @@ pub struct CuptiProcesses {
     pub no_libcupti: u64,
 }
 
-fn cupti_state<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<CuptiProcesses, D::Error> {
-    let state = String::deserialize(deserializer)?;
-    let mut processes = CuptiProcesses::default();
-    match state.as_str() {
-        "subscribed" => processes.subscribed = 1,
-        "slot_taken" => processes.slot_taken = 1,
-        "handed_over" => processes.handed_over = 1,
-        "no_libcupti" => processes.no_libcupti = 1,
-        _ => {}
-    }
-    Ok(processes)
-}
-
-fn cross_check_disagrees<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<u64, D::Error> {
-    #[derive(Deserialize)]
-    struct CrossCheck {
-        agrees: bool,
-    }
-    Ok(u64::from(!CrossCheck::deserialize(deserializer)?.agrees))
-}
-
 impl ShimCounters {
+    /// One process's counters line, as a sum over that process.
+    fn of(line: &shim::Counters) -> ShimCounters {
+        let mut cupti = CuptiProcesses::default();
+        match line.cupti {
+            Some(CuptiState::Subscribed) => cupti.subscribed = 1,
+            Some(CuptiState::SlotTaken) => cupti.slot_taken = 1,
+            Some(CuptiState::HandedOver) => cupti.handed_over = 1,
+            Some(CuptiState::NoLibrary) => cupti.no_libcupti = 1,
+            Some(CuptiState::NotStarted | CuptiState::Failed | CuptiState::Unknown) | None => {}
+        }
+        ShimCounters {
+            sent: line.sent,
+            dropped_queue_full: line.dropped_queue_full,
+            stacks_cut: line.stacks_cut,
+            stacks_unresolved: line.stacks_unresolved,
+            cupti,
+            cross_check_disagreed: u64::from(line.cupti_cross_check.as_ref().is_some_and(|check| !check.agrees)),
+        }
+    }
+
     pub fn add(&mut self, other: &ShimCounters) {
         self.sent += other.sent;
         self.dropped_queue_full += other.dropped_queue_full;
@@ -80,11 +77,6 @@ impl ShimCounters {
         self.cupti.no_libcupti += other.cupti.no_libcupti;
         self.cross_check_disagreed += other.cross_check_disagreed;
     }
-}
-
-#[derive(Deserialize)]
-struct CountersLine {
-    gpuprof_shim: ShimCounters,
 }
 
 /// What the connections hand the capture loop.
@@ -248,9 +240,9 @@ fn namespace_pids(pid: u32) -> Option<Vec<u32>> {
 }
 
 fn decode(connection: u64, line: &str) -> ShimMessage {
-    if line.starts_with("{\"gpuprof_shim\"") {
+    if CountersLine::is_one(line) {
         return match serde_json::from_str::<CountersLine>(line) {
-            Ok(counters) => ShimMessage::Counters(counters.gpuprof_shim),
+            Ok(counters) => ShimMessage::Counters(ShimCounters::of(&counters.gpuprof_shim)),
             Err(_) => ShimMessage::Undecodable,
         };
     }
@@ -325,7 +317,7 @@ impl ShimProcesses {
                                 wall_clock_ns(),
                                 pid,
                                 pid,
-                                Source::Cupti,
+                                Source::Shim,
                                 Layer::Process,
                                 Op::Exit,
                                 "exit".into(),

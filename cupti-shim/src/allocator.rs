@@ -5,15 +5,17 @@
 
 use std::ffi::c_void;
 
-use crate::queue::{self, Call};
-use crate::{forward, sink};
+use gpuprof_model::event::wall_clock_ns;
+
+use crate::queue::Call;
+use crate::{autograd, cupti, forward, recorder};
 
 /// `c10::DeviceType::CUDA`.
 pub const DEVICE_TYPE_CUDA: u8 = 1;
 
 /// c10::Device is two one-byte fields (type, index) passed in one register: here as a u16 whose
 /// low byte is the type.
-#[export_name = "_ZN3c1027reportMemoryUsageToProfilerEPvlmmNS_6DeviceE"]
+#[export_name = gpuprof_model::allocator_symbol!()]
 pub unsafe extern "C" fn report_memory_usage_to_profiler(
     ptr: *mut c_void,
     alloc_size: i64,
@@ -32,7 +34,7 @@ pub unsafe extern "C" fn report_memory_usage_to_profiler(
 }
 
 fn record(ptr: u64, delta: i64, allocated: u64, reserved: u64, device_index: i8) {
-    crate::cupti::start_if_driver_unwatched();
-    let autograd = crate::autograd::state();
-    queue::record_call(sink::now_ns(), Call::Allocator { ptr, delta, allocated, reserved, device_index, autograd });
+    cupti::start_if_driver_unwatched();
+    let autograd = autograd::state();
+    recorder::record(wall_clock_ns(), Call::Allocator { ptr, delta, allocated, reserved, device_index, autograd });
 }

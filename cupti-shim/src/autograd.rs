@@ -18,22 +18,11 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
+use gpuprof_model::shim::AUTOGRAD_VAR;
 use gpuprof_pystack::autograd::{node_class, AutogradLayout, LIBRARY, NODE_SEQUENCE_NR, NODE_THREAD_ID};
 use gpuprof_pystack::RemoteMemory;
 
-/// Set to `0` or `off`: no backward attribution (`gpuprof run --via shim --no-autograd` sets it).
-pub const AUTOGRAD_VAR: &str = "GPUPROF_SHIM_AUTOGRAD";
-
-/// What the autograd thread-locals held at one report.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct AutogradState {
-    /// The evaluated node's vtable (0: no node, a forward-pass or plain block).
-    pub node_vtable: u64,
-    /// The node's `sequence_nr_`, or the thread's counter (the number its next node takes).
-    pub seq: u64,
-    /// The node's forward thread, or this thread's RecordFunction id.
-    pub thread: u64,
-}
+use crate::queue::AutogradState;
 
 /// glibc's `tls_index`: the argument of `__tls_get_addr`.
 #[repr(C)]

@@ -5,7 +5,12 @@
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 
-pub const SYMBOL: &CStr = c"_ZN3c1027reportMemoryUsageToProfilerEPvlmmNS_6DeviceE";
+/// `gpuprof_model::shim::ALLOCATOR_SYMBOL`, NUL-terminated for the loader.
+pub const SYMBOL: &CStr = match CStr::from_bytes_with_nul(concat!(gpuprof_model::allocator_symbol!(), "\0").as_bytes())
+{
+    Ok(symbol) => symbol,
+    Err(_) => panic!("a symbol name has no NUL inside"),
+};
 
 /// The real function's type: (ptr, alloc_size, total_allocated, total_reserved, device).
 pub type ReportFn = unsafe extern "C" fn(*mut c_void, i64, usize, usize, u16);

@@ -1,16 +1,20 @@
-//! The bounded queues between the calling threads and the shim's sender thread: call records
-//! (allocator reports, driver calls) are written in place into a preallocated ring (`ring`), the
-//! rare others (code object descriptions, fork, exit) go through a small queue. A call never allocates here and never
-//! waits; when a queue is full the record is dropped and counted.
+//! The bounded queues between the calling threads and the shim's sender thread, and the records
+//! they carry: call records (allocator reports, driver calls) are written in place into a
+//! preallocated ring (`ring`), the rare others (code object descriptions, fork, exit) go through
+//! a small queue. A call never allocates here and never waits; when a queue is full the record is
+//! dropped and counted. The producers above write, the sender on top reads; the queue knows
+//! neither (`lib.rs` hands it the function that starts the sender).
+//!
+//! What every report goes through is `#[inline]`: the producers call it from their own modules,
+//! which a release build compiles apart (not inlined, it cost 0.15 µs a report in
+//! bench/shim_cpu.py).
 
-use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 use crossbeam_queue::ArrayQueue;
 use gpuprof_model::driver_api::CallValues;
 
-use crate::autograd::AutogradState;
 use crate::ring::Ring;
 
 /// Python frames kept per event, innermost first (deeper stacks are cut and marked).
@@ -25,6 +29,17 @@ const OTHER_CAPACITY: usize = 4096;
 pub struct RawFrame {
     pub code: u64,
     pub instr: u64,
+}
+
+/// What PyTorch's autograd thread-locals held at one allocator report (`autograd` reads them).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AutogradState {
+    /// The evaluated node's vtable (0: no node, a forward-pass or plain block).
+    pub node_vtable: u64,
+    /// The node's `sequence_nr_`, or the thread's counter (the number its next node takes).
+    pub seq: u64,
+    /// The node's forward thread, or this thread's RecordFunction id.
+    pub thread: u64,
 }
 
 /// What one call was, as the calling thread saw it.
@@ -98,27 +113,25 @@ pub fn push_code(code: u64, info: gpuprof_pystack::code::CodeInfo) {
     push(Record::Code { seq, code, info: Box::new(info) });
 }
 
-/// Bumped in a forked child: ids cached before the fork are stale there.
-static FORKS: AtomicU64 = AtomicU64::new(0);
-
-thread_local! {
-    /// (forks seen, pid, tid) of this thread: two system calls saved on every event.
-    static IDS: Cell<(u64, u32, u32)> = const { Cell::new((u64::MAX, 0, 0)) };
+/// Descriptions queued so far: a call record made now is read with these (and no later one).
+#[inline]
+pub fn codes_queued() -> u64 {
+    CODE_SEQ.load(Ordering::Acquire)
 }
 
-/// This process's pid and this thread's tid.
-pub fn this_thread() -> (u32, u32) {
-    let forks = FORKS.load(Ordering::Relaxed);
-    IDS.with(|ids| {
-        let (seen, pid, tid) = ids.get();
-        if seen == forks {
-            return (pid, tid);
-        }
-        // SAFETY: getpid/gettid have no preconditions.
-        let (pid, tid) = unsafe { (libc::getpid() as u32, libc::gettid() as u32) };
-        ids.set((forks, pid, tid));
-        (pid, tid)
-    })
+/// Starts the sender if this process has none yet (and returns at once if it has one).
+static START_SENDER: OnceLock<fn()> = OnceLock::new();
+
+/// Sets what every push calls to have the sender running: by `lib.rs`, before any record.
+pub fn start_sender_with(start: fn()) {
+    let _ = START_SENDER.set(start);
+}
+
+#[inline]
+fn start_sender() {
+    if let Some(start) = START_SENDER.get() {
+        start();
+    }
 }
 
 fn queue() -> &'static ArrayQueue<Record> {
@@ -126,30 +139,18 @@ fn queue() -> &'static ArrayQueue<Record> {
     QUEUE.get_or_init(|| ArrayQueue::new(OTHER_CAPACITY))
 }
 
+#[inline]
 fn ring() -> &'static Ring<CallRecord> {
     static RING: OnceLock<Ring<CallRecord>> = OnceLock::new();
     RING.get_or_init(|| Ring::new(CAPACITY, CallRecord::EMPTY))
 }
 
 /// Writes one call record in place (starting the sender if this process has none yet).
+#[inline]
 pub fn push_call(fill: impl FnOnce(&mut CallRecord)) {
-    crate::sink::ensure_running();
+    start_sender();
     let counter = if ring().push_with(fill) { &COUNTERS.queued } else { &COUNTERS.dropped_queue_full };
     counter.fetch_add(1, Ordering::Relaxed);
-}
-
-/// Records a call made at `ts_ns` by this thread, with its Python stack.
-pub fn record_call(ts_ns: u64, call: Call) {
-    let (pid, tid) = this_thread();
-    push_call(|record| {
-        record.ts_ns = ts_ns;
-        record.pid = pid;
-        record.tid = tid;
-        record.call = call;
-        // The walk writes its frames straight into the ring's slot.
-        record.frame_count = crate::python::walk(&mut record.frames);
-        record.codes_before = CODE_SEQ.load(Ordering::Acquire);
-    });
 }
 
 /// The oldest call record, to `read`; false when there is none.
@@ -174,7 +175,7 @@ pub fn others_waiting() -> bool {
 
 /// Hands a record to the sender, starting it if this process has none yet.
 pub fn push(record: Record) {
-    crate::sink::ensure_running();
+    start_sender();
     enqueue(record);
 }
 
@@ -193,24 +194,17 @@ pub fn pop() -> Option<Record> {
     queue().pop()
 }
 
-/// A forked child starts with a copy of the parent's queue and no sender thread: what is queued
-/// is the parent's to send, and the child sends its own from a new thread.
-pub fn install_fork_handler() {
-    extern "C" fn in_child() {
-        FORKS.fetch_add(1, Ordering::Relaxed);
-        while queue().pop().is_some() {}
-        while ring().pop_with(|_| {}) {}
-        for counter in [&COUNTERS.queued, &COUNTERS.dropped_queue_full, &COUNTERS.stacks_cut] {
-            counter.store(0, Ordering::Relaxed);
-        }
-        crate::sink::forget_sender_after_fork();
-        // SAFETY: getpid/getppid have no preconditions.
-        let (pid, parent) = unsafe { (libc::getpid() as u32, libc::getppid() as u32) };
-        // No thread is started here (the child may hold locks it cannot see): the child's first
-        // own record starts its sender, which sends this one first.
-        enqueue(Record::Forked { ts_ns: crate::sink::now_ns(), pid, parent });
+/// In a forked child, which starts with a copy of the parent's queues and no sender thread:
+/// what is queued is the parent's to send, so it is dropped, and the child's first record says
+/// it forked. No thread is started here (the child may hold locks it cannot see): the child's
+/// first own record starts its sender, which sends this one first.
+pub fn restart_in_forked_child() {
+    while queue().pop().is_some() {}
+    while ring().pop_with(|_| {}) {}
+    for counter in [&COUNTERS.queued, &COUNTERS.dropped_queue_full, &COUNTERS.stacks_cut] {
+        counter.store(0, Ordering::Relaxed);
     }
-    // SAFETY: registering a handler with no preconditions; the handler only touches atomics and
-    // the lock-free queue.
-    unsafe { libc::pthread_atfork(None, None, Some(in_child)) };
+    // SAFETY: getpid/getppid have no preconditions.
+    let (pid, parent) = unsafe { (libc::getpid() as u32, libc::getppid() as u32) };
+    enqueue(Record::Forked { ts_ns: gpuprof_model::event::wall_clock_ns(), pid, parent });
 }

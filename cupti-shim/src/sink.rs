@@ -1,5 +1,5 @@
 //! The shim's sender thread: drains the queue, turns records into contract events (jsonl, the
-//! same as the agent writes, `source: cupti`) with their Python stacks symbolized, and writes
+//! same as the agent writes, `source: shim`) with their Python stacks symbolized, and writes
 //! them to the local agent's Unix socket (`GPUPROF_SHIM_SOCKET`) or, with no agent listening, to
 //! the jsonl file `GPUPROF_SHIM_OUTPUT` (appended to; several processes may share it). At exit
 //! what is queued is sent; drops are said on stderr and, to an agent, in a last counters line.
@@ -13,14 +13,13 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering}
 use std::time::{Duration, Instant};
 
 use gpuprof_model::driver_api;
-use gpuprof_model::event::{Event, Kind, Layer, Op, Source, PYTORCH_ALLOCATOR_API};
+use gpuprof_model::event::{wall_clock_ns, Event, Kind, Layer, Op, Source, PYTORCH_ALLOCATOR_API};
+use gpuprof_model::shim::{Counters, CountersLine, OUTPUT_VAR, SOCKET_VAR};
 
 use crate::autograd::{self, NodeNames};
 use crate::queue::{self, Call, CallRecord, Record, COUNTERS};
 use crate::stacks::Stacks;
 
-pub const SOCKET_VAR: &str = "GPUPROF_SHIM_SOCKET";
-pub const OUTPUT_VAR: &str = "GPUPROF_SHIM_OUTPUT";
 /// Set: the counters line is also written to stderr at exit (to see what a process counted).
 pub const REPORT_VAR: &str = "GPUPROF_SHIM_REPORT";
 /// The sender's sleep when the queue is empty: the latency of an event, not of the caller.
@@ -43,10 +42,6 @@ static UNRESOLVED: AtomicU64 = AtomicU64::new(0);
 static SENT: AtomicU64 = AtomicU64::new(0);
 /// Call records (ring positions) whose events the sender has written to its destination.
 static WRITTEN: AtomicUsize = AtomicUsize::new(0);
-
-pub fn now_ns() -> u64 {
-    gpuprof_model::event::wall_clock_ns()
-}
 
 /// Starts this process's sender on its first record.
 pub fn ensure_running() {
@@ -98,7 +93,7 @@ pub fn flush_before_exit() {
     {
         return;
     }
-    queue::push(Record::Exiting { ts_ns: now_ns(), pid });
+    queue::push(Record::Exiting { ts_ns: wall_clock_ns(), pid });
     STOP.store(true, Ordering::Release);
     let started = Instant::now();
     while !DRAINED.load(Ordering::Acquire) && started.elapsed() < EXIT_DRAIN {
@@ -245,16 +240,8 @@ fn run() {
         // Everything taken from the ring is out (or could not be sent, which flushing cannot fix).
         WRITTEN.store(queue::calls_taken(), Ordering::Release);
         if stopping {
-            let counters = serde_json::json!({"gpuprof_shim": {
-                "pid": std::process::id(),
-                "sent": SENT.load(Ordering::Relaxed),
-                "dropped_queue_full": COUNTERS.dropped_queue_full.load(Ordering::Relaxed),
-                "stacks_cut": COUNTERS.stacks_cut.load(Ordering::Relaxed),
-                "stacks_unresolved": UNRESOLVED.load(Ordering::Relaxed),
-                "cupti": crate::cupti::state().name(),
-                "cupti_library": crate::cupti::library_path(),
-                "cupti_cross_check": crate::cupti::cross_check().to_json(),
-            }});
+            let counters = serde_json::to_string(&CountersLine { gpuprof_shim: counters() })
+                .expect("the counters always serialize");
             if let Destination::Agent(stream) = &mut destination {
                 let _ = stream.write_all(format!("{counters}\n").as_bytes());
             }
@@ -265,6 +252,20 @@ fn run() {
             return;
         }
         std::thread::sleep(IDLE);
+    }
+}
+
+/// What this process counted, for the last line to the agent.
+fn counters() -> Counters {
+    Counters {
+        pid: std::process::id(),
+        sent: SENT.load(Ordering::Relaxed),
+        dropped_queue_full: COUNTERS.dropped_queue_full.load(Ordering::Relaxed),
+        stacks_cut: COUNTERS.stacks_cut.load(Ordering::Relaxed),
+        stacks_unresolved: UNRESOLVED.load(Ordering::Relaxed),
+        cupti: Some(crate::cupti::state()),
+        cupti_library: crate::cupti::library_path().map(str::to_string),
+        cupti_cross_check: Some(crate::cupti::cross_check().report()),
     }
 }
 
@@ -296,13 +297,13 @@ fn event_of(record: Record, stacks: &mut Stacks, comm: &std::sync::Arc<str>, ppi
             None
         }
         Record::Forked { ts_ns, pid, parent } => {
-            let mut event = Event::new(ts_ns, pid, pid, Source::Cupti, Layer::Process, Op::Fork, Cow::Borrowed("fork"));
+            let mut event = Event::new(ts_ns, pid, pid, Source::Shim, Layer::Process, Op::Fork, Cow::Borrowed("fork"));
             event.ppid = Some(parent);
             event.comm = comm.clone();
             Some(event)
         }
         Record::Exiting { ts_ns, pid } => {
-            let mut event = Event::new(ts_ns, pid, pid, Source::Cupti, Layer::Process, Op::Exit, Cow::Borrowed("exit"));
+            let mut event = Event::new(ts_ns, pid, pid, Source::Shim, Layer::Process, Op::Exit, Cow::Borrowed("exit"));
             event.ppid = Some(ppid);
             event.comm = comm.clone();
             Some(event)
@@ -319,7 +320,7 @@ fn call_event(record: &CallRecord, comm: &std::sync::Arc<str>, ppid: u32, names:
                 record.ts_ns,
                 record.pid,
                 record.tid,
-                Source::Cupti,
+                Source::Shim,
                 Layer::Allocator,
                 op,
                 Cow::Borrowed(PYTORCH_ALLOCATOR_API),
@@ -345,7 +346,7 @@ fn call_event(record: &CallRecord, comm: &std::sync::Arc<str>, ppid: u32, names:
                 record.ts_ns,
                 record.pid,
                 record.tid,
-                Source::Cupti,
+                Source::Shim,
                 Layer::Driver,
                 api.op,
                 Cow::Borrowed(api.name),

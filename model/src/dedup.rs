@@ -139,9 +139,9 @@ mod tests {
             report(12, Source::Ebpf, Op::Alloc, 0x100, 512),
         ];
         let shim = [
-            report(15, Source::Cupti, Op::Alloc, 0x100, 512),
-            report(16, Source::Cupti, Op::Free, 0x100, 0),
-            report(17, Source::Cupti, Op::Alloc, 0x100, 512),
+            report(15, Source::Shim, Op::Alloc, 0x100, 512),
+            report(16, Source::Shim, Op::Free, 0x100, 0),
+            report(17, Source::Shim, Op::Alloc, 0x100, 512),
         ];
         let kept: Vec<bool> = ebpf.iter().chain(&shim).map(|e| dedup.admit(e)).collect();
         assert_eq!(kept, [true, true, true, false, false, false]);
@@ -151,8 +151,8 @@ mod tests {
     #[test]
     fn repeats_from_one_source_and_copies_too_far_apart_are_kept() {
         let mut dedup = Dedup::new(1_000);
-        assert!(dedup.admit(&report(10, Source::Cupti, Op::Alloc, 0x100, 512)));
-        assert!(dedup.admit(&report(20, Source::Cupti, Op::Alloc, 0x100, 512)));
+        assert!(dedup.admit(&report(10, Source::Shim, Op::Alloc, 0x100, 512)));
+        assert!(dedup.admit(&report(20, Source::Shim, Op::Alloc, 0x100, 512)));
         // The eBPF copy of the first arrives in time: dropped; of the second, too late: kept.
         assert!(!dedup.admit(&report(900, Source::Ebpf, Op::Alloc, 0x100, 512)));
         assert!(dedup.admit(&report(5_000, Source::Ebpf, Op::Alloc, 0x100, 512)));
@@ -168,8 +168,8 @@ mod tests {
             event.result = result;
             event
         };
-        assert!(dedup.admit(&call(10, Source::Cupti, 0)));
-        assert!(dedup.admit(&call(11, Source::Cupti, 2)));
+        assert!(dedup.admit(&call(10, Source::Shim, 0)));
+        assert!(dedup.admit(&call(11, Source::Shim, 2)));
         assert!(!dedup.admit(&call(30, Source::Ebpf, 0)));
         assert!(!dedup.admit(&call(31, Source::Ebpf, 2)));
         // The same values from another entry point: another call.
@@ -183,7 +183,7 @@ mod tests {
     fn process_transitions_are_not_compared() {
         let mut dedup = Dedup::new(DEFAULT_WINDOW_NS);
         let exit = |ts, source| Event::new(ts, 9, 9, source, Layer::Process, Op::Exit, Cow::Borrowed("exit"));
-        assert!(dedup.admit(&exit(100, Source::Cupti)));
+        assert!(dedup.admit(&exit(100, Source::Shim)));
         assert!(dedup.admit(&exit(150, Source::Ebpf)));
     }
 }

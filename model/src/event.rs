@@ -11,12 +11,15 @@ use crate::autograd::StackOrigin;
 use crate::hex::{serde_addr, serde_bytes};
 use crate::stack::Stack;
 
-/// Where an event was captured.
+/// Where an event was captured: by the agent's eBPF probes, or inside the process by gpuprof's
+/// shim (its allocator hook, its CUPTI callbacks, its fork and exit records).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Source {
     Ebpf,
-    Cupti,
+    /// Earlier shims wrote `cupti` for all their events, CUPTI's or not: still read as the shim.
+    #[serde(alias = "cupti")]
+    Shim,
 }
 
 /// Which level of the stack saw it.
@@ -360,6 +363,15 @@ mod tests {
         );
         let back: Event = serde_json::from_str(&json).unwrap();
         assert_eq!(back, event);
+    }
+
+    #[test]
+    fn the_shims_events_say_shim_and_an_old_cupti_line_reads_as_the_shim() {
+        let event = Event::new(1, 7, 7, Source::Shim, Layer::Process, Op::Exit, Cow::Borrowed("exit"));
+        assert!(serde_json::to_string(&event).unwrap().contains(r#""source":"shim""#));
+        let old = r#"{"ts":1,"pid":7,"tid":7,"source":"cupti","layer":"allocator","op":"alloc","api":"c10::reportMemoryUsageToProfiler","kind":"device","device":0,"addr":"0x7f0000000000","size":512,"result":0,"stack":[]}"#;
+        let read: Event = serde_json::from_str(old).unwrap();
+        assert_eq!((read.source, read.layer, read.size), (Source::Shim, Layer::Allocator, 512));
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! gpuprof's shared model: the event and finding contract every output speaks
-//! (`docs/events.md`), the table of CUDA driver entry points and what each one means, and the
-//! tracker that turns an event stream into live allocations per process.
+//! (`docs/events.md`), the in-process shim's contract with the agent (`shim`), the table of CUDA
+//! driver entry points and what each one means, and the tracker that turns an event stream into
+//! live allocations per process.
 //!
 //! Agent, `gpuprof report` and the collector all use these types and functions; none of them
 //! re-implements what lives here.
@@ -13,6 +14,7 @@ pub mod event;
 pub mod findings;
 pub mod hex;
 pub mod otel;
+pub mod shim;
 pub mod stack;
 pub mod track;
 pub mod user_frame;

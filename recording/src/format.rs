@@ -89,7 +89,8 @@ pub mod codes {
     use gpuprof_model::autograd::StackOrigin;
     use gpuprof_model::{Kind, Layer, Op, Source};
 
-    pub const SOURCES: [Source; 2] = [Source::Ebpf, Source::Cupti];
+    /// A value's index is its code in recordings already written: append, never reorder.
+    pub const SOURCES: [Source; 2] = [Source::Ebpf, Source::Shim];
     pub const LAYERS: [Layer; 3] = [Layer::Driver, Layer::Allocator, Layer::Process];
     pub const OPS: [Op; 15] = [
         Op::Alloc,
@@ -146,6 +147,8 @@ pub mod codes {
 
 #[cfg(test)]
 mod tests {
+    use gpuprof_model::{Layer, Op, Source};
+
     use super::codes::*;
 
     #[test]
@@ -158,5 +161,9 @@ mod tests {
             }
         }
         assert_eq!(unpack(0xff), None);
+        // The codes of recordings already written (the shim's events were `cupti` then).
+        assert_eq!(pack(Source::Ebpf, Layer::Driver, Op::Alloc), 0);
+        // Source in bits 6–7, layer in 4–5, op in 0–3: shim (1), allocator (1), free (1).
+        assert_eq!(pack(Source::Shim, Layer::Allocator, Op::Free), (1 << 6) | (1 << 4) | 1);
     }
 }

@@ -62,7 +62,7 @@ fn events() -> Vec<Event> {
             1_800_000_000_000_002_000 + i,
             4711,
             4712,
-            Source::Cupti,
+            Source::Shim,
             Layer::Allocator,
             Op::Alloc,
             Cow::Borrowed("c10::reportMemoryUsageToProfiler"),

@@ -22,7 +22,7 @@ def driver_calls(path, source):
     return calls
 
 
-shim = driver_calls(shim_path, "cupti")
+shim = driver_calls(shim_path, "shim")
 count = lambda calls: collections.Counter((e["api"], e["result"]) for e in calls)  # noqa: E731
 shim_counts = count(shim)
 print("shim (CUPTI) driver calls (api/result=n):", ", ".join(f"{a}/{r}={n}" for (a, r), n in sorted(shim_counts.items())))

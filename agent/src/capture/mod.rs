@@ -106,8 +106,8 @@ impl Default for CaptureOptions {
     }
 }
 
-/// The exported name of PyTorch's allocator report (libc10.so).
-pub const ALLOCATOR_SYMBOL: &str = "_ZN3c1027reportMemoryUsageToProfilerEPvlmmNS_6DeviceE";
+// PyTorch's allocator report, probed here and interposed by the shim: spelled once, in the model.
+use gpuprof_model::shim::ALLOCATOR_SYMBOL;
 
 /// What attaching to one library did.
 #[derive(Debug, Clone, PartialEq, Eq)]

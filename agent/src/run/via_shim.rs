@@ -10,6 +10,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
+use gpuprof_model::shim;
 
 use super::{exit_code, find_program};
 use crate::cli::CaptureArgs;
@@ -39,8 +40,8 @@ pub fn run(command: &[OsString], args: &CaptureArgs, shim: Option<&Path>) -> Res
     let mut child = Command::new(&program)
         .args(program_args)
         .env("LD_PRELOAD", preload_with(&shim))
-        .env("GPUPROF_SHIM_SOCKET", &socket)
-        .envs((args.no_autograd || args.no_stacks).then_some(("GPUPROF_SHIM_AUTOGRAD", "off")))
+        .env(shim::SOCKET_VAR, &socket)
+        .envs((args.no_autograd || args.no_stacks).then_some((shim::AUTOGRAD_VAR, "off")))
         .spawn()
         .with_context(|| format!("cannot run `{}`", program.display()))?;
     eprintln!("gpuprof: capturing `{}` through {} (no eBPF)", program.display(), shim.display());

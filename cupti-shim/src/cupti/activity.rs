@@ -22,6 +22,17 @@ const OPERATION_RELEASE: u32 = 2;
 /// `CUPTI_ACTIVITY_FLAG_FLUSH_FORCED`: hand back buffers that are not full yet.
 const FLUSH_FORCED: u32 = 1;
 
+/// The fields the memory records of CUDA 12 and 13 (`CUpti_ActivityMemory3`, `4`) begin with,
+/// as plain numbers: a Rust enum holding a kind or operation it does not list would be UB.
+#[repr(C)]
+#[derive(Clone, Copy)]
+#[allow(non_snake_case)] // the headers' names
+struct MemoryRecordStart {
+    kind: u32,
+    memoryOperationType: u32,
+    memoryKind: u32,
+}
+
 /// Memory records by memory kind and operation: the cross-check's other side.
 pub static RECORDED: Tally = Tally::new();
 pub static POOL_RECORDS: AtomicU64 = AtomicU64::new(0);
@@ -95,13 +106,11 @@ unsafe extern "C" fn buffer_completed(_context: CUcontext, _stream: u32, buffer:
             // SAFETY: every record starts with its 32-bit kind.
             let kind = unsafe { *(record as *const u32) };
             if kind == CUpti_ActivityKind::CUPTI_ACTIVITY_KIND_MEMORY2 as u32 {
-                // Fields read as plain numbers: the memory records of CUDA 12 and 13
-                // (CUpti_ActivityMemory3/4) share this prefix: kind, operation, memory kind.
-                // SAFETY: a memory record has these three 32-bit fields first.
-                let [_, operation, memory_kind] = unsafe { *(record as *const [u32; 3]) };
-                match operation {
-                    OPERATION_ALLOCATION => RECORDED.add(memory_kind as usize, false),
-                    OPERATION_RELEASE => RECORDED.add(memory_kind as usize, true),
+                // SAFETY: a memory record begins with these fields.
+                let start = unsafe { record.cast::<MemoryRecordStart>().read_unaligned() };
+                match start.memoryOperationType {
+                    OPERATION_ALLOCATION => RECORDED.add(start.memoryKind as usize, false),
+                    OPERATION_RELEASE => RECORDED.add(start.memoryKind as usize, true),
                     _ => {}
                 }
             } else if kind == CUpti_ActivityKind::CUPTI_ACTIVITY_KIND_MEMORY_POOL as u32 {
@@ -117,5 +126,35 @@ unsafe extern "C" fn buffer_completed(_context: CUcontext, _stream: u32, buffer:
     if !buffer.is_null() {
         // SAFETY: allocated by buffer_requested with this layout.
         unsafe { std::alloc::dealloc(buffer, layout()) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::mem::offset_of;
+
+    use cudarc::cupti::sys::{CUpti_ActivityMemory3, CUpti_ActivityMemory4};
+
+    use super::*;
+
+    #[test]
+    fn a_memory_record_begins_as_cuptis_declarations_say_in_cuda_12_and_13() {
+        let ours = [
+            offset_of!(MemoryRecordStart, kind),
+            offset_of!(MemoryRecordStart, memoryOperationType),
+            offset_of!(MemoryRecordStart, memoryKind),
+        ];
+        let cuda_12 = [
+            offset_of!(CUpti_ActivityMemory3, kind),
+            offset_of!(CUpti_ActivityMemory3, memoryOperationType),
+            offset_of!(CUpti_ActivityMemory3, memoryKind),
+        ];
+        let cuda_13 = [
+            offset_of!(CUpti_ActivityMemory4, kind),
+            offset_of!(CUpti_ActivityMemory4, memoryOperationType),
+            offset_of!(CUpti_ActivityMemory4, memoryKind),
+        ];
+        assert_eq!((ours, ours), (cuda_12, cuda_13));
+        assert_eq!(std::mem::size_of::<MemoryRecordStart>(), 12);
     }
 }

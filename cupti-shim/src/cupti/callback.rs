@@ -6,11 +6,12 @@ use std::ffi::c_void;
 
 use cudarc::cupti::sys::{CUpti_CallbackData, CUpti_CallbackDomain, CUpti_CallbackId};
 use gpuprof_model::driver_api::{CallValues, DRIVER_APIS};
+use gpuprof_model::event::wall_clock_ns;
 
 use super::tally::{counted_as, Tally};
 
-use crate::queue::{self, Call};
-use crate::sink;
+use crate::queue::Call;
+use crate::recorder;
 
 /// `CUPTI_CB_DOMAIN_DRIVER_API`.
 pub const DOMAIN_DRIVER_API: u32 = 1;
@@ -116,13 +117,13 @@ unsafe fn handle(domain: u32, cbid: u32, data: *const CUpti_CallbackData) {
     if site == SITE_ENTER {
         if !data.correlationData.is_null() {
             // SAFETY: CUPTI's per-call slot, shared by the call's enter and exit callbacks.
-            unsafe { *data.correlationData = sink::now_ns() };
+            unsafe { *data.correlationData = wall_clock_ns() };
         }
         return;
     }
     let api = u16::from(entry - 1);
     let entry = &DRIVER_APIS[usize::from(api)];
-    let now = sink::now_ns();
+    let now = wall_clock_ns();
     // SAFETY: as above.
     let started = if data.correlationData.is_null() { now } else { unsafe { *data.correlationData } };
     let started = if started == 0 || started > now { now } else { started };
@@ -131,11 +132,11 @@ unsafe fn handle(domain: u32, cbid: u32, data: *const CUpti_CallbackData) {
         if data.functionReturnValue.is_null() { 0 } else { unsafe { *(data.functionReturnValue as *const i32) } };
     let mut values = CallValues { result, duration_ns: now - started, ..CallValues::EMPTY };
     // SAFETY: functionParams is this entry point's argument struct.
-    unsafe { super::params::read(entry.args, data.functionParams as *const u8, &mut values) };
+    unsafe { super::params::read(entry.args, data.functionParams, &mut values) };
     if let (0, Some((memory_kind, release))) = (result, counted_as(entry.kind, entry.op, values.addr)) {
         SEEN.add(memory_kind, release);
     }
-    queue::record_call(started, Call::Driver { api, values, caller: super::caller::return_address() });
+    recorder::record(started, Call::Driver { api, values, caller: super::caller::return_address() });
 }
 
 #[cfg(test)]

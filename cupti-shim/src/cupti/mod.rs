@@ -23,45 +23,27 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, Ordering};
 use std::sync::{Mutex, Once};
 
 use cudarc::cupti::sys::{CUpti_CallbackFunc, CUpti_SubscriberHandle};
+use gpuprof_model::shim::CuptiState;
 
 use tally::{group_sum, Counts, COMPARED};
-
-/// Where the shim's CUPTI subscription stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub enum State {
-    /// CUDA was not initialized (or not yet): nothing tried.
-    NotStarted = 0,
-    Subscribed = 1,
-    /// Another CUPTI subscriber held the process's slot first.
-    SlotTaken = 2,
-    /// No libcupti found.
-    NoLibrary = 3,
-    /// CUPTI refused in another way.
-    Failed = 4,
-    /// Handed over to a profiler that subscribed after the shim (and not yet taken back).
-    HandedOver = 5,
-}
-
-impl State {
-    pub fn name(self) -> &'static str {
-        match self {
-            State::NotStarted => "not_started",
-            State::Subscribed => "subscribed",
-            State::SlotTaken => "slot_taken",
-            State::NoLibrary => "no_libcupti",
-            State::Failed => "failed",
-            State::HandedOver => "handed_over",
-        }
-    }
-}
 
 const INJECTION_VAR: &str = "CUDA_INJECTION64_PATH";
 /// `CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED`, `CUPTI_ERROR_NOT_INITIALIZED`.
 const MULTIPLE_SUBSCRIBERS: u32 = 39;
 const NOT_INITIALIZED: u32 = 15;
 
-static STATE: AtomicU8 = AtomicU8::new(State::NotStarted as u8);
+/// The states the shim sets; `STATE` holds an index here.
+const STATES: [CuptiState; 6] = [
+    CuptiState::NotStarted,
+    CuptiState::Subscribed,
+    CuptiState::SlotTaken,
+    CuptiState::NoLibrary,
+    CuptiState::Failed,
+    CuptiState::HandedOver,
+];
+
+/// Starts at 0: not started.
+static STATE: AtomicU8 = AtomicU8::new(0);
 static SUBSCRIBE: Once = Once::new();
 /// The shim's subscriber handle while it holds the slot.
 static OURS: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
@@ -79,19 +61,13 @@ pub fn library_path() -> Option<&'static str> {
     library::cupti().map(|c| c.path.as_str())
 }
 
-pub fn state() -> State {
-    match STATE.load(Ordering::Acquire) {
-        1 => State::Subscribed,
-        2 => State::SlotTaken,
-        3 => State::NoLibrary,
-        4 => State::Failed,
-        5 => State::HandedOver,
-        _ => State::NotStarted,
-    }
+pub fn state() -> CuptiState {
+    STATES[usize::from(STATE.load(Ordering::Acquire))]
 }
 
-fn set_state(state: State) {
-    STATE.store(state as u8, Ordering::Release);
+fn set_state(state: CuptiState) {
+    let index = STATES.iter().position(|known| *known == state).expect("the shim sets only the states it lists");
+    STATE.store(index as u8, Ordering::Release);
 }
 
 fn say(what: &str) {
@@ -126,13 +102,13 @@ pub fn start_if_driver_unwatched() {
 pub fn start() {
     SUBSCRIBE.call_once(|| {
         let outcome = std::panic::catch_unwind(|| {
-            let cupti = library::load().map_err(|why| (State::NoLibrary, why))?;
+            let cupti = library::load().map_err(|why| (CuptiState::NoLibrary, why))?;
             let _slot = SLOT.lock().unwrap_or_else(|e| e.into_inner());
             subscribe(cupti)
         })
-        .unwrap_or_else(|_| Err((State::Failed, "CUPTI's bindings panicked".to_string())));
+        .unwrap_or_else(|_| Err((CuptiState::Failed, "CUPTI's bindings panicked".to_string())));
         match outcome {
-            Ok(()) => set_state(State::Subscribed),
+            Ok(()) => set_state(CuptiState::Subscribed),
             Err((state, why)) => {
                 say(&format!("driver calls are not captured in-process: {why}"));
                 set_state(state);
@@ -142,18 +118,18 @@ pub fn start() {
 }
 
 /// Takes the slot and enables the memory entry points and activity records. Called with SLOT held.
-fn subscribe(cupti: &'static library::Cupti) -> Result<(), (State, String)> {
+fn subscribe(cupti: &'static library::Cupti) -> Result<(), (CuptiState, String)> {
     let mut subscriber: CUpti_SubscriberHandle = std::ptr::null_mut();
     // SAFETY: a valid out-pointer and callback; no user data.
     let result = unsafe { (cupti.subscribe)(&mut subscriber, Some(callback::on_callback), std::ptr::null_mut()) };
     if result == MULTIPLE_SUBSCRIBERS {
         return Err((
-            State::SlotTaken,
+            CuptiState::SlotTaken,
             "another CUPTI subscriber (a profiler: PyTorch's, Nsight) holds this process's only slot; allocator events go on".to_string(),
         ));
     }
     if result != library::SUCCESS {
-        return Err((State::Failed, format!("cuptiSubscribe failed: {}", describe(cupti, result))));
+        return Err((CuptiState::Failed, format!("cuptiSubscribe failed: {}", describe(cupti, result))));
     }
     for (name, cbid) in callback::CALLBACK_IDS {
         // SAFETY: the subscriber just made; a driver-domain callback id.
@@ -161,7 +137,10 @@ fn subscribe(cupti: &'static library::Cupti) -> Result<(), (State, String)> {
         if result != library::SUCCESS {
             // SAFETY: our own subscriber.
             unsafe { (cupti.unsubscribe)(subscriber) };
-            return Err((State::Failed, format!("cuptiEnableCallback({name}) failed: {}", describe(cupti, result))));
+            return Err((
+                CuptiState::Failed,
+                format!("cuptiEnableCallback({name}) failed: {}", describe(cupti, result)),
+            ));
         }
     }
     OURS.store(subscriber as *mut c_void, Ordering::Release);
@@ -193,7 +172,7 @@ pub unsafe extern "C" fn cuptiSubscribe(
         // SAFETY: the shim's own subscriber.
         unsafe { (cupti.unsubscribe)(ours as CUpti_SubscriberHandle) };
         CROSS_CHECK_INTERRUPTED.store(true, Ordering::Relaxed);
-        set_state(State::HandedOver);
+        set_state(CuptiState::HandedOver);
         say("a profiler subscribed to CUPTI: gpuprof handed it the process's only slot; driver calls are not captured in-process until it unsubscribes (allocator events go on)");
     }
     // SAFETY: the caller's arguments, to the real function.
@@ -209,10 +188,12 @@ pub unsafe extern "C" fn cuptiUnsubscribe(subscriber: CUpti_SubscriberHandle) ->
     let _slot = SLOT.lock().unwrap_or_else(|e| e.into_inner());
     // SAFETY: the caller's argument, to the real function.
     let result = unsafe { (cupti.unsubscribe)(subscriber) };
-    if result == library::SUCCESS && matches!(state(), State::HandedOver | State::SlotTaken) && subscribe(cupti).is_ok()
+    if result == library::SUCCESS
+        && matches!(state(), CuptiState::HandedOver | CuptiState::SlotTaken)
+        && subscribe(cupti).is_ok()
     {
         CROSS_CHECK_INTERRUPTED.store(true, Ordering::Relaxed);
-        set_state(State::Subscribed);
+        set_state(CuptiState::Subscribed);
         say("the other CUPTI subscriber let go: gpuprof captures driver calls in-process again");
     }
     result
@@ -269,15 +250,16 @@ impl CrossCheck {
         })
     }
 
-    pub fn to_json(self) -> serde_json::Value {
-        serde_json::json!({
-            "callbacks": tally::to_json(&self.callbacks),
-            "activity": tally::to_json(&self.activity),
-            "activity_pool_records": self.activity_pool_records,
-            "activity_dropped": self.activity_dropped,
-            "interrupted": self.interrupted,
-            "agrees": self.disagreement().is_none(),
-        })
+    /// The counts and the verdict, as the counters line carries them.
+    pub fn report(&self) -> gpuprof_model::shim::CrossCheck {
+        gpuprof_model::shim::CrossCheck {
+            callbacks: tally::by_kind_name(&self.callbacks),
+            activity: tally::by_kind_name(&self.activity),
+            activity_pool_records: self.activity_pool_records,
+            activity_dropped: self.activity_dropped,
+            interrupted: self.interrupted,
+            agrees: self.disagreement().is_none(),
+        }
     }
 }
 
@@ -361,7 +343,7 @@ mod tests {
         let mut interrupted = check(callbacks, activity);
         interrupted.interrupted = true;
         assert_eq!(interrupted.disagreement(), None);
-        assert_eq!(interrupted.to_json()["agrees"], true);
+        assert!(interrupted.report().agrees);
         // Buffers never handed back while the callbacks saw calls: said as such.
         let mut taken = check(callbacks, activity);
         taken.activity_buffers = 0;

@@ -1,79 +1,282 @@
 //! Reading a driver call's values out of CUPTI's `functionParams`: a struct of the call's
-//! arguments in order (`cuMemAlloc_v2_params { CUdeviceptr *dptr; size_t bytesize; }`), so each
-//! argument's offset follows from the entry point's argument layout. Outputs are read at the
-//! call's exit, and only when it succeeded (a failed call leaves them unwritten).
+//! arguments in order, which CUPTI declares for every entry point (`generated_cuda_meta.h`:
+//! `cuMemAlloc_v2_params { CUdeviceptr *dptr; size_t bytesize; }`). They are mirrored here with
+//! the headers' names; entry points whose arguments begin alike share one `ArgLayout` and are
+//! read through one struct (the tests check every entry point's struct against cudarc's
+//! declarations of the headers). Enum arguments are plain numbers here: a Rust enum holding a
+//! value it does not list would be UB. Outputs are read at the call's exit, and only when it
+//! succeeded (a failed call leaves them unwritten).
+
+// The names are the headers'.
+#![allow(non_camel_case_types, non_snake_case)]
+
+use std::ffi::{c_int, c_uint, c_ulonglong, c_void};
 
 use gpuprof_model::driver_api::{ArgLayout, CallValues, HANDLE_LEN};
 
+type CUdeviceptr = u64;
+type CUdeviceptr_v1 = c_uint;
+type CUdevice = c_int;
+type CUcontext = *mut c_void;
+type CUmemoryPool = *mut c_void;
+type CUmemGenericAllocationHandle = u64;
+/// An enum in the headers.
+type CUmemAllocationHandleType = c_uint;
+
 /// `CUmemAllocationHandleType` values whose handle is a struct, not the pointer value itself.
-const HANDLE_TYPE_POSIX_FD: u64 = 1;
-const HANDLE_TYPE_FABRIC: u64 = 8;
-/// `CUmemAllocationProp.location.id`: the device of a `cuMemCreate`.
-const PROP_LOCATION_ID: usize = 12;
+const HANDLE_TYPE_POSIX_FD: CUmemAllocationHandleType = 1;
+const HANDLE_TYPE_FABRIC: CUmemAllocationHandleType = 8;
 
-/// The argument struct of one call. SAFETY of every read: CUPTI hands the struct of the call
-/// whose layout `ArgLayout` describes, alive for the callback.
-struct Params(*const u8);
-
-impl Params {
-    fn u64_at(&self, offset: usize) -> u64 {
-        unsafe { (self.0.add(offset) as *const u64).read_unaligned() }
-    }
-    fn u32_at(&self, offset: usize) -> u64 {
-        u64::from(unsafe { (self.0.add(offset) as *const u32).read_unaligned() })
-    }
-    fn i32_at(&self, offset: usize) -> i32 {
-        unsafe { (self.0.add(offset) as *const i32).read_unaligned() }
-    }
-    fn bytes_at(&self, offset: usize) -> [u8; HANDLE_LEN] {
-        unsafe { (self.0.add(offset) as *const [u8; HANDLE_LEN]).read_unaligned() }
-    }
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CUipcMemHandle {
+    reserved: [u8; HANDLE_LEN],
 }
 
-/// What a pointer argument points at. SAFETY: a non-null output the driver wrote, or an input
-/// the caller passed for the driver to read.
-unsafe fn pointee_u64(address: u64) -> u64 {
-    if address == 0 {
+/// `CUmemPoolPtrExportData` is, like `CUipcMemHandle`, 64 opaque bytes.
+type CUmemPoolPtrExportData = CUipcMemHandle;
+
+/// `cuMemCreate`'s properties, up to the device they name (the struct goes on).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CUmemAllocationProp {
+    r#type: c_uint,
+    requestedHandleTypes: CUmemAllocationHandleType,
+    location: CUmemLocation,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CUmemLocation {
+    r#type: c_uint,
+    id: c_int,
+}
+
+/// `OutPtrSize`: also cuMemAllocManaged, cuMemAllocHost_v2 and cuMemHostAlloc (`pp`), the
+/// stream-ordered allocations, cuMemAddressReserve (`ptr`, `size`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct cuMemAlloc_v2_params {
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+}
+
+/// `OutPtrSize32`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct cuMemAllocHost_params {
+    pp: *mut *mut c_void,
+    bytesize: c_uint,
+}
+
+/// `OutPtr32Size32`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct cuMemAlloc_params {
+    dptr: *mut CUdeviceptr_v1,
+    bytesize: c_uint,
+}
+
+/// `OutPitch`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct cuMemAllocPitch_v2_params {
+    dptr: *mut CUdeviceptr,
+    pPitch: *mut usize,
+    WidthInBytes: usize,
+    Height: usize,
+    ElementSizeBytes: c_uint,
+}
+
+/// `OutPitch32`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct cuMemAllocPitch_params {
+    dptr: *mut CUdeviceptr_v1,
+    pPitch: *mut c_uint,
+    WidthInBytes: c_uint,
+    Height: c_uint,
+    ElementSizeBytes: c_uint,
+}
+
+/// `Ptr`: also cuMemFreeHost and cuMemHostUnregister (`p`), cuMemFreeAsync, cuMemRelease
+/// (`handle`), cuIpcCloseMemHandle, cuCtxDestroy (`ctx`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct cuMemFree_v2_params {
+    dptr: CUdeviceptr,
+}
+
+/// `Ptr32`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct cuMemFree_params {
+    dptr: CUdeviceptr_v1,
+}
+
+/// `PtrSize`: also cuMemUnmap, cuMemHostRegister (`p`, `bytesize`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct cuMemAddressFree_params {
+    ptr: CUdeviceptr,
+    size: usize,
+}
+
+/// `VmmCreate`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct cuMemCreate_params {
+    handle: *mut CUmemGenericAllocationHandle,
+    size: usize,
+    prop: *const CUmemAllocationProp,
+    flags: c_ulonglong,
+}
+
+/// `VmmMap`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct cuMemMap_params {
+    ptr: CUdeviceptr,
+    size: usize,
+    offset: usize,
+    handle: CUmemGenericAllocationHandle,
+    flags: c_ulonglong,
+}
+
+/// `IpcGet`, and `PoolExport` (cuMemPoolExportPointer: `shareData_out`, `ptr`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct cuIpcGetMemHandle_params {
+    pHandle: *mut CUipcMemHandle,
+    dptr: CUdeviceptr,
+}
+
+/// `IpcOpen`: the handle is in the struct, by value.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct cuIpcOpenMemHandle_v2_params {
+    pdptr: *mut CUdeviceptr,
+    handle: CUipcMemHandle,
+    Flags: c_uint,
+}
+
+/// `PoolImport`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct cuMemPoolImportPointer_params {
+    ptr_out: *mut CUdeviceptr,
+    pool: CUmemoryPool,
+    shareData: *mut CUmemPoolPtrExportData,
+}
+
+/// `ShareableExport`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct cuMemExportToShareableHandle_params {
+    shareableHandle: *mut c_void,
+    handle: CUmemGenericAllocationHandle,
+    handleType: CUmemAllocationHandleType,
+    flags: c_ulonglong,
+}
+
+/// `ShareableImport`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct cuMemImportFromShareableHandle_params {
+    handle: *mut CUmemGenericAllocationHandle,
+    osHandle: *mut c_void,
+    shHandleType: CUmemAllocationHandleType,
+}
+
+/// `CtxRetain`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct cuDevicePrimaryCtxRetain_params {
+    pctx: *mut CUcontext,
+    dev: CUdevice,
+}
+
+/// `CtxCreate { device_arg: 2 }`: also cuCtxCreate.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct cuCtxCreate_v2_params {
+    pctx: *mut CUcontext,
+    flags: c_uint,
+    dev: CUdevice,
+}
+
+/// `CtxCreate { device_arg: 4 }`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct cuCtxCreate_v3_params {
+    pctx: *mut CUcontext,
+    paramsArray: *mut c_void,
+    numParams: c_int,
+    flags: c_uint,
+    dev: CUdevice,
+}
+
+/// `CtxCreate { device_arg: 3 }`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct cuCtxCreate_v4_params {
+    pctx: *mut CUcontext,
+    ctxCreateParams: *mut c_void,
+    flags: c_uint,
+    dev: CUdevice,
+}
+
+/// `Device`: also cuDevicePrimaryCtxRelease.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct cuDevicePrimaryCtxRelease_v2_params {
+    dev: CUdevice,
+}
+
+/// `MemInfo`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct cuMemGetInfo_v2_params {
+    free: *mut usize,
+    total: *mut usize,
+}
+
+/// `MemInfo32`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct cuMemGetInfo_params {
+    free: *mut c_uint,
+    total: *mut c_uint,
+}
+
+/// The argument struct at `params`, as `T`. SAFETY: `params` is the struct of a call whose
+/// arguments begin as `T`'s fields do, alive for the callback.
+unsafe fn arguments<T: Copy>(params: *const c_void) -> T {
+    unsafe { params.cast::<T>().read_unaligned() }
+}
+
+/// What an output argument points at; 0 when the caller passed none.
+/// SAFETY: `output` is null or was written by the call (it succeeded).
+unsafe fn written<T: Copy + Into<u64>>(output: *const T) -> u64 {
+    if output.is_null() {
         0
     } else {
-        unsafe { (address as *const u64).read_unaligned() }
+        unsafe { output.read_unaligned() }.into()
     }
 }
-unsafe fn pointee_u32(address: u64) -> u64 {
-    if address == 0 {
-        0
-    } else {
-        u64::from(unsafe { (address as *const u32).read_unaligned() })
-    }
-}
-unsafe fn pointee_i32(address: u64) -> i32 {
-    if address == 0 {
-        -1
-    } else {
-        unsafe { (address as *const i32).read_unaligned() }
-    }
-}
-unsafe fn pointee_bytes(address: u64, len: usize) -> [u8; HANDLE_LEN] {
+
+/// Up to HANDLE_LEN bytes at `address`; zeros when it is null.
+/// SAFETY: a non-null `address` holds `len` readable bytes.
+unsafe fn bytes_at(address: *const c_void, len: usize) -> [u8; HANDLE_LEN] {
     let mut bytes = [0u8; HANDLE_LEN];
-    if address != 0 {
-        unsafe { std::ptr::copy_nonoverlapping(address as *const u8, bytes.as_mut_ptr(), len.min(HANDLE_LEN)) };
+    if !address.is_null() {
+        unsafe { std::ptr::copy_nonoverlapping(address.cast::<u8>(), bytes.as_mut_ptr(), len.min(HANDLE_LEN)) };
     }
     bytes
 }
 
-/// Offset of the device argument of a `cuCtxCreate*` whose device is argument `index`:
-/// `(CUcontext*, unsigned, CUdevice)`, `(…, CUctxCreateParams*, unsigned, CUdevice)`,
-/// `(…, CUexecAffinityParam*, int, unsigned, CUdevice)`.
-fn ctx_device_offset(index: u8) -> usize {
-    match index {
-        2 => 12,
-        3 => 20,
-        _ => 24,
-    }
-}
-
-/// Bytes of a shareable handle of this type in the call's handle field.
-fn shareable_len(handle_type: u64) -> u8 {
+/// Bytes of a shareable handle of this type in the call's handle argument.
+fn shareable_len(handle_type: CUmemAllocationHandleType) -> u8 {
     match handle_type {
         HANDLE_TYPE_FABRIC => HANDLE_LEN as u8,
         HANDLE_TYPE_POSIX_FD => 4,
@@ -84,133 +287,169 @@ fn shareable_len(handle_type: u64) -> u8 {
 /// Fills `call` (result already set) from the argument struct at `params`.
 /// SAFETY: `params` is the `functionParams` CUPTI passed for an entry point of layout `layout`,
 /// read in its exit callback.
-pub unsafe fn read(layout: ArgLayout, params: *const u8, call: &mut CallValues) {
-    let p = Params(params);
+pub unsafe fn read(layout: ArgLayout, params: *const c_void, call: &mut CallValues) {
     let ok = call.result == 0;
     call.device = -1;
-    // SAFETY (pointee reads): outputs are read only when the call succeeded and wrote them.
+    // SAFETY (every read below): `params` is this layout's struct; outputs are read only when the
+    // call succeeded and wrote them, inputs point at what the caller gave the driver to read.
     unsafe {
         match layout {
-            ArgLayout::OutPtrSize | ArgLayout::VmmCreate => {
-                call.size = p.u64_at(8);
+            ArgLayout::OutPtrSize => {
+                let p: cuMemAlloc_v2_params = arguments(params);
+                call.size = p.bytesize as u64;
                 if ok {
-                    call.addr = pointee_u64(p.u64_at(0));
-                }
-                if layout == ArgLayout::VmmCreate {
-                    let prop = p.u64_at(16);
-                    call.device = if prop == 0 { -1 } else { pointee_i32(prop + PROP_LOCATION_ID as u64) };
+                    call.addr = written(p.dptr);
                 }
             }
-            ArgLayout::OutPtrSize32 | ArgLayout::OutPtr32Size32 => {
-                call.size = p.u32_at(8);
+            ArgLayout::VmmCreate => {
+                let p: cuMemCreate_params = arguments(params);
+                call.size = p.size as u64;
                 if ok {
-                    call.addr = if layout == ArgLayout::OutPtrSize32 {
-                        pointee_u64(p.u64_at(0))
-                    } else {
-                        pointee_u32(p.u64_at(0))
-                    };
+                    call.addr = written(p.handle);
+                }
+                if !p.prop.is_null() {
+                    call.device = p.prop.read_unaligned().location.id;
+                }
+            }
+            ArgLayout::OutPtrSize32 => {
+                let p: cuMemAllocHost_params = arguments(params);
+                call.size = u64::from(p.bytesize);
+                if ok {
+                    // The pointer written, as its address.
+                    call.addr = written(p.pp.cast::<u64>());
+                }
+            }
+            ArgLayout::OutPtr32Size32 => {
+                let p: cuMemAlloc_params = arguments(params);
+                call.size = u64::from(p.bytesize);
+                if ok {
+                    call.addr = written(p.dptr);
                 }
             }
             ArgLayout::OutPitch => {
+                let p: cuMemAllocPitch_v2_params = arguments(params);
                 if ok {
-                    call.addr = pointee_u64(p.u64_at(0));
-                    call.aux = pointee_u64(p.u64_at(8));
-                    call.size = call.aux * p.u64_at(24);
+                    call.addr = written(p.dptr);
+                    call.aux = written(p.pPitch.cast::<u64>());
+                    call.size = call.aux * p.Height as u64;
                 } else {
-                    call.size = p.u64_at(16) * p.u64_at(24);
+                    call.size = p.WidthInBytes as u64 * p.Height as u64;
                 }
             }
             ArgLayout::OutPitch32 => {
+                let p: cuMemAllocPitch_params = arguments(params);
                 if ok {
-                    call.addr = pointee_u32(p.u64_at(0));
-                    call.aux = pointee_u32(p.u64_at(8));
-                    call.size = call.aux * p.u32_at(20);
+                    call.addr = written(p.dptr);
+                    call.aux = written(p.pPitch);
+                    call.size = call.aux * u64::from(p.Height);
                 } else {
-                    call.size = p.u32_at(16) * p.u32_at(20);
+                    call.size = u64::from(p.WidthInBytes) * u64::from(p.Height);
                 }
             }
-            ArgLayout::Ptr => call.addr = p.u64_at(0),
-            ArgLayout::Ptr32 => call.addr = p.u32_at(0),
+            ArgLayout::Ptr => call.addr = arguments::<cuMemFree_v2_params>(params).dptr,
+            ArgLayout::Ptr32 => call.addr = u64::from(arguments::<cuMemFree_params>(params).dptr),
             ArgLayout::PtrSize => {
-                call.addr = p.u64_at(0);
-                call.size = p.u64_at(8);
+                let p: cuMemAddressFree_params = arguments(params);
+                call.addr = p.ptr;
+                call.size = p.size as u64;
             }
             ArgLayout::VmmMap => {
-                call.addr = p.u64_at(0);
-                call.size = p.u64_at(8);
-                call.aux = p.u64_at(24);
+                let p: cuMemMap_params = arguments(params);
+                call.addr = p.ptr;
+                call.size = p.size as u64;
+                call.aux = p.handle;
             }
             ArgLayout::IpcGet | ArgLayout::PoolExport => {
-                call.addr = p.u64_at(8);
+                let p: cuIpcGetMemHandle_params = arguments(params);
+                call.addr = p.dptr;
                 if ok {
-                    call.handle = pointee_bytes(p.u64_at(0), HANDLE_LEN);
+                    call.handle = bytes_at(p.pHandle.cast(), HANDLE_LEN);
                     call.handle_len = HANDLE_LEN as u8;
                 }
             }
             ArgLayout::IpcOpen => {
-                call.handle = p.bytes_at(8);
+                let p: cuIpcOpenMemHandle_v2_params = arguments(params);
+                call.handle = p.handle.reserved;
                 call.handle_len = HANDLE_LEN as u8;
-                call.aux = p.u32_at(8 + HANDLE_LEN);
+                call.aux = u64::from(p.Flags);
                 if ok {
-                    call.addr = pointee_u64(p.u64_at(0));
+                    call.addr = written(p.pdptr);
                 }
             }
             ArgLayout::PoolImport => {
-                call.handle = pointee_bytes(p.u64_at(16), HANDLE_LEN);
+                let p: cuMemPoolImportPointer_params = arguments(params);
+                call.handle = bytes_at(p.shareData.cast(), HANDLE_LEN);
                 call.handle_len = HANDLE_LEN as u8;
-                call.aux = p.u64_at(8);
+                call.aux = p.pool as u64;
                 if ok {
-                    call.addr = pointee_u64(p.u64_at(0));
+                    call.addr = written(p.ptr_out);
                 }
             }
             ArgLayout::ShareableExport => {
-                let handle_type = p.u32_at(16);
-                call.addr = p.u64_at(8);
-                call.handle_type = handle_type as u8;
+                let p: cuMemExportToShareableHandle_params = arguments(params);
+                call.addr = p.handle;
+                call.handle_type = p.handleType as u8;
                 if ok {
-                    call.handle_len = shareable_len(handle_type);
-                    call.handle = pointee_bytes(p.u64_at(0), usize::from(call.handle_len));
+                    call.handle_len = shareable_len(p.handleType);
+                    call.handle = bytes_at(p.shareableHandle, usize::from(call.handle_len));
                 }
             }
             ArgLayout::ShareableImport => {
-                let handle_type = p.u32_at(16);
-                call.handle_type = handle_type as u8;
-                call.handle_len = shareable_len(handle_type);
-                call.handle = if handle_type == HANDLE_TYPE_FABRIC {
-                    pointee_bytes(p.u64_at(8), HANDLE_LEN)
+                let p: cuMemImportFromShareableHandle_params = arguments(params);
+                call.handle_type = p.shHandleType as u8;
+                call.handle_len = shareable_len(p.shHandleType);
+                call.handle = if p.shHandleType == HANDLE_TYPE_FABRIC {
+                    bytes_at(p.osHandle, HANDLE_LEN)
                 } else {
                     // fd and win32 handles are passed as the pointer value itself.
                     let mut bytes = [0u8; HANDLE_LEN];
-                    bytes[..8].copy_from_slice(&p.u64_at(8).to_le_bytes());
+                    bytes[..8].copy_from_slice(&(p.osHandle as u64).to_le_bytes());
                     bytes
                 };
                 if ok {
-                    call.addr = pointee_u64(p.u64_at(0));
+                    call.addr = written(p.handle);
                 }
             }
             ArgLayout::CtxRetain => {
-                call.device = p.i32_at(8);
+                let p: cuDevicePrimaryCtxRetain_params = arguments(params);
+                call.device = p.dev;
                 if ok {
-                    call.addr = pointee_u64(p.u64_at(0));
+                    call.addr = written(p.pctx.cast::<u64>());
                 }
             }
             ArgLayout::CtxCreate { device_arg } => {
-                call.device = p.i32_at(ctx_device_offset(device_arg));
+                let (pctx, dev) = match device_arg {
+                    2 => {
+                        let p: cuCtxCreate_v2_params = arguments(params);
+                        (p.pctx, p.dev)
+                    }
+                    3 => {
+                        let p: cuCtxCreate_v4_params = arguments(params);
+                        (p.pctx, p.dev)
+                    }
+                    _ => {
+                        let p: cuCtxCreate_v3_params = arguments(params);
+                        (p.pctx, p.dev)
+                    }
+                };
+                call.device = dev;
                 if ok {
-                    call.addr = pointee_u64(p.u64_at(0));
+                    call.addr = written(pctx.cast::<u64>());
                 }
             }
-            ArgLayout::Device => call.device = p.i32_at(0),
+            ArgLayout::Device => call.device = arguments::<cuDevicePrimaryCtxRelease_v2_params>(params).dev,
             ArgLayout::MemInfo => {
                 if ok {
-                    call.size = pointee_u64(p.u64_at(0));
-                    call.aux = pointee_u64(p.u64_at(8));
+                    let p: cuMemGetInfo_v2_params = arguments(params);
+                    call.size = written(p.free.cast::<u64>());
+                    call.aux = written(p.total.cast::<u64>());
                 }
             }
             ArgLayout::MemInfo32 => {
                 if ok {
-                    call.size = pointee_u32(p.u64_at(0));
-                    call.aux = pointee_u32(p.u64_at(8));
+                    let p: cuMemGetInfo_params = arguments(params);
+                    call.size = written(p.free);
+                    call.aux = written(p.total);
                 }
             }
         }
@@ -219,56 +458,136 @@ pub unsafe fn read(layout: ArgLayout, params: *const u8, call: &mut CallValues) 
 
 #[cfg(test)]
 mod tests {
-    //! The offsets above against cudarc's declarations of CUPTI's parameter structs.
+    //! Every entry point's argument struct, as cudarc declares CUPTI's headers, against the
+    //! struct it is read through here: the same offset and size for every field read.
+    use std::collections::HashMap;
     use std::mem::offset_of;
 
     use cudarc::cupti::sys as cupti;
+    use gpuprof_model::driver_api::DRIVER_APIS;
 
     use super::*;
 
+    /// The size of what a raw pointer points at, without reading it.
+    fn size_of_pointee<T>(_: *const T) -> usize {
+        std::mem::size_of::<T>()
+    }
+
+    /// (offset, size) of each named field of a struct.
+    macro_rules! layout {
+        ($type:ty { $($field:ident),* }) => {{
+            let value = std::mem::MaybeUninit::<$type>::uninit();
+            // SAFETY: only the fields' addresses are taken, nothing is read.
+            vec![$((offset_of!($type, $field), size_of_pointee(unsafe { std::ptr::addr_of!((*value.as_ptr()).$field) }))),*]
+        }};
+    }
+
+    /// The fields `read` takes from each layout's struct.
+    fn ours(layout: ArgLayout) -> Vec<(usize, usize)> {
+        match layout {
+            ArgLayout::OutPtrSize => layout!(cuMemAlloc_v2_params { dptr, bytesize }),
+            ArgLayout::VmmCreate => layout!(cuMemCreate_params { handle, size, prop }),
+            ArgLayout::OutPtrSize32 => layout!(cuMemAllocHost_params { pp, bytesize }),
+            ArgLayout::OutPtr32Size32 => layout!(cuMemAlloc_params { dptr, bytesize }),
+            ArgLayout::OutPitch => layout!(cuMemAllocPitch_v2_params { dptr, pPitch, WidthInBytes, Height }),
+            ArgLayout::OutPitch32 => layout!(cuMemAllocPitch_params { dptr, pPitch, WidthInBytes, Height }),
+            ArgLayout::Ptr => layout!(cuMemFree_v2_params { dptr }),
+            ArgLayout::Ptr32 => layout!(cuMemFree_params { dptr }),
+            ArgLayout::PtrSize => layout!(cuMemAddressFree_params { ptr, size }),
+            ArgLayout::VmmMap => layout!(cuMemMap_params { ptr, size, handle }),
+            ArgLayout::IpcGet | ArgLayout::PoolExport => layout!(cuIpcGetMemHandle_params { pHandle, dptr }),
+            ArgLayout::IpcOpen => layout!(cuIpcOpenMemHandle_v2_params { pdptr, handle, Flags }),
+            ArgLayout::PoolImport => layout!(cuMemPoolImportPointer_params { ptr_out, pool, shareData }),
+            ArgLayout::ShareableExport => {
+                layout!(cuMemExportToShareableHandle_params { shareableHandle, handle, handleType })
+            }
+            ArgLayout::ShareableImport => {
+                layout!(cuMemImportFromShareableHandle_params { handle, osHandle, shHandleType })
+            }
+            ArgLayout::CtxRetain => layout!(cuDevicePrimaryCtxRetain_params { pctx, dev }),
+            ArgLayout::CtxCreate { device_arg: 2 } => layout!(cuCtxCreate_v2_params { pctx, dev }),
+            ArgLayout::CtxCreate { device_arg: 3 } => layout!(cuCtxCreate_v4_params { pctx, dev }),
+            ArgLayout::CtxCreate { .. } => layout!(cuCtxCreate_v3_params { pctx, dev }),
+            ArgLayout::Device => layout!(cuDevicePrimaryCtxRelease_v2_params { dev }),
+            ArgLayout::MemInfo => layout!(cuMemGetInfo_v2_params { free, total }),
+            ArgLayout::MemInfo32 => layout!(cuMemGetInfo_params { free, total }),
+        }
+    }
+
     #[test]
-    fn offsets_match_cuptis_parameter_structs() {
-        assert_eq!(
-            (offset_of!(cupti::cuMemAlloc_v2_params_st, dptr), offset_of!(cupti::cuMemAlloc_v2_params_st, bytesize)),
-            (0, 8)
-        );
-        assert_eq!(offset_of!(cupti::cuMemAlloc_params_st, bytesize), 8);
-        assert_eq!(offset_of!(cupti::cuMemAllocPitch_v2_params_st, pPitch), 8);
-        assert_eq!(offset_of!(cupti::cuMemAllocPitch_v2_params_st, WidthInBytes), 16);
-        assert_eq!(offset_of!(cupti::cuMemAllocPitch_v2_params_st, Height), 24);
-        assert_eq!(offset_of!(cupti::cuMemAllocPitch_params_st, WidthInBytes), 16);
-        assert_eq!(offset_of!(cupti::cuMemAllocPitch_params_st, Height), 20);
-        assert_eq!(offset_of!(cupti::cuMemAllocHost_params_st, bytesize), 8);
-        assert_eq!(offset_of!(cupti::cuMemCreate_params_st, size), 8);
-        assert_eq!(offset_of!(cupti::cuMemCreate_params_st, prop), 16);
-        assert_eq!(
-            offset_of!(cudarc::driver::sys::CUmemAllocationProp_st, location)
-                + offset_of!(cudarc::driver::sys::CUmemLocation_st, id),
-            PROP_LOCATION_ID
-        );
-        assert_eq!(offset_of!(cupti::cuMemMap_params_st, handle), 24);
-        assert_eq!(offset_of!(cupti::cuMemHostRegister_v2_params_st, bytesize), 8);
-        assert_eq!(offset_of!(cupti::cuIpcGetMemHandle_params_st, dptr), 8);
-        assert_eq!(offset_of!(cupti::cuIpcOpenMemHandle_v2_params_st, handle), 8);
-        assert_eq!(offset_of!(cupti::cuIpcOpenMemHandle_v2_params_st, Flags), 8 + HANDLE_LEN);
-        assert_eq!(offset_of!(cupti::cuMemPoolExportPointer_params_st, ptr), 8);
-        assert_eq!(
+    fn every_entry_point_is_read_through_a_struct_laid_out_as_cuptis() {
+        use cupti::*;
+        let headers: HashMap<&str, Vec<(usize, usize)>> = HashMap::from([
+            ("cuMemAlloc_v2", layout!(cuMemAlloc_v2_params_st { dptr, bytesize })),
+            ("cuMemAlloc", layout!(cuMemAlloc_params_st { dptr, bytesize })),
+            ("cuMemAllocPitch_v2", layout!(cuMemAllocPitch_v2_params_st { dptr, pPitch, WidthInBytes, Height })),
+            ("cuMemAllocPitch", layout!(cuMemAllocPitch_params_st { dptr, pPitch, WidthInBytes, Height })),
+            ("cuMemFree_v2", layout!(cuMemFree_v2_params_st { dptr })),
+            ("cuMemFree", layout!(cuMemFree_params_st { dptr })),
+            ("cuMemAllocManaged", layout!(cuMemAllocManaged_params_st { dptr, bytesize })),
+            ("cuMemAllocHost_v2", layout!(cuMemAllocHost_v2_params_st { pp, bytesize })),
+            ("cuMemAllocHost", layout!(cuMemAllocHost_params_st { pp, bytesize })),
+            ("cuMemHostAlloc", layout!(cuMemHostAlloc_params_st { pp, bytesize })),
+            ("cuMemFreeHost", layout!(cuMemFreeHost_params_st { p })),
+            ("cuMemHostRegister_v2", layout!(cuMemHostRegister_v2_params_st { p, bytesize })),
+            ("cuMemHostRegister", layout!(cuMemHostRegister_params_st { p, bytesize })),
+            ("cuMemHostUnregister", layout!(cuMemHostUnregister_params_st { p })),
+            ("cuMemAllocAsync", layout!(cuMemAllocAsync_params_st { dptr, bytesize })),
+            ("cuMemAllocAsync_ptsz", layout!(cuMemAllocAsync_ptsz_params_st { dptr, bytesize })),
+            ("cuMemAllocFromPoolAsync", layout!(cuMemAllocFromPoolAsync_params_st { dptr, bytesize })),
+            ("cuMemAllocFromPoolAsync_ptsz", layout!(cuMemAllocFromPoolAsync_ptsz_params_st { dptr, bytesize })),
+            ("cuMemFreeAsync", layout!(cuMemFreeAsync_params_st { dptr })),
+            ("cuMemFreeAsync_ptsz", layout!(cuMemFreeAsync_ptsz_params_st { dptr })),
+            ("cuMemCreate", layout!(cuMemCreate_params_st { handle, size, prop })),
+            ("cuMemRelease", layout!(cuMemRelease_params_st { handle })),
+            ("cuMemAddressReserve", layout!(cuMemAddressReserve_params_st { ptr, size })),
+            ("cuMemAddressFree", layout!(cuMemAddressFree_params_st { ptr, size })),
+            ("cuMemMap", layout!(cuMemMap_params_st { ptr, size, handle })),
+            ("cuMemUnmap", layout!(cuMemUnmap_params_st { ptr, size })),
             (
-                offset_of!(cupti::cuMemPoolImportPointer_params_st, pool),
-                offset_of!(cupti::cuMemPoolImportPointer_params_st, shareData)
+                "cuMemExportToShareableHandle",
+                layout!(cuMemExportToShareableHandle_params_st { shareableHandle, handle, handleType }),
             ),
-            (8, 16)
+            (
+                "cuMemImportFromShareableHandle",
+                layout!(cuMemImportFromShareableHandle_params_st { handle, osHandle, shHandleType }),
+            ),
+            ("cuIpcGetMemHandle", layout!(cuIpcGetMemHandle_params_st { pHandle, dptr })),
+            ("cuIpcOpenMemHandle_v2", layout!(cuIpcOpenMemHandle_v2_params_st { pdptr, handle, Flags })),
+            ("cuIpcOpenMemHandle", layout!(cuIpcOpenMemHandle_params_st { pdptr, handle, Flags })),
+            ("cuIpcCloseMemHandle", layout!(cuIpcCloseMemHandle_params_st { dptr })),
+            ("cuMemPoolExportPointer", layout!(cuMemPoolExportPointer_params_st { shareData_out, ptr })),
+            ("cuMemPoolImportPointer", layout!(cuMemPoolImportPointer_params_st { ptr_out, pool, shareData })),
+            ("cuDevicePrimaryCtxRetain", layout!(cuDevicePrimaryCtxRetain_params_st { pctx, dev })),
+            ("cuDevicePrimaryCtxRelease_v2", layout!(cuDevicePrimaryCtxRelease_v2_params_st { dev })),
+            ("cuDevicePrimaryCtxRelease", layout!(cuDevicePrimaryCtxRelease_params_st { dev })),
+            ("cuCtxCreate_v2", layout!(cuCtxCreate_v2_params_st { pctx, dev })),
+            ("cuCtxCreate", layout!(cuCtxCreate_params_st { pctx, dev })),
+            ("cuCtxCreate_v3", layout!(cuCtxCreate_v3_params_st { pctx, dev })),
+            ("cuCtxCreate_v4", layout!(cuCtxCreate_v4_params_st { pctx, dev })),
+            ("cuCtxDestroy_v2", layout!(cuCtxDestroy_v2_params_st { ctx })),
+            ("cuCtxDestroy", layout!(cuCtxDestroy_params_st { ctx })),
+            ("cuMemGetInfo_v2", layout!(cuMemGetInfo_v2_params_st { free, total })),
+            ("cuMemGetInfo", layout!(cuMemGetInfo_params_st { free, total })),
+        ]);
+        assert_eq!(headers.len(), DRIVER_APIS.len());
+        for api in DRIVER_APIS {
+            let header = headers.get(api.name).unwrap_or_else(|| panic!("no header struct listed for {}", api.name));
+            assert_eq!(&ours(api.args), header, "{} ({:?})", api.name, api.args);
+        }
+    }
+
+    #[test]
+    fn the_device_of_a_vmm_allocation_is_where_the_headers_put_it() {
+        use cudarc::driver::sys::{
+            CUipcMemHandle_st, CUmemAllocationProp_st, CUmemLocation_st, CUmemPoolPtrExportData_st,
+        };
+        assert_eq!(
+            layout!(CUmemAllocationProp { r#type, requestedHandleTypes, location }),
+            layout!(CUmemAllocationProp_st { type_, requestedHandleTypes, location })
         );
-        assert_eq!(offset_of!(cupti::cuMemExportToShareableHandle_params_st, handle), 8);
-        assert_eq!(offset_of!(cupti::cuMemExportToShareableHandle_params_st, handleType), 16);
-        assert_eq!(offset_of!(cupti::cuMemImportFromShareableHandle_params_st, osHandle), 8);
-        assert_eq!(offset_of!(cupti::cuMemImportFromShareableHandle_params_st, shHandleType), 16);
-        assert_eq!(offset_of!(cupti::cuDevicePrimaryCtxRetain_params_st, dev), 8);
-        assert_eq!(offset_of!(cupti::cuCtxCreate_v2_params_st, dev), ctx_device_offset(2));
-        assert_eq!(offset_of!(cupti::cuCtxCreate_params_st, dev), ctx_device_offset(2));
-        assert_eq!(offset_of!(cupti::cuCtxCreate_v4_params_st, dev), ctx_device_offset(3));
-        assert_eq!(offset_of!(cupti::cuCtxCreate_v3_params_st, dev), ctx_device_offset(4));
-        assert_eq!(offset_of!(cupti::cuMemGetInfo_v2_params_st, total), 8);
-        assert_eq!(offset_of!(cupti::cuMemAddressFree_params_st, size), 8);
+        assert_eq!(layout!(CUmemLocation { r#type, id }), layout!(CUmemLocation_st { type_, id }));
+        assert_eq!(std::mem::size_of::<CUipcMemHandle>(), std::mem::size_of::<CUipcMemHandle_st>());
+        assert_eq!(std::mem::size_of::<CUmemPoolPtrExportData>(), std::mem::size_of::<CUmemPoolPtrExportData_st>());
     }
 }

@@ -2,6 +2,7 @@
 //! (`CUpti_ActivityMemoryKind`), kept for both sides of the cross-check: what the callbacks saw
 //! and what the activity records said.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use gpuprof_model::event::{Kind, Op};
@@ -64,13 +65,13 @@ pub fn counted_as(kind: Option<Kind>, op: Op, addr: u64) -> Option<(usize, bool)
 }
 
 /// `{"device": [allocations, releases], …}` with the kinds that counted anything.
-pub fn to_json(counts: &Counts) -> serde_json::Value {
-    let kinds = MEMORY_KINDS
+pub fn by_kind_name(counts: &Counts) -> BTreeMap<String, [u64; 2]> {
+    MEMORY_KINDS
         .iter()
         .zip(counts)
         .filter(|(_, [allocations, releases])| allocations + releases > 0)
-        .map(|(name, pair)| (name.to_string(), serde_json::json!(pair)));
-    serde_json::Value::Object(kinds.collect())
+        .map(|(name, pair)| (name.to_string(), *pair))
+        .collect()
 }
 
 #[cfg(test)]
@@ -104,6 +105,9 @@ mod tests {
         let counts = tally.counts();
         assert_eq!(group_sum(&counts, COMPARED[0].1), [2, 1]);
         assert_eq!(group_sum(&counts, COMPARED[1].1), [0, 0]);
-        assert_eq!(to_json(&counts).to_string(), r#"{"device":[1,1],"device_static":[1,0],"managed":[1,0]}"#);
+        assert_eq!(
+            serde_json::to_string(&by_kind_name(&counts)).unwrap(),
+            r#"{"device":[1,1],"device_static":[1,0],"managed":[1,0]}"#
+        );
     }
 }

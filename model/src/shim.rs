@@ -1,0 +1,146 @@
+//! The contract between gpuprof's in-process shim (`libgpuprof_shim.so`) and the agent, beside the
+//! events themselves (`event`): the environment both spell, PyTorch's symbol both capture back ends
+//! attach to, and the counters line a shim sends last. The shim writes with these types and the
+//! agent reads with the same ones (docs/shim.md). Fields are added, never renamed: an agent reads
+//! the lines of older shims.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// The agent's Unix socket a shim sends its events to (`gpuprof run --via shim` sets it; the
+/// daemon listens where `--shim-socket` or this variable says).
+pub const SOCKET_VAR: &str = "GPUPROF_SHIM_SOCKET";
+/// The jsonl file a shim appends its events to when no agent answers.
+pub const OUTPUT_VAR: &str = "GPUPROF_SHIM_OUTPUT";
+/// `0` or `off`: the shim reads no autograd thread-locals (`--no-autograd` sets it).
+pub const AUTOGRAD_VAR: &str = "GPUPROF_SHIM_AUTOGRAD";
+
+/// The exported (mangled) name of PyTorch's `c10::reportMemoryUsageToProfiler(void*, int64_t,
+/// size_t, size_t, c10::Device)` in libc10.so, as a literal: the shim exports its own definition
+/// under it (`#[export_name]` takes a literal, or a macro that expands to one).
+#[macro_export]
+macro_rules! allocator_symbol {
+    () => {
+        "_ZN3c1027reportMemoryUsageToProfilerEPvlmmNS_6DeviceE"
+    };
+}
+
+/// PyTorch's allocator report, the hook of tensor-level events: the eBPF capture probes it, the
+/// shim interposes it.
+pub const ALLOCATOR_SYMBOL: &str = allocator_symbol!();
+
+/// The last line a shim sends on its connection (and writes to stderr with `GPUPROF_SHIM_REPORT`):
+/// `{"gpuprof_shim":{…}}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CountersLine {
+    pub gpuprof_shim: Counters,
+}
+
+impl CountersLine {
+    /// True for a counters line, false for an event line (no event starts with this key).
+    pub fn is_one(line: &str) -> bool {
+        line.starts_with("{\"gpuprof_shim\"")
+    }
+}
+
+/// What one process's shim counted, at its exit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counters {
+    pub pid: u32,
+    /// Events written to the destination.
+    pub sent: u64,
+    /// Records dropped because the queue was full.
+    pub dropped_queue_full: u64,
+    /// Python stacks cut at the walk's depth.
+    pub stacks_cut: u64,
+    /// Events sent without a stack because a frame's code object was unknown.
+    pub stacks_unresolved: u64,
+    /// Where the process's CUPTI subscription stood at exit. This and the next two are absent
+    /// from the lines of shims from before CUPTI.
+    #[serde(default)]
+    pub cupti: Option<CuptiState>,
+    /// The libcupti the shim bound (null: none).
+    #[serde(default)]
+    pub cupti_library: Option<String>,
+    #[serde(default)]
+    pub cupti_cross_check: Option<CrossCheck>,
+}
+
+/// Where a process's CUPTI subscription stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CuptiState {
+    /// CUDA was not initialized (or not yet): nothing tried.
+    NotStarted,
+    /// The shim holds CUPTI's one subscriber slot.
+    Subscribed,
+    /// Another CUPTI subscriber held the process's slot first.
+    SlotTaken,
+    /// No libcupti found.
+    #[serde(rename = "no_libcupti")]
+    NoLibrary,
+    /// CUPTI refused in another way.
+    Failed,
+    /// Handed over to a profiler that subscribed after the shim (and not yet taken back).
+    HandedOver,
+    /// A state a later shim names that this build does not know.
+    #[serde(other)]
+    Unknown,
+}
+
+/// The driver calls CUPTI's callbacks saw beside CUPTI's memory activity records, each as
+/// `{memory kind: [allocations, releases]}` with the kinds `CUpti_ActivityMemoryKind` names
+/// (`device`, `managed`, `pinned`, `device_static`, …) that counted anything.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CrossCheck {
+    #[serde(default)]
+    pub callbacks: BTreeMap<String, [u64; 2]>,
+    #[serde(default)]
+    pub activity: BTreeMap<String, [u64; 2]>,
+    /// `MEMORY_POOL` records (pool creation, trim, destruction): counted, not compared.
+    #[serde(default)]
+    pub activity_pool_records: u64,
+    /// Records CUPTI dropped for want of buffer space.
+    #[serde(default)]
+    pub activity_dropped: u64,
+    /// The slot changed hands: the two sides do not cover one span, nothing was compared.
+    #[serde(default)]
+    pub interrupted: bool,
+    /// The shim's verdict: the two sides agree, or there was nothing to compare.
+    pub agrees: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_counters_line_keeps_its_shape_and_reads_lines_of_older_and_later_shims() {
+        // As shims wrote it before this type (serde_json's map: keys in alphabetical order).
+        let line = r#"{"gpuprof_shim":{"cupti":"no_libcupti","cupti_cross_check":{"activity":{},"activity_dropped":0,"activity_pool_records":0,"agrees":false,"callbacks":{"device":[2,1],"managed":[1,0]},"interrupted":false},"cupti_library":null,"dropped_queue_full":3,"pid":7,"sent":12,"stacks_cut":1,"stacks_unresolved":0}}"#;
+        assert!(CountersLine::is_one(line));
+        let read: CountersLine = serde_json::from_str(line).unwrap();
+        assert_eq!(read.gpuprof_shim.cupti, Some(CuptiState::NoLibrary));
+        assert_eq!(read.gpuprof_shim.cupti_cross_check.as_ref().unwrap().callbacks["device"], [2, 1]);
+        // Written back: the same fields, values and nesting.
+        let written = serde_json::to_string(&read).unwrap();
+        assert!(CountersLine::is_one(&written));
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(&written).unwrap(),
+            serde_json::from_str::<serde_json::Value>(line).unwrap()
+        );
+        // Before CUPTI: no such fields.
+        let old = r#"{"gpuprof_shim":{"pid":7,"sent":1,"dropped_queue_full":0,"stacks_cut":0,"stacks_unresolved":0}}"#;
+        let read: CountersLine = serde_json::from_str(old).unwrap();
+        assert_eq!(
+            (read.gpuprof_shim.sent, read.gpuprof_shim.cupti, read.gpuprof_shim.cupti_cross_check),
+            (1, None, None)
+        );
+        // A state this build does not know is still a counters line.
+        let later = old.replace("\"stacks_unresolved\":0", "\"stacks_unresolved\":0,\"cupti\":\"paused\"");
+        let read: CountersLine = serde_json::from_str(&later).unwrap();
+        assert_eq!(read.gpuprof_shim.cupti, Some(CuptiState::Unknown));
+        assert!(!CountersLine::is_one(r#"{"ts":1,"pid":7,"tid":7,"source":"shim"}"#));
+    }
+}
