@@ -4,8 +4,6 @@
 //! serving; a restart keeps findings, open allocations and the nodes' summaries; Prometheus'
 //! promtool accepts /metrics.
 
-mod support;
-
 use std::borrow::Cow;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -15,13 +13,13 @@ use std::time::{Duration, Instant};
 use gpuprof_model::{Event, Finding, Layer, Op, Source};
 use gpuprof_otlp::proto::collector::logs::v1::ExportLogsServiceRequest;
 use gpuprof_otlp::resource::ProcessIdentity;
-use prost::Message;
-use serde_json::Value;
-use support::collector::{
+use gpuprof_testkit::collector::{
     allocator_gauges, collector_bin, handed_over, logs_request, logs_request_of, nvml_gauge, profile_record,
     records_request, synthetic, trainer, Collector,
 };
-use support::*;
+use gpuprof_testkit::*;
+use prost::Message;
+use serde_json::Value;
 
 const MIB: u64 = 1 << 20;
 
