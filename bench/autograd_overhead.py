@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 root = Path(__file__).resolve().parent.parent
-fixtures = root / "tests" / "fixtures"
+fixtures = root / "testkit" / "fixtures"
 
 WORKLOAD = r'''
 import ctypes, os, sys, time

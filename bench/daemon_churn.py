@@ -19,7 +19,7 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-FIXTURES = ROOT / "tests" / "fixtures"
+FIXTURES = ROOT / "testkit" / "fixtures"
 GPUPROF = ROOT / "target" / "release" / "gpuprof"
 WAVE = 10
 

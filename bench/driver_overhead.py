@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-FIXTURES = ROOT / "tests" / "fixtures"
+FIXTURES = ROOT / "testkit" / "fixtures"
 
 
 def build(workdir):

@@ -7,7 +7,7 @@ and for each:
 1. `export --format html`: time and peak memory per million events, against `export --format
    flamegraph` (the peak view, two passes as well) of the same file in the same run; the page's
    size, per million events;
-2. the page in headless Chromium (tests/fixtures/browse_report.py): how long from navigation until
+2. the page in headless Chromium (testkit/fixtures/browse_report.py): how long from navigation until
    it is drawn and usable, and how long picking an instant and a range take once it is.
 
     sudo python3 bench/html_report.py [--events 10000000] [--out DIR]
@@ -26,7 +26,7 @@ import recording  # noqa: E402  (the stand-ins' build, the measured runs, the tr
 
 ROOT = Path(__file__).resolve().parent.parent
 GPUPROF = ROOT / "target" / "release" / "gpuprof"
-BROWSE = ROOT / "tests" / "fixtures" / "browse_report.py"
+BROWSE = ROOT / "testkit" / "fixtures" / "browse_report.py"
 
 # Picking, once the page is up: the time each takes, measured in the page.
 TIMED = """(() => {

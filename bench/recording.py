@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-FIXTURES = ROOT / "tests" / "fixtures"
+FIXTURES = ROOT / "testkit" / "fixtures"
 GPUPROF = ROOT / "target" / "release" / "gpuprof"
 
 

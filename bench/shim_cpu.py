@@ -6,7 +6,7 @@ Same run, interleaved rounds, medians of the processes' user+system CPU and wall
 
     python3 bench/shim_cpu.py SHIM.so [OTHER_SHIM.so] [--rounds 5] [--bursts 50]
 
-The stand-ins are built by the tests (`cargo test --test shim` leaves them in
+The stand-ins are built by the tests (`cargo test -p gpuprof-shim --test shim` leaves them in
 target/tmp/fixtures/torch_lib).
 """
 import argparse

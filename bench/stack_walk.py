@@ -121,7 +121,7 @@ def main():
         (tmp / "standin").mkdir()
         lib = tmp / "standin" / "libcuda.so.1"
         subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-fno-ipa-icf", "-fvisibility=hidden", "-o", lib,
-                        ROOT / "tests" / "fixtures" / "libcuda_standin.c", "-lpthread"], check=True)
+                        ROOT / "testkit" / "fixtures" / "libcuda_standin.c", "-lpthread"], check=True)
         script = tmp / "workload.py"
         script.write_text(WORKLOAD)
         results = {mode: [] for mode in modes}

@@ -15,7 +15,7 @@ Why not maturin: its `bin` bindings pack the binaries of one cargo package per w
 two binaries of two packages plus a cdylib of a third that is not a Python extension; it would
 also compile the workspace again in its own profile. The wheel format is a zip with three small
 text files (PEP 427), so this script, standard library only, packs what cargo built, and the
-tests pack the test build's own binaries with it (tests/wheel.rs) instead of compiling twice.
+tests pack the test build's own binaries with it (agent/tests/wheel.rs) instead of compiling twice.
 
 The platform tag is read off the binaries, not asserted: every library they need must be one the
 manylinux policy (PEP 600, auditwheel's policy list) lets a wheel take from the system, and the

@@ -10,8 +10,8 @@ cargo build --release --quiet -p gpuprof
 if [ "${1:-}" != "--real" ]; then
   mkdir -p target/demo
   cc -shared -fPIC -O1 -fno-ipa-icf -fvisibility=hidden -o target/demo/libcuda.so.1 \
-    tests/fixtures/libcuda_standin.c -lpthread
+    testkit/fixtures/libcuda_standin.c -lpthread
   export LD_LIBRARY_PATH="$PWD/target/demo${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
-PYTHONPATH=tests/fixtures/workloads exec target/release/gpuprof run --format table -- \
-  python3 tests/fixtures/workloads/process_tree.py
+PYTHONPATH=testkit/fixtures/workloads exec target/release/gpuprof run --format table -- \
+  python3 testkit/fixtures/workloads/process_tree.py

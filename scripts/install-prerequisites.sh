@@ -43,7 +43,7 @@ if ! "$venv/bin/python3" -c "import opentelemetry.sdk, opentelemetry.exporter.ot
   "$venv/bin/python3" -m pip install -q --disable-pip-version-check "${python_packages[@]}"
   "$venv/bin/python3" -c "import opentelemetry.sdk, opentelemetry.exporter.otlp.proto.http, opentelemetry.proto, kubernetes_validate, yaml"
 fi
-# pytest and its dependencies as wheels, for tests/wheel.rs: it installs gpuprof's wheel with
+# pytest and its dependencies as wheels, for agent/tests/wheel.rs: it installs gpuprof's wheel with
 # pytest into a fresh virtual environment, offline (pip --no-index --find-links), as a user would.
 pytest_version=9.2.0
 wheelhouse=$tools/wheelhouse

@@ -1,5 +1,5 @@
 """Reads back the HTML reports validate_report.sh made on the GPU machine, in headless Chromium
-here (tests/fixtures/browse_report.py): the loop's allocated and reserved curves at each instant
+here (testkit/fixtures/browse_report.py): the loop's allocated and reserved curves at each instant
 PyTorch's counters were sampled against those counters, its peak against allocated_bytes.all.peak,
 the driver curve against NVML's per-process memory; the out-of-memory report's failure, findings
 and curves at the failure against the numbers in PyTorch's OutOfMemoryError. Takes screenshots.
@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-BROWSE = ROOT / "tests" / "fixtures" / "browse_report.py"
+BROWSE = ROOT / "testkit" / "fixtures" / "browse_report.py"
 out = Path(sys.argv[1])
 shots = Path(sys.argv[2]) if len(sys.argv) > 2 else out
 GiB, MiB = 1 << 30, 1 << 20

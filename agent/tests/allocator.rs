@@ -3,13 +3,11 @@
 //! caching allocator in Python over the libcuda stand-in. Every block, its totals, its segment
 //! and its stack are compared with what the workload did.
 
-mod support;
-
 use std::process::Command;
 
 use gpuprof_model::event::{Event, Layer, Op};
+use gpuprof_testkit::*;
 use serde_json::{json, Value};
-use support::*;
 
 #[test]
 fn blocks_totals_segments_and_stacks() {

@@ -2,15 +2,13 @@
 //! Python (ctypes) and C workloads, `gpuprof run` and `gpuprof attach`. Every driver call the
 //! workloads make is compared field by field with what gpuprof captured.
 
-mod support;
-
 use std::collections::{BTreeSet, HashMap};
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use gpuprof_model::event::{Event, Layer, Op};
-use support::*;
+use gpuprof_testkit::*;
 
 fn process_events<'a>(events: &'a [Event], pid: u32) -> Vec<(Op, Option<u32>, Option<i32>)> {
     events.iter().filter(|e| e.layer == Layer::Process && e.pid == pid).map(|e| (e.op, e.ppid, e.exit_code)).collect()

@@ -4,8 +4,6 @@
 //! exit and forgotten after the retention time; the collector gets every one's finding; nothing
 //! is lost and the daemon's memory stays flat. Bad settings are one-line errors.
 
-mod support;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
@@ -15,9 +13,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use gpuprof_model::event::{Layer, Op, Source};
+use gpuprof_testkit::collector::Collector;
+use gpuprof_testkit::*;
 use serde_json::Value;
-use support::collector::Collector;
-use support::*;
 
 const WORKERS: usize = 200;
 

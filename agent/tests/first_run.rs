@@ -4,16 +4,14 @@
 //! peak and speedscope; every table keeps to 120 columns. A miniature torch (an installed
 //! package over the libcuda and libc10 stand-ins) makes the memory.
 
-mod support;
-
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use gpuprof_model::event::Layer;
+use gpuprof_testkit::*;
 use serde_json::Value;
-use support::*;
 
 const MIB: u64 = 1 << 20;
 

@@ -1,13 +1,11 @@
 //! `gpuprof top` driven under tmux like a person would: start it, start a workload that holds
 //! device memory, read the screen, quit with `q`.
 
-mod support;
-
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use support::*;
+use gpuprof_testkit::*;
 
 struct Tmux {
     socket: String,

@@ -2,13 +2,11 @@
 //! `gpuprof run`, each rule with a case that fires and one that must not; `gpuprof report` on the
 //! same event files gives the same findings; corrupt files are refused line and all.
 
-mod support;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use gpuprof_model::{Finding, FindingKind, Frame};
-use support::*;
+use gpuprof_testkit::*;
 
 const MIB: u64 = 1 << 20;
 

@@ -4,14 +4,12 @@
 //! every process and thread; a native thread gets an empty stack. The offset tables are
 //! re-derived from each version's own headers.
 
-mod support;
-
 use std::collections::BTreeSet;
 use std::process::{Command, Stdio};
 
 use gpuprof_model::event::Layer;
 use gpuprof_pystack::offsets::{layout_for, Version};
-use support::*;
+use gpuprof_testkit::*;
 
 fn version_of(label: &str) -> Version {
     let (major, minor) = label.split_once('.').unwrap();

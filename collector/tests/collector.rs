@@ -4,8 +4,6 @@
 //! serving; a restart keeps findings, open allocations and the nodes' summaries; Prometheus'
 //! promtool accepts /metrics.
 
-mod support;
-
 use std::borrow::Cow;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -15,13 +13,13 @@ use std::time::{Duration, Instant};
 use gpuprof_model::{Event, Finding, Layer, Op, Source};
 use gpuprof_otlp::proto::collector::logs::v1::ExportLogsServiceRequest;
 use gpuprof_otlp::resource::ProcessIdentity;
-use prost::Message;
-use serde_json::Value;
-use support::collector::{
+use gpuprof_testkit::collector::{
     allocator_gauges, collector_bin, handed_over, logs_request, logs_request_of, nvml_gauge, profile_record,
     records_request, synthetic, trainer, Collector,
 };
-use support::*;
+use gpuprof_testkit::*;
+use prost::Message;
+use serde_json::Value;
 
 const MIB: u64 = 1 << 20;
 
@@ -602,6 +600,8 @@ fn the_python_sdk_is_accepted_and_forwarded_spans_decode_with_opentelemetry_prot
 fn a_collector_that_is_away_costs_counted_drops_not_a_stalled_capture() {
     // A port nobody listens on.
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    // The agent is brought up to date before the clock starts: it times the capture, not a build.
+    gpuprof();
     let started = Instant::now();
     let run = run_agent(
         "outage",

@@ -9,15 +9,13 @@
 //! file named by GPUPROF_SHIM_OUTPUT, and a process may wait for its own to be written there
 //! (`gpuprof_shim_flush`); a full queue drops and counts, never blocks.
 
-mod support;
-
 use std::os::unix::net::UnixListener;
 use std::path::Path;
 use std::process::{Command, Output};
 
 use gpuprof_model::event::{Layer, Op, Source};
+use gpuprof_testkit::*;
 use serde_json::Value;
-use support::*;
 
 fn run(command: &mut Command) -> Output {
     command.output().unwrap()

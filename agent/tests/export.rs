@@ -3,15 +3,13 @@
 //! back by an XML parser, a memory_viz snapshot read back by Python's pickle and checked against
 //! the events, and the picture at an out-of-memory failure.
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
 
 use gpuprof_model::event::{Event, Layer, Op};
+use gpuprof_testkit::*;
 use serde_json::Value;
-use support::*;
 
 /// Records tensors.py (holding memory for a while) and returns the events file and its events.
 fn record(name: &str) -> (std::path::PathBuf, Vec<Event>) {

@@ -5,8 +5,6 @@
 //! multi-million-event recording stays within its memory bound; a recording cut short is read
 //! up to its cut.
 
-mod support;
-
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -14,8 +12,8 @@ use std::process::{Command, Stdio};
 use gpuprof_model::event::{Event, Frame, Kind, Layer, Op, Source};
 use gpuprof_model::Stack;
 use gpuprof_recording::{Ending, EventFile, Writer};
+use gpuprof_testkit::*;
 use serde_json::Value;
-use support::*;
 
 /// The line of `text` in the training workload (1-based).
 fn line_of(text: &str) -> u32 {

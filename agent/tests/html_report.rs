@@ -1,19 +1,17 @@
 //! The HTML report (`export --format html`, `run --html`), opened in headless Chromium and driven
-//! as a person would (tests/fixtures/browse_report.py: real mouse clicks and drags over the
+//! as a person would (testkit/fixtures/browse_report.py: real mouse clicks and drags over the
 //! DevTools protocol): what the timeline reads at the instants picked equals the capture's own
 //! totals, the stacks and blocks shown equal what was live then, the findings are listed with
 //! their lines and lead to their instant, and the page asks for nothing but itself. Screenshots
 //! are kept next to each test's files (target/tmp/scratch/html_*/).
-
-mod support;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use gpuprof_model::event::{Event, Frame, Kind, Layer, Op};
+use gpuprof_testkit::*;
 use serde_json::{json, Value};
-use support::*;
 
 const MIB: u64 = 1 << 20;
 
@@ -353,7 +351,7 @@ fn findings_are_listed_with_their_lines_and_lead_to_their_instant() {
         ("GPUPROF_STANDIN_DEVICE_MEMORY", (64 * MIB).to_string()),
         ("GPUPROF_STANDIN_DEVICE_FILE", device.to_str().unwrap().to_string()),
     ];
-    let page = Path::new(env!("CARGO_TARGET_TMPDIR")).join("scratch").join("html_oom_report.html");
+    let page = target_tmpdir().join("scratch").join("html_oom_report.html");
     let run = run_leaks(dir_name, "oom", &env, &["--html", page.to_str().unwrap()]);
     let events = read_events(&run.events);
     let report = browse(

@@ -1,19 +1,17 @@
-//! Findings a person acts on, end to end: PyTorch-like jobs (tests/fixtures/workloads/stories.py,
+//! Findings a person acts on, end to end: PyTorch-like jobs (testkit/fixtures/workloads/stories.py,
 //! through a miniature torch installed in a site-packages folder) under `gpuprof run` against the
 //! libcuda, libc10 and libnvidia-ml stand-ins. Each story gives exactly the findings it should —
 //! kind, pid, bytes, severity, the user's line — and none of the noise: one finding per problem,
 //! a normal exit is a fact, not a leak; orphaned workers are named and followed; NVML's figure
 //! per process is reconciled with what the probes saw.
 
-mod support;
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use gpuprof_model::{Finding, FindingKind, Frame, Kind, Severity};
+use gpuprof_testkit::collector::Collector;
+use gpuprof_testkit::*;
 use serde_json::Value;
-use support::collector::Collector;
-use support::*;
 
 const MIB: u64 = 1 << 20;
 /// What the libcuda stand-in accounts to a context (GPUPROF_STANDIN_CONTEXT_BYTES's default).

@@ -6,14 +6,12 @@
 //! metrics gpuprof exports; the OpenTelemetry Collector load-balancer routes on host.name.
 //! Needs helm, kubernetes-validate, PyYAML and promtool: scripts/install-prerequisites.sh.
 
-mod support;
-
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
+use gpuprof_testkit::{collector::collector_bin, gpuprof, scratch, test_tools, tools_python};
 use serde_json::Value;
-use support::{collector::collector_bin, gpuprof, scratch, test_tools, tools_python};
 
 /// Sample names of the collector's /metrics, as Prometheus stores them (counters end in _total).
 const COLLECTOR_METRICS: &[&str] = &[
@@ -222,7 +220,7 @@ fn validate(dir: &Path, objects: &[Value]) {
     // prometheus-operator's kinds: the models of its npm package (installed by the prerequisites).
     let models = test_tools().join(MONITOR_MODELS);
     assert!(models.join("package.json").exists(), "{} is missing: {INSTALL}", models.display());
-    let script = support::fixtures().join("deploy").join("validate_monitors.mjs");
+    let script = gpuprof_testkit::fixtures().join("deploy").join("validate_monitors.mjs");
     let output = run(
         "node",
         &[script.to_str().unwrap(), models.to_str().unwrap()],
@@ -746,7 +744,7 @@ fn the_otel_collector_routes_each_node_to_one_collector() {
 #[test]
 fn the_dashboards_metrics_are_served_by_a_running_collector_and_daemon() {
     use gpuprof_model::{Event, Layer, Op, Source};
-    use support::collector::{
+    use gpuprof_testkit::collector::{
         allocator_gauges, logs_request, nvml_gauge, profile_record, records_request, synthetic, trainer, Collector,
     };
 
@@ -881,7 +879,7 @@ fn inject(args: &[&str], input: &str) -> Output {
 }
 
 fn fixture(name: &str) -> String {
-    std::fs::read_to_string(support::fixtures().join("inject").join(name)).unwrap()
+    std::fs::read_to_string(gpuprof_testkit::fixtures().join("inject").join(name)).unwrap()
 }
 
 /// The Job of workloads.yaml alone: a GPU container with its own LD_PRELOAD, and a log shipper.

@@ -1,14 +1,12 @@
 //! Every way a capture can be refused ends in one line naming the thing and the remedy, a
 //! non-zero exit, and no panic.
 
-mod support;
-
 use std::io::{BufReader, Write};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use gpuprof_model::event::Op;
-use support::*;
+use gpuprof_testkit::*;
 
 /// Exactly one line on stderr, starting `gpuprof: error: `, and exit code 1.
 fn assert_one_line_error(output: &Output, wanted: &str) {

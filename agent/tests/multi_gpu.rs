@@ -1,10 +1,8 @@
 //! Several GPUs, one process each, as DDP over NCCL runs them — on the libcuda stand-in's two
-//! devices (tests/fixtures/workloads/ranks.py): every rank's driver calls carry its device, the
+//! devices (testkit/fixtures/workloads/ranks.py): every rank's driver calls carry its device, the
 //! VMM buffers the ranks share are matched export to import across processes, and a rank killed
 //! while the other holds its imported buffer leaves the findings it should, each naming its rank;
 //! the collector shows each rank's memory on its device.
-
-mod support;
 
 use gpuprof_model::event::{Event, Layer, Op};
 use gpuprof_model::{Finding, FindingKind, Severity};
@@ -12,9 +10,9 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use gpuprof_testkit::collector::Collector;
+use gpuprof_testkit::*;
 use serde_json::{json, Value};
-use support::collector::Collector;
-use support::*;
 
 const MIB: u64 = 1 << 20;
 

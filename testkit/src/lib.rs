@@ -1,10 +1,10 @@
-//! What every integration test needs: the gpuprof binary, fixtures built from source (the
-//! libcuda stand-in, C workloads), the Python interpreter, and readers for the event stream and
-//! the workloads' expected-event logs.
-
-#![allow(dead_code)]
+//! What the integration tests of every package share: the workspace's binaries (the agent, the
+//! collector, the shim), fixtures built from source (the libcuda stand-in, C workloads), the
+//! Python interpreter, and readers for the event stream and the workloads' expected-event logs.
+//! A dev-dependency of each package whose tests drive the real binaries.
 
 pub mod collector;
+mod workspace;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -15,12 +15,20 @@ use std::time::{Duration, Instant};
 use gpuprof_model::event::{Event, Layer};
 use serde_json::Value;
 
+pub use workspace::target_tmpdir;
+
+/// The agent binary, `gpuprof`, brought up to date first.
 pub fn gpuprof() -> &'static str {
-    env!("CARGO_BIN_EXE_gpuprof")
+    static BIN: OnceLock<String> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let path = workspace::build("gpuprof", &["--bin", "gpuprof"], "gpuprof");
+        path.into_os_string().into_string().expect("a UTF-8 target directory")
+    })
 }
 
+/// The test fixtures' sources: stand-ins, workloads, scripts the tests run.
 pub fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures")
 }
 
 pub fn workloads() -> PathBuf {
@@ -29,14 +37,14 @@ pub fn workloads() -> PathBuf {
 
 /// A fresh directory for one test's files.
 pub fn scratch(name: &str) -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("scratch").join(name);
+    let dir = target_tmpdir().join("scratch").join(name);
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
 
 fn build_dir() -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("fixtures");
+    let dir = target_tmpdir().join("fixtures");
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
@@ -268,17 +276,10 @@ pub fn libtorch_cpu_standin() -> &'static Path {
     })
 }
 
-/// gpuprof's in-process shim (`libgpuprof_shim.so`), brought up to date first: this package's
-/// tests do not build another package.
+/// gpuprof's in-process shim (`libgpuprof_shim.so`), brought up to date first.
 pub fn shim_library() -> &'static Path {
     static LIBRARY: OnceLock<PathBuf> = OnceLock::new();
-    LIBRARY.get_or_init(|| {
-        let status = Command::new(env!("CARGO")).args(["build", "--quiet", "-p", "gpuprof-shim"]).status().unwrap();
-        assert!(status.success(), "cannot build gpuprof-shim");
-        let path = Path::new(gpuprof()).with_file_name("libgpuprof_shim.so");
-        assert!(path.exists(), "{} missing", path.display());
-        path
-    })
+    LIBRARY.get_or_init(|| workspace::build("gpuprof-shim", &["--lib"], "libgpuprof_shim.so"))
 }
 
 /// Calls and allocator blocks (every event but process transitions), in capture order.

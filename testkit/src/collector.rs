@@ -15,19 +15,13 @@ use gpuprof_otlp::resource::ProcessIdentity;
 use prost::Message;
 use serde_json::Value;
 
-use super::{gpuprof, wait_with_limit};
+use crate::wait_with_limit;
 
-/// The collector binary, next to gpuprof's: brought up to date first, since this package's
-/// tests do not rebuild another package's binary (a no-op under `cargo test --workspace`).
+/// The collector binary, `gpuprof-collector`, brought up to date first.
 pub fn collector_bin() -> &'static Path {
     static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     BIN.get_or_init(|| {
-        let status =
-            Command::new(env!("CARGO")).args(["build", "--quiet", "-p", "gpuprof-collector"]).status().unwrap();
-        assert!(status.success(), "cannot build gpuprof-collector");
-        let path = Path::new(gpuprof()).with_file_name("gpuprof-collector");
-        assert!(path.exists(), "{} missing", path.display());
-        path
+        crate::workspace::build("gpuprof-collector", &["--bin", "gpuprof-collector"], "gpuprof-collector")
     })
 }
 

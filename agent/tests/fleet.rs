@@ -7,13 +7,11 @@
 //! thousands of events. The 1/10/100/1000-node figures come from `bench/fleet.py`
 //! (docs/benchmarks.md).
 
-mod support;
-
 use std::process::Command;
 
+use gpuprof_testkit::collector::Collector;
+use gpuprof_testkit::*;
 use serde_json::Value;
-use support::collector::Collector;
-use support::*;
 
 const NODES: u64 = 10;
 const SECONDS: u64 = 8;

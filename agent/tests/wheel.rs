@@ -2,18 +2,16 @@
 //! build's own binaries (no second compile), installed with pytest from the test tools' wheelhouse
 //! into a fresh virtual environment, and used from there as a user would: `gpuprof --version`, a
 //! capture through the installed shim on the stand-ins, and the pytest plugin's own tests
-//! (tests/fixtures/pytest_plugin: leaking and clean tests, limits, a process with driver memory
+//! (testkit/fixtures/pytest_plugin: leaking and clean tests, limits, a process with driver memory
 //! only, a bad marker), run without privileges.
-
-mod support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
 use gpuprof_model::event::{Layer, Op, Source};
-use support::collector::collector_bin;
-use support::*;
+use gpuprof_testkit::collector::collector_bin;
+use gpuprof_testkit::*;
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 

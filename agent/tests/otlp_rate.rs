@@ -6,17 +6,15 @@
 //! memory profile is read by a real pprof consumer (`go tool pprof`) with the leaking line's
 //! bytes. The same with the collector down for the first seconds: what was queued arrives.
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use gpuprof_model::Finding;
+use gpuprof_testkit::collector::{handed_over, Collector};
+use gpuprof_testkit::*;
 use serde_json::Value;
-use support::collector::{handed_over, Collector};
-use support::*;
 
 const LIMIT_BYTES: u64 = 1 << 20;
 
