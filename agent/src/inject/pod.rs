@@ -5,6 +5,8 @@ use anyhow::{bail, Result};
 use yaml_rust2::yaml::Hash;
 use yaml_rust2::Yaml;
 
+use gpuprof_model::shim;
+
 use super::key;
 use super::workloads::Outcome;
 
@@ -256,8 +258,8 @@ fn patch_container(container: &mut Yaml, settings: &SidecarSettings) -> Result<(
     let shim = settings.shim_path();
     // LD_PRELOAD composes (the shim goes first); CUDA loads one injection library only.
     let taken: &[&str] = match settings.via {
-        Preload::LdPreload => &["GPUPROF_SHIM_SOCKET"],
-        Preload::CudaInjection => &["GPUPROF_SHIM_SOCKET", "CUDA_INJECTION64_PATH"],
+        Preload::LdPreload => &[shim::SOCKET_VAR],
+        Preload::CudaInjection => &[shim::SOCKET_VAR, "CUDA_INJECTION64_PATH"],
     };
     for &taken in taken {
         if env.iter().any(|e| name_of(e) == Some(taken)) {
@@ -273,7 +275,7 @@ fn patch_container(container: &mut Yaml, settings: &SidecarSettings) -> Result<(
         }
         None => env.push(literal(variable, &shim)),
     }
-    env.push(literal("GPUPROF_SHIM_SOCKET", &format!("{MOUNT}/shim.sock")));
+    env.push(literal(shim::SOCKET_VAR, &format!("{MOUNT}/shim.sock")));
     let mounts = array_at(map, "volumeMounts", &format!("container {name}"))?;
     if mounts.iter().any(|m| m["mountPath"].as_str() == Some(MOUNT)) {
         bail!("container {name} already mounts something at {MOUNT}: gpuprof's volume goes there");
