@@ -5,9 +5,8 @@
 
 use std::process::Command;
 
-use gpuprof_model::event::{Event, Layer, Op};
+use gpuprof_model::event::{Layer, Op};
 use gpuprof_testkit::*;
-use serde_json::{json, Value};
 
 #[test]
 fn blocks_totals_segments_and_stacks() {

@@ -10,7 +10,7 @@ use std::time::Duration;
 use gpuprof_model::event::{Event, Layer, Op};
 use gpuprof_testkit::*;
 
-fn process_events<'a>(events: &'a [Event], pid: u32) -> Vec<(Op, Option<u32>, Option<i32>)> {
+fn process_events(events: &[Event], pid: u32) -> Vec<(Op, Option<u32>, Option<i32>)> {
     events.iter().filter(|e| e.layer == Layer::Process && e.pid == pid).map(|e| (e.op, e.ppid, e.exit_code)).collect()
 }
 

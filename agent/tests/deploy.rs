@@ -1023,7 +1023,7 @@ fn take_out_sidecar(spec: &mut Value, expected: &Expected<'_>, targets: &[&str])
     }
 }
 
-fn pod_spec<'a>(document: &'a mut Value) -> &'a mut Value {
+fn pod_spec(document: &mut Value) -> &mut Value {
     let kind = document["kind"].as_str().unwrap().to_string();
     match kind.as_str() {
         "Pod" => &mut document["spec"],

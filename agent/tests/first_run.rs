@@ -272,7 +272,8 @@ fn summary_lists_the_lines_at_the_peak_at_the_end_and_in_all() {
     assert_eq!(amount(&process["at_peak"]), (10 * MIB, 2));
     assert_eq!(amount(&process["at_end"]), (6 * MIB + 512 * 1024, 2));
     assert_eq!(amount(&process["allocated"]), (10 * MIB + 512 * 1024, 3));
-    let rows: Vec<(String, (u64, u64), (u64, u64), (u64, u64))> = process["rows"]
+    type Row = (String, (u64, u64), (u64, u64), (u64, u64));
+    let rows: Vec<Row> = process["rows"]
         .as_array()
         .unwrap()
         .iter()

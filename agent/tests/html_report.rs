@@ -217,12 +217,13 @@ fn timelines_and_stacks_at_the_instants_picked_equal_the_capture() {
         assert_eq!(title["snapshotT"], readout["t"]);
         let state = replay(&events, t);
         let (allocated, reserved) = state.totals[&pid];
+        let pid_text = pid.to_string();
         let curve = |metric: &str| {
             let row = curves
                 .as_array()
                 .unwrap()
                 .iter()
-                .find(|r| r["pid"] == pid.to_string() && r["metric"] == metric)
+                .find(|r| r["pid"].as_str() == Some(pid_text.as_str()) && r["metric"] == metric)
                 .unwrap_or_else(|| panic!("{curves}"));
             assert_eq!(row["device"], "0");
             ns(&row["bytes"])
@@ -247,7 +248,7 @@ fn timelines_and_stacks_at_the_instants_picked_equal_the_capture() {
             .filter(|((_, tensors, _), _)| *tensors)
             .map(|((_, _, addr), e)| (e.size, format!("{addr:#x}")))
             .collect();
-        largest.sort_by(|a, b| b.0.cmp(&a.0));
+        largest.sort_by_key(|b| std::cmp::Reverse(b.0));
         let shown: Vec<(u64, String)> = blocks
             .as_array()
             .unwrap()
@@ -323,12 +324,13 @@ fn a_training_jobs_curves_are_exact_where_the_stacks_are_kept() {
     for instant in instants {
         let t = instant[0].as_u64().unwrap();
         let state = replay(&events, t);
+        let pid_text = pid.to_string();
         let value = |metric: &str| {
             instant[2]
                 .as_array()
                 .unwrap()
                 .iter()
-                .find(|r| r[0] == pid.to_string() && r[1] == metric)
+                .find(|r| r[0].as_str() == Some(pid_text.as_str()) && r[1] == metric)
                 .and_then(|r| r[2].as_u64())
         };
         let totals = state.totals.get(&pid).copied();

@@ -85,7 +85,7 @@ fn ranks_on_two_devices_share_buffers_and_one_dies_holding_the_others() {
     }
 
     // Each rank imports the other's export: the same kernel file object, the exporter as peer.
-    let export_of = |pid: u32| calls_of(pid).into_iter().find(|e| e.op == Op::IpcExport).unwrap().handle_object.clone();
+    let export_of = |pid: u32| calls_of(pid).into_iter().find(|e| e.op == Op::IpcExport).unwrap().handle_object;
     let import_of = |pid: u32| calls_of(pid).into_iter().find(|e| e.op == Op::IpcOpen).unwrap();
     for (me, other) in [(ranks[0], ranks[1]), (ranks[1], ranks[0])] {
         let import = import_of(me);
@@ -103,7 +103,8 @@ fn ranks_on_two_devices_share_buffers_and_one_dies_holding_the_others() {
     // buffer.
     let findings: Vec<Finding> = serde_json::from_str(&std::fs::read_to_string(&findings).unwrap()).unwrap();
     // Each names its rank (RANK in the process's environment, as torchrun sets it).
-    let summary: Vec<(FindingKind, Severity, u32, Option<u32>, Option<u32>, u64, u64)> =
+    type Row = (FindingKind, Severity, u32, Option<u32>, Option<u32>, u64, u64);
+    let summary: Vec<Row> =
         findings.iter().map(|f| (f.kind, f.severity, f.pid, f.rank, f.peer_pid, f.bytes, f.count)).collect();
     assert_eq!(
         summary,

@@ -66,7 +66,7 @@ fn top_shows_a_cuda_process_and_quits_on_q() {
     };
     let row: Vec<&str> = screen
         .lines()
-        .find(|l| l.split_whitespace().nth(0).map(|c| c.trim_start_matches('│')) == Some(&pid))
+        .find(|l| l.split_whitespace().next().map(|c| c.trim_start_matches('│')) == Some(&pid))
         .unwrap_or_else(|| panic!("no row for pid {pid}:\n{screen}"))
         .trim_matches(|c| c == '│' || c == ' ')
         .split_whitespace()
