@@ -58,9 +58,10 @@ def cpu_seconds(pid):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--processes", type=int, default=2000)
+    parser.add_argument("--gpuprof", type=Path, default=GPUPROF, help="the gpuprof to run as the daemon (another build, to compare)")
     args = parser.parse_args()
-    if not GPUPROF.exists():
-        sys.exit(f"{GPUPROF} is missing: cargo build --release -p gpuprof")
+    if not args.gpuprof.exists():
+        sys.exit(f"{args.gpuprof} is missing: cargo build --release -p gpuprof")
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         build(workdir)
@@ -68,7 +69,7 @@ def main():
         plain = churn(workdir, args.processes)
         port = 19465
         log = workdir / "daemon.log"
-        daemon = subprocess.Popen([GPUPROF, "daemon", "--output", "/dev/null", "--libcuda", workdir / "standin" / "libcuda.so.1",
+        daemon = subprocess.Popen([args.gpuprof, "daemon", "--output", "/dev/null", "--libcuda", workdir / "standin" / "libcuda.so.1",
                                    "--listen", f"127.0.0.1:{port}", "--retain-exited", "1"], stderr=log.open("w"))
         while "/metrics on" not in log.read_text():
             time.sleep(0.05)
