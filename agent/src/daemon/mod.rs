@@ -55,28 +55,28 @@ pub fn run(args: &DaemonArgs) -> Result<u8> {
         })
         .transpose()?;
 
+    // The shims' socket, open to whom the configuration says (each connection speaks only for
+    // its own process): before the output is opened, so a socket that cannot be made leaves it be.
+    let received = config.shim_socket.as_ref().map(|path| shim_socket::listen(path, config.shim_access)).transpose()?;
     let mut flow = EventFlow::new(flow_options(&config), sink_of(&config)?);
     flow.set_telemetry(config.otlp.clone().map(Telemetry::start).transpose()?);
     let mut session = Session::new(flow);
     if let Some(capture) = &capture {
         let options = EbpfOptions { print_stats: false, autograd: config.python_stacks };
         session = session.with_ebpf(EbpfSource::new(capture, options, None));
-    }
-    if let Some(path) = &config.shim_socket {
-        let received = shim_socket::listen(path, config.shim_access)?;
-        session = session.with_shim(ShimSource::new(received, !shim_sidecar(&config)));
-    }
-    if let Some(path) = config.libcuda.as_ref().filter(|_| with_ebpf) {
-        let library = LibraryFile::open(path.clone()).with_context(|| format!("--libcuda {}", path.display()))?;
-        session.attach(&library)?;
-    }
-    // The node's own driver, so processes that load it later are captured from their first call.
-    if let Some(library) =
-        libcuda::resolve_for_loader().and_then(|path| LibraryFile::open(path).ok()).filter(|_| with_ebpf)
-    {
-        if let Err(error) = session.attach(&library) {
-            eprintln!("gpuprof: warning: {error:#}");
+        if let Some(path) = &config.libcuda {
+            let library = LibraryFile::open(path.clone()).with_context(|| format!("--libcuda {}", path.display()))?;
+            session.attach(&library)?;
         }
+        // The node's own driver, so processes that load it later are captured from their first call.
+        if let Some(library) = libcuda::resolve_for_loader().and_then(|path| LibraryFile::open(path).ok()) {
+            if let Err(error) = session.attach(&library) {
+                eprintln!("gpuprof: warning: {error:#}");
+            }
+        }
+    }
+    if let Some(received) = received {
+        session = session.with_shim(ShimSource::new(received, !shim_sidecar(&config)));
     }
     session.follow(Scope::Node);
     let mut forgotten_total = 0u64;

@@ -48,10 +48,12 @@ pub fn run(command: &[OsString], args: &CaptureArgs, shim: Option<&Path>) -> Res
 
     let deadline = duration.map(|d| Instant::now() + d);
     let ended = session.run(Until::CommandExits(&mut child), deadline, &mut [])?;
-    // The command's processes send what they still hold as they exit.
-    let all_hung_up = |session: &Session<'_>| session.shim().is_none_or(|s| s.processes().open() == 0);
-    session = session.with_poll(LAST_WORDS_POLL);
-    session.run(Until::Holds(&all_hung_up), Some(Instant::now() + LAST_WORDS), &mut [])?;
+    // The command's processes send what they still hold as they exit; signals wait (a Ctrl-C
+    // that ended the command must not cut its workers' last words short).
+    let waited = Instant::now();
+    while session.shim().is_some_and(|s| s.processes().open() > 0) && waited.elapsed() < LAST_WORDS {
+        session.pump(LAST_WORDS_POLL)?;
+    }
     session.pump(Duration::ZERO)?;
     let _ = std::fs::remove_dir_all(&dir);
     session.finish()?;

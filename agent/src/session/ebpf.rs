@@ -75,7 +75,8 @@ pub struct EbpfSource<'c> {
 }
 
 impl<'c> EbpfSource<'c> {
-    /// `root`: the process whose exit ends an `attach` or a `run` (none for `top` and `daemon`).
+    /// `root`: the process attached to, whose exit ends an `attach` (`Until::RootExits`), or the
+    /// command `run` started (it ends on the command's exit); none for `top` and `daemon`.
     pub fn new(capture: &'c Capture, options: EbpfOptions, root: Option<u32>) -> Self {
         let now = Instant::now();
         EbpfSource {

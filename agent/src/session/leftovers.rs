@@ -32,6 +32,8 @@ pub fn follow(session: &mut Session<'_>, deadline: Option<Instant>, what: &str) 
     let none_left = |session: &Session<'_>| holders(session).is_empty();
     match session.run(Until::Holds(&none_left), deadline, &mut [])? {
         Ended::Held => eprintln!("gpuprof: the processes left behind have exited"),
+        // The last one may have gone between the loop's check and this one.
+        _ if holders(session).is_empty() => eprintln!("gpuprof: the processes left behind have exited"),
         _ => {
             let holding = holders(session);
             eprintln!(

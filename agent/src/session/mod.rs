@@ -87,20 +87,23 @@ impl<'c> Session<'c> {
 
     pub fn with_ebpf(mut self, source: EbpfSource<'c>) -> Self {
         self.ebpf = Some(source);
+        self.arrange_two_captures();
         self
     }
 
-    /// With eBPF as well, the shim's process transitions are left to the kernel and a call both
-    /// capture is kept once.
     pub fn with_shim(mut self, source: ShimSource) -> Self {
-        self.shim = Some(match self.ebpf {
-            Some(_) => {
-                self.flow.keep_one_event_per_call();
-                source.beside_the_kernel()
-            }
-            None => source,
-        });
+        self.shim = Some(source);
+        self.arrange_two_captures();
         self
+    }
+
+    /// With both, the shim's process transitions are left to the kernel and a call both capture
+    /// is kept once.
+    fn arrange_two_captures(&mut self) {
+        if let (Some(_), Some(shim)) = (&self.ebpf, &mut self.shim) {
+            shim.beside_the_kernel();
+            self.flow.keep_one_event_per_call();
+        }
     }
 
     /// How long a turn waits for events.
@@ -137,11 +140,12 @@ impl<'c> Session<'c> {
                 if hook.last.elapsed() >= hook.period {
                     hook.last = Instant::now();
                     if (hook.action)(self)?.is_break() {
+                        self.pump(Duration::ZERO)?;
                         return Ok(Ended::Hook);
                     }
                 }
             }
-            let ended = match &mut until {
+            let mut ended = match &mut until {
                 Until::CommandExits(child) => {
                     child.try_wait().context("cannot wait for the command")?.map(Ended::CommandExited)
                 }
@@ -151,23 +155,26 @@ impl<'c> Session<'c> {
                 Until::Holds(condition) => condition(self).then_some(Ended::Held),
                 Until::Stopped => None,
             };
-            if let Some(ended) = ended {
-                // The exit tracepoint fires before the parent is told: the records are all there.
-                self.pump(Duration::ZERO)?;
-                return Ok(ended);
-            }
-            if let Some(signal) = signals::take() {
-                match &mut until {
-                    Until::CommandExits(child) if !signal_passed_on => {
-                        // SAFETY: kill(2) on our own child's pid.
-                        unsafe { libc::kill(child.id() as i32, signal) };
-                        signal_passed_on = true;
+            if ended.is_none() {
+                if let Some(signal) = signals::take() {
+                    match &mut until {
+                        Until::CommandExits(child) if !signal_passed_on => {
+                            // SAFETY: kill(2) on our own child's pid.
+                            unsafe { libc::kill(child.id() as i32, signal) };
+                            signal_passed_on = true;
+                        }
+                        _ => ended = Some(Ended::Signal),
                     }
-                    _ => return Ok(Ended::Signal),
                 }
             }
-            if deadline.is_some_and(|d| Instant::now() >= d) {
-                return Ok(Ended::Deadline);
+            if ended.is_none() && deadline.is_some_and(|d| Instant::now() >= d) {
+                ended = Some(Ended::Deadline);
+            }
+            if let Some(ended) = ended {
+                // What the ring buffer still holds is the capture's too (after an exit: the
+                // exit tracepoint fires before the parent is told, so the records are all there).
+                self.pump(Duration::ZERO)?;
+                return Ok(ended);
             }
         }
     }
@@ -230,19 +237,24 @@ impl<'c> Session<'c> {
         self.flow.forget_exited(age)
     }
 
-    /// Events lost on the way: the kernel's ring buffer and call table, the shims' queues.
+    /// Events lost on the way: in the kernel (ring buffer, call table) when eBPF captures, else
+    /// in the shims' queues. Beside eBPF a shim's drop loses nothing: the probes saw the call
+    /// (the shims' drops are counted apart).
     pub fn lost_events(&self) -> u64 {
-        self.ebpf.as_ref().map_or(0, |e| e.drops().lost_events())
-            + self.shim.as_ref().map_or(0, |s| s.processes().dropped())
+        match (&self.ebpf, &self.shim) {
+            (Some(ebpf), _) => ebpf.drops().lost_events(),
+            (None, Some(shim)) => shim.processes().dropped(),
+            (None, None) => 0,
+        }
     }
 
-    /// The counters of every source, for the end of the run.
+    /// The counters of the capture, for the end of the run: the kernel's when eBPF captures
+    /// (the shim only adds second copies of its calls then), else the shims'.
     pub fn stats_line(&self) -> String {
-        let kernel = self.ebpf.as_ref().map(|e| e.stats_line(&self.flow));
-        let shim = self.shim.as_ref().map(|s| s.processes().stats_line(s.events()));
-        match (kernel, shim) {
-            (Some(kernel), Some(shim)) => format!("{kernel}; {shim}"),
-            (kernel, shim) => kernel.or(shim).unwrap_or_default(),
+        match (&self.ebpf, &self.shim) {
+            (Some(ebpf), _) => ebpf.stats_line(&self.flow),
+            (None, Some(shim)) => shim.processes().stats_line(shim.events()),
+            (None, None) => String::new(),
         }
     }
 

@@ -32,9 +32,8 @@ impl ShimSource {
     }
 
     /// eBPF runs beside the shim: process transitions are the kernel's to report.
-    pub fn beside_the_kernel(mut self) -> ShimSource {
+    pub fn beside_the_kernel(&mut self) {
         self.kernel_reports_processes = true;
-        self
     }
 
     /// Hands what arrived (waiting up to `timeout` for the first) to `flow`; `heard_of` learns
