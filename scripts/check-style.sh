@@ -3,6 +3,9 @@
 # error, and clang-format (.clang-format) for the BPF C. Each names what to run to fix it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+for tool in "cargo fmt" "cargo clippy" clang-format; do
+  $tool --version >/dev/null 2>&1 || { echo "gpuprof: $tool is missing: run scripts/install-prerequisites.sh" >&2; exit 1; }
+done
 cargo fmt --all --check >/dev/null 2>&1 || {
   echo "gpuprof: Rust sources differ from rustfmt: run \`cargo fmt --all\` (what differs: cargo fmt --all --check)" >&2
   exit 1

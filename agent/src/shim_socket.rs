@@ -252,9 +252,10 @@ fn decode(connection: u64, line: &str) -> ShimMessage {
     }
 }
 
-/// The processes speaking on the socket, when the shim is the only capture (`run --via shim`,
-/// `daemon --capture shim`): each connection is one process; one that hangs up without saying it
-/// exits (os._exit, a signal) has exited then. Bounded: a process is forgotten when it hangs up.
+/// The processes speaking on the socket: each connection is one process; one that hangs up
+/// without saying it exits (os._exit, a signal) has exited then — which matters when the shim is
+/// the only capture (`run --via shim`, `daemon --capture shim`; beside eBPF the kernel reports
+/// exits). Bounded: a process is forgotten when it hangs up.
 #[derive(Default)]
 pub struct ShimProcesses {
     /// Open connections, and the pid each one speaks for (known from its first event).
@@ -335,12 +336,12 @@ impl ShimProcesses {
         Ok(())
     }
 
-    /// Processes connected now.
     /// Events the shims dropped (their queues were full).
     pub fn dropped(&self) -> u64 {
         self.counters.dropped_queue_full
     }
 
+    /// Processes connected now.
     pub fn open(&self) -> usize {
         self.connections.len()
     }

@@ -254,7 +254,7 @@ impl DebugOffsets313 {
             tstate_datastack_chunk: Some(offset(thread.datastack_chunk)?),
             // Not published: datastack_top is the pointer after datastack_chunk in
             // PyThreadState, and chunks start with (previous, size, top) before their data.
-            tstate_datastack_top: Some(offset(thread.datastack_chunk + POINTER_SIZE)?),
+            tstate_datastack_top: Some(offset(thread.datastack_chunk.saturating_add(POINTER_SIZE))?),
             chunk_data: fallback.chunk_data,
             frame_previous: offset(frame.previous)?,
             frame_code: offset(frame.executable)?,

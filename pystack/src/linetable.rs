@@ -162,20 +162,14 @@ mod tests {
 
     #[test]
     fn location_table_entry_forms() {
+        // Entry headers: 0x80 | kind << 3 | (units - 1); each kind with the bytes that follow it.
+        #[rustfmt::skip]
         let table = [
-            0x80 | (13 << 3),
-            2, // no-column form: line +1, 1 unit  → unit 0: line 8
-            0x80 | (11 << 3) | 1,
-            0,
-            0, // one-line form: line +1, 2 units → units 1-2: line 9
-            0x80 | (3 << 3),
-            0,                // short form: same line, 1 unit   → unit 3: line 9
-            0x80 | (15 << 3), // no location, 1 unit             → unit 4: none
-            0x80 | (14 << 3),
-            3,
-            0,
-            1,
-            1, // long form: line -1, 1 unit      → unit 5: line 8
+            0x80 | (NO_COLUMNS << 3), 2,            // line +1, 1 unit      → unit 0: line 8
+            0x80 | (ONE_LINE0 + 1) << 3 | 1, 0, 0,  // line +1, 2 units     → units 1-2: line 9
+            0x80 | (3 << 3), 0,                     // short form: same line, 1 unit → unit 3: line 9
+            0x80 | (NONE << 3),                     // no location, 1 unit  → unit 4: none
+            0x80 | (LONG << 3), 3, 0, 1, 1,         // line -1, 1 unit      → unit 5: line 8
         ];
         let at = |unit| line_for(LineTableFormat::Locations, &table, 7, unit);
         assert_eq!(

@@ -21,6 +21,8 @@ use gpuprof_ebpf::allocator::{AllocatorSkel, AllocatorSkelBuilder};
 use gpuprof_ebpf::driver::{DriverSkel, DriverSkelBuilder};
 use gpuprof_ebpf::process::{ProcessSkel, ProcessSkelBuilder};
 use gpuprof_ebpf::types::gp_counter;
+// PyTorch's allocator report, probed here and interposed by the shim: spelled once, in the model.
+use gpuprof_model::shim::ALLOCATOR_SYMBOL;
 use gpuprof_procfs::elf;
 
 use crate::libcuda::LibraryFile;
@@ -105,9 +107,6 @@ impl Default for CaptureOptions {
         }
     }
 }
-
-// PyTorch's allocator report, probed here and interposed by the shim: spelled once, in the model.
-use gpuprof_model::shim::ALLOCATOR_SYMBOL;
 
 /// What attaching to one library did.
 #[derive(Debug, Clone, PartialEq, Eq)]

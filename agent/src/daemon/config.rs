@@ -71,7 +71,7 @@ pub struct DaemonArgs {
     pub capture: Option<CaptureMode>,
     /// Also take events from processes running gpuprof's shim, on this Unix socket (give them
     /// the same GPUPROF_SHIM_SOCKET=PATH); a call both the shim and the probes see is kept once.
-    #[arg(long, value_name = "PATH", env = "GPUPROF_SHIM_SOCKET")]
+    #[arg(long, value_name = "PATH", env = gpuprof_model::shim::SOCKET_VAR)]
     pub shim_socket: Option<PathBuf>,
     /// Run as one pod's sidecar (docs/deploy.md): copy the shim into DIR (a volume the pod's
     /// containers share), take their events on DIR/shim.sock (mode 0666 unless given: only the

@@ -1,4 +1,4 @@
-//! What `gpuprof top` draws: a snapshot of the pipeline's state (the model) and the widgets.
+//! What `gpuprof top` draws: a snapshot of the session's flow (the model) and the widgets.
 
 use std::collections::BTreeMap;
 
