@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -84,7 +85,15 @@ def main():
     parser.add_argument("--copies", type=int, default=4, help="the capture repeated this many times for the export figures")
     parser.add_argument("--baseline", help="the landed build's gpuprof, to compare its jsonl capture and exports")
     args = parser.parse_args()
+    # Gigabytes of jsonl go here: removed at the end, whatever happens.
     work = Path(tempfile.mkdtemp(prefix="gpuprof-bench-recording-"))
+    try:
+        run_all(args, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def run_all(args, work):
     env = build(work)
     results = {}
 
