@@ -108,6 +108,24 @@ impl Default for CaptureOptions {
     }
 }
 
+/// Points a skeleton's copies of the shared maps (ring buffer, tracked pids, counters, Python,
+/// thread and autograd tables) at the driver skeleton's: the skeletons are separate objects, one
+/// set of maps. (A macro: each skeleton's maps are a type of their own.)
+macro_rules! share_maps {
+    ($from:expr, $to:expr, $skeleton:literal) => {
+        for (name, result) in [
+            ("ring buffer", $to.events.reuse_fd($from.events.as_fd())),
+            ("tracked map", $to.tracked.reuse_fd($from.tracked.as_fd())),
+            ("counters", $to.counters.reuse_fd($from.counters.as_fd())),
+            ("Python map", $to.python_procs.reuse_fd($from.python_procs.as_fd())),
+            ("thread map", $to.thread_states.reuse_fd($from.thread_states.as_fd())),
+            ("autograd map", $to.torch_procs.reuse_fd($from.torch_procs.as_fd())),
+        ] {
+            result.map_err(|e| load_error(&format!("share the {name} with {}", $skeleton), e))?;
+        }
+    };
+}
+
 /// What attaching to one library did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Attachment {
@@ -191,36 +209,7 @@ impl Capture {
             rodata.pidns_dev = pidns_dev;
             rodata.pidns_ino = pidns_ino;
         }
-        open_process
-            .maps
-            .events
-            .reuse_fd(driver.maps.events.as_fd())
-            .map_err(|e| load_error("share the ring buffer", e))?;
-        open_process
-            .maps
-            .tracked
-            .reuse_fd(driver.maps.tracked.as_fd())
-            .map_err(|e| load_error("share the tracked map", e))?;
-        open_process
-            .maps
-            .counters
-            .reuse_fd(driver.maps.counters.as_fd())
-            .map_err(|e| load_error("share the counters", e))?;
-        open_process
-            .maps
-            .python_procs
-            .reuse_fd(driver.maps.python_procs.as_fd())
-            .map_err(|e| load_error("share the Python map", e))?;
-        open_process
-            .maps
-            .thread_states
-            .reuse_fd(driver.maps.thread_states.as_fd())
-            .map_err(|e| load_error("share the thread map", e))?;
-        open_process
-            .maps
-            .torch_procs
-            .reuse_fd(driver.maps.torch_procs.as_fd())
-            .map_err(|e| load_error("share the autograd map", e))?;
+        share_maps!(driver.maps, open_process.maps, "the process tracepoints");
         let process = open_process.load().map_err(|e| load_error("load the process tracepoints", e))?;
 
         let allocator_object: &'static mut MaybeUninit<OpenObject> = Box::leak(Box::new(MaybeUninit::uninit()));
@@ -236,13 +225,7 @@ impl Capture {
         }
         open_allocator.progs.allocator_report_multi.set_autoload(multi);
         open_allocator.progs.allocator_report.set_autoload(!multi);
-        let shared = |e| load_error("share maps with the allocator probe", e);
-        open_allocator.maps.events.reuse_fd(driver.maps.events.as_fd()).map_err(shared)?;
-        open_allocator.maps.tracked.reuse_fd(driver.maps.tracked.as_fd()).map_err(shared)?;
-        open_allocator.maps.counters.reuse_fd(driver.maps.counters.as_fd()).map_err(shared)?;
-        open_allocator.maps.python_procs.reuse_fd(driver.maps.python_procs.as_fd()).map_err(shared)?;
-        open_allocator.maps.thread_states.reuse_fd(driver.maps.thread_states.as_fd()).map_err(shared)?;
-        open_allocator.maps.torch_procs.reuse_fd(driver.maps.torch_procs.as_fd()).map_err(shared)?;
+        share_maps!(driver.maps, open_allocator.maps, "the allocator probe");
         let allocator = open_allocator.load().map_err(|e| load_error("load the allocator probe", e))?;
 
         let tracepoints = vec![
