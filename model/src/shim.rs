@@ -4,6 +4,8 @@
 //! agent reads with the same ones (docs/shim.md). Fields are added, never renamed: an agent reads
 //! the lines of older shims.
 
+pub mod wire;
+
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
@@ -15,6 +17,12 @@ pub const SOCKET_VAR: &str = "GPUPROF_SHIM_SOCKET";
 pub const OUTPUT_VAR: &str = "GPUPROF_SHIM_OUTPUT";
 /// `0` or `off`: the shim reads no autograd thread-locals (`--no-autograd` sets it).
 pub const AUTOGRAD_VAR: &str = "GPUPROF_SHIM_AUTOGRAD";
+/// The capture level a shim starts at: `off`, `driver` or `tensors` (the default); the agent or
+/// the process itself changes it at run time (docs/shim.md).
+pub const LEVEL_VAR: &str = "GPUPROF_SHIM_LEVEL";
+/// Set: the shim times each report's phases on the calling thread and says so in the counters
+/// line (`timing`), for the overhead breakdown.
+pub const TIMING_VAR: &str = "GPUPROF_SHIM_TIMING";
 
 /// The exported (mangled) name of PyTorch's `c10::reportMemoryUsageToProfiler(void*, int64_t,
 /// size_t, size_t, c10::Device)` in libc10.so, as a literal: the shim exports its own definition
@@ -32,7 +40,7 @@ pub const ALLOCATOR_SYMBOL: &str = allocator_symbol!();
 
 /// The last line a shim sends on its connection (and writes to stderr with `GPUPROF_SHIM_REPORT`):
 /// `{"gpuprof_shim":{…}}`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CountersLine {
     pub gpuprof_shim: Counters,
 }
@@ -45,13 +53,21 @@ impl CountersLine {
 }
 
 /// What one process's shim counted, at its exit.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Counters {
     pub pid: u32,
     /// Events written to the destination.
     pub sent: u64,
-    /// Records dropped because the queue was full.
+    /// Records dropped because the queue was full and the sender took nothing for a second (an
+    /// agent that stopped reading); a sender that keeps up makes the calling threads wait instead.
     pub dropped_queue_full: u64,
+    /// Records whose calling thread waited for room in the queue (a burst the sender had not
+    /// caught up with yet), and how long they waited in all, in ns. Absent (0) in the lines of
+    /// shims that dropped instead of waiting.
+    #[serde(default)]
+    pub waits: u64,
+    #[serde(default)]
+    pub wait_ns: u64,
     /// Python stacks cut at the walk's depth.
     pub stacks_cut: u64,
     /// Events sent without a stack because a frame's code object was unknown.
@@ -65,6 +81,22 @@ pub struct Counters {
     pub cupti_library: Option<String>,
     #[serde(default)]
     pub cupti_cross_check: Option<CrossCheck>,
+    /// With `GPUPROF_SHIM_TIMING`: where a report's time went on the calling thread.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timing: Option<PhaseTimes>,
+}
+
+/// Nanoseconds per report on the calling thread, by phase (`GPUPROF_SHIM_TIMING`): reading
+/// autograd's thread-locals, walking the Python stack, recording (the walk included: the clock,
+/// the ring's slot), forwarding to libc10, and the whole hook.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct PhaseTimes {
+    pub reports: u64,
+    pub autograd_ns: f64,
+    pub walk_ns: f64,
+    pub record_ns: f64,
+    pub forward_ns: f64,
+    pub hook_ns: f64,
 }
 
 /// Where a process's CUPTI subscription stands.
@@ -123,13 +155,14 @@ mod tests {
         let read: CountersLine = serde_json::from_str(line).unwrap();
         assert_eq!(read.gpuprof_shim.cupti, Some(CuptiState::NoLibrary));
         assert_eq!(read.gpuprof_shim.cupti_cross_check.as_ref().unwrap().callbacks["device"], [2, 1]);
-        // Written back: the same fields, values and nesting.
+        // Written back: the same fields, values and nesting, and the waits it could not have
+        // counted (it dropped instead) as none.
         let written = serde_json::to_string(&read).unwrap();
         assert!(CountersLine::is_one(&written));
-        assert_eq!(
-            serde_json::from_str::<serde_json::Value>(&written).unwrap(),
-            serde_json::from_str::<serde_json::Value>(line).unwrap()
-        );
+        let mut written: serde_json::Value = serde_json::from_str(&written).unwrap();
+        let fields = written["gpuprof_shim"].as_object_mut().unwrap();
+        assert_eq!((fields.remove("waits"), fields.remove("wait_ns")), (Some(0.into()), Some(0.into())));
+        assert_eq!(written, serde_json::from_str::<serde_json::Value>(line).unwrap());
         // Before CUPTI: no such fields.
         let old = r#"{"gpuprof_shim":{"pid":7,"sent":1,"dropped_queue_full":0,"stacks_cut":0,"stacks_unresolved":0}}"#;
         let read: CountersLine = serde_json::from_str(old).unwrap();
