@@ -14,8 +14,9 @@
 //!
 //! The modules, in layers; each imports only from the modules listed before it (a unit test
 //! below holds them to it):
-//! 1. `ring`, `queue`: the bounded ring and queue between the calling threads and the sender,
-//!    and the records they carry.
+//! 1. `ring`, `queue`, `level`, `timing`: the bounded ring and queue between the calling threads
+//!    and the sender, and the records they carry; the capture level the hot path reads; the
+//!    hot path's own timing, when asked for.
 //! 2. `python`, `autograd`: what a calling thread reads about itself — its Python stack (code
 //!    objects described on first sight, into the queue), autograd's thread-locals.
 //! 3. `recorder`: one call recorded by the thread that made it, its stack walked into the slot.
@@ -33,12 +34,14 @@ mod autograd;
 mod cupti;
 mod forward;
 mod got;
+mod level;
 mod python;
 mod queue;
 mod recorder;
 mod ring;
 mod sink;
 mod stacks;
+mod timing;
 
 use std::sync::Once;
 
@@ -47,6 +50,8 @@ static START: Once = Once::new();
 /// Everything the shim sets up, once per process image, whichever way it was loaded.
 fn start() {
     START.call_once(|| {
+        level::from_environment();
+        timing::from_environment();
         queue::start_sender_with(sink::ensure_running);
         // SAFETY: registering a handler with no preconditions; it only touches atomics and the
         // lock-free queues.
@@ -94,8 +99,21 @@ mod tests {
     use std::path::{Path, PathBuf};
 
     /// The modules in the order of the layers above.
-    const LAYERED: [&str; 11] =
-        ["ring", "queue", "python", "autograd", "recorder", "cupti", "forward", "got", "allocator", "stacks", "sink"];
+    const LAYERED: [&str; 13] = [
+        "ring",
+        "queue",
+        "level",
+        "timing",
+        "python",
+        "autograd",
+        "recorder",
+        "cupti",
+        "forward",
+        "got",
+        "allocator",
+        "stacks",
+        "sink",
+    ];
 
     /// The modules a source file names through `crate::` (`crate::queue::Call`,
     /// `crate::{autograd, cupti::caller}`).

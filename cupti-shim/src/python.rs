@@ -1,10 +1,13 @@
 //! The calling thread's Python stack, walked in-process with the interpreter layouts the agent's
 //! kernel-side walk uses (`gpuprof_pystack`): the thread's own frame chain is read without the
 //! GIL — only this thread pushes and pops its frames, and it is busy here. A walk records
-//! (code object, instruction) pairs; a code object seen for the first time by this thread is
-//! described once, right away, while its frame keeps it alive.
+//! (code object, instruction) pairs into the thread's own buffer and hashes them; a code object
+//! seen for the first time by this thread is described once, right away, while its frame keeps
+//! it alive, and a stack it names for the first time goes to the sender once, by its frames: the
+//! call record carries only the hash. A training loop reports from a few hundred stacks: writing
+//! 30 frames into the queue for every report cost more than walking them.
 
-use std::cell::Cell;
+use std::cell::{Cell, UnsafeCell};
 use std::ffi::{c_char, c_void, CStr};
 use std::sync::atomic::Ordering;
 use std::sync::OnceLock;
@@ -12,7 +15,7 @@ use std::sync::OnceLock;
 use gpuprof_pystack::code::CodeInfo;
 use gpuprof_pystack::{Layout, Memory, MemoryError, Version};
 
-use crate::queue::{self, RawFrame, COUNTERS, MAX_FRAMES};
+use crate::queue::{self, RawFrame, StackRef, COUNTERS, MAX_FRAMES};
 
 /// `_PyInterpreterFrame.owner` of a frame the C stack owns (3.12+): a shim, not a user frame.
 const FRAME_OWNED_BY_CSTACK: u8 = 3;
@@ -71,46 +74,74 @@ impl Memory for OwnMemory {
 /// Slots of the per-thread record of code objects described (direct-mapped: a collision only
 /// means describing a code object again).
 const DESCRIBED_SLOTS: usize = 4096;
+/// Slots of the per-thread record of stacks sent (direct-mapped: a collision only means sending
+/// a stack's frames again).
+const SENT_SLOTS: usize = 512;
+
+/// What a thread has told the sender, and room for its walk: one thread-local (a thread-local of
+/// a shared library costs a call to reach, once per walk).
+struct Told {
+    /// Code objects described already, each as its address mixed with the identity it had then
+    /// (one word: 32 KiB, within the first-level cache): checked for every frame, so a plain
+    /// array indexed by the address, not a hash set.
+    described: [Cell<u64>; DESCRIBED_SLOTS],
+    /// Stacks whose frames were sent, as their hash mixed with the sender's generation.
+    sent: [Cell<u64>; SENT_SLOTS],
+    /// The walk's frames.
+    frames: UnsafeCell<[RawFrame; MAX_FRAMES]>,
+}
 
 thread_local! {
-    /// Code objects this thread has described already, with the identity each had then: the walk
-    /// checks every frame here, so it is a plain array indexed by the address, not a hash set.
-    static DESCRIBED: [Cell<(u64, u64)>; DESCRIBED_SLOTS] = const { [const { Cell::new((0, 0)) }; DESCRIBED_SLOTS] };
+    static TOLD: Told = const {
+        Told {
+            described: [const { Cell::new(0) }; DESCRIBED_SLOTS],
+            sent: [const { Cell::new(0) }; SENT_SLOTS],
+            frames: UnsafeCell::new([RawFrame { code: 0, instr: 0 }; MAX_FRAMES]),
+        }
+    };
+}
+
+/// Mixes one word into a stack's hash (a multiply-rotate: two per frame on the hot path).
+#[inline(always)]
+fn mix(hash: u64, word: u64) -> u64 {
+    (hash.rotate_left(5) ^ word).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95)
 }
 
 fn slot_of(code: u64) -> usize {
     // Code objects are at least 16-byte aligned and a few hundred bytes apart.
-    ((code >> 4) ^ (code >> 16)) as usize % DESCRIBED_SLOTS
+    (code >> 4) as usize % DESCRIBED_SLOTS
 }
 
 /// What tells a code object from another that later lives at the same address (functions made
-/// at run time, `exec`, compiled graphs): its first line, its name and file objects, and the
-/// start of the name's text (the strings' addresses are reused along with the code's; the name's
-/// text sits beside its header, the file's would cost another cache line per frame).
+/// at run time, `exec`, compiled graphs): its name object, the hash of the name's text (the
+/// strings' addresses are reused along with the code's; names are interned, so their hash is
+/// there) and its first line. Three loads a frame: this runs for every frame of every report.
 /// SAFETY: `code` is the code object of a live frame.
-unsafe fn identity(o: &gpuprof_pystack::offsets::Offsets, code: u64) -> u64 {
+#[inline(always)]
+unsafe fn identity(at: &IdentityAt, code: u64) -> u64 {
     unsafe {
-        let name = field(code + u64::from(o.code_name));
-        let file = field(code + u64::from(o.code_filename));
-        let first_line = u64::from(((code + u64::from(o.code_firstlineno)) as *const u32).read_unaligned());
-        name ^ file.rotate_left(21) ^ (first_line << 48) ^ name_start(o, name)
+        let name = field(code + at.name);
+        let name_hash = if name == 0 { 0 } else { field(name + at.name_hash) };
+        let first_line = u64::from(((code + at.first_line) as *const u32).read_unaligned());
+        name ^ name_hash.rotate_left(17) ^ (first_line << 48)
     }
 }
 
-/// Up to 8 bytes of a string object's text and its length, read as if it were compact ASCII
-/// (for other strings the bytes are something else of the object's, as fixed as the text). Never
-/// past the object: the length bounds the read.
-/// SAFETY: `string` is a live str object (or null).
-unsafe fn name_start(o: &gpuprof_pystack::offsets::Offsets, string: u64) -> u64 {
-    if string == 0 {
-        return 0;
-    }
-    unsafe {
-        let length = field(string + u64::from(o.unicode_length));
-        let mut bytes = [0u8; 8];
-        let start = (string + u64::from(o.unicode_ascii_size)) as *const u8;
-        std::ptr::copy_nonoverlapping(start, bytes.as_mut_ptr(), length.min(8) as usize);
-        u64::from_le_bytes(bytes) ^ length
+/// Where `identity` reads, as plain numbers the walk's loop keeps in registers.
+#[derive(Clone, Copy)]
+struct IdentityAt {
+    name: u64,
+    name_hash: u64,
+    first_line: u64,
+}
+
+impl IdentityAt {
+    fn of(o: &gpuprof_pystack::offsets::Offsets) -> IdentityAt {
+        IdentityAt {
+            name: u64::from(o.code_name),
+            name_hash: u64::from(o.unicode_hash()),
+            first_line: u64::from(o.code_firstlineno),
+        }
     }
 }
 
@@ -119,14 +150,15 @@ unsafe fn field(addr: u64) -> u64 {
     unsafe { (addr as *const u64).read_unaligned() }
 }
 
-/// Fills `frames` with this thread's Python stack, innermost first; returns how many.
-pub fn walk(frames: &mut [RawFrame; MAX_FRAMES]) -> u8 {
-    let Some(interpreter) = interpreter() else { return 0 };
+/// This thread's Python stack, as a call record names it; its frames were sent before this
+/// returns if this thread never sent them (in the sender's current generation).
+pub fn walk() -> StackRef {
+    let Some(interpreter) = interpreter() else { return StackRef::default() };
     let o = &interpreter.layout.offsets;
     // SAFETY: the interpreter's own accessor; null when this thread has no Python state.
     let tstate = unsafe { (interpreter.this_thread_state)() } as u64;
     if tstate == 0 {
-        return 0;
+        return StackRef::default();
     }
     // SAFETY (all reads below): the thread state and the frames it links to are this thread's
     // own and stay in place while it is in this call.
@@ -135,35 +167,62 @@ pub fn walk(frames: &mut [RawFrame; MAX_FRAMES]) -> u8 {
         frame = unsafe { field(frame + u64::from(current)) };
     }
     let skip_shims = interpreter.layout.has_cstack_frames;
-    let mut count = 0usize;
-    let mut links = 0usize;
-    while frame != 0 && links < MAX_LINKS {
-        links += 1;
-        let is_shim = skip_shims
-            && o.frame_owner
-                .is_some_and(|owner| unsafe { *((frame + u64::from(owner)) as *const u8) } == FRAME_OWNED_BY_CSTACK);
-        if !is_shim {
-            if count == MAX_FRAMES {
-                COUNTERS.stacks_cut.fetch_add(1, Ordering::Relaxed);
-                return count as u8;
+    let owner_at = o.frame_owner.map(u64::from);
+    let (code_at, instr_at, previous_at) =
+        (u64::from(o.frame_code), u64::from(o.frame_instr), u64::from(o.frame_previous));
+    let identity_at = IdentityAt::of(o);
+    // Everything the loop reads is moved in: a closure borrowing its locals reloaded each one
+    // from memory on every frame.
+    TOLD.with(move |told| {
+        // SAFETY: this thread's own buffer, used by this call only (a report does not nest).
+        let frames = unsafe { &mut *told.frames.get() };
+        let mut frame = frame;
+        let (mut count, mut links, mut hash) = (0usize, 0usize, 0u64);
+        while frame != 0 && links < MAX_LINKS {
+            links += 1;
+            let is_shim = skip_shims
+                && owner_at.is_some_and(|owner| unsafe { *((frame + owner) as *const u8) } == FRAME_OWNED_BY_CSTACK);
+            if !is_shim {
+                if count == MAX_FRAMES {
+                    COUNTERS.stacks_cut.fetch_add(1, Ordering::Relaxed);
+                    break;
+                }
+                let code = unsafe { field(frame + code_at) };
+                let instr = unsafe { field(frame + instr_at) };
+                // SAFETY: the code object of a frame on this thread's stack.
+                let seen = code ^ unsafe { identity(&identity_at, code) }.rotate_left(32);
+                let slot = &told.described[slot_of(code)];
+                if slot.get() != seen {
+                    slot.set(seen);
+                    describe(interpreter, code);
+                }
+                // SAFETY: count < MAX_FRAMES, checked above.
+                unsafe { *frames.get_unchecked_mut(count) = RawFrame { code, instr } };
+                hash = mix(mix(hash, code), instr);
+                count += 1;
             }
-            let code = unsafe { field(frame + u64::from(o.frame_code)) };
-            let instr = unsafe { field(frame + u64::from(o.frame_instr)) };
-            // SAFETY: the code object of a frame on this thread's stack.
-            describe_once(interpreter, code, unsafe { identity(o, code) });
-            frames[count] = RawFrame { code, instr };
-            count += 1;
+            frame = unsafe { field(frame + previous_at) };
         }
-        frame = unsafe { field(frame + u64::from(o.frame_previous)) };
-    }
-    count as u8
+        if count == 0 {
+            return StackRef::default();
+        }
+        // 0 names no stack; the depth is in the hash too.
+        let hash = mix(hash, count as u64) | 1;
+        let generation = queue::stack_generation();
+        let tag = hash.wrapping_add(u64::from(generation));
+        let slot = &told.sent[(hash >> 7) as usize % SENT_SLOTS];
+        if slot.get() != tag {
+            queue::push_stack(hash, &frames[..count]);
+            slot.set(tag);
+        }
+        StackRef { hash }
+    })
 }
 
-fn describe_once(interpreter: &Interpreter, code: u64, identity: u64) {
-    let first_time = DESCRIBED.with(|described| described[slot_of(code)].replace((code, identity)) != (code, identity));
-    if !first_time {
-        return;
-    }
+/// A code object this thread meets for the first time (or at an address another had): described
+/// now, while its frame keeps it alive.
+#[cold]
+fn describe(interpreter: &Interpreter, code: u64) {
     if let Ok(info) = CodeInfo::read(&OwnMemory, &interpreter.layout, code) {
         queue::push_code(code, info);
     }

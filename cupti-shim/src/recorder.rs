@@ -1,5 +1,5 @@
-//! One call, recorded by the thread that made it: its pid and tid, its Python stack walked
-//! straight into the ring's slot (`python`), and how many code descriptions were queued before
+//! One call, recorded by the thread that made it: its pid and tid, its Python stack (walked by
+//! `python`: its hash, its frames sent once), and how many code descriptions were queued before
 //! it. The producers (`allocator`, `cupti`'s callback) call this; the sender reads the record.
 
 use std::cell::Cell;
@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::python;
 use crate::queue::{self, Call};
+use crate::timing::{self, Phase};
 
 /// Bumped in a forked child: ids cached before the fork are stale there.
 static FORKS: AtomicU64 = AtomicU64::new(0);
@@ -19,14 +20,18 @@ thread_local! {
 /// Records a call made at `ts_ns` by this thread, with its Python stack.
 pub fn record(ts_ns: u64, call: Call) {
     let (pid, tid) = this_thread();
+    let walking = timing::stamp();
+    let stack = python::walk();
+    timing::lap(Phase::Walk, walking);
+    // After the walk: the descriptions it queued come before this record.
+    let codes_before = queue::codes_queued();
     queue::push_call(|record| {
         record.ts_ns = ts_ns;
         record.pid = pid;
         record.tid = tid;
         record.call = call;
-        // The walk writes its frames straight into the ring's slot.
-        record.frame_count = python::walk(&mut record.frames);
-        record.codes_before = queue::codes_queued();
+        record.codes_before = codes_before;
+        record.stack = stack;
     });
 }
 

@@ -1,11 +1,13 @@
-//! A bounded ring of allocator records written in place: a calling thread reserves a slot,
-//! fills it (the stack walk writes its frames straight into it) and publishes it, so an event
-//! costs one pass over the bytes it uses instead of building a record and copying it in. Many
-//! writers, one reader (the shim's sender thread); a full ring refuses at once, never waits.
-//! (The sequence-number scheme of Dmitry Vyukov's bounded queue.)
+//! A bounded ring of call records written in place: a calling thread reserves a slot, fills it
+//! and publishes it, so an event costs one pass over the bytes it uses instead of building a
+//! record and copying it in. Many writers, one reader (the shim's sender thread); a full ring
+//! refuses at once and hands the writer's work back (the queue decides whether to wait). (The
+//! sequence-number scheme of Dmitry Vyukov's bounded queue.)
 
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crossbeam_utils::CachePadded;
 
 struct Slot<T> {
     /// `position` when free for the writer of that position, `position + 1` once published.
@@ -17,9 +19,10 @@ pub struct Ring<T> {
     slots: Box<[Slot<T>]>,
     mask: usize,
     /// Next position to write, shared by the writers.
-    tail: AtomicUsize,
-    /// Next position to read (the one reader's).
-    head: AtomicUsize,
+    tail: CachePadded<AtomicUsize>,
+    /// Next position to read (the one reader's). On a cache line of its own: the reader writes
+    /// it at every record, and sharing the writers' line cost each write a transfer between cores.
+    head: CachePadded<AtomicUsize>,
 }
 
 // SAFETY: a slot's value is touched by one thread at a time: its writer between reserving and
@@ -34,12 +37,17 @@ impl<T: Copy> Ring<T> {
         assert!(capacity.is_power_of_two());
         let slots =
             (0..capacity).map(|i| Slot { sequence: AtomicUsize::new(i), value: UnsafeCell::new(empty) }).collect();
-        Ring { slots, mask: capacity - 1, tail: AtomicUsize::new(0), head: AtomicUsize::new(0) }
+        Ring {
+            slots,
+            mask: capacity - 1,
+            tail: CachePadded::new(AtomicUsize::new(0)),
+            head: CachePadded::new(AtomicUsize::new(0)),
+        }
     }
 
-    /// Reserves a slot, lets `fill` write it in place, publishes it; false (nothing written)
-    /// when the ring is full.
-    pub fn push_with(&self, fill: impl FnOnce(&mut T)) -> bool {
+    /// Reserves a slot, lets `fill` write it in place, publishes it; when the ring is full,
+    /// nothing is written and `fill` comes back.
+    pub fn push_with<F: FnOnce(&mut T)>(&self, fill: F) -> Result<(), F> {
         let mut position = self.tail.load(Ordering::Relaxed);
         loop {
             let slot = &self.slots[position & self.mask];
@@ -53,13 +61,13 @@ impl<T: Copy> Ring<T> {
                             // the sequence number below publishes it.
                             fill(unsafe { &mut *slot.value.get() });
                             slot.sequence.store(position + 1, Ordering::Release);
-                            return true;
+                            return Ok(());
                         }
                         Err(current) => position = current,
                     }
                 }
                 // The reader has not freed this slot yet: full.
-                gap if gap < 0 => return false,
+                gap if gap < 0 => return Err(fill),
                 _ => position = self.tail.load(Ordering::Relaxed),
             }
         }
@@ -99,13 +107,13 @@ mod tests {
     fn records_come_out_in_order_and_a_full_ring_refuses() {
         let ring = Ring::new(4, 0u64);
         for i in 1..=4 {
-            assert!(ring.push_with(|v| *v = i));
+            assert!(ring.push_with(|v| *v = i).is_ok());
         }
-        assert!(!ring.push_with(|v| *v = 99));
+        assert!(ring.push_with(|v| *v = 99).is_err());
         let mut out = Vec::new();
         while ring.pop_with(|v| out.push(*v)) {}
         assert_eq!(out, [1, 2, 3, 4]);
-        assert!(ring.push_with(|v| *v = 5));
+        assert!(ring.push_with(|v| *v = 5).is_ok());
         assert_eq!((ring.reserved(), ring.taken()), (5, 4));
         assert!(ring.pop_with(|v| assert_eq!(*v, 5)));
         assert!(!ring.pop_with(|_| unreachable!()));
@@ -118,7 +126,9 @@ mod tests {
         let writers: Vec<_> = (0..4u64)
             .map(|w| {
                 let ring = ring.clone();
-                std::thread::spawn(move || (0..1000u64).filter(|i| ring.push_with(|v| *v = w * 1000 + i)).count())
+                std::thread::spawn(move || {
+                    (0..1000u64).filter(|i| ring.push_with(|v| *v = w * 1000 + i).is_ok()).count()
+                })
             })
             .collect();
         let pushed: usize = writers.into_iter().map(|w| w.join().unwrap()).sum();

@@ -1,24 +1,32 @@
-//! The shim's sender thread: drains the queue, turns records into contract events (jsonl, the
-//! same as the agent writes, `source: shim`) with their Python stacks symbolized, and writes
-//! them to the local agent's Unix socket (`GPUPROF_SHIM_SOCKET`) or, with no agent listening, to
-//! the jsonl file `GPUPROF_SHIM_OUTPUT` (appended to; several processes may share it). At exit
-//! what is queued is sent; drops are said on stderr and, to an agent, in a last counters line.
-//! `gpuprof_shim_flush` lets the process itself wait until what it queued is written (the pytest
-//! plugin reads each test's events from the file right after the test).
+//! The shim's sender thread: drains the queue, turns records into contract events (`source:
+//! shim`) with their Python stacks symbolized, and writes them to the local agent's Unix socket
+//! (`GPUPROF_SHIM_SOCKET`, in the binary stream of `gpuprof_model::shim::wire`: blocks of 75
+//! bytes naming their stacks by number) or, with no agent listening, to the jsonl file
+//! `GPUPROF_SHIM_OUTPUT` (the agent's own jsonl; appended to, several processes may share it). It
+//! also listens to the agent: a word on the socket switches the capture level (`level`), and the
+//! switch is acknowledged in the stream. At exit what is queued is sent; drops and waits are said
+//! on stderr and, to an agent, in a last counters line. `gpuprof_shim_flush` lets the process
+//! itself wait until what it queued is written (the pytest plugin reads each test's events from
+//! the file right after the test).
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::io::Write;
+use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use gpuprof_model::driver_api;
-use gpuprof_model::event::{wall_clock_ns, Event, Kind, Layer, Op, Source, PYTORCH_ALLOCATOR_API};
+use gpuprof_model::event::{wall_clock_ns, Event, Layer, Op, Source};
+use gpuprof_model::shim::wire::{self, Block, Message};
 use gpuprof_model::shim::{Counters, CountersLine, OUTPUT_VAR, SOCKET_VAR};
+use gpuprof_model::stack::Stack;
 
 use crate::autograd::{self, NodeNames};
+use crate::level;
 use crate::queue::{self, Call, CallRecord, Record, COUNTERS};
-use crate::stacks::Stacks;
+use crate::stacks::{Interned, Stacks};
 
 /// Set: the counters line is also written to stderr at exit (to see what a process counted).
 pub const REPORT_VAR: &str = "GPUPROF_SHIM_REPORT";
@@ -30,6 +38,8 @@ const TORCH_LOOK: Duration = Duration::from_millis(100);
 const EXIT_DRAIN: Duration = Duration::from_secs(2);
 /// How long `gpuprof_shim_flush` waits for the sender.
 const FLUSH_WAIT: Duration = Duration::from_secs(2);
+/// A batch is written once it holds this many bytes (or the queue is empty).
+const BATCH: usize = 1 << 16;
 
 static RUNNING: AtomicBool = AtomicBool::new(false);
 static STOP: AtomicBool = AtomicBool::new(false);
@@ -101,10 +111,15 @@ pub fn flush_before_exit() {
     }
     let dropped = COUNTERS.dropped_queue_full.load(Ordering::Relaxed);
     let drained = DRAINED.load(Ordering::Acquire);
+    if !drained {
+        // Reports made from here on (the interpreter's teardown) do not wait for a sender that
+        // may be gone.
+        queue::sender_gone();
+    }
     if dropped > 0 || !drained {
         eprintln!(
-            "gpuprof shim: pid {pid}: queued {}, dropped {dropped} (queue full){}",
-            COUNTERS.queued.load(Ordering::Relaxed),
+            "gpuprof shim: pid {pid}: queued {}, dropped {dropped} (queue full, the sender stalled){}",
+            queue::queued(),
             if drained { "" } else { "; the rest of the queue was not sent in time" }
         );
     }
@@ -157,7 +172,9 @@ pub extern "C" fn _exit(status: libc::c_int) -> ! {
 }
 
 enum Destination {
+    /// The agent: the binary stream, and the agent's words coming back.
     Agent(UnixStream),
+    /// The jsonl file.
     File(std::fs::File),
     Nowhere,
 }
@@ -182,35 +199,255 @@ fn open_destination() -> Destination {
     Destination::Nowhere
 }
 
+/// The sender's state: what it writes where, and what the destination has been told.
+struct Sender {
+    destination: Destination,
+    /// Messages (to the agent) or lines (to the file) not written yet.
+    batch: Vec<u8>,
+    stacks: Stacks,
+    names: NodeNames,
+    /// Node classes numbered for the agent, by vtable.
+    numbered_names: HashMap<u64, u32>,
+    comm: std::sync::Arc<str>,
+    ppid: u32,
+    /// One event's JSON before its stack goes in, and one line (reused).
+    head: Vec<u8>,
+    line: String,
+    /// Level changes acknowledged to the agent so far.
+    level_changes_told: u64,
+    /// The agent's words not read to their end yet.
+    words: Vec<u8>,
+}
+
+impl Sender {
+    fn new(destination: Destination) -> Sender {
+        let comm: std::sync::Arc<str> = std::fs::read_to_string("/proc/self/comm").unwrap_or_default().trim().into();
+        // SAFETY: getppid has no preconditions.
+        let ppid = unsafe { libc::getppid() } as u32;
+        let mut sender = Sender {
+            destination,
+            batch: Vec::with_capacity(BATCH * 2),
+            stacks: Stacks::new(),
+            names: NodeNames::default(),
+            numbered_names: HashMap::new(),
+            comm,
+            ppid,
+            head: Vec::new(),
+            line: String::new(),
+            level_changes_told: u64::MAX,
+            words: Vec::new(),
+        };
+        if sender.binary() {
+            sender.batch.extend_from_slice(wire::MAGIC);
+            let comm = Cow::Owned(sender.comm.to_string());
+            Message::Process { pid: std::process::id(), ppid, comm }.write(&mut sender.batch);
+        }
+        sender
+    }
+
+    fn binary(&self) -> bool {
+        matches!(self.destination, Destination::Agent(_))
+    }
+
+    /// An event that is not a block: its JSON line, inside a message to the agent.
+    fn push_event(&mut self, event: &Event) {
+        let json = serde_json::to_string(event).expect("an event always serializes");
+        self.push_json(&json);
+        SENT.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn push_json(&mut self, json: &str) {
+        if self.binary() {
+            Message::Json(Cow::Borrowed(json)).write(&mut self.batch);
+        } else {
+            self.batch.extend_from_slice(json.as_bytes());
+            self.batch.push(b'\n');
+        }
+    }
+
+    fn push_call(&mut self, record: &CallRecord) {
+        if let (Call::Allocator { .. }, true) = (&record.call, self.binary()) {
+            let stack = match self.stacks.intern(record.stack, record.codes_before) {
+                Interned::Known(number) => number,
+                Interned::New(number, frames) => {
+                    Message::Stack { id: number, frames }.write(&mut self.batch);
+                    number
+                }
+                Interned::Unresolved => {
+                    UNRESOLVED.fetch_add(1, Ordering::Relaxed);
+                    0
+                }
+            };
+            if self.stacks.take_forgotten() {
+                Message::ForgetStacks.write(&mut self.batch);
+            }
+            let block = self.block_of(record, stack);
+            Message::Block(block).write(&mut self.batch);
+            SENT.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let event = self.call_event(record);
+        self.line.clear();
+        write_call_line(&mut self.line, &mut self.head, &event, record, &mut self.stacks);
+        let line = std::mem::take(&mut self.line);
+        self.push_json(&line);
+        self.line = line;
+        SENT.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A block as the wire carries it, its node class numbered (and sent) on first sight.
+    fn block_of(&mut self, record: &CallRecord, stack: u32) -> Block {
+        let Call::Allocator { ptr, delta, allocated, reserved, device_index, autograd } = record.call else {
+            unreachable!("blocks are allocator reports")
+        };
+        let autograd = autograd.map(|state| {
+            let node = match state.node_vtable {
+                0 => 0,
+                vtable => match self.numbered_names.get(&vtable) {
+                    Some(number) => *number,
+                    None => {
+                        let number = self.numbered_names.len() as u32 + 1;
+                        self.numbered_names.insert(vtable, number);
+                        let text = self.names.name_of(vtable);
+                        Message::Name { id: number, text: Cow::Borrowed(&text) }.write(&mut self.batch);
+                        number
+                    }
+                },
+            };
+            (node, state.seq, state.thread)
+        });
+        Block {
+            ts: record.ts_ns,
+            pid: record.pid,
+            tid: record.tid,
+            ptr,
+            delta,
+            allocated,
+            reserved,
+            device: device_index,
+            stack,
+            autograd,
+        }
+    }
+
+    /// The event of a call, its stack left out (`write_call_line` writes it).
+    fn call_event(&mut self, record: &CallRecord) -> Event {
+        let mut event = match &record.call {
+            Call::Allocator { autograd, .. } => {
+                let node =
+                    autograd.filter(|state| state.node_vtable != 0).map(|state| self.names.name_of(state.node_vtable));
+                self.block_of_without_names(record).event(Stack::empty(), node)
+            }
+            Call::Driver { api, values, caller } => {
+                let api = driver_api::by_id(*api).expect("the callback records table entries only");
+                let mut event = Event::new(
+                    record.ts_ns,
+                    record.pid,
+                    record.tid,
+                    Source::Shim,
+                    Layer::Driver,
+                    api.op,
+                    Cow::Borrowed(api.name),
+                );
+                api.fill_event(&mut event, values);
+                event.caller_module = crate::cupti::caller::module_of(*caller);
+                event
+            }
+        };
+        event.comm = self.comm.clone();
+        event.ppid = Some(self.ppid);
+        event
+    }
+
+    /// The block of an allocator report for the jsonl path (node classes go by name there).
+    fn block_of_without_names(&self, record: &CallRecord) -> Block {
+        let Call::Allocator { ptr, delta, allocated, reserved, device_index, autograd } = record.call else {
+            unreachable!("blocks are allocator reports")
+        };
+        Block {
+            ts: record.ts_ns,
+            pid: record.pid,
+            tid: record.tid,
+            ptr,
+            delta,
+            allocated,
+            reserved,
+            device: device_index,
+            stack: 0,
+            autograd: autograd.map(|state| (0, state.seq, state.thread)),
+        }
+    }
+
+    /// Writes the batch out once it is large enough (`force`: whatever it holds).
+    fn write(&mut self, force: bool) {
+        if self.batch.is_empty() || (!force && self.batch.len() < BATCH) {
+            return;
+        }
+        let failed = match &mut self.destination {
+            Destination::Agent(stream) => stream.write_all(&self.batch).err(),
+            Destination::File(file) => file.write_all(&self.batch).err(),
+            Destination::Nowhere => None,
+        };
+        self.batch.clear();
+        if let Some(error) = failed {
+            eprintln!(
+                "gpuprof shim: pid {}: sending failed ({error}); events from now on are not recorded",
+                std::process::id()
+            );
+            self.destination = Destination::Nowhere;
+        }
+    }
+
+    /// Takes the agent's words (without waiting), and tells it each level change once.
+    fn listen(&mut self) {
+        if let Destination::Agent(stream) = &self.destination {
+            let mut buf = [0u8; 256];
+            loop {
+                // SAFETY: receiving into a buffer of the given length, without waiting.
+                let n =
+                    unsafe { libc::recv(stream.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+                if n <= 0 {
+                    break;
+                }
+                self.words.extend_from_slice(&buf[..n as usize]);
+            }
+            while let Some(end) = self.words.iter().position(|b| *b == b'\n') {
+                let word: Vec<u8> = self.words.drain(..=end).collect();
+                if let Some(level) = wire::read_word(&String::from_utf8_lossy(&word)) {
+                    level::set(level);
+                }
+            }
+        }
+        let changes = level::changes();
+        if changes != self.level_changes_told && self.binary() {
+            self.level_changes_told = changes;
+            Message::Level { level: level::now(), ts: wall_clock_ns() }.write(&mut self.batch);
+        }
+    }
+}
+
 fn run() {
-    let mut destination = open_destination();
-    let mut stacks = Stacks::new();
-    // One event's JSON before its stack goes in (reused).
-    let mut line = Vec::new();
-    let comm: std::sync::Arc<str> = std::fs::read_to_string("/proc/self/comm").unwrap_or_default().trim().into();
-    // SAFETY: getppid has no preconditions.
-    let ppid = unsafe { libc::getppid() } as u32;
-    let mut batch = String::new();
+    let mut sender = Sender::new(open_destination());
     // Exits wait until the blocks queued before them are out.
     let mut exits: Vec<Event> = Vec::new();
-    let mut names = NodeNames::default();
     let mut looked_for_torch = Instant::now() - TORCH_LOOK;
     loop {
         if autograd::unconfigured() && looked_for_torch.elapsed() >= TORCH_LOOK {
             autograd::configure();
             looked_for_torch = Instant::now();
         }
+        sender.listen();
         let stopping = STOP.load(Ordering::Acquire);
-        let other = |batch: &mut String, exits: &mut Vec<Event>, stacks: &mut Stacks| {
+        let other = |sender: &mut Sender, exits: &mut Vec<Event>| {
             while let Some(record) = queue::pop() {
-                match event_of(record, stacks, &comm, ppid) {
+                match event_of(record, &mut sender.stacks, &sender.comm, sender.ppid) {
                     Some(event) if event.op == Op::Exit => exits.push(event),
-                    Some(event) => push_line(batch, &event),
+                    Some(event) => sender.push_event(&event),
                     None => {}
                 }
             }
         };
-        other(&mut batch, &mut exits, &mut stacks);
+        other(&mut sender, &mut exits);
         loop {
             let mut call = None;
             if !queue::pop_call(|record| call = Some(*record)) {
@@ -219,35 +456,31 @@ fn run() {
             // A call's code objects were queued before it was published: now that it is here,
             // they are too (and maybe later ones: `Stacks` applies each in its turn).
             if queue::others_waiting() {
-                other(&mut batch, &mut exits, &mut stacks);
+                other(&mut sender, &mut exits);
             }
-            let record = call.expect("set by the read");
-            let event = call_event(&record, &comm, ppid, &mut names);
-            push_call_line(&mut batch, &mut line, &event, &record, &mut stacks);
-            if batch.len() >= 1 << 16 {
-                write(&mut destination, &batch);
-                batch.clear();
+            sender.push_call(&call.expect("set by the read"));
+            if sender.batch.len() >= BATCH {
+                sender.write(true);
                 WRITTEN.store(queue::calls_taken(), Ordering::Release);
             }
         }
         for exit in exits.drain(..) {
-            push_line(&mut batch, &exit);
+            sender.push_event(&exit);
         }
-        if !batch.is_empty() {
-            write(&mut destination, &batch);
-            batch.clear();
-        }
+        sender.write(true);
         // Everything taken from the ring is out (or could not be sent, which flushing cannot fix).
         WRITTEN.store(queue::calls_taken(), Ordering::Release);
         if stopping {
             let counters = serde_json::to_string(&CountersLine { gpuprof_shim: counters() })
                 .expect("the counters always serialize");
-            if let Destination::Agent(stream) = &mut destination {
-                let _ = stream.write_all(format!("{counters}\n").as_bytes());
+            if sender.binary() {
+                sender.push_json(&counters);
+                sender.write(true);
             }
             if std::env::var_os(REPORT_VAR).is_some() {
                 eprintln!("{counters}");
             }
+            queue::sender_gone();
             DRAINED.store(true, Ordering::Release);
             return;
         }
@@ -261,32 +494,14 @@ fn counters() -> Counters {
         pid: std::process::id(),
         sent: SENT.load(Ordering::Relaxed),
         dropped_queue_full: COUNTERS.dropped_queue_full.load(Ordering::Relaxed),
+        waits: COUNTERS.waits.load(Ordering::Relaxed),
+        wait_ns: COUNTERS.wait_ns.load(Ordering::Relaxed),
         stacks_cut: COUNTERS.stacks_cut.load(Ordering::Relaxed),
         stacks_unresolved: UNRESOLVED.load(Ordering::Relaxed),
         cupti: Some(crate::cupti::state()),
         cupti_library: crate::cupti::library_path().map(str::to_string),
         cupti_cross_check: Some(crate::cupti::cross_check().report()),
-    }
-}
-
-fn push_line(batch: &mut String, event: &Event) {
-    batch.push_str(&serde_json::to_string(event).expect("an event always serializes"));
-    batch.push('\n');
-    SENT.fetch_add(1, Ordering::Relaxed);
-}
-
-fn write(destination: &mut Destination, batch: &str) {
-    let failed = match destination {
-        Destination::Agent(stream) => stream.write_all(batch.as_bytes()).err(),
-        Destination::File(file) => file.write_all(batch.as_bytes()).err(),
-        Destination::Nowhere => None,
-    };
-    if let Some(error) = failed {
-        eprintln!(
-            "gpuprof shim: pid {}: sending failed ({error}); events from now on are not recorded",
-            std::process::id()
-        );
-        *destination = Destination::Nowhere;
+        timing: crate::timing::report(),
     }
 }
 
@@ -294,6 +509,10 @@ fn event_of(record: Record, stacks: &mut Stacks, comm: &std::sync::Arc<str>, ppi
     match record {
         Record::Code { seq, code, info } => {
             stacks.queue_description(seq, code, *info);
+            None
+        }
+        Record::Stack { hash, frames, .. } => {
+            stacks.receive(hash, frames);
             None
         }
         Record::Forked { ts_ns, pid, parent } => {
@@ -311,75 +530,23 @@ fn event_of(record: Record, stacks: &mut Stacks, comm: &std::sync::Arc<str>, ppi
     }
 }
 
-/// The event of a call, its stack left out (`push_call_line` writes it).
-fn call_event(record: &CallRecord, comm: &std::sync::Arc<str>, ppid: u32, names: &mut NodeNames) -> Event {
-    let mut event = match &record.call {
-        Call::Allocator { ptr, delta, allocated, reserved, device_index, autograd } => {
-            let op = if *delta < 0 { Op::Free } else { Op::Alloc };
-            let mut event = Event::new(
-                record.ts_ns,
-                record.pid,
-                record.tid,
-                Source::Shim,
-                Layer::Allocator,
-                op,
-                Cow::Borrowed(PYTORCH_ALLOCATOR_API),
-            );
-            event.kind = Some(Kind::Device);
-            event.device = Some(i32::from(*device_index));
-            event.addr = Some(*ptr);
-            event.size = delta.unsigned_abs();
-            event.allocated = Some(*allocated);
-            event.reserved = Some(*reserved);
-            if let Some(state) = autograd {
-                event.autograd_seq = Some(state.seq);
-                event.autograd_thread = Some(state.thread);
-                if state.node_vtable != 0 {
-                    event.autograd_node = Some(names.name_of(state.node_vtable));
-                }
-            }
-            event
-        }
-        Call::Driver { api, values, caller } => {
-            let api = driver_api::by_id(*api).expect("the callback records table entries only");
-            let mut event = Event::new(
-                record.ts_ns,
-                record.pid,
-                record.tid,
-                Source::Shim,
-                Layer::Driver,
-                api.op,
-                Cow::Borrowed(api.name),
-            );
-            api.fill_event(&mut event, values);
-            event.caller_module = crate::cupti::caller::module_of(*caller);
-            event
-        }
-    };
-    event.comm = comm.clone();
-    event.ppid = Some(ppid);
-    event
-}
-
-/// Writes a call's event line: the event serialized with an empty stack, which is last of the
-/// fields it has, then the stack's JSON put in its place.
-fn push_call_line(batch: &mut String, line: &mut Vec<u8>, event: &Event, record: &CallRecord, stacks: &mut Stacks) {
+/// Writes a call's event line (no newline) to `line`: the event serialized with an empty stack,
+/// which is last of the fields it has, then the stack's JSON put in its place.
+fn write_call_line(line: &mut String, head: &mut Vec<u8>, event: &Event, record: &CallRecord, stacks: &mut Stacks) {
     const EMPTY_STACK_END: &[u8] = b"\"stack\":[]}";
     debug_assert!(event.stack.is_empty() && event.native.is_empty());
-    line.clear();
-    serde_json::to_writer(&mut *line, event).expect("an event always serializes");
-    let Some(head) = line.strip_suffix(EMPTY_STACK_END) else {
+    head.clear();
+    serde_json::to_writer(&mut *head, event).expect("an event always serializes");
+    let Some(start) = head.strip_suffix(EMPTY_STACK_END) else {
         unreachable!("the stack is the last field of an event without native frames");
     };
-    let start = batch.len();
-    batch.push_str(std::str::from_utf8(head).expect("serde_json writes UTF-8"));
-    batch.push_str("\"stack\":");
-    if !stacks.write_json(&record.frames[..usize::from(record.frame_count)], record.codes_before, batch) {
+    line.push_str(std::str::from_utf8(start).expect("serde_json writes UTF-8"));
+    line.push_str("\"stack\":");
+    if !stacks.write_json(record.stack, record.codes_before, line) {
         // A partial stack would be a wrong one: none, counted.
-        batch.push_str("[]");
+        line.push_str("[]");
         UNRESOLVED.fetch_add(1, Ordering::Relaxed);
     }
-    batch.push_str("}\n");
-    SENT.fetch_add(1, Ordering::Relaxed);
-    debug_assert!(serde_json::from_str::<Event>(&batch[start..batch.len() - 1]).is_ok(), "{}", &batch[start..]);
+    line.push('}');
+    debug_assert!(serde_json::from_str::<Event>(line).is_ok(), "{line}");
 }

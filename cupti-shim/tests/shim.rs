@@ -297,7 +297,8 @@ fn with_no_agent_the_events_go_to_the_file_and_a_full_queue_is_counted() {
     assert_eq!(events.iter().filter(|e| e.layer == Layer::Allocator).count(), blocks);
 
     // An agent that accepts and never reads: the sender blocks on the socket, the queue fills,
-    // the workload goes on, and what could not be queued is counted at exit.
+    // the workload waits for it a second, then goes on (the sender is stalled), and what could
+    // not be queued is counted at exit.
     let socket = dir.join("stuck.sock");
     let listener = UnixListener::bind(&socket).unwrap();
     let holder = std::thread::spawn(move || listener.accept().map(|(stream, _)| stream));
@@ -309,10 +310,14 @@ fn with_no_agent_the_events_go_to_the_file_and_a_full_queue_is_counted() {
     let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
     assert_eq!(output.status.code(), Some(0), "{stderr}");
     assert_eq!(String::from_utf8_lossy(&output.stdout), "reports 60000\n");
-    // "gpuprof shim: pid P: queued Q, dropped D (queue full); the rest of the queue was not sent in time"
+    // "gpuprof shim: pid P: queued Q, dropped D (queue full, the sender stalled); the rest of the
+    // queue was not sent in time"
     let numbers: Vec<u64> =
         stderr.split(|c: char| !c.is_ascii_digit()).filter(|s| !s.is_empty()).map(|s| s.parse().unwrap()).collect();
-    assert!(stderr.contains("(queue full); the rest of the queue was not sent in time"), "{stderr}");
+    assert!(
+        stderr.contains("(queue full, the sender stalled); the rest of the queue was not sent in time"),
+        "{stderr}"
+    );
     let (queued, dropped) = (numbers[1], numbers[2]);
     assert!(dropped > 0, "{stderr}");
     // Every report, every code object described and the exit record: queued or dropped.
@@ -385,7 +390,7 @@ fn run_via_shim_captures_without_privileges() {
     assert_eq!(
         stats,
         format!(
-            "gpuprof: {} events from 1 processes via the shim; dropped 0 (queue full in the process); stacks cut 0, unresolved 0; undecodable lines 0; refused (naming another process) 0; processes closed out by hanging up 0; CUPTI driver callbacks in 1 (slot held by another subscriber 0, handed to a profiler 0, no libcupti 0, activity cross-check disagreed 0)",
+            "gpuprof: {} events from 1 processes via the shim; dropped 0 (queue full in the process); waited for room 0 times (0.0 ms in all); stacks cut 0, unresolved 0; undecodable lines 0; refused (naming another process) 0; processes closed out by hanging up 0; CUPTI driver callbacks in 1 (slot held by another subscriber 0, handed to a profiler 0, no libcupti 0, activity cross-check disagreed 0)",
             blocks.len() + segments.len() + 1
         )
     );

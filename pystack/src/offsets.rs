@@ -69,6 +69,12 @@ pub struct Offsets {
 }
 
 impl Offsets {
+    /// `PyASCIIObject.hash`: the `Py_hash_t` right after `length` in every version 3.8–3.13 (-1
+    /// until computed; interned names, such as code objects' `co_name`, have theirs).
+    pub fn unicode_hash(&self) -> u16 {
+        self.unicode_length + 8
+    }
+
     /// (name, value) pairs in the vocabulary of `derive/offsets.c`.
     pub fn named(&self) -> Vec<(&'static str, Option<u16>)> {
         vec![

@@ -10,8 +10,10 @@ use gpuprof_model::event::wall_clock_ns;
 
 use super::tally::{counted_as, Tally};
 
-use crate::queue::Call;
-use crate::recorder;
+use gpuprof_model::level::Level;
+
+use crate::queue::{self, Call};
+use crate::{level, recorder};
 
 /// `CUPTI_CB_DOMAIN_DRIVER_API`.
 pub const DOMAIN_DRIVER_API: u32 = 1;
@@ -135,6 +137,11 @@ unsafe fn handle(domain: u32, cbid: u32, data: *const CUpti_CallbackData) {
     unsafe { super::params::read(entry.args, data.functionParams, &mut values) };
     if let (0, Some((memory_kind, release))) = (result, counted_as(entry.kind, entry.op, values.addr)) {
         SEEN.add(memory_kind, release);
+    }
+    // Paused, the call is still counted above: the cross-check with CUPTI's own records holds.
+    if level::now() == Level::Off {
+        queue::start_sender();
+        return;
     }
     recorder::record(started, Call::Driver { api, values, caller: super::caller::return_address() });
 }
