@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use gpuprof_ebpf::allocator::types::gp_autograd_span;
 use gpuprof_ebpf::types::gp_autograd;
 use gpuprof_procfs::maps;
 use gpuprof_pystack::autograd::{node_class, AutogradLayout, LIBRARY, NODE_SEQUENCE_NR, NODE_THREAD_ID};
@@ -51,6 +52,17 @@ impl AutogradConfig {
                 file.path.display()
             )));
         };
+        // The probe reads the three thread-locals at once: they must lie close together.
+        let offsets = [layout.sequence_nr, layout.thread_id, layout.current_node];
+        let span = offsets.iter().max().unwrap_or(&0) - offsets.iter().min().unwrap_or(&0) + 8;
+        if span >= gp_autograd_span::GP_AUTOGRAD_TLS_SPAN.0 as u32
+            || u32::from(NODE_SEQUENCE_NR.max(NODE_THREAD_ID)) + 8 >= gp_autograd_span::GP_AUTOGRAD_NODE_SPAN.0 as u32
+        {
+            return Configured::No(Some(format!(
+                "autograd's thread-locals in {} lie {span} bytes apart: backward blocks of pid {pid} get no forward line",
+                file.path.display()
+            )));
+        }
         let config = gp_autograd {
             module,
             sequence_nr: layout.sequence_nr,

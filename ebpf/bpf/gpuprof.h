@@ -52,6 +52,17 @@ struct gp_autograd {
 	__u16 node_thread_id;	/* offset of Node::thread_id_ */
 };
 
+/*
+ * The allocator probe reads the three autograd thread-locals at once when they lie within
+ * GP_AUTOGRAD_TLS_SPAN bytes of each other (user space refuses a process where they do not), and a
+ * node's fields within GP_AUTOGRAD_NODE_SPAN: a read costs far more than the bytes it copies.
+ * Powers of two (the reads' lengths are masked with them).
+ */
+enum gp_autograd_span {
+	GP_AUTOGRAD_TLS_SPAN = 512,
+	GP_AUTOGRAD_NODE_SPAN = 64,
+};
+
 /* c10::DeviceType::CUDA: the only device whose blocks are recorded. */
 #define GP_C10_DEVICE_CUDA 1
 

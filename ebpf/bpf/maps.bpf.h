@@ -39,14 +39,6 @@ struct {
 	__type(value, struct gp_autograd);
 } torch_procs SEC(".maps");
 
-/* tid → its PyThreadState, found once by walking the interpreter's thread list. */
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 32768);
-	__type(key, __u32);
-	__type(value, __u64);
-} thread_states SEC(".maps");
-
 /* enum gp_counter → count, per CPU: nothing is dropped without being counted here. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);

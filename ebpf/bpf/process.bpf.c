@@ -87,8 +87,6 @@ int BPF_PROG(on_exit, struct task_struct *task)
 
 	if (!tgid || !is_tracked(tgid))
 		return 0;
-	__u32 tid = id_of(task, false);
-	bpf_map_delete_elem(&thread_states, &tid);
 	/* signal->live is decremented before this tracepoint: zero means the last thread is leaving. */
 	if (BPF_CORE_READ(task, signal, live.counter) != 0)
 		return 0;

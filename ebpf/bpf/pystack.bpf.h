@@ -3,7 +3,8 @@
  * The Python stack of the current thread, read from its CPython frame chain: (code object,
  * instruction) pairs, innermost first, for user space to symbolize. The thread's PyThreadState is
  * the one whose thread_id (pthread_t) equals the thread pointer; it is found once by walking the
- * interpreter's thread list and cached by tid. A thread without one has no Python frames: an
+ * interpreter's thread list and cached in the thread's own storage (with the address space it was
+ * found in: a new program is another interpreter). A thread without one has no Python frames: an
  * empty stack, never somebody else's.
  */
 #ifndef GPUPROF_PYSTACK_BPF_H
@@ -38,6 +39,10 @@ struct stack_scratch {
 	/* code object | generation << 48: user addresses have 47 bits, and a new program (new
 	 * generation) must describe its code objects again. */
 	__u64 seen[GP_SEEN_SLOTS];
+	/* The thread's PyThreadState, found in the address space `thread_state_mm` (checked at each use:
+	 * a hash map lookup per event cost more than the check). */
+	__u64 thread_state;
+	__u64 thread_state_mm;
 	/* One frame's fields, read at once (frames outside the data stack copy). */
 	__u8 frame[GP_FRAME_READ_MAX];
 	/* The thread state's fields, read at once. */
@@ -104,16 +109,16 @@ static __always_inline int read_tstate(struct stack_scratch *scratch, const stru
 }
 
 /* The PyThreadState of the current thread, its fields copied into scratch->tstate; or 0. */
-static __always_inline __u64 current_tstate(const struct gp_python *py, __u32 tid, struct stack_scratch *scratch)
+static __always_inline __u64 current_tstate(const struct gp_python *py, struct stack_scratch *scratch)
 {
 	struct task_struct *task = bpf_get_current_task_btf();
 	struct thread_scan scan = { .py = py, .thread_pointer = task->thread.fsbase };
-	__u64 *cached = bpf_map_lookup_elem(&thread_states, &tid);
+	__u64 mm = (__u64)task->mm;
 	__u64 interp = 0;
 
-	if (cached && *cached && !read_tstate(scratch, py, *cached) &&
+	if (scratch->thread_state && scratch->thread_state_mm == mm && !read_tstate(scratch, py, scratch->thread_state) &&
 	    tstate_field(scratch, py, py->tstate_thread_id) == scan.thread_pointer)
-		return *cached;
+		return scratch->thread_state;
 	if (read_ptr(&interp, py->runtime + py->interpreters_head) || !interp)
 		return 0;
 	if (read_ptr(&scan.tstate, interp + py->threads_head))
@@ -121,7 +126,8 @@ static __always_inline __u64 current_tstate(const struct gp_python *py, __u32 ti
 	bpf_loop(GP_MAX_THREADS, scan_thread, &scan, 0);
 	if (!scan.found || read_tstate(scratch, py, scan.tstate))
 		return 0;
-	bpf_map_update_elem(&thread_states, &tid, &scan.tstate, BPF_ANY);
+	scratch->thread_state = scan.tstate;
+	scratch->thread_state_mm = mm;
 	return scan.tstate;
 }
 
@@ -296,7 +302,7 @@ static __always_inline __u32 walk_python_stack(__u32 tgid, __u32 tid, struct gp_
 	struct gp_python *py = bpf_map_lookup_elem(&python_procs, &tgid);
 	if (!py)
 		return 0;
-	__u64 tstate = current_tstate(py, tid, scratch);
+	__u64 tstate = current_tstate(py, scratch);
 	struct frame_walk walk = { .py = py, .frames = frames, .scratch = scratch, .tgid = tgid, .tid = tid };
 
 	if (!tstate)

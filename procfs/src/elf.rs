@@ -38,12 +38,13 @@ pub fn read<T>(path: &Path, reading: impl FnOnce(&Elf<'_>) -> T) -> Result<T, El
     let data =
         unsafe { memmap2::Mmap::map(&file) }.map_err(|error| ElfError::Map { path: path.to_path_buf(), error })?;
     let object = object::File::parse(&*data).map_err(|source| ElfError::NotElf { path: path.to_path_buf(), source })?;
-    Ok(reading(&Elf { object }))
+    Ok(reading(&Elf { object, data: &data }))
 }
 
 /// A parsed ELF file, for the length of a [`read`].
 pub struct Elf<'data> {
     object: object::File<'data>,
+    data: &'data [u8],
 }
 
 /// A symbol of the static table: its value is an address, or an offset in the TLS block for a
@@ -56,6 +57,13 @@ pub struct Symbol<'data> {
 }
 
 impl<'data> Elf<'data> {
+    /// Up to `length` bytes of the file from `offset` (fewer at its end; none past it): the first
+    /// instructions of a function, at the file offset `exported_functions` gives.
+    pub fn bytes_at(&self, offset: u64, length: usize) -> &'data [u8] {
+        let start = usize::try_from(offset).unwrap_or(usize::MAX).min(self.data.len());
+        &self.data[start..(start.saturating_add(length)).min(self.data.len())]
+    }
+
     /// name → file offset of every defined, exported function.
     pub fn exported_functions(&self) -> HashMap<String, u64> {
         let segments: Vec<(u64, u64, u64)> =

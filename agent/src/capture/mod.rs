@@ -1,7 +1,11 @@
 //! eBPF capture: loads the driver and process programs into the kernel with one shared ring
-//! buffer, tracks the processes to record, attaches the driver probes to each libcuda file, and
-//! reads the drop counters. Nothing outside this module touches BPF objects.
+//! buffer, tracks the processes to record, attaches the driver probes to each libcuda file and
+//! the allocator probe to each libc10 file (for every process, or for one process while its
+//! capture level is raised), and reads the drop counters. Nothing outside this module touches
+//! BPF objects. Each probe goes where the kernel can run the probed instruction without a second
+//! trap (`placement`).
 
+mod placement;
 mod probes;
 mod record;
 
@@ -73,6 +77,20 @@ pub struct CaptureOptions {
     /// A pod's sidecar: ids are this pid namespace's (the kernel's device and inode of
     /// /proc/self/ns/pid), and tasks outside it are not seen. None: the host's ids.
     pub pid_namespace: Option<PidNamespace>,
+    /// Where on a function its probes go (`Entry` only to measure what placement saves).
+    pub placement: Placement,
+    /// The allocator probe runs an empty program (to measure the trap alone: the floor).
+    pub empty_allocator_probe: bool,
+}
+
+/// Where on a function its probes go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Placement {
+    /// On the first instruction the kernel runs without a second trap, past `endbr64`
+    /// (`placement`): the default.
+    Placed,
+    /// On the function's first instruction, as a naive uprobe goes.
+    Entry,
 }
 
 /// A pid namespace as the kernel names it: the nsfs device (encoded as the kernel's dev_t) and
@@ -104,12 +122,14 @@ impl Default for CaptureOptions {
             python_stacks: true,
             track_callers: false,
             pid_namespace: None,
+            placement: Placement::Placed,
+            empty_allocator_probe: false,
         }
     }
 }
 
-/// Points a skeleton's copies of the shared maps (ring buffer, tracked pids, counters, Python,
-/// thread and autograd tables) at the driver skeleton's: the skeletons are separate objects, one
+/// Points a skeleton's copies of the shared maps (ring buffer, tracked pids, counters, Python
+/// and autograd tables) at the driver skeleton's: the skeletons are separate objects, one
 /// set of maps. (A macro: each skeleton's maps are a type of their own.)
 macro_rules! share_maps {
     ($from:expr, $to:expr, $skeleton:literal) => {
@@ -118,7 +138,6 @@ macro_rules! share_maps {
             ("tracked map", $to.tracked.reuse_fd($from.tracked.as_fd())),
             ("counters", $to.counters.reuse_fd($from.counters.as_fd())),
             ("Python map", $to.python_procs.reuse_fd($from.python_procs.as_fd())),
-            ("thread map", $to.thread_states.reuse_fd($from.thread_states.as_fd())),
             ("autograd map", $to.torch_procs.reuse_fd($from.torch_procs.as_fd())),
         ] {
             result.map_err(|e| load_error(&format!("share the {name} with {}", $skeleton), e))?;
@@ -155,6 +174,12 @@ impl DropCounters {
     }
 }
 
+/// The allocator probe on one libc10 file for one process only (a raised capture level):
+/// dropping it takes the probe off, and the process's breakpoint with it.
+pub struct ProcessProbe {
+    _link: Link,
+}
+
 pub struct Capture {
     driver: DriverSkel<'static>,
     allocator: AllocatorSkel<'static>,
@@ -162,6 +187,8 @@ pub struct Capture {
     _process: ProcessSkel<'static>,
     _tracepoints: Vec<Link>,
     probe_links: ProbeLinks,
+    placement: Placement,
+    empty_allocator_probe: bool,
     ring: RingBuffer<'static>,
     /// Records the ring buffer callback copied out, handed to the caller after each poll.
     received: Rc<RefCell<Received>>,
@@ -223,8 +250,11 @@ impl Capture {
             rodata.pidns_dev = pidns_dev;
             rodata.pidns_ino = pidns_ino;
         }
-        open_allocator.progs.allocator_report_multi.set_autoload(multi);
-        open_allocator.progs.allocator_report.set_autoload(!multi);
+        let (real, empty) = (!options.empty_allocator_probe, options.empty_allocator_probe);
+        open_allocator.progs.allocator_report_multi.set_autoload(multi && real);
+        open_allocator.progs.allocator_report.set_autoload(!multi && real);
+        open_allocator.progs.allocator_empty_multi.set_autoload(multi && empty);
+        open_allocator.progs.allocator_empty.set_autoload(!multi && empty);
         share_maps!(driver.maps, open_allocator.maps, "the allocator probe");
         let allocator = open_allocator.load().map_err(|e| load_error("load the allocator probe", e))?;
 
@@ -252,6 +282,8 @@ impl Capture {
             _process: process,
             _tracepoints: tracepoints,
             probe_links: options.probe_links,
+            placement: options.placement,
+            empty_allocator_probe: options.empty_allocator_probe,
             ring,
             received,
             uprobes: RefCell::new(Vec::new()),
@@ -297,44 +329,79 @@ impl Capture {
         self.attached.borrow().iter().any(|a| a.library.identity == library.identity)
     }
 
-    /// Puts the allocator-report probe on a libc10 file.
-    pub fn attach_allocator(&self, library: &LibraryFile) -> Result<Attachment> {
-        let functions = elf::read(&library.path, |elf| elf.exported_functions())?;
-        let offset = *functions.get(ALLOCATOR_SYMBOL).ok_or_else(|| {
-            anyhow!(
+    /// The file offsets to probe `symbols` at in `library` (placed, unless told otherwise), and
+    /// the ones it does not export.
+    fn probe_offsets<'s>(
+        &self,
+        library: &LibraryFile,
+        symbols: impl IntoIterator<Item = (&'s str, u64)>,
+    ) -> Result<(Vec<(usize, u64, &'s str)>, Vec<&'s str>)> {
+        let placement = self.placement;
+        Ok(elf::read(&library.path, |elf| {
+            let functions = elf.exported_functions();
+            let (mut found, mut missing) = (Vec::new(), Vec::new());
+            for (symbol, cookie) in symbols {
+                match functions.get(symbol) {
+                    Some(&offset) => {
+                        let shift = match placement {
+                            Placement::Placed => placement::probe_offset(elf.bytes_at(offset, 16)),
+                            Placement::Entry => 0,
+                        };
+                        found.push((offset as usize + shift, cookie, symbol));
+                    }
+                    None => missing.push(symbol),
+                }
+            }
+            (found, missing)
+        })?)
+    }
+
+    /// The allocator probe on `library`, for every process (`pid` None) or for one.
+    fn allocator_link(&self, library: &LibraryFile, pid: Option<u32>) -> Result<Link> {
+        let (found, _) = self.probe_offsets(library, [(ALLOCATOR_SYMBOL, 0)])?;
+        let Some(&(offset, _, _)) = found.first() else {
+            bail!(
                 "{} does not export c10::reportMemoryUsageToProfiler: no tensor-level events from it",
                 library.path.display()
-            )
-        })? as usize;
-        let link = match self.probe_links {
-            ProbeLinks::Multi => {
+            );
+        };
+        let pid = pid.map_or(-1, |pid| pid as i32);
+        let progs = &self.allocator.progs;
+        match (self.probe_links, self.empty_allocator_probe) {
+            (ProbeLinks::Multi, empty) => {
                 let opts = UprobeMultiOpts { offsets: vec![offset], cookies: vec![0], ..Default::default() };
-                self.allocator.progs.allocator_report_multi.attach_uprobe_multi_with_opts(-1, &library.path, "", opts)
+                let program = if empty { &progs.allocator_empty_multi } else { &progs.allocator_report_multi };
+                program.attach_uprobe_multi_with_opts(pid, &library.path, "", opts)
             }
-            ProbeLinks::PerfEvent => {
-                self.allocator.progs.allocator_report.attach_uprobe(false, -1, &library.path, offset)
+            (ProbeLinks::PerfEvent, empty) => {
+                let program = if empty { &progs.allocator_empty } else { &progs.allocator_report };
+                program.attach_uprobe(false, pid, &library.path, offset)
             }
         }
         .with_context(|| {
             format!("cannot attach a uprobe to c10::reportMemoryUsageToProfiler in {}", library.path.display())
-        })?;
+        })
+    }
+
+    /// Puts the allocator-report probe on a libc10 file, for every process using it.
+    pub fn attach_allocator(&self, library: &LibraryFile) -> Result<Attachment> {
+        let link = self.allocator_link(library, None)?;
         let attachment = Attachment { library: library.clone(), probes: 1, missing: Vec::new() };
         self.uprobes.borrow_mut().push(link);
         self.attached.borrow_mut().push(attachment.clone());
         Ok(attachment)
     }
 
+    /// Puts the allocator-report probe on a libc10 file for process `pid` only (its other users
+    /// get no breakpoint, so they pay nothing), until the returned probe is dropped.
+    pub fn attach_allocator_for(&self, library: &LibraryFile, pid: u32) -> Result<ProcessProbe> {
+        Ok(ProcessProbe { _link: self.allocator_link(library, Some(pid))? })
+    }
+
     /// Puts an entry and a return probe on every table entry point the library exports.
     pub fn attach_library(&self, library: &LibraryFile) -> Result<Attachment> {
-        let functions = elf::read(&library.path, |elf| elf.exported_functions())?;
-        let mut targets: Vec<(usize, u64, &'static str)> = Vec::new();
-        let mut missing = Vec::new();
-        for probe in probes::driver_probes() {
-            match functions.get(probe.symbol) {
-                Some(&offset) => targets.push((offset as usize, probe.cookie, probe.symbol)),
-                None => missing.push(probe.symbol),
-            }
-        }
+        let (targets, missing) =
+            self.probe_offsets(library, probes::driver_probes().into_iter().map(|probe| (probe.symbol, probe.cookie)))?;
         if targets.is_empty() {
             return Err(anyhow!(
                 "{} exports none of the CUDA memory entry points gpuprof probes (is it libcuda?)",
