@@ -236,6 +236,18 @@ pub struct CaptureArgs {
     /// Do not read PyTorch's autograd state: backward-pass blocks keep no forward line.
     #[arg(long)]
     pub no_autograd: bool,
+    /// What to record (docs/levels.md): `tensors`, every tensor block of PyTorch's allocator with
+    /// its Python stack and the driver's calls; `driver`, only the driver's memory calls
+    /// (segments, VMM, IPC, contexts, failed calls), which a warm training step does not make.
+    #[arg(long, value_name = "LEVEL", default_value = "tensors", value_parser = capture_level)]
+    pub level: gpuprof_model::Level,
+    /// Benchmarks only: where probes go on a function (`entry`: its first instruction, as a
+    /// naive uprobe; docs/benchmarks.md).
+    #[arg(long, value_enum, default_value = "placed", hide = true)]
+    pub probe_at: crate::capture::Placement,
+    /// Benchmarks only: the allocator probe runs an empty program (the trap's own cost).
+    #[arg(long, hide = true)]
+    pub empty_probes: bool,
     /// Also write the leak findings, as a JSON array, to this file.
     #[arg(long, value_name = "FILE")]
     pub findings: Option<PathBuf>,
@@ -343,13 +355,19 @@ impl CaptureArgs {
         Ok(crate::capture::CaptureOptions {
             ring_buffer_bytes: mib << 20,
             python_stacks: !self.no_stacks,
+            placement: self.probe_at,
+            empty_allocator_probe: self.empty_probes,
             ..crate::capture::CaptureOptions::default()
         })
     }
 
     /// The user-space side of an eBPF capture.
     pub fn ebpf_options(&self) -> crate::session::EbpfOptions {
-        crate::session::EbpfOptions { print_stats: self.stats, autograd: !self.no_stacks && !self.no_autograd }
+        crate::session::EbpfOptions {
+            print_stats: self.stats,
+            autograd: !self.no_stacks && !self.no_autograd,
+            level: self.level,
+        }
     }
 }
 
@@ -403,6 +421,18 @@ pub enum ReportFormat {
     Json,
     /// A readable list of findings.
     Table,
+}
+
+/// A capture level a capture can start at: driver or tensors (off would record nothing).
+fn capture_level(text: &str) -> Result<gpuprof_model::Level, String> {
+    match text.parse::<gpuprof_model::Level>() {
+        Ok(gpuprof_model::Level::Off) => Err(
+            "off records nothing: give driver or tensors (a running capture pauses through its daemon: docs/levels.md)"
+                .into(),
+        ),
+        Ok(level) => Ok(level),
+        Err(error) => Err(error.to_string()),
+    }
 }
 
 /// A moment in a recording: seconds after its first event, 0 or more.

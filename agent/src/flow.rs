@@ -10,6 +10,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use gpuprof_model::autograd::ForwardStacks;
 use gpuprof_model::dedup::Dedup;
+use gpuprof_model::escalation::{Escalation, EscalationConfig, Raise};
 use gpuprof_model::event::{Layer, Op};
 use gpuprof_model::{Analyzer, Event, Finding, RuleConfig};
 
@@ -57,6 +58,9 @@ pub struct EventFlow {
     pids_are_ours: bool,
     /// With two captures feeding the flow (eBPF and the shim): one event per call.
     dedup: Option<Dedup>,
+    /// A daemon's rules for raising a process's capture level, and what they decided.
+    escalation: Option<Escalation>,
+    raises: Vec<Raise>,
 }
 
 impl EventFlow {
@@ -78,6 +82,8 @@ impl EventFlow {
             ranks: HashMap::new(),
             pids_are_ours: options.pids_are_ours,
             dedup: None,
+            escalation: None,
+            raises: Vec::new(),
         }
     }
 
@@ -89,6 +95,22 @@ impl EventFlow {
     /// Second copies of calls dropped so far.
     pub fn duplicates_dropped(&self) -> u64 {
         self.dedup.as_ref().map_or(0, Dedup::dropped)
+    }
+
+    /// Watches for processes whose capture level should be raised (`model::escalation`); what
+    /// the rules decide waits in `take_raises`.
+    pub fn escalate(&mut self, config: EscalationConfig) {
+        self.escalation = Some(Escalation::new(config));
+    }
+
+    /// Processes the escalation rules decided to raise since the last call.
+    pub fn take_raises(&mut self) -> Vec<Raise> {
+        std::mem::take(&mut self.raises)
+    }
+
+    /// The escalation rules, told of raises and lowerings decided elsewhere (requests).
+    pub fn escalation_mut(&mut self) -> Option<&mut Escalation> {
+        self.escalation.as_mut()
     }
 
     pub fn set_telemetry(&mut self, telemetry: Option<Telemetry>) {
@@ -115,6 +137,9 @@ impl EventFlow {
             }
             _ => {}
         }
+        if let Some(raise) = self.escalation.as_mut().and_then(|rules| rules.observe(&event)) {
+            self.raises.push(raise);
+        }
         let mut fired = self.analyzer.observe(&mut event);
         self.name_ranks(&mut fired);
         if let Some(telemetry) = &mut self.telemetry {
@@ -138,6 +163,10 @@ impl EventFlow {
             self.found(due);
         }
         self.nvml.sample(self.analyzer.tracker(), now);
+        if let Some(rules) = self.escalation.as_mut().filter(|rules| rules.due(now)) {
+            let memory = self.analyzer.tracker().live_processes().into_iter().map(|p| (p.pid, p.device_bytes()));
+            self.raises.extend(rules.tick(now, memory));
+        }
         if let Some(telemetry) = &mut self.telemetry {
             telemetry.nvml_used(self.nvml.now().iter().map(|(pid, r)| (*pid, r.nvml_used)).collect());
             telemetry.flush(self.analyzer.tracker(), now);

@@ -1,6 +1,10 @@
 //! The agent's end of the shim's Unix socket: every process running gpuprof's shim connects and
-//! sends its events as jsonl, then (when it exits normally) a counters line. A thread per
-//! connection decodes the lines; the capture loop receives what they decoded.
+//! sends its events — a binary stream (`gpuprof_model::shim::wire`: tensor blocks naming their
+//! stacks by number, the rest as JSON), or jsonl from shims before it — then, when it exits
+//! normally, a counters line. A thread per connection decodes; the capture loop receives what
+//! they decoded, through a bounded channel: a loop that falls behind makes the readers wait,
+//! then the shims (which wait rather than drop), never memory grow without bound. The agent
+//! answers on the same connection with words: the capture level each process is to take.
 //!
 //! A connection speaks for its own process only: the kernel says which process connected
 //! (`SO_PEERCRED`), and an event that names another pid — a forged allocation, a forged exit of
@@ -10,21 +14,31 @@
 //! cannot see (another pid namespace, no pid there) speaks for the first pid it names.
 
 use std::collections::{HashMap, HashSet};
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
-use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::mpsc::{self, Receiver, SyncSender};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use gpuprof_model::event::{wall_clock_ns, Event, Layer, Op, Source};
+use gpuprof_model::level::Level;
+use gpuprof_model::shim::wire::{self, Message};
 use gpuprof_model::shim::{self, CountersLine, CuptiState};
+use gpuprof_model::stack::Stack;
+
+/// Messages decoded and not yet taken by the capture loop (all connections together).
+const CHANNEL_BOUND: usize = 1 << 14;
 
 /// The shim's counters, summed over the processes that sent theirs.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct ShimCounters {
     pub sent: u64,
     pub dropped_queue_full: u64,
+    /// Reports whose thread waited for room in its shim's queue, and the time they waited (ns).
+    pub waits: u64,
+    pub wait_ns: u64,
     pub stacks_cut: u64,
     pub stacks_unresolved: u64,
     /// Processes whose driver calls CUPTI's callbacks captured, and those where it could not:
@@ -59,6 +73,8 @@ impl ShimCounters {
         ShimCounters {
             sent: line.sent,
             dropped_queue_full: line.dropped_queue_full,
+            waits: line.waits,
+            wait_ns: line.wait_ns,
             stacks_cut: line.stacks_cut,
             stacks_unresolved: line.stacks_unresolved,
             cupti,
@@ -69,6 +85,8 @@ impl ShimCounters {
     pub fn add(&mut self, other: &ShimCounters) {
         self.sent += other.sent;
         self.dropped_queue_full += other.dropped_queue_full;
+        self.waits += other.waits;
+        self.wait_ns += other.wait_ns;
         self.stacks_cut += other.stacks_cut;
         self.stacks_unresolved += other.stacks_unresolved;
         self.cupti.subscribed += other.cupti.subscribed;
@@ -82,9 +100,25 @@ impl ShimCounters {
 /// What the connections hand the capture loop.
 #[allow(clippy::large_enum_variant)] // events are the common case; boxing each would cost more
 pub enum ShimMessage {
+    /// A process connected: where to send it words.
+    Opened {
+        connection: u64,
+        words: Option<UnixStream>,
+    },
     Event {
         connection: u64,
         event: Event,
+    },
+    /// The process said who it is (before any event): its pid, as the agent sees it.
+    Speaks {
+        connection: u64,
+        pid: u32,
+    },
+    /// The process took this capture level at `ts`.
+    Level {
+        connection: u64,
+        level: Level,
+        ts: u64,
     },
     Counters(ShimCounters),
     /// A line that was neither (counted, not fatal).
@@ -140,7 +174,7 @@ pub fn listen(path: &Path, access: SocketAccess) -> Result<Receiver<ShimMessage>
     }
     std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(access.mode))
         .with_context(|| format!("cannot set mode {:o} on {}", access.mode, path.display()))?;
-    let (messages, received) = mpsc::channel();
+    let (messages, received) = mpsc::sync_channel(CHANNEL_BOUND);
     std::thread::Builder::new()
         .name("gpuprof-shim-accept".into())
         .spawn(move || {
@@ -156,22 +190,120 @@ pub fn listen(path: &Path, access: SocketAccess) -> Result<Receiver<ShimMessage>
     Ok(received)
 }
 
-fn read_connection(connection: u64, stream: UnixStream, messages: &Sender<ShimMessage>) {
-    let mut speaker = Speaker::of(&stream);
-    for line in BufReader::new(stream).lines() {
-        let Ok(line) = line else { break };
-        let message = match decode(connection, &line) {
-            ShimMessage::Event { connection, mut event } => match speaker.admit(&mut event) {
-                Ok(()) => ShimMessage::Event { connection, event },
-                Err(first) => ShimMessage::Refused { first, claimed: event.pid, peer: speaker.peer, uid: speaker.uid },
-            },
-            other => other,
+fn read_connection(connection: u64, stream: UnixStream, messages: &SyncSender<ShimMessage>) {
+    let speaker = Speaker::of(&stream);
+    if messages.send(ShimMessage::Opened { connection, words: stream.try_clone().ok() }).is_err() {
+        return;
+    }
+    let mut reader = BufReader::with_capacity(1 << 16, stream);
+    let binary = matches!(reader.fill_buf(), Ok(bytes) if bytes.first() == wire::MAGIC.first());
+    let mut connection_reader = ConnectionReader { connection, speaker, messages };
+    let _ = if binary { connection_reader.binary(&mut reader) } else { connection_reader.lines(reader) };
+    let _ = messages.send(ShimMessage::Closed { connection });
+}
+
+/// One connection's decoding: what it said so far, and where decoded messages go.
+struct ConnectionReader<'m> {
+    connection: u64,
+    speaker: Speaker,
+    messages: &'m SyncSender<ShimMessage>,
+}
+
+/// The loop stopped listening: the reader ends.
+struct Gone;
+
+impl ConnectionReader<'_> {
+    fn send(&self, message: ShimMessage) -> std::result::Result<(), Gone> {
+        self.messages.send(message).map_err(|_| Gone)
+    }
+
+    /// An event for the loop, if the process may speak for the pid it names.
+    fn event(&mut self, mut event: Event) -> std::result::Result<(), Gone> {
+        let message = match self.speaker.admit(&mut event) {
+            Ok(()) => ShimMessage::Event { connection: self.connection, event },
+            Err(first) => {
+                ShimMessage::Refused { first, claimed: event.pid, peer: self.speaker.peer, uid: self.speaker.uid }
+            }
         };
-        if messages.send(message).is_err() {
-            return;
+        self.send(message)
+    }
+
+    fn json(&mut self, line: &str) -> std::result::Result<(), Gone> {
+        match decode(self.connection, line) {
+            ShimMessage::Event { event, .. } => self.event(event),
+            other => self.send(other),
         }
     }
-    let _ = messages.send(ShimMessage::Closed { connection });
+
+    /// jsonl, from a shim before the binary stream.
+    fn lines(&mut self, reader: BufReader<UnixStream>) -> std::result::Result<(), Gone> {
+        for line in reader.lines() {
+            let Ok(line) = line else { break };
+            self.json(&line)?;
+        }
+        Ok(())
+    }
+
+    /// The binary stream: its stacks and node classes kept by number for the blocks naming them.
+    fn binary(&mut self, reader: &mut BufReader<UnixStream>) -> std::result::Result<(), Gone> {
+        let mut magic = [0u8; 8];
+        if reader.read_exact(&mut magic).is_err() || &magic != wire::MAGIC {
+            return self.send(ShimMessage::Undecodable);
+        }
+        let mut stacks: HashMap<u32, Stack> = HashMap::new();
+        let mut names: HashMap<u32, Arc<str>> = HashMap::new();
+        let (mut comm, mut ppid): (Arc<str>, Option<u32>) = (gpuprof_model::event::no_comm(), None);
+        let mut body = Vec::new();
+        loop {
+            let mut length = [0u8; 4];
+            if reader.read_exact(&mut length).is_err() {
+                return Ok(());
+            }
+            let length = u32::from_le_bytes(length) as usize;
+            if length > wire::MAX_MESSAGE {
+                // Nothing after it can be framed: the connection is given up, counted.
+                return self.send(ShimMessage::Undecodable);
+            }
+            body.resize(length, 0);
+            if reader.read_exact(&mut body).is_err() {
+                return Ok(());
+            }
+            let Ok(message) = Message::read(&body) else {
+                self.send(ShimMessage::Undecodable)?;
+                continue;
+            };
+            match message {
+                Message::Json(text) => self.json(&text)?,
+                Message::Process { pid, ppid: parent, comm: name } => {
+                    comm = Arc::from(name.as_ref());
+                    ppid = Some(parent);
+                    // Admitted as an event's pid would be: the agent's view of its own pid.
+                    let mut hello = Event::new(0, pid, pid, Source::Shim, Layer::Process, Op::Exec, "hello".into());
+                    if self.speaker.admit(&mut hello).is_ok() {
+                        self.send(ShimMessage::Speaks { connection: self.connection, pid: hello.pid })?;
+                    }
+                }
+                Message::Stack { id, frames } => {
+                    stacks.insert(id, Stack::new(frames));
+                }
+                Message::Name { id, text } => {
+                    names.insert(id, Arc::from(text.as_ref()));
+                }
+                Message::Block(block) => {
+                    let stack = stacks.get(&block.stack).cloned().unwrap_or_else(Stack::empty);
+                    let node = block.autograd.and_then(|(node, _, _)| names.get(&node).cloned());
+                    let mut event = block.event(stack, node);
+                    event.comm = comm.clone();
+                    event.ppid = ppid;
+                    self.event(event)?;
+                }
+                Message::Level { level, ts } => {
+                    self.send(ShimMessage::Level { connection: self.connection, level, ts })?
+                }
+                Message::ForgetStacks => stacks.clear(),
+            }
+        }
+    }
 }
 
 /// The process at the other end of one connection, as the kernel names it.
@@ -260,6 +392,13 @@ fn decode(connection: u64, line: &str) -> ShimMessage {
 pub struct ShimProcesses {
     /// Open connections, and the pid each one speaks for (known from its first event).
     connections: HashMap<u64, Option<u32>>,
+    /// Where each open connection takes words, and the pid it said it is.
+    words: HashMap<u64, UnixStream>,
+    speakers: HashMap<u64, u32>,
+    /// The level each process said it took last, and when.
+    levels: HashMap<u32, (Level, u64)>,
+    /// The level every process is to take when it connects (None: the one it starts with).
+    pub initial_level: Option<Level>,
     /// Processes with an open connection that said they exit.
     said_exit: HashSet<u32>,
     pub processes_seen: u64,
@@ -290,6 +429,26 @@ impl ShimProcesses {
         let mut next = received.recv_timeout(wait).ok();
         while let Some(message) = next {
             match message {
+                ShimMessage::Opened { connection, words } => {
+                    self.connections.insert(connection, None);
+                    if let Some(mut stream) = words {
+                        if let Some(level) = self.initial_level {
+                            let _ = stream.write_all(wire::level_word(level).as_bytes());
+                        }
+                        self.words.insert(connection, stream);
+                    }
+                }
+                ShimMessage::Speaks { connection, pid } => {
+                    self.speakers.insert(connection, pid);
+                }
+                ShimMessage::Level { connection, level, ts } => {
+                    if let Some(pid) = self.speakers.get(&connection) {
+                        // A process's first word is the level it starts at; a change is said.
+                        if self.levels.insert(*pid, (level, ts)).is_some_and(|(before, _)| before != level) {
+                            eprintln!("gpuprof: pid {pid}: the shim records at {level} from now on");
+                        }
+                    }
+                }
                 ShimMessage::Event { connection, event } => {
                     let speaker = self.connections.entry(connection).or_insert(None);
                     if speaker.is_none() {
@@ -310,6 +469,10 @@ impl ShimProcesses {
                     }
                 }
                 ShimMessage::Closed { connection } => {
+                    self.words.remove(&connection);
+                    if let Some(pid) = self.speakers.remove(&connection) {
+                        self.levels.remove(&pid);
+                    }
                     if let Some(Some(pid)) = self.connections.remove(&connection) {
                         self.processes_closed += 1;
                         if !self.said_exit.remove(&pid) {
@@ -336,6 +499,21 @@ impl ShimProcesses {
         Ok(())
     }
 
+    /// Tells process `pid` (each of its connections) to take `level`; false when no connection
+    /// speaks for it (yet).
+    pub fn set_level(&mut self, pid: u32, level: Level) -> bool {
+        let mut told = false;
+        for (connection, speaker) in &self.speakers {
+            if *speaker != pid {
+                continue;
+            }
+            if let Some(stream) = self.words.get_mut(connection) {
+                told |= stream.write_all(wire::level_word(level).as_bytes()).is_ok();
+            }
+        }
+        told
+    }
+
     /// Events the shims dropped (their queues were full).
     pub fn dropped(&self) -> u64 {
         self.counters.dropped_queue_full
@@ -348,9 +526,11 @@ impl ShimProcesses {
 
     pub fn stats_line(&self, events: u64) -> String {
         format!(
-            "{events} events from {} processes via the shim; dropped {} (queue full in the process); stacks cut {}, unresolved {}; undecodable lines {}; refused (naming another process) {}; processes closed out by hanging up {}; CUPTI driver callbacks in {} (slot held by another subscriber {}, handed to a profiler {}, no libcupti {}, activity cross-check disagreed {})",
+            "{events} events from {} processes via the shim; dropped {} (queue full in the process); waited for room {} times ({:.1} ms in all); stacks cut {}, unresolved {}; undecodable lines {}; refused (naming another process) {}; processes closed out by hanging up {}; CUPTI driver callbacks in {} (slot held by another subscriber {}, handed to a profiler {}, no libcupti {}, activity cross-check disagreed {})",
             self.processes_seen,
             self.counters.dropped_queue_full,
+            self.counters.waits,
+            self.counters.wait_ns as f64 / 1e6,
             self.counters.stacks_cut,
             self.counters.stacks_unresolved,
             self.undecodable,

@@ -411,6 +411,8 @@ fn the_daemon_keeps_one_event_per_call_the_shim_and_the_probes_both_see() {
         standin_library().to_str().unwrap(),
         "--shim-socket",
         socket.to_str().unwrap(),
+        "--level",
+        "tensors",
     ]);
     // Every CUDA report of the workload (the CPU one is neither capture's to record), and every
     // driver call (the shim sees them through CUPTI's callbacks, the daemon through its probes).
@@ -454,6 +456,8 @@ fn a_shim_connection_speaks_only_for_its_own_process() {
     let daemon = Daemon::start(&[
         "--capture",
         "shim",
+        "--level",
+        "tensors",
         "--shim-socket",
         socket.to_str().unwrap(),
         "--shim-socket-mode",
@@ -602,6 +606,8 @@ fn without_ebpf_the_daemon_takes_the_shims_events() {
         &[
             "--capture",
             "shim",
+            "--level",
+            "tensors",
             "--shim-socket",
             socket.to_str().unwrap(),
             "--output",
@@ -711,7 +717,11 @@ fn the_sidecar_arrangement_gives_what_run_via_shim_gives() {
         wrapper.push(downward.to_string());
     }
     let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
-    let daemon = Daemon::start_under(&wrapper, &[&args[1], &args[2], "--output", events_path.to_str().unwrap()]);
+    // Every tensor, as `run --via shim` records them (the sidecar's own level is the driver's).
+    let daemon = Daemon::start_under(
+        &wrapper,
+        &[&args[1], &args[2], "--level", "tensors", "--output", events_path.to_str().unwrap()],
+    );
     assert_eq!(daemon.get("/readyz").0, 200);
     let shim_copy = shared.join("libgpuprof_shim.so");
     assert_eq!(std::fs::read(&shim_copy).unwrap(), std::fs::read(shim_library()).unwrap());
@@ -911,7 +921,7 @@ fn an_ebpf_sidecar_sees_only_its_pid_namespace_by_its_own_pids() {
     let _ = libc10_standin();
     // In the namespace: the sidecar, then the workload once it is ready, then SIGTERM.
     let script = format!(
-        r#"{gpuprof} daemon --sidecar {shared} --capture ebpf --libcuda {libcuda} --listen 127.0.0.1:0 --output {events} 2> {said} &
+        r#"{gpuprof} daemon --sidecar {shared} --capture ebpf --level tensors --libcuda {libcuda} --listen 127.0.0.1:0 --output {events} 2> {said} &
 sidecar=$!
 for i in $(seq 100); do grep -q 'sidecar of pod' {said} && break; sleep 0.1; done
 # As a training job: its interpreter up (libcuda loaded) a while before its first CUDA call, so

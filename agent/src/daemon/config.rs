@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use gpuprof_model::RuleConfig;
+use gpuprof_model::escalation::EscalationConfig;
+use gpuprof_model::{Level, RuleConfig};
 use serde::Deserialize;
 
 use crate::shim_socket::SocketAccess;
@@ -104,6 +105,18 @@ pub struct DaemonArgs {
     /// Orphan rule: seconds a CUDA process's descendants may hold memory after it ends (default 5).
     #[arg(long, value_name = "SECS", env = "GPUPROF_ORPHAN_GRACE")]
     pub orphan_grace: Option<f64>,
+    /// What every process is recorded at (docs/levels.md): driver (default: the driver's memory
+    /// calls, which a warm training step does not make), tensors (every tensor block with its
+    /// stack), or off (capture shim only: nothing until a process is raised).
+    #[arg(long, value_name = "LEVEL", env = "GPUPROF_LEVEL")]
+    pub level: Option<String>,
+    /// Seconds a process raised to tensors stays there (default 120): raised when its memory
+    /// grows, its device is nearly full or it runs out of memory, or when asked (POST /v1/level).
+    #[arg(long, value_name = "SECS", env = "GPUPROF_DETAIL")]
+    pub detail: Option<f64>,
+    /// Raise processes only when asked, never on what the rules see.
+    #[arg(long, env = "GPUPROF_NO_AUTO_RAISE")]
+    pub no_auto_raise: bool,
 }
 
 /// How the daemon captures.
@@ -149,6 +162,9 @@ struct FileConfig {
     growth_window: Option<f64>,
     growth_rises: Option<u32>,
     orphan_grace: Option<f64>,
+    level: Option<String>,
+    detail: Option<f64>,
+    no_auto_raise: Option<bool>,
 }
 
 /// Everything the daemon runs with, resolved and checked.
@@ -171,6 +187,12 @@ pub struct DaemonConfig {
     pub ring_buffer_bytes: u32,
     pub python_stacks: bool,
     pub rules: RuleConfig,
+    /// What every process is recorded at.
+    pub level: Level,
+    /// How long a raised process stays raised.
+    pub detail: Duration,
+    /// When the rules raise a process on their own (None: only when asked).
+    pub escalation: Option<EscalationConfig>,
 }
 
 impl DaemonArgs {
@@ -258,6 +280,20 @@ impl DaemonArgs {
             bail!("growth_rises 0: give at least 1");
         }
         let orphan_grace = seconds("orphan_grace", self.orphan_grace.or(file.orphan_grace).unwrap_or(5.0))?;
+        let level = match self.level.as_deref().or(file.level.as_deref()) {
+            Some(text) => text.parse::<Level>().map_err(|error| anyhow::anyhow!("level {text}: {error}"))?,
+            None => Level::Driver,
+        };
+        if level == Level::Off && capture == CaptureMode::Ebpf {
+            bail!("level off: the eBPF capture records at least the driver's calls; give --level driver, or --capture shim to start every shim paused");
+        }
+        let detail = seconds("detail", self.detail.or(file.detail).unwrap_or(120.0))?;
+        let auto_raise = !(self.no_auto_raise || file.no_auto_raise.unwrap_or(false));
+        let escalation = (auto_raise && !level.tensors()).then(|| EscalationConfig {
+            window_ns: growth_window.as_nanos() as u64,
+            detail_ns: detail.as_nanos() as u64,
+            ..EscalationConfig::default()
+        });
         Ok(DaemonConfig {
             otlp,
             node_name,
@@ -278,6 +314,9 @@ impl DaemonArgs {
                 growth_rises,
                 orphan_grace_ns: orphan_grace.as_nanos() as u64,
             },
+            level,
+            detail,
+            escalation,
         })
     }
 }
@@ -391,6 +430,28 @@ mod tests {
         assert_eq!(config.retain_exited, Duration::from_secs(300));
         assert_eq!(config.listen, "0.0.0.0:9464".parse().unwrap());
         assert!(config.python_stacks);
+        // The cheap level, raised on what the rules see, for two minutes.
+        assert_eq!((config.level, config.detail), (Level::Driver, Duration::from_secs(120)));
+        assert_eq!(config.escalation.map(|e| (e.window_ns, e.rises)), Some((10_000_000_000, 2)));
+    }
+
+    #[test]
+    fn levels_are_checked_against_the_capture() {
+        let base = || DaemonArgs { output: Some("x".into()), ..Default::default() };
+        let error = DaemonArgs { level: Some("off".into()), ..base() }.resolve().unwrap_err().to_string();
+        assert!(error.starts_with("level off: the eBPF capture records at least the driver's calls"), "{error}");
+        let shim = DaemonArgs {
+            level: Some("off".into()),
+            capture: Some(CaptureMode::Shim),
+            shim_socket: Some("/tmp/s.sock".into()),
+            ..base()
+        };
+        assert_eq!(shim.resolve().unwrap().level, Level::Off);
+        let error = DaemonArgs { level: Some("full".into()), ..base() }.resolve().unwrap_err().to_string();
+        assert_eq!(error, "level full: unknown capture level \"full\": give off, driver or tensors");
+        // At tensors, or told not to, nothing is raised on the rules' word.
+        assert!(DaemonArgs { level: Some("tensors".into()), ..base() }.resolve().unwrap().escalation.is_none());
+        assert!(DaemonArgs { no_auto_raise: true, ..base() }.resolve().unwrap().escalation.is_none());
     }
 
     #[test]

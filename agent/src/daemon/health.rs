@@ -1,7 +1,11 @@
-//! The daemon's HTTP endpoints for the kubelet and Prometheus: `/healthz` (the capture loop is
-//! turning), `/readyz` (probes are loaded and the first scan is done), `/metrics` (what the
-//! daemon follows, captures, drops and delivers). Served from a thread of its own so a slow
-//! scraper never touches the capture loop, which only publishes a snapshot each second.
+//! The daemon's HTTP endpoints for the kubelet, Prometheus and people: `/healthz` (the capture
+//! loop is turning), `/readyz` (probes are loaded and the first scan is done), `/metrics` (what
+//! the daemon follows, captures, drops and delivers), and the capture levels: `GET /v1/levels`
+//! (the processes recorded at another level than the daemon's) and `POST /v1/level?pid=P&
+//! level=L[&seconds=S]` (record a process at another level for a while). Served from a thread of
+//! its own so a slow client never touches the capture loop, which only publishes a snapshot each
+//! second and answers level requests between polls. The level endpoints take the metrics token
+//! when one is set, else only callers on this machine (loopback).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -9,15 +13,17 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use axum::extract::State;
+use axum::extract::{ConnectInfo, Query, State};
 use axum::http::{header, StatusCode};
-use axum::response::IntoResponse;
-use axum::routing::get;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use gpuprof_model::Level;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
+use super::levels::{Control, Reply};
 use crate::session::Session;
 
 /// The capture loop is taken for stuck when it has not turned for this long.
@@ -48,12 +54,15 @@ pub struct Snapshot {
     pub shim_undecodable_total: u64,
     pub shim_refused_total: u64,
     pub duplicates_dropped_total: u64,
+    /// Processes recorded at another level than the daemon's now, and raises since the start.
+    pub processes_raised: u64,
+    pub raises_total: u64,
 }
 
 impl Snapshot {
     /// What a session has followed, captured, dropped and delivered so far; `forgotten_total`:
     /// exited processes whose tables were dropped.
-    pub fn of(session: &Session<'_>, forgotten_total: u64) -> Snapshot {
+    pub fn of(session: &Session<'_>, forgotten_total: u64, levels: &super::levels::Levels) -> Snapshot {
         let flow = session.flow();
         let telemetry = flow.telemetry();
         let mut snapshot = Snapshot {
@@ -67,6 +76,8 @@ impl Snapshot {
             otlp_queued_bytes: telemetry.map_or(0, |t| t.queued_bytes() as u64),
             resident_bytes: crate::procfs::own_resident_bytes(),
             duplicates_dropped_total: flow.duplicates_dropped(),
+            processes_raised: levels.raised_now() as u64,
+            raises_total: levels.raises_total,
             ..Snapshot::default()
         };
         if let Some(shim) = session.shim() {
@@ -131,8 +142,14 @@ impl Health {
 }
 
 /// Binds `listen` now (so a taken port is an error at start) and serves from a new thread.
-/// Serves /healthz, /readyz and /metrics (the last only to who sends `metrics_token`, if one is set).
-pub fn serve(listen: SocketAddr, metrics_token: Option<String>, health: Arc<Health>) -> Result<SocketAddr> {
+/// Serves /healthz, /readyz, /metrics and the level endpoints (the last three only to who sends
+/// `metrics_token`, if one is set; the level endpoints to loopback callers when none is).
+pub fn serve(
+    listen: SocketAddr,
+    metrics_token: Option<String>,
+    health: Arc<Health>,
+    control: Control,
+) -> Result<SocketAddr> {
     let listener = std::net::TcpListener::bind(listen).with_context(|| {
         format!("cannot listen on {listen} for /healthz and /metrics: give another address with --listen")
     })?;
@@ -145,6 +162,33 @@ pub fn serve(listen: SocketAddr, metrics_token: Option<String>, health: Arc<Heal
         .spawn(move || {
             runtime.block_on(async move {
                 let metrics_token: Arc<Option<String>> = Arc::new(metrics_token);
+                let token_or_local = {
+                    let token = metrics_token.clone();
+                    axum::middleware::from_fn(move |request: axum::extract::Request, next: axum::middleware::Next| {
+                        let token = token.clone();
+                        async move {
+                            let authorization =
+                                request.headers().get(header::AUTHORIZATION).map(|v| v.as_bytes().to_vec());
+                            let local = request
+                                .extensions()
+                                .get::<ConnectInfo<SocketAddr>>()
+                                .is_some_and(|ConnectInfo(peer)| peer.ip().is_loopback());
+                            let allowed = match token.as_deref() {
+                                Some(_) => gpuprof_otlp::bearer::matches(token.as_deref(), authorization.as_deref()),
+                                None => local,
+                            };
+                            if allowed {
+                                next.run(request).await
+                            } else {
+                                (
+                                    StatusCode::FORBIDDEN,
+                                    "capture levels are changed from this machine, or with the metrics token (--metrics-token)\n",
+                                )
+                                    .into_response()
+                            }
+                        }
+                    })
+                };
                 let scrapers_only =
                     axum::middleware::from_fn(move |request: axum::extract::Request, next: axum::middleware::Next| {
                         let token = metrics_token.clone();
@@ -163,14 +207,21 @@ pub fn serve(listen: SocketAddr, metrics_token: Option<String>, health: Arc<Heal
                             }
                         }
                     });
+                let levels = axum::Router::new()
+                    .route("/v1/level", post(set_level))
+                    .route("/v1/levels", get(levels))
+                    .route_layer(token_or_local)
+                    .with_state(control);
                 let app = axum::Router::new()
                     .route("/metrics", get(metrics))
                     .route_layer(scrapers_only)
                     .route("/healthz", get(healthz))
                     .route("/readyz", get(readyz))
-                    .with_state(health);
+                    .with_state(health)
+                    .merge(levels);
                 match tokio::net::TcpListener::from_std(listener) {
                     Ok(listener) => {
+                        let app = app.into_make_service_with_connect_info::<SocketAddr>();
                         if let Err(error) = axum::serve(listener, app).await {
                             tracing::error!("health server stopped: {error}");
                         }
@@ -197,6 +248,35 @@ async fn readyz(State(health): State<Arc<Health>>) -> impl IntoResponse {
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
     }
+}
+
+/// `POST /v1/level`'s query.
+#[derive(Debug, serde::Deserialize)]
+struct LevelQuery {
+    pid: u32,
+    level: String,
+    seconds: Option<f64>,
+}
+
+async fn set_level(State(control): State<Control>, Query(query): Query<LevelQuery>) -> Response {
+    let level = match query.level.parse::<Level>() {
+        Ok(level) => level,
+        Err(error) => return (StatusCode::BAD_REQUEST, format!("{error}\n")).into_response(),
+    };
+    if let Some(seconds) = query.seconds.filter(|s| !(s.is_finite() && *s > 0.0)) {
+        return (StatusCode::BAD_REQUEST, format!("seconds={seconds}: give a positive number of seconds\n"))
+            .into_response();
+    }
+    let asked = tokio::task::spawn_blocking(move || control.ask(query.pid, level, query.seconds)).await;
+    match asked.ok().flatten() {
+        Some(reply @ Reply::Taken(_)) => (StatusCode::OK, axum::Json(reply)).into_response(),
+        Some(reply @ Reply::Unknown { .. }) => (StatusCode::NOT_FOUND, axum::Json(reply)).into_response(),
+        None => (StatusCode::SERVICE_UNAVAILABLE, "the capture loop did not answer within 5 s\n").into_response(),
+    }
+}
+
+async fn levels(State(control): State<Control>) -> impl IntoResponse {
+    axum::Json(control.raised())
 }
 
 async fn metrics(State(health): State<Arc<Health>>) -> impl IntoResponse {
@@ -309,6 +389,18 @@ fn render(s: &Snapshot) -> String {
         "gpuprof_daemon_shim_refused",
         "Events from shims naming a process other than the one connected (refused)",
         s.shim_refused_total,
+    );
+    gauge(
+        &mut registry,
+        "gpuprof_daemon_processes_raised",
+        "Processes recorded at another capture level than the daemon's now",
+        s.processes_raised,
+    );
+    counter(
+        &mut registry,
+        "gpuprof_daemon_raises",
+        "Times a process was raised above the daemon's capture level (rules or requests)",
+        s.raises_total,
     );
     counter(
         &mut registry,

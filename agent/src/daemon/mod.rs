@@ -8,6 +8,7 @@
 
 pub mod config;
 mod health;
+mod levels;
 
 use std::ops::ControlFlow;
 use std::time::Duration;
@@ -25,6 +26,8 @@ use crate::{preflight, shim_socket, signals};
 pub use config::{CaptureMode, DaemonArgs, DaemonConfig};
 
 const PUBLISH_INTERVAL: Duration = Duration::from_secs(1);
+/// How often raises, level requests and due lowerings are looked at.
+const LEVELS_INTERVAL: Duration = Duration::from_millis(50);
 
 /// Runs until SIGTERM/SIGINT; returns gpuprof's exit code.
 pub fn run(args: &DaemonArgs) -> Result<u8> {
@@ -35,7 +38,10 @@ pub fn run(args: &DaemonArgs) -> Result<u8> {
     }
     signals::install();
     let health = health::Health::new();
-    let listening = health::serve(config.listen, config.metrics_token.clone(), health.clone())?;
+    let (levels, control) = levels::Levels::new(config.level, config.detail);
+    // Turned by one hook, read by the one that publishes.
+    let levels = std::cell::RefCell::new(levels);
+    let listening = health::serve(config.listen, config.metrics_token.clone(), health.clone(), control)?;
     if let Some(dir) = &config.sidecar {
         // Before the socket listens: readiness (the workload's start) means the shim is there.
         share_the_shim(dir)?;
@@ -60,9 +66,12 @@ pub fn run(args: &DaemonArgs) -> Result<u8> {
     let received = config.shim_socket.as_ref().map(|path| shim_socket::listen(path, config.shim_access)).transpose()?;
     let mut flow = EventFlow::new(flow_options(&config), sink_of(&config)?);
     flow.set_telemetry(config.otlp.clone().map(Telemetry::start).transpose()?);
+    if let Some(escalation) = config.escalation {
+        flow.escalate(escalation);
+    }
     let mut session = Session::new(flow);
     if let Some(capture) = &capture {
-        let options = EbpfOptions { print_stats: false, autograd: config.python_stacks };
+        let options = EbpfOptions { print_stats: false, autograd: config.python_stacks, level: config.level };
         session = session.with_ebpf(EbpfSource::new(capture, options, None));
         if let Some(path) = &config.libcuda {
             let library = LibraryFile::open(path.clone()).with_context(|| format!("--libcuda {}", path.display()))?;
@@ -76,11 +85,13 @@ pub fn run(args: &DaemonArgs) -> Result<u8> {
         }
     }
     if let Some(received) = received {
-        session = session.with_shim(ShimSource::new(received, !shim_sidecar(&config)));
+        let mut shim = ShimSource::new(received, !shim_sidecar(&config));
+        shim.start_processes_at(config.level);
+        session = session.with_shim(shim);
     }
     session.follow(Scope::Node);
     let mut forgotten_total = 0u64;
-    health.publish(health::Snapshot::of(&session, forgotten_total));
+    health.publish(health::Snapshot::of(&session, forgotten_total, &levels.borrow()));
     health.set_ready(true);
     eprintln!("gpuprof: {}", started_line(&config, &session, listening));
 
@@ -89,9 +100,13 @@ pub fn run(args: &DaemonArgs) -> Result<u8> {
             session.follow(Scope::Node);
             Ok(ControlFlow::Continue(()))
         }),
+        Every::new(LEVELS_INTERVAL, |session: &mut Session<'_>| {
+            levels.borrow_mut().turn(session)?;
+            Ok(ControlFlow::Continue(()))
+        }),
         Every::new(PUBLISH_INTERVAL, |session: &mut Session<'_>| {
             forgotten_total += session.forget_exited(config.retain_exited) as u64;
-            health.publish(health::Snapshot::of(session, forgotten_total));
+            health.publish(health::Snapshot::of(session, forgotten_total, &levels.borrow()));
             Ok(ControlFlow::Continue(()))
         }),
     ];

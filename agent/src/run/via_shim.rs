@@ -1,6 +1,7 @@
 //! `gpuprof run --via shim -- CMD…`: capture without eBPF and without privileges. The command
 //! runs with gpuprof's shim preloaded (`LD_PRELOAD`, inherited by every descendant); each of its
-//! processes connects to a Unix socket this run listens on and sends its events as jsonl. They go
+//! processes connects to a Unix socket this run listens on and sends its events (a binary stream,
+//! `gpuprof_model::shim::wire`), at the level `--level` asks for. They go
 //! through the same flow as eBPF events (tracker, leak rules, output, OTLP). A process that goes
 //! away without saying so (`os._exit` in a forked worker) is closed out when its connection ends.
 
@@ -42,6 +43,7 @@ pub fn run(command: &[OsString], args: &CaptureArgs, shim: Option<&Path>) -> Res
         .env("LD_PRELOAD", preload_with(&shim))
         .env(shim::SOCKET_VAR, &socket)
         .envs((args.no_autograd || args.no_stacks).then_some((shim::AUTOGRAD_VAR, "off")))
+        .env(shim::LEVEL_VAR, args.level.as_str())
         .spawn()
         .with_context(|| format!("cannot run `{}`", program.display()))?;
     eprintln!("gpuprof: capturing `{}` through {} (no eBPF)", program.display(), shim.display());

@@ -8,9 +8,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use gpuprof_model::event::{Event, Op};
+use gpuprof_model::Level;
 
 use crate::autograd::{AutogradConfig, Configured};
-use crate::capture::{Capture, DropCounters, Record};
+use crate::capture::{Capture, DropCounters, ProcessProbe, Record};
 use crate::clock::Clock;
 use crate::decode::Decoder;
 use crate::flow::EventFlow;
@@ -30,6 +31,9 @@ pub struct EbpfOptions {
     /// Read PyTorch's autograd state at each allocator event: backward-pass blocks get the
     /// forward line of their node.
     pub autograd: bool,
+    /// What is recorded of every process: below `Tensors`, no libc10 is probed (a process's
+    /// level is raised on its own with `raise`).
+    pub level: Level,
 }
 
 /// Which libraries of one process are probed.
@@ -55,6 +59,8 @@ pub struct EbpfSource<'c> {
     pub(crate) python: Pythons,
     /// None when backward attribution is off.
     autograd: Option<AutogradConfig>,
+    /// What every process gets recorded at.
+    level: Level,
     /// The process whose exit ends an `attach`, and whether the kernel said it exited.
     root: Option<u32>,
     root_exited: bool,
@@ -63,6 +69,8 @@ pub struct EbpfSource<'c> {
     /// Processes whose libcuda (and libc10, once a process has loaded PyTorch) are probed: their
     /// maps need no more scans for that library.
     probed: HashMap<u32, Probed>,
+    /// Processes raised above `level`: their own allocator probes.
+    raised: HashMap<u32, Vec<ProcessProbe>>,
     /// Processes ever followed (given, forked, or tracked by the kernel at their first call)
     /// and seen to exit.
     followed_total: u64,
@@ -84,10 +92,12 @@ impl<'c> EbpfSource<'c> {
             decoder: Decoder::new(Clock::new()),
             python: Pythons::default(),
             autograd: options.autograd.then(AutogradConfig::default),
+            level: options.level,
             root,
             root_exited: false,
             alive: root.into_iter().collect(),
             probed: HashMap::new(),
+            raised: HashMap::new(),
             followed_total: root.map_or(0, |_| 1),
             exited_total: 0,
             decode_errors: 0,
@@ -208,6 +218,8 @@ impl<'c> EbpfSource<'c> {
             }
             Op::Exec => {
                 self.probed.remove(&event.pid);
+                // The new program's libraries are others: raised again if still asked to.
+                self.raised.remove(&event.pid);
                 self.python.look_for(event.pid);
             }
             Op::Exit => {
@@ -215,6 +227,7 @@ impl<'c> EbpfSource<'c> {
                     self.exited_total += 1;
                 }
                 self.probed.remove(&event.pid);
+                self.raised.remove(&event.pid);
                 self.python.forget(event.pid);
                 if Some(event.pid) == self.root {
                     self.root_exited = true;
@@ -255,6 +268,12 @@ impl<'c> EbpfSource<'c> {
                 }
                 probed.libcuda = !libraries.is_empty();
             }
+            if !probed.libc10 && !self.level.tensors() {
+                // Tensor events are not recorded at this level: libc10 stays unprobed (and its
+                // users untrapped); autograd's state is read only with them.
+                probed.libc10 = true;
+                probed.autograd = true;
+            }
             if !probed.libc10 {
                 let Ok(libraries) = libcuda::mapped_matching(pid, libcuda::is_libc10) else { continue };
                 for library in &libraries {
@@ -288,6 +307,37 @@ impl<'c> EbpfSource<'c> {
                 true
             }
         }
+    }
+
+    /// Records process `pid` at `level` from now on, whatever the source's own level: tensor
+    /// events through allocator probes of its own on the libc10 files it maps (no other process
+    /// gets a breakpoint), dropped again at a lower level. Returns false for a process this
+    /// source does not follow.
+    pub fn set_level(&mut self, flow: &EventFlow, pid: u32, level: Level) -> Result<bool> {
+        if !self.alive.contains(&pid) {
+            return Ok(false);
+        }
+        if !level.tensors() || self.level.tensors() {
+            self.raised.remove(&pid);
+            return Ok(true);
+        }
+        if self.raised.contains_key(&pid) {
+            return Ok(true);
+        }
+        let libraries = libcuda::mapped_matching(pid, libcuda::is_libc10)
+            .with_context(|| format!("cannot read the libraries of pid {pid}"))?;
+        let mut probes = Vec::with_capacity(libraries.len());
+        for library in &libraries {
+            probes.push(self.capture.attach_allocator_for(library, pid)?);
+        }
+        if !probes.is_empty() {
+            // Backward attribution, as for a process probed from the start.
+            let mut probed = self.probed.get(&pid).copied().unwrap_or_default();
+            probed.autograd = self.configure_autograd(flow, pid);
+            self.probed.insert(pid, probed);
+        }
+        self.raised.insert(pid, probes);
+        Ok(true)
     }
 
     fn attach_allocator(&mut self, flow: &EventFlow, library: &LibraryFile) -> Result<()> {

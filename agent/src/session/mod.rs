@@ -224,6 +224,23 @@ impl<'c> Session<'c> {
         ebpf.discover_libraries(&self.flow);
     }
 
+    /// Records process `pid` at `level` from now on, in whichever capture follows it: the kernel's
+    /// own probes for it, or a word to its shim. False when neither follows it.
+    pub fn set_level(&mut self, pid: u32, level: gpuprof_model::Level) -> Result<bool> {
+        let mut known = false;
+        if let Some(ebpf) = &mut self.ebpf {
+            known |= ebpf.set_level(&self.flow, pid, level)?;
+        }
+        if let Some(shim) = &mut self.shim {
+            known |= shim.set_level(pid, level);
+        }
+        Ok(known)
+    }
+
+    pub fn flow_mut(&mut self) -> &mut EventFlow {
+        &mut self.flow
+    }
+
     /// Probes a libcuda file (no-op without eBPF, or when it is probed already).
     pub fn attach(&mut self, library: &libcuda::LibraryFile) -> Result<()> {
         match &mut self.ebpf {

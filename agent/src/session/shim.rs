@@ -51,6 +51,16 @@ impl ShimSource {
         })
     }
 
+    /// Tells process `pid` to record at `level`; false when it is not connected.
+    pub fn set_level(&mut self, pid: u32, level: gpuprof_model::Level) -> bool {
+        self.processes.set_level(pid, level)
+    }
+
+    /// Every process that connects is told to take `level` first.
+    pub fn start_processes_at(&mut self, level: gpuprof_model::Level) {
+        self.processes.initial_level = Some(level);
+    }
+
     /// Events handed to the flow.
     pub fn events(&self) -> u64 {
         self.events

@@ -55,7 +55,11 @@ pub fn run(args: &TopArgs) -> Result<u8> {
         },
         Box::new(NullSink),
     );
-    let ebpf = EbpfSource::new(&capture, EbpfOptions { print_stats: false, autograd: true }, None);
+    let ebpf = EbpfSource::new(
+        &capture,
+        EbpfOptions { print_stats: false, autograd: true, level: gpuprof_model::Level::Tensors },
+        None,
+    );
     let mut session = Session::new(flow).with_ebpf(ebpf).with_poll(POLL);
     let scope = args.pid.map_or(Scope::Node, Scope::Tree);
     session.follow(scope);
