@@ -1,0 +1,412 @@
+#!/usr/bin/env python3
+"""What capture costs a training job, measured inside one process: the job (overhead_job.py)
+runs steps back to back while capture is switched on and off in alternate windows; each window
+with capture is compared with the windows without it on either side. Between separate processes
+the plain step time alone moves by ±15% on a GPU machine; inside one process, 1% resolves.
+
+    sudo python3 bench/overhead.py --gpuprof target/release/gpuprof --workload encoder \\
+        --capture ebpf,ebpf-driver,floor-entry,floor,daemon,shim,shim-driver [--windows 4] [--window 8]
+
+Captures (each switched on and off by the means a user has):
+  none         nothing either way: the method's own spread (an A/A check)
+  ebpf         `gpuprof attach PID` started, then stopped (Ctrl-C): every tensor event with its
+               Python stack and autograd attribution, and the driver's calls
+  ebpf-entry   the same with its probes on each function's first instruction (`--probe-at entry`,
+               as before gpuprof placed them where the kernel needs no second trap)
+  ebpf-nostacks  the same without Python stacks (`--no-stacks`)
+  ebpf-driver  the same with `--level driver`: the driver's calls only, no tensor events
+  floor-entry  empty BPF programs where a naive uprobe goes (the first instruction of each
+               allocator symbol): the trap alone
+  floor        empty BPF programs where gpuprof puts its allocator probe: the trap alone
+  daemon       `gpuprof daemon` with its defaults started, then stopped (SIGTERM)
+  shim         the job runs with the shim preloaded (a separate job process), connected to a
+               shim-only daemon; its level goes from off to tensors and back through the daemon's
+               API (POST /v1/level): paused, the hook only forwards to libc10
+  shim-driver  the same between off and driver
+
+Per capture: the median step time without and with it, their ratio (median over windows, with its
+range), the time added per allocator report (a step's reports: allocations and frees), the
+training thread's CPU per report (`reports`/`standin` workloads: the thread that makes them), the
+CPU per report of the agent (attach, the daemon) and of the shim's sender thread, for eBPF each
+BPF program's run time per run (kernel.bpf_stats_enabled is switched on for the measurement), and
+for the shim its counters (drops, waits) and its own timing of each report's phases
+(GPUPROF_SHIM_TIMING). --json FILE keeps it all. --collector BIN runs a gpuprof-collector the
+daemons send to, as on a fleet's node (else they write jsonl to /dev/null).
+"""
+import argparse
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+EBPF_MODES = {"ebpf", "ebpf-entry", "ebpf-nostacks", "ebpf-driver", "floor-entry", "floor", "daemon"}
+SHIM_MODES = {"shim", "shim-driver"}
+# A window's first half second is left out: the first code descriptions, warm caches.
+SETTLE_S = 0.5
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Process:
+    """A gpuprof process whose stderr is kept (and watched for a line saying it is ready)."""
+
+    def __init__(self, argv, ready_text, env=None, ready_url=None):
+        self.argv = argv
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                     env={**os.environ, **(env or {})})
+        self.lines = []
+        self.ready = threading.Event()
+        self.ready_text = ready_text
+        threading.Thread(target=self._read, daemon=True).start()
+        deadline = time.monotonic() + 60
+        while not self.ready.is_set():
+            if self.proc.poll() is not None:
+                raise SystemExit(f"{argv[:3]} ended before it was ready: {''.join(self.lines)[-2000:]}")
+            if ready_url and _get(ready_url) == 200:
+                self.ready.set()
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{argv[:3]} not ready within 60 s: {''.join(self.lines)[-2000:]}")
+            self.ready.wait(0.05)
+
+    def _read(self):
+        for line in self.proc.stderr:
+            self.lines.append(line)
+            if self.ready_text and self.ready_text in line:
+                self.ready.set()
+
+    def stop(self, sig=signal.SIGINT):
+        self.proc.send_signal(sig)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        time.sleep(0.05)
+        return "".join(self.lines)
+
+
+def _get(url):
+    try:
+        with urllib.request.urlopen(url, timeout=1) as response:
+            return response.status
+    except Exception:
+        return None
+
+
+def post(url):
+    request = urllib.request.Request(url, method="POST", data=b"")
+    with urllib.request.urlopen(request, timeout=5) as response:
+        return json.loads(response.read() or b"null")
+
+
+def cpu_ns(pid):
+    """{thread name: CPU ns} of a process, from each thread's schedstat."""
+    by_name = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+            ns = int((task / "schedstat").read_text().split()[0])
+        except OSError:
+            continue
+        by_name[name] = by_name.get(name, 0) + ns
+    return by_name
+
+
+def bpf_program_stats(pid):
+    """(name, run_cnt, run_time_ns) of every BPF program the process holds, from the kernel's
+    counters in /proc/PID/fdinfo (with kernel.bpf_stats_enabled=1)."""
+    stats = []
+    for fd in Path(f"/proc/{pid}/fdinfo").iterdir():
+        try:
+            fields = dict(line.split(":", 1) for line in fd.read_text().splitlines() if ":" in line)
+        except OSError:
+            continue
+        if "prog_type" in fields and "run_cnt" in fields:
+            stats.append((program_name(pid, int(fd.name)), int(fields["run_cnt"]), int(fields["run_time_ns"])))
+    return stats
+
+
+def program_name(pid, fd):
+    """A BPF program's name, asked of the kernel through a copy of the process's descriptor (no
+    bpftool needed): pidfd_open, pidfd_getfd, then BPF_OBJ_GET_INFO_BY_FD."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    pidfd = libc.syscall(434, pid, 0)
+    if pidfd < 0:
+        return f"fd{fd}"
+    copy = libc.syscall(438, pidfd, fd, 0)
+    os.close(pidfd)
+    if copy < 0:
+        return f"fd{fd}"
+    info = ctypes.create_string_buffer(80)
+    # union bpf_attr's info: bpf_fd, info_len, info (a pointer).
+    attr = (ctypes.c_uint32 * 4)()
+    attr[0], attr[1] = copy, 80
+    ctypes.memmove(ctypes.addressof(attr) + 8, ctypes.byref(ctypes.c_uint64(ctypes.addressof(info))), 8)
+    failed = libc.syscall(321, 15, ctypes.byref(attr), 16)
+    os.close(copy)
+    return f"fd{fd}" if failed else info.raw[64:80].split(b"\0")[0].decode()
+
+
+class Job:
+    """overhead_job.py, started once for a family of captures; its stderr kept in a file (the
+    shim's counters line, with its timing, is there at the end)."""
+
+    def __init__(self, args, env, out):
+        argv = [args.python, str(HERE / "overhead_job.py"), args.workload, "--depth", str(args.depth), "--out", out]
+        self.stderr_path = out + ".stderr"
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                     stderr=open(self.stderr_path, "w"), env={**os.environ, **env})
+        line = self.proc.stdout.readline().split()
+        if not line or line[0] != "ready":
+            raise SystemExit(f"the job did not start: {line}")
+        self.pid, self.reports_per_step, self.out = int(line[1]), float(line[2]), out
+
+    def finish(self):
+        self.proc.stdin.write("stop\n")
+        self.proc.stdin.close()
+        self.proc.wait(timeout=120)
+        return json.load(open(self.out))["steps"]
+
+    def shim_counters(self):
+        """The shim's counters line from the job's stderr (GPUPROF_SHIM_REPORT), if any."""
+        for line in open(self.stderr_path):
+            if line.startswith('{"gpuprof_shim"'):
+                return json.loads(line)["gpuprof_shim"]
+        return None
+
+
+class Capture:
+    """Switches one capture on and off for the job's process."""
+
+    def __init__(self, mode, args, job, shim_daemon):
+        self.mode, self.args, self.job, self.shim_daemon = mode, args, job, shim_daemon
+        self.process = None
+        self.tmp = tempfile.mkdtemp(prefix="gpuprof-overhead-")
+        self.text = []
+
+    def on(self):
+        gpuprof, pid = self.args.gpuprof, str(self.job.pid)
+        output = ["-o", os.path.join(self.tmp, "window.gpuprof")]
+        if self.mode == "ebpf":
+            self.process = Process([gpuprof, "attach", pid, *output], "capturing pid")
+        elif self.mode == "ebpf-entry":
+            self.process = Process([gpuprof, "attach", pid, "--probe-at", "entry", *output], "capturing pid")
+        elif self.mode == "ebpf-nostacks":
+            self.process = Process([gpuprof, "attach", pid, "--no-stacks", *output], "capturing pid")
+        elif self.mode == "ebpf-driver":
+            self.process = Process([gpuprof, "attach", pid, "--level", "driver", *output], "capturing pid")
+        elif self.mode in ("floor-entry", "floor"):
+            where = "entry" if self.mode == "floor-entry" else "placed"
+            self.process = Process([gpuprof, "attach", pid, "--empty-probes", "--probe-at", where, *output],
+                                   "capturing pid")
+        elif self.mode == "daemon":
+            port = free_port()
+            self.process = Process([gpuprof, "daemon", "--listen", f"127.0.0.1:{port}", *sink(self.args)],
+                                   None, ready_url=f"http://127.0.0.1:{port}/readyz")
+        elif self.mode in SHIM_MODES:
+            level = "tensors" if self.mode == "shim" else "driver"
+            post(f"{self.shim_daemon.url}/v1/level?pid={pid}&level={level}")
+        if self.process:
+            return self.process.proc.pid
+        return self.shim_daemon.process.proc.pid if self.shim_daemon else None
+
+    def off(self):
+        if self.mode in SHIM_MODES:
+            post(f"{self.shim_daemon.url}/v1/level?pid={self.job.pid}&level=off")
+        elif self.process:
+            self.text.append(self.process.stop(signal.SIGTERM if self.mode == "daemon" else signal.SIGINT))
+            self.process = None
+
+
+class ShimDaemon:
+    """A shim-only daemon the shimmed job sends to, for the whole measurement."""
+
+    def __init__(self, args):
+        self.dir = tempfile.mkdtemp(prefix="gpuprof-shim-")
+        self.socket = os.path.join(self.dir, "shim.sock")
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self.process = Process([args.gpuprof, "daemon", "--capture", "shim", "--shim-socket", self.socket,
+                                "--listen", f"127.0.0.1:{port}", "--level", "off", *sink(args)], None,
+                               ready_url=f"{self.url}/readyz")
+
+
+def sink(args):
+    """Where a daemon sends what it captures: a gpuprof-collector over OTLP, as on a node of a
+    fleet, when --collector runs one; else nowhere (a jsonl file to /dev/null)."""
+    if args.collector_endpoint:
+        return ["--otlp-endpoint", args.collector_endpoint]
+    return ["--output", "/dev/null"]
+
+
+def steps_in(steps, start, end):
+    return [(e - s, c) for s, e, c in steps if s >= start + SETTLE_S * 1e9 and e <= end]
+
+
+def measure(args, modes, env, shim_daemon):
+    """Alternate windows (off, mode₁ on, off, mode₂ on, …, off) for `args.windows` rounds."""
+    out = os.path.join(tempfile.mkdtemp(prefix="gpuprof-job-"), "steps.json")
+    job = Job(args, env, out)
+    windows = []  # (mode or None, start_ns, end_ns, {job thread: cpu}, {capture thread: cpu}, BPF stats)
+
+    def window(mode, capture=None):
+        agent_pid = capture.on() if capture else None
+        start = time.monotonic_ns()
+        job_cpu = cpu_ns(job.pid)
+        agent_cpu = cpu_ns(agent_pid) if agent_pid else {}
+        bpf = bpf_program_stats(agent_pid) if agent_pid and mode in EBPF_MODES else []
+        time.sleep(args.window)
+        end = time.monotonic_ns()
+        job_cpu = {k: v - job_cpu.get(k, 0) for k, v in cpu_ns(job.pid).items()}
+        agent_cpu = {k: v - agent_cpu.get(k, 0) for k, v in cpu_ns(agent_pid).items()} if agent_pid else {}
+        if bpf:
+            before = {name: (n, t) for name, n, t in bpf}
+            bpf = [(name, n - before.get(name, (0, 0))[0], t - before.get(name, (0, 0))[1])
+                   for name, n, t in bpf_program_stats(agent_pid)]
+        if capture:
+            capture.off()
+        windows.append((mode, start, end, job_cpu, agent_cpu, bpf))
+
+    captures = {mode: Capture(mode, args, job, shim_daemon) for mode in modes}
+    window(None)
+    for _ in range(args.windows):
+        for mode in modes:
+            window(mode, captures[mode])
+            window(None)
+    steps = job.finish()
+    texts = {mode: "".join(c.text) for mode, c in captures.items()}
+    results = summarize(args, modes, windows, steps, job.reports_per_step, texts)
+    counters = job.shim_counters()
+    for mode in modes:
+        results[mode]["shim_counters"] = counters
+    return results
+
+
+def summarize(args, modes, windows, steps, reports_per_step, texts):
+    def median_ms(w):
+        inside = steps_in(steps, w[1], w[2])
+        return statistics.median(d for d, _ in inside) / 1e6 if inside else float("nan")
+
+    def cpu_per_step_ns(w):
+        inside = steps_in(steps, w[1], w[2])
+        return statistics.median(c for _, c in inside) if inside else float("nan")
+
+    results = {}
+    for mode in modes:
+        ratios, added, plain, captured, thread_added, capture_cpu, sender_cpu, programs = [], [], [], [], [], [], [], {}
+        for i, w in enumerate(windows):
+            if w[0] != mode:
+                continue
+            neighbours = [windows[j] for j in (i - 1, i + 1) if 0 <= j < len(windows) and windows[j][0] is None]
+            off = statistics.mean(median_ms(n) for n in neighbours)
+            on = median_ms(w)
+            plain.append(off)
+            captured.append(on)
+            ratios.append(on / off)
+            added.append((on - off) * 1e6 / reports_per_step)
+            off_cpu = statistics.mean(cpu_per_step_ns(n) for n in neighbours)
+            thread_added.append((cpu_per_step_ns(w) - off_cpu) / reports_per_step)
+            reports = len(steps_in(steps, w[1], w[2])) * reports_per_step
+            capture_cpu.append(sum(w[4].values()) / max(reports, 1))
+            sender_cpu.append(w[3].get("gpuprof-shim", 0) / max(reports, 1))
+            for name, runs, ns in w[5]:
+                if runs:
+                    entry = programs.setdefault(name, [0, 0])
+                    entry[0] += runs
+                    entry[1] += ns
+        results[mode] = {
+            "plain_ms": statistics.median(plain), "captured_ms": statistics.median(captured),
+            "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
+            "added_ns_per_report": statistics.median(added),
+            "training_thread_added_ns_per_report": statistics.median(thread_added),
+            "agent_cpu_ns_per_report": statistics.median(capture_cpu),
+            "sender_cpu_ns_per_report": statistics.median(sender_cpu),
+            "bpf_programs": {str(k): {"runs": n, "ns_per_run": t / n} for k, (n, t) in programs.items()},
+            "windows": len(ratios), "reports_per_step": reports_per_step,
+            "stderr_tail": texts.get(mode, "")[-600:],
+        }
+    return results
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--gpuprof", required=True)
+    parser.add_argument("--shim", help="libgpuprof_shim.so (default: next to --gpuprof)")
+    parser.add_argument("--workload", default="encoder")
+    parser.add_argument("--capture", default="ebpf")
+    parser.add_argument("--windows", type=int, default=4)
+    parser.add_argument("--window", type=float, default=8.0, help="seconds per window")
+    parser.add_argument("--depth", type=int, default=20, help="framework frames above the step")
+    parser.add_argument("--python", default=sys.executable)
+    parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--collector", help="a gpuprof-collector binary: the daemons send to it over OTLP")
+    args = parser.parse_args()
+    args.collector_endpoint = None
+    collector = None
+    if args.collector:
+        grpc, http = free_port(), free_port()
+        store = tempfile.mkdtemp(prefix="gpuprof-collector-")
+        collector = Process([args.collector, "--grpc-listen", f"127.0.0.1:{grpc}", "--http-listen",
+                             f"127.0.0.1:{http}", "--db", os.path.join(store, "collector.redb")], None,
+                            ready_url=f"http://127.0.0.1:{http}/healthz")
+        args.collector_endpoint = f"http://127.0.0.1:{grpc}"
+    modes = args.capture.split(",")
+    unknown = set(modes) - EBPF_MODES - SHIM_MODES - {"none"}
+    if unknown:
+        raise SystemExit(f"unknown capture(s) {sorted(unknown)}: see --help")
+    if set(modes) & EBPF_MODES:
+        Path("/proc/sys/kernel/bpf_stats_enabled").write_text("1")
+    results = {}
+    plain_modes = [m for m in modes if m not in SHIM_MODES]
+    if plain_modes:
+        results.update(measure(args, plain_modes, {}, None))
+    shim_modes = [m for m in modes if m in SHIM_MODES]
+    if shim_modes:
+        daemon = ShimDaemon(args)
+        shim = args.shim or str(Path(args.gpuprof).resolve().parent / "libgpuprof_shim.so")
+        env = {"LD_PRELOAD": shim, "GPUPROF_SHIM_SOCKET": daemon.socket, "GPUPROF_SHIM_LEVEL": "off",
+               "GPUPROF_SHIM_TIMING": "1", "GPUPROF_SHIM_REPORT": "1"}
+        try:
+            results.update(measure(args, shim_modes, env, daemon))
+        finally:
+            tail = daemon.process.stop(signal.SIGTERM)
+        for mode in shim_modes:
+            results[mode]["stderr_tail"] = tail[-600:]
+    print(f"{args.workload}: {args.windows} windows of {args.window:.0f} s per capture, in one process; "
+          f"{next(iter(results.values()))['reports_per_step']:.0f} allocator reports a step")
+    print(f"{'capture':<13} {'plain ms':>9} {'with ms':>9} {'ratio':>7} {'range':>13} {'ns/report':>10} "
+          f"{'thread ns/r':>11} {'agent ns/r':>10} {'sender ns/r':>11}  bpf ns/run (runs)")
+    for mode, r in results.items():
+        programs = " ".join(f"{name} {p['ns_per_run']:.0f} ({p['runs']})" for name, p in r["bpf_programs"].items())
+        print(f"{mode:<13} {r['plain_ms']:>9.3f} {r['captured_ms']:>9.3f} {r['ratio']:>6.3f}x "
+              f"{r['ratio_min']:>6.3f}-{r['ratio_max']:.3f} {r['added_ns_per_report']:>10.0f} "
+              f"{r['training_thread_added_ns_per_report']:>11.0f} {r['agent_cpu_ns_per_report']:>10.0f} "
+              f"{r['sender_cpu_ns_per_report']:>11.0f}  {programs}")
+    shim = next((r["shim_counters"] for r in results.values() if r.get("shim_counters")), None)
+    if shim:
+        timing = shim.get("timing") or {}
+        print(f"shim: sent {shim['sent']}, dropped {shim['dropped_queue_full']}, waited {shim.get('waits', 0)} times "
+              f"({shim.get('wait_ns', 0) / 1e6:.1f} ms); per recorded report on the calling thread (self-timed, "
+              f"the timing included): " + ", ".join(f"{k[:-3]} {v:.0f} ns" for k, v in timing.items() if k != "reports"))
+    if collector:
+        collector.stop(signal.SIGTERM)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"workload": args.workload, "results": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
