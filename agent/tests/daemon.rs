@@ -14,148 +14,13 @@ use std::time::{Duration, Instant};
 
 use gpuprof_model::event::{Layer, Op, Source};
 use gpuprof_testkit::collector::Collector;
+use gpuprof_testkit::daemon::{one_daemon_at_a_time, Daemon};
 use gpuprof_testkit::*;
 use serde_json::Value;
 
 const WORKERS: usize = 200;
-
-/// A daemon sees every CUDA process of the machine: two at once would see each other's
-/// workloads, so the tests that run one take turns.
-static NODE: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn one_daemon_at_a_time() -> std::sync::MutexGuard<'static, ()> {
-    NODE.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
 /// Workers alive at once.
 const WAVE: usize = 10;
-
-struct Daemon {
-    child: Child,
-    /// The line it said when it started.
-    started: String,
-    health: String,
-    agent: ureq::Agent,
-    stderr: std::sync::mpsc::Receiver<String>,
-}
-
-impl Daemon {
-    fn start(args: &[&str]) -> Daemon {
-        Daemon::start_under(&[], args)
-    }
-
-    /// `wrapper… gpuprof daemon args…` (a wrapper such as setpriv).
-    fn start_under(wrapper: &[&str], args: &[&str]) -> Daemon {
-        let mut command = match wrapper.split_first() {
-            Some((program, rest)) => {
-                let mut command = Command::new(program);
-                command.args(rest).arg(gpuprof());
-                command
-            }
-            None => Command::new(gpuprof()),
-        };
-        let mut child = command
-            .arg("daemon")
-            .args(["--listen", "127.0.0.1:0"])
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let (lines, stderr) = std::sync::mpsc::channel();
-        let mut reader = BufReader::new(child.stderr.take().unwrap());
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            while reader.read_line(&mut line).unwrap_or(0) > 0 {
-                eprint!("daemon: {line}");
-                let _ = lines.send(std::mem::take(&mut line));
-            }
-        });
-        // "gpuprof: daemon on node N following K CUDA process(es); /healthz /readyz /metrics on ADDR; exporting to …"
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let health = loop {
-            let line = stderr
-                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-                .expect("the daemon never said it started");
-            if let Some(rest) = line.split("/metrics on ").nth(1) {
-                break (format!("http://{}", rest.split(';').next().unwrap()), line.clone());
-            }
-        };
-        let (health, started) = health;
-        let agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
-        Daemon { child, started, health, agent, stderr }
-    }
-
-    fn get(&self, path: &str) -> (u16, String) {
-        self.get_as(path, None)
-    }
-
-    /// GET with `Authorization: Bearer <token>`.
-    fn get_as(&self, path: &str, token: Option<&str>) -> (u16, String) {
-        let mut request = self.agent.get(&format!("{}{path}", self.health));
-        if let Some(token) = token {
-            request = request.header("authorization", &format!("Bearer {token}"));
-        }
-        let mut response = request.call().unwrap();
-        (response.status().as_u16(), response.body_mut().read_to_string().unwrap())
-    }
-
-    /// The daemon's own metrics, by sample name.
-    fn metrics(&self) -> BTreeMap<String, u64> {
-        let (status, text) = self.get("/metrics");
-        assert_eq!(status, 200);
-        text.lines()
-            .filter(|l| !l.starts_with('#'))
-            .filter_map(|l| l.split_once(' '))
-            .map(|(name, value)| (name.to_string(), value.parse().unwrap()))
-            .collect()
-    }
-
-    fn metric(&self, name: &str) -> u64 {
-        *self.metrics().get(name).unwrap_or_else(|| panic!("no {name} in the daemon's metrics"))
-    }
-
-    /// Waits until `name` reaches `value` (metrics are published each second).
-    fn wait_for(&self, name: &str, value: u64, limit: Duration) {
-        let deadline = Instant::now() + limit;
-        loop {
-            let now = self.metric(name);
-            if now == value {
-                return;
-            }
-            assert!(Instant::now() < deadline, "{name} stayed at {now}, expected {value}: {:?}", self.metrics());
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    /// Waits until `name` reaches at least `value`: for counts that other processes of the
-    /// machine (a test binary's helpers, a CI runner's) can add to.
-    fn wait_for_at_least(&self, name: &str, value: u64, limit: Duration) {
-        let deadline = Instant::now() + limit;
-        while self.metric(name) < value {
-            assert!(Instant::now() < deadline, "{name} stayed under {value}: {:?}", self.metrics());
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    /// SIGTERM: flushes, exits 0; returns what it said on the way out.
-    fn stop(mut self) -> String {
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let status = wait_with_limit(&mut self.child, Duration::from_secs(15));
-        assert_eq!(status.code(), Some(0));
-        let mut said = String::new();
-        while let Ok(line) = self.stderr.recv_timeout(Duration::from_millis(500)) {
-            said.push_str(&line);
-        }
-        said
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn standin_library() -> PathBuf {
     standin_dir().join("libcuda.so.1")
@@ -753,6 +618,8 @@ fn the_sidecar_arrangement_gives_what_run_via_shim_gives() {
     for (name, value) in literal_env(trainer) {
         workload.env(name, value);
     }
+    // At the level this sidecar was started at (the manifest's is the driver's).
+    workload.env("GPUPROF_SHIM_LEVEL", "tensors");
     let mut workload = workload.spawn().unwrap();
     // While the allocator's process holds its segments, the collector knows them by the pod.
     let pod_labels = "node=\"node-a\",namespace=\"ml\",pod=\"train-0\",container=\"trainer\"";

@@ -991,6 +991,12 @@ fn take_out_sidecar(spec: &mut Value, expected: &Expected<'_>, targets: &[&str])
             continue;
         }
         let env = container.get_mut("env").unwrap().as_array_mut().unwrap();
+        // The shim starts at the sidecar's level, the driver's.
+        assert_eq!(
+            env.pop().unwrap(),
+            serde_json::json!({ "name": "GPUPROF_SHIM_LEVEL", "value": "driver" }),
+            "{name}"
+        );
         assert_eq!(
             env.pop().unwrap(),
             serde_json::json!({ "name": "GPUPROF_SHIM_SOCKET", "value": "/gpuprof/shim.sock" }),

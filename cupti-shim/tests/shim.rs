@@ -7,7 +7,10 @@
 //! with CUPTI's activity records; without CUPTI (none installed, or its one slot held by a
 //! profiler) that is said once and the allocator path goes on; with no agent the events go to the
 //! file named by GPUPROF_SHIM_OUTPUT, and a process may wait for its own to be written there
-//! (`gpuprof_shim_flush`); a full queue drops and counts, never blocks.
+//! (`gpuprof_shim_flush`); a burst of 500,000 reports reaches the agent whole, the calling thread
+//! waiting for room when the queue is full; only an agent that stops reading makes the queue
+//! drop (counted); the process switches its own capture level and the events stop and resume
+//! exactly there.
 
 use std::os::unix::net::UnixListener;
 use std::path::Path;
@@ -499,4 +502,70 @@ fn a_shim_file_gets_its_forward_lines_when_exported() {
     ]));
     assert_eq!(export.status.code(), Some(0), "{}", String::from_utf8_lossy(&export.stderr));
     assert_backward_attribution(&read_expected(&log), &read_events(&exported));
+}
+
+/// The process switches its level between reports (`gpuprof_shim_set_level`): recorded at
+/// tensors, not while off or at driver, recorded again at tensors, each report forwarded
+/// whatever the level.
+#[test]
+fn the_switch_stops_and_resumes_recording_exactly_where_the_process_sets_it() {
+    let dir = scratch("shim_switch");
+    let events_path = dir.join("events.jsonl");
+    let mut command = preloaded(python3(), &[workloads().join("shim_levels.py").to_str().unwrap(), "self"]);
+    command
+        .env("GPUPROF_LIBC10", libc10_standin())
+        .env("GPUPROF_LIBC10_CUDA", libc10_cuda_standin())
+        .env("GPUPROF_SHIM_OUTPUT", &events_path);
+    let output = run(&mut command);
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    // The level before each switch: tensors (the default), off, driver.
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "switched 2\nswitched 0\nswitched 1\nforwarded 400\ndone\n");
+    let events = read_events(&events_path);
+    let blocks: Vec<&gpuprof_model::Event> = events.iter().filter(|e| e.layer == Layer::Allocator).collect();
+    let numbers: Vec<u64> = blocks.iter().map(|e| (e.addr.unwrap() - 0x7f00_0000_0000) / 4096).collect();
+    let expected: Vec<u64> = (0..100).chain(300..400).collect();
+    assert_eq!(numbers, expected);
+    for block in &blocks {
+        assert_eq!((block.op, block.size, block.source), (Op::Alloc, 4096, Source::Shim));
+        let frame = &block.stack.frames()[0];
+        assert_eq!((frame.function.as_str(), frame.line), ("hundred", 32), "{:?}", block.stack.frames());
+        assert!(frame.file.ends_with("shim_levels.py"), "{}", frame.file);
+    }
+}
+
+/// A job filling the card: 500,000 reports from the allocator's C loop, as fast as it makes them
+/// (about 10 a microsecond), 30 Python frames deep, through `run --via shim`: every one arrives —
+/// the calling thread waits for room while the queue is full rather than lose one — and every
+/// free finds its allocation.
+#[test]
+fn a_burst_of_500_000_reports_reaches_the_agent_whole() {
+    let dir = scratch("shim_burst");
+    let recording = dir.join("burst.gpuprof");
+    let mut command = Command::new(gpuprof());
+    command.args(["run", "--via", "shim", "--output", recording.to_str().unwrap(), "--"]);
+    command.arg(python3()).arg(workloads().join("shim_burst.py")).args(["500000", "30"]);
+    command.env("GPUPROF_LIBC10", libc10_standin()).env("GPUPROF_LIBC10_CUDA", libc10_cuda_standin());
+    let output = run(&mut command);
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    // "reports 500000 in S s": what libc10 received, and how long the burst took, waits included.
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(stdout.starts_with("reports 500000 in "), "{stdout}");
+    eprintln!("burst: {}", stdout.trim());
+    let stats = stderr.lines().find(|l| l.contains("via the shim")).unwrap_or_else(|| panic!("{stderr}"));
+    eprintln!("{stats}");
+    assert!(
+        stats.starts_with("gpuprof: 500001 events from 1 processes via the shim; dropped 0 (queue full in the process); waited for room "),
+        "{stats}"
+    );
+    assert!(stats.contains("; stacks cut 0, unresolved 0; undecodable lines 0;"), "{stats}");
+    // Every block at its line, and every free after its allocation: nothing live at the end.
+    let summary = run(Command::new(gpuprof()).args(["summary", recording.to_str().unwrap(), "-f", "json"]));
+    let summary: Value = serde_json::from_slice(&summary.stdout).unwrap();
+    let process = &summary["processes"][0];
+    assert_eq!(process["allocated"], serde_json::json!({"bytes": 250_000u64 * 4096, "count": 250_000}));
+    assert_eq!(process["at_end"], serde_json::json!({"bytes": 0, "count": 0}));
+    assert_eq!(process["rows"][0]["where"], "shim_burst.py:17 burst");
+    assert_eq!(summary["processes"].as_array().unwrap().len(), 1);
 }

@@ -4,6 +4,7 @@
 //! A dev-dependency of each package whose tests drive the real binaries.
 
 pub mod collector;
+pub mod daemon;
 mod workspace;
 
 use std::io::{BufRead, BufReader};
@@ -64,6 +65,11 @@ fn compile(source: &str, output: &Path, extra: &[&str]) {
     std::fs::rename(&staging, output).unwrap();
 }
 
+/// How the probed stand-ins' functions begin: `endbr64; push %rbp`, as distributions' CET builds
+/// do. The probes go past the `endbr64` onto the `push` (which the kernel runs without a second
+/// trap), so every capture test checks that a probe placed there reads the call right.
+const PROLOGUE: [&str; 3] = ["-fcf-protection=full", "-fno-omit-frame-pointer", "-mno-omit-leaf-frame-pointer"];
+
 /// The directory holding the libcuda stand-in as `libcuda.so.1` (for LD_LIBRARY_PATH).
 pub fn standin_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
@@ -73,7 +79,7 @@ pub fn standin_dir() -> &'static Path {
         compile(
             "libcuda_standin.c",
             &dir.join("libcuda.so.1"),
-            &["-shared", "-fPIC", "-fvisibility=hidden", "-lpthread", "-ldl"],
+            &["-shared", "-fPIC", "-fvisibility=hidden", "-lpthread", "-ldl", PROLOGUE[0], PROLOGUE[1], PROLOGUE[2]],
         );
         // CUPTI beside the driver, found by name on the library path like a toolkit's.
         compile(
@@ -235,7 +241,11 @@ pub fn libc10_standin() -> &'static Path {
         let dir = build_dir().join("torch_lib");
         std::fs::create_dir_all(&dir).unwrap();
         let output = dir.join("libc10.so");
-        compile("libc10_standin.c", &output, &["-shared", "-fPIC", "-fvisibility=hidden"]);
+        compile(
+            "libc10_standin.c",
+            &output,
+            &["-shared", "-fPIC", "-fvisibility=hidden", PROLOGUE[0], PROLOGUE[1], PROLOGUE[2]],
+        );
         output
     })
 }

@@ -276,6 +276,8 @@ fn patch_container(container: &mut Yaml, settings: &SidecarSettings) -> Result<(
         None => env.push(literal(variable, &shim)),
     }
     env.push(literal(shim::SOCKET_VAR, &format!("{MOUNT}/shim.sock")));
+    // The sidecar's own level: the shim starts there, not at tensors until the sidecar's word.
+    env.push(literal(shim::LEVEL_VAR, gpuprof_model::Level::Driver.as_str()));
     let mounts = array_at(map, "volumeMounts", &format!("container {name}"))?;
     if mounts.iter().any(|m| m["mountPath"].as_str() == Some(MOUNT)) {
         bail!("container {name} already mounts something at {MOUNT}: gpuprof's volume goes there");
