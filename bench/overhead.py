@@ -5,24 +5,28 @@ with capture is compared with the windows without it on either side. Between sep
 the plain step time alone moves by ±15% on a GPU machine; inside one process, 1% resolves.
 
     sudo python3 bench/overhead.py --gpuprof target/release/gpuprof --workload encoder \\
-        --capture ebpf,ebpf-driver,floor-entry,floor,daemon,shim,shim-driver [--windows 4] [--window 8]
+        --capture ebpf,shim,attach,floor,ebpf-driver,daemon [--windows 4 --window 4] [--switches 12 --switch-window 2]
 
-Captures (each switched on and off by the means a user has):
-  none         nothing either way: the method's own spread (an A/A check)
-  ebpf         `gpuprof attach PID` started, then stopped (Ctrl-C): every tensor event with its
-               Python stack and autograd attribution, and the driver's calls
-  ebpf-entry   the same with its probes on each function's first instruction (`--probe-at entry`,
-               as before gpuprof placed them where the kernel needs no second trap)
-  ebpf-nostacks  the same without Python stacks (`--no-stacks`)
-  ebpf-driver  the same with `--level driver`: the driver's calls only, no tensor events
-  floor-entry  empty BPF programs where a naive uprobe goes (the first instruction of each
-               allocator symbol): the trap alone
-  floor        empty BPF programs where gpuprof puts its allocator probe: the trap alone
-  daemon       `gpuprof daemon` with its defaults started, then stopped (SIGTERM)
-  shim         the job runs with the shim preloaded (a separate job process), connected to a
-               shim-only daemon; its level goes from off to tensors and back through the daemon's
-               API (POST /v1/level): paused, the hook only forwards to libc10
+Captures, each switched on and off by the means a user has. Switched through a daemon's level
+API (POST /v1/level), quickly, many short windows; each family in a job of its own:
+  ebpf         a daemon at the driver's level raises the job to tensors and lowers it again:
+               allocator probes of the job's own, every tensor event with its Python stack and
+               autograd attribution
+  shim         the job runs with the shim preloaded, sending to a shim-only daemon that raises
+               it from off to tensors and back: paused, the hook only forwards to libc10
   shim-driver  the same between off and driver
+Started and stopped as processes, fewer and longer windows, in one plain job:
+  none         nothing either way: the method's own spread (an A/A check)
+  attach       `gpuprof attach PID` started, then stopped (Ctrl-C): the whole eBPF capture at
+               tensors, into a recording
+  attach-entry    the same with its probes on each function's first instruction (`--probe-at
+               entry`, as before gpuprof placed them where the kernel needs no second trap)
+  attach-nostacks the same without Python stacks (`--no-stacks`)
+  ebpf-driver  `gpuprof attach --level driver`: the driver's calls only, no tensor events
+  floor-entry  empty BPF programs on the first instruction of the allocator symbol: the trap alone
+  floor        empty BPF programs where gpuprof puts its allocator probe: the trap alone
+  daemon       `gpuprof daemon` with its defaults (driver level, raising what grows) started,
+               then stopped (SIGTERM)
 
 Per capture: the median step time without and with it, their ratio (median over windows, with its
 range), the time added per allocator report (a step's reports: allocations and frees), the
@@ -44,12 +48,18 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-EBPF_MODES = {"ebpf", "ebpf-entry", "ebpf-nostacks", "ebpf-driver", "floor-entry", "floor", "daemon"}
-SHIM_MODES = {"shim", "shim-driver"}
+# Captures started and stopped as processes, in one plain job.
+PROCESS_MODES = {"none", "attach", "attach-entry", "attach-nostacks", "ebpf-driver", "floor-entry", "floor", "daemon"}
+# Captures switched through a daemon's level API ((off, on) levels), in a job of their family.
+LEVELS = {"ebpf": ("driver", "tensors"), "shim": ("off", "tensors"), "shim-driver": ("off", "driver")}
+FAMILY = {"ebpf": "ebpf", "shim": "shim", "shim-driver": "shim"}
+# Modes whose programs' run times are read.
+BPF_MODES = PROCESS_MODES | {"ebpf"}
 # A window's first half second is left out: the first code descriptions, warm caches.
 SETTLE_S = 0.5
 
@@ -192,8 +202,8 @@ class Job:
 class Capture:
     """Switches one capture on and off for the job's process."""
 
-    def __init__(self, mode, args, job, shim_daemon):
-        self.mode, self.args, self.job, self.shim_daemon = mode, args, job, shim_daemon
+    def __init__(self, mode, args, job, daemon):
+        self.mode, self.args, self.job, self.daemon = mode, args, job, daemon
         self.process = None
         self.tmp = tempfile.mkdtemp(prefix="gpuprof-overhead-")
         self.text = []
@@ -201,48 +211,59 @@ class Capture:
     def on(self):
         gpuprof, pid = self.args.gpuprof, str(self.job.pid)
         output = ["-o", os.path.join(self.tmp, "window.gpuprof")]
-        if self.mode == "ebpf":
-            self.process = Process([gpuprof, "attach", pid, *output], "capturing pid")
-        elif self.mode == "ebpf-entry":
-            self.process = Process([gpuprof, "attach", pid, "--probe-at", "entry", *output], "capturing pid")
-        elif self.mode == "ebpf-nostacks":
-            self.process = Process([gpuprof, "attach", pid, "--no-stacks", *output], "capturing pid")
-        elif self.mode == "ebpf-driver":
-            self.process = Process([gpuprof, "attach", pid, "--level", "driver", *output], "capturing pid")
-        elif self.mode in ("floor-entry", "floor"):
-            where = "entry" if self.mode == "floor-entry" else "placed"
-            self.process = Process([gpuprof, "attach", pid, "--empty-probes", "--probe-at", where, *output],
-                                   "capturing pid")
+        attach = {
+            "attach": [],
+            "attach-entry": ["--probe-at", "entry"],
+            "attach-nostacks": ["--no-stacks"],
+            "ebpf-driver": ["--level", "driver"],
+            "floor-entry": ["--empty-probes", "--probe-at", "entry"],
+            "floor": ["--empty-probes"],
+        }
+        if self.mode in attach:
+            self.process = Process([gpuprof, "attach", pid, *attach[self.mode], *output], "capturing pid")
         elif self.mode == "daemon":
             port = free_port()
             self.process = Process([gpuprof, "daemon", "--listen", f"127.0.0.1:{port}", *sink(self.args)],
                                    None, ready_url=f"http://127.0.0.1:{port}/readyz")
-        elif self.mode in SHIM_MODES:
-            level = "tensors" if self.mode == "shim" else "driver"
-            post(f"{self.shim_daemon.url}/v1/level?pid={pid}&level={level}")
+        elif self.mode in LEVELS:
+            self.daemon.set(self.job.pid, LEVELS[self.mode][1])
         if self.process:
             return self.process.proc.pid
-        return self.shim_daemon.process.proc.pid if self.shim_daemon else None
+        return self.daemon.process.proc.pid if self.daemon else None
 
     def off(self):
-        if self.mode in SHIM_MODES:
-            post(f"{self.shim_daemon.url}/v1/level?pid={self.job.pid}&level=off")
+        if self.mode in LEVELS:
+            self.daemon.set(self.job.pid, LEVELS[self.mode][0])
         elif self.process:
             self.text.append(self.process.stop(signal.SIGTERM if self.mode == "daemon" else signal.SIGINT))
             self.process = None
 
 
-class ShimDaemon:
-    """A shim-only daemon the shimmed job sends to, for the whole measurement."""
+class LevelDaemon:
+    """A daemon for the whole measurement whose API switches the job's capture level: eBPF at
+    the driver's level (the job raised to tensors and lowered again), or the shim's (the job's
+    shim sends to it; off until raised)."""
 
-    def __init__(self, args):
-        self.dir = tempfile.mkdtemp(prefix="gpuprof-shim-")
-        self.socket = os.path.join(self.dir, "shim.sock")
+    def __init__(self, args, family):
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
-        self.process = Process([args.gpuprof, "daemon", "--capture", "shim", "--shim-socket", self.socket,
-                                "--listen", f"127.0.0.1:{port}", "--level", "off", *sink(args)], None,
-                               ready_url=f"{self.url}/readyz")
+        capture = ["--level", "driver"]
+        if family == "shim":
+            self.socket = os.path.join(tempfile.mkdtemp(prefix="gpuprof-shim-"), "shim.sock")
+            capture = ["--capture", "shim", "--shim-socket", self.socket, "--level", "off"]
+        self.process = Process([args.gpuprof, "daemon", "--listen", f"127.0.0.1:{port}", "--no-auto-raise",
+                                *capture, *sink(args)], None, ready_url=f"{self.url}/readyz")
+
+    def set(self, pid, level):
+        """Asks for `level`, waiting for the daemon to follow the job first (its scan)."""
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                return post(f"{self.url}/v1/level?pid={pid}&level={level}")
+            except urllib.error.HTTPError as error:
+                if error.code != 404 or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
 
 
 def sink(args):
@@ -257,10 +278,27 @@ def steps_in(steps, start, end):
     return [(e - s, c) for s, e, c in steps if s >= start + SETTLE_S * 1e9 and e <= end]
 
 
-def measure(args, modes, env, shim_daemon):
-    """Alternate windows (off, mode₁ on, off, mode₂ on, …, off) for `args.windows` rounds."""
+def measure(args, modes, family):
+    """Alternate windows (off, mode₁ on, off, mode₂ on, …, off) in one job: `args.windows`
+    rounds of `args.window` seconds for captures started as processes, `args.switches` rounds
+    of `args.switch_window` for those switched through a daemon."""
     out = os.path.join(tempfile.mkdtemp(prefix="gpuprof-job-"), "steps.json")
-    job = Job(args, env, out)
+    daemon = LevelDaemon(args, family) if family != "process" else None
+    env = {}
+    if family == "shim":
+        shim = args.shim or str(Path(args.gpuprof).resolve().parent / "libgpuprof_shim.so")
+        env = {"LD_PRELOAD": shim, "GPUPROF_SHIM_SOCKET": daemon.socket, "GPUPROF_SHIM_LEVEL": "off",
+               "GPUPROF_SHIM_TIMING": "1", "GPUPROF_SHIM_REPORT": "1"}
+    try:
+        return measure_in(args, modes, Job(args, env, out), daemon)
+    finally:
+        if daemon:
+            tail = daemon.process.stop(signal.SIGTERM)
+            if family == "shim" and "dropped" in tail:
+                print(tail.strip().splitlines()[-1], file=sys.stderr)
+
+
+def measure_in(args, modes, job, daemon):
     windows = []  # (mode or None, start_ns, end_ns, {job thread: cpu}, {capture thread: cpu}, BPF stats)
 
     def window(mode, capture=None):
@@ -268,8 +306,8 @@ def measure(args, modes, env, shim_daemon):
         start = time.monotonic_ns()
         job_cpu = cpu_ns(job.pid)
         agent_cpu = cpu_ns(agent_pid) if agent_pid else {}
-        bpf = bpf_program_stats(agent_pid) if agent_pid and mode in EBPF_MODES else []
-        time.sleep(args.window)
+        bpf = bpf_program_stats(agent_pid) if agent_pid and mode in BPF_MODES else []
+        time.sleep(args.switch_window if daemon else args.window)
         end = time.monotonic_ns()
         job_cpu = {k: v - job_cpu.get(k, 0) for k, v in cpu_ns(job.pid).items()}
         agent_cpu = {k: v - agent_cpu.get(k, 0) for k, v in cpu_ns(agent_pid).items()} if agent_pid else {}
@@ -281,9 +319,9 @@ def measure(args, modes, env, shim_daemon):
             capture.off()
         windows.append((mode, start, end, job_cpu, agent_cpu, bpf))
 
-    captures = {mode: Capture(mode, args, job, shim_daemon) for mode in modes}
+    captures = {mode: Capture(mode, args, job, daemon) for mode in modes}
     window(None)
-    for _ in range(args.windows):
+    for _ in range(args.switches if daemon else args.windows):
         for mode in modes:
             window(mode, captures[mode])
             window(None)
@@ -349,7 +387,9 @@ def main():
     parser.add_argument("--workload", default="encoder")
     parser.add_argument("--capture", default="ebpf")
     parser.add_argument("--windows", type=int, default=4)
-    parser.add_argument("--window", type=float, default=8.0, help="seconds per window")
+    parser.add_argument("--window", type=float, default=4.0, help="seconds per window")
+    parser.add_argument("--switches", type=int, default=12, help="windows of captures switched through a daemon")
+    parser.add_argument("--switch-window", type=float, default=2.0, help="their seconds per window")
     parser.add_argument("--depth", type=int, default=20, help="framework frames above the step")
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--json", help="also write the results here")
@@ -365,29 +405,18 @@ def main():
                             ready_url=f"http://127.0.0.1:{http}/healthz")
         args.collector_endpoint = f"http://127.0.0.1:{grpc}"
     modes = args.capture.split(",")
-    unknown = set(modes) - EBPF_MODES - SHIM_MODES - {"none"}
+    unknown = set(modes) - PROCESS_MODES - set(LEVELS)
     if unknown:
         raise SystemExit(f"unknown capture(s) {sorted(unknown)}: see --help")
-    if set(modes) & EBPF_MODES:
-        Path("/proc/sys/kernel/bpf_stats_enabled").write_text("1")
+    Path("/proc/sys/kernel/bpf_stats_enabled").write_text("1")
     results = {}
-    plain_modes = [m for m in modes if m not in SHIM_MODES]
-    if plain_modes:
-        results.update(measure(args, plain_modes, {}, None))
-    shim_modes = [m for m in modes if m in SHIM_MODES]
-    if shim_modes:
-        daemon = ShimDaemon(args)
-        shim = args.shim or str(Path(args.gpuprof).resolve().parent / "libgpuprof_shim.so")
-        env = {"LD_PRELOAD": shim, "GPUPROF_SHIM_SOCKET": daemon.socket, "GPUPROF_SHIM_LEVEL": "off",
-               "GPUPROF_SHIM_TIMING": "1", "GPUPROF_SHIM_REPORT": "1"}
-        try:
-            results.update(measure(args, shim_modes, env, daemon))
-        finally:
-            tail = daemon.process.stop(signal.SIGTERM)
-        for mode in shim_modes:
-            results[mode]["stderr_tail"] = tail[-600:]
-    print(f"{args.workload}: {args.windows} windows of {args.window:.0f} s per capture, in one process; "
-          f"{next(iter(results.values()))['reports_per_step']:.0f} allocator reports a step")
+    for family in ("process", "ebpf", "shim"):
+        chosen = [m for m in modes if FAMILY.get(m, "process") == family]
+        if chosen:
+            results.update(measure(args, chosen, family))
+    print(f"{args.workload}: {args.windows} windows of {args.window:.1f} s per capture started as a process, "
+          f"{args.switches} of {args.switch_window:.1f} s per capture switched through a daemon, each family in a "
+          f"process of its own; {next(iter(results.values()))['reports_per_step']:.0f} allocator reports a step")
     print(f"{'capture':<13} {'plain ms':>9} {'with ms':>9} {'ratio':>7} {'range':>13} {'ns/report':>10} "
           f"{'thread ns/r':>11} {'agent ns/r':>10} {'sender ns/r':>11}  bpf ns/run (runs)")
     for mode, r in results.items():

@@ -69,7 +69,7 @@ def measured(argv, env=None, stdout=subprocess.DEVNULL, may_fail=False):
 
 
 def capture(gpuprof, output, env, seconds):
-    training = f"{sys.executable} {FIXTURES / 'workloads' / 'training.py'} --seconds {seconds} --depth 9"
+    training = f"{sys.executable} {FIXTURES / 'workloads' / 'training.py'} --seconds {seconds} --depth 9 --rate 0"
     _, _, stderr = measured([gpuprof, "run", "--output", output, "--", "sh", "-c", f"{training} & {training} & wait"], env=env)
     line = next(l for l in stderr.splitlines() if " events (" in l and "lost" in l)
     events = int(re.search(r"gpuprof: (\d+) events", line).group(1))
