@@ -55,8 +55,8 @@ impl AutogradConfig {
         // The probe reads the three thread-locals at once: they must lie close together.
         let offsets = [layout.sequence_nr, layout.thread_id, layout.current_node];
         let span = offsets.iter().max().unwrap_or(&0) - offsets.iter().min().unwrap_or(&0) + 8;
-        if span >= gp_autograd_span::GP_AUTOGRAD_TLS_SPAN.0 as u32
-            || u32::from(NODE_SEQUENCE_NR.max(NODE_THREAD_ID)) + 8 >= gp_autograd_span::GP_AUTOGRAD_NODE_SPAN.0 as u32
+        if span >= gp_autograd_span::GP_AUTOGRAD_TLS_SPAN.0
+            || u32::from(NODE_SEQUENCE_NR.max(NODE_THREAD_ID)) + 8 >= gp_autograd_span::GP_AUTOGRAD_NODE_SPAN.0
         {
             return Configured::No(Some(format!(
                 "autograd's thread-locals in {} lie {span} bytes apart: backward blocks of pid {pid} get no forward line",

@@ -21,6 +21,8 @@ pub struct Cli {
     pub command: Command,
 }
 
+// One command line is parsed per run: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Capture a running process (and its children) until it exits or --duration passes.

@@ -174,6 +174,9 @@ impl DropCounters {
     }
 }
 
+/// Where one probe goes in a library: the file offset, the cookie, the symbol (for errors).
+type ProbePoint<'s> = (usize, u64, &'s str);
+
 /// The allocator probe on one libc10 file for one process only (a raised capture level):
 /// dropping it takes the probe off, and the process's breakpoint with it.
 pub struct ProcessProbe {
@@ -335,7 +338,7 @@ impl Capture {
         &self,
         library: &LibraryFile,
         symbols: impl IntoIterator<Item = (&'s str, u64)>,
-    ) -> Result<(Vec<(usize, u64, &'s str)>, Vec<&'s str>)> {
+    ) -> Result<(Vec<ProbePoint<'s>>, Vec<&'s str>)> {
         let placement = self.placement;
         Ok(elf::read(&library.path, |elf| {
             let functions = elf.exported_functions();
