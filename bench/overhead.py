@@ -28,8 +28,8 @@ Started and stopped as processes, fewer and longer windows, in one plain job:
   daemon       `gpuprof daemon` with its defaults (driver level, raising what grows) started,
                then stopped (SIGTERM)
 
-Per capture: the median step time without and with it, their ratio (median over windows, with its
-range), the time added per allocator report (a step's reports: allocations and frees), the
+Per capture: the median step time without and with it, their ratio (the median over windows of
+each window's median step against its neighbours', with a 90% interval by resampling windows), the time added per allocator report (a step's reports: allocations and frees), the
 training thread's CPU per report (`reports`/`standin` workloads: the thread that makes them), the
 CPU per report of the agent (attach, the daemon) and of the shim's sender thread, for eBPF each
 BPF program's run time per run (kernel.bpf_stats_enabled is switched on for the measurement), and
@@ -60,8 +60,9 @@ LEVELS = {"ebpf": ("driver", "tensors"), "shim": ("off", "tensors"), "shim-drive
 FAMILY = {"ebpf": "ebpf", "shim": "shim", "shim-driver": "shim"}
 # Modes whose programs' run times are read.
 BPF_MODES = PROCESS_MODES | {"ebpf"}
-# A window's first half second is left out: the first code descriptions, warm caches.
-SETTLE_S = 0.5
+# A window's first part is left out: a capture started as a process settles (the first code
+# descriptions, warm caches) for half a second, a switched one for a tenth.
+SETTLE_S = {True: 0.1, False: 0.5}
 
 
 def free_port():
@@ -274,8 +275,10 @@ def sink(args):
     return ["--output", "/dev/null"]
 
 
-def steps_in(steps, start, end):
-    return [(e - s, c) for s, e, c in steps if s >= start + SETTLE_S * 1e9 and e <= end]
+def steps_in(steps, window):
+    """(duration, thread CPU) of the steps wholly inside a window, past its settling."""
+    start = window[1] + window[6] * 1e9
+    return [(e - s, c) for s, e, c in steps if s >= start and e <= window[2]]
 
 
 def measure(args, modes, family):
@@ -299,7 +302,8 @@ def measure(args, modes, family):
 
 
 def measure_in(args, modes, job, daemon):
-    windows = []  # (mode or None, start_ns, end_ns, {job thread: cpu}, {capture thread: cpu}, BPF stats)
+    # (mode or None, start_ns, end_ns, {job thread: cpu}, {capture thread: cpu}, BPF stats, settle s)
+    windows = []
 
     def window(mode, capture=None):
         agent_pid = capture.on() if capture else None
@@ -317,7 +321,7 @@ def measure_in(args, modes, job, daemon):
                    for name, n, t in bpf_program_stats(agent_pid)]
         if capture:
             capture.off()
-        windows.append((mode, start, end, job_cpu, agent_cpu, bpf))
+        windows.append((mode, start, end, job_cpu, agent_cpu, bpf, SETTLE_S[daemon is not None]))
 
     captures = {mode: Capture(mode, args, job, daemon) for mode in modes}
     window(None)
@@ -336,11 +340,11 @@ def measure_in(args, modes, job, daemon):
 
 def summarize(args, modes, windows, steps, reports_per_step, texts):
     def median_ms(w):
-        inside = steps_in(steps, w[1], w[2])
+        inside = steps_in(steps, w)
         return statistics.median(d for d, _ in inside) / 1e6 if inside else float("nan")
 
     def cpu_per_step_ns(w):
-        inside = steps_in(steps, w[1], w[2])
+        inside = steps_in(steps, w)
         return statistics.median(c for _, c in inside) if inside else float("nan")
 
     results = {}
@@ -358,7 +362,7 @@ def summarize(args, modes, windows, steps, reports_per_step, texts):
             added.append((on - off) * 1e6 / reports_per_step)
             off_cpu = statistics.mean(cpu_per_step_ns(n) for n in neighbours)
             thread_added.append((cpu_per_step_ns(w) - off_cpu) / reports_per_step)
-            reports = len(steps_in(steps, w[1], w[2])) * reports_per_step
+            reports = len(steps_in(steps, w)) * reports_per_step
             capture_cpu.append(sum(w[4].values()) / max(reports, 1))
             sender_cpu.append(w[3].get("gpuprof-shim", 0) / max(reports, 1))
             for name, runs, ns in w[5]:
@@ -366,9 +370,11 @@ def summarize(args, modes, windows, steps, reports_per_step, texts):
                     entry = programs.setdefault(name, [0, 0])
                     entry[0] += runs
                     entry[1] += ns
+        low, high = median_interval(ratios)
         results[mode] = {
             "plain_ms": statistics.median(plain), "captured_ms": statistics.median(captured),
             "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
+            "ratio_90": [low, high], "pairs": [[off, on] for off, on in zip(plain, captured)],
             "added_ns_per_report": statistics.median(added),
             "training_thread_added_ns_per_report": statistics.median(thread_added),
             "agent_cpu_ns_per_report": statistics.median(capture_cpu),
@@ -380,6 +386,15 @@ def summarize(args, modes, windows, steps, reports_per_step, texts):
     return results
 
 
+def median_interval(values, draws=2000):
+    """A 90% interval of the median, by resampling the windows (bootstrap; seeded: the same data
+    gives the same interval)."""
+    import random
+    rng = random.Random(7)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(draws))
+    return medians[int(0.05 * draws)], medians[int(0.95 * draws) - 1]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gpuprof", required=True)
@@ -388,8 +403,8 @@ def main():
     parser.add_argument("--capture", default="ebpf")
     parser.add_argument("--windows", type=int, default=4)
     parser.add_argument("--window", type=float, default=4.0, help="seconds per window")
-    parser.add_argument("--switches", type=int, default=12, help="windows of captures switched through a daemon")
-    parser.add_argument("--switch-window", type=float, default=2.0, help="their seconds per window")
+    parser.add_argument("--switches", type=int, default=40, help="windows of captures switched through a daemon")
+    parser.add_argument("--switch-window", type=float, default=0.6, help="their seconds per window")
     parser.add_argument("--depth", type=int, default=20, help="framework frames above the step")
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--json", help="also write the results here")
@@ -417,12 +432,12 @@ def main():
     print(f"{args.workload}: {args.windows} windows of {args.window:.1f} s per capture started as a process, "
           f"{args.switches} of {args.switch_window:.1f} s per capture switched through a daemon, each family in a "
           f"process of its own; {next(iter(results.values()))['reports_per_step']:.0f} allocator reports a step")
-    print(f"{'capture':<13} {'plain ms':>9} {'with ms':>9} {'ratio':>7} {'range':>13} {'ns/report':>10} "
+    print(f"{'capture':<13} {'plain ms':>9} {'with ms':>9} {'ratio':>7} {'90% interval':>13} {'ns/report':>10} "
           f"{'thread ns/r':>11} {'agent ns/r':>10} {'sender ns/r':>11}  bpf ns/run (runs)")
     for mode, r in results.items():
         programs = " ".join(f"{name} {p['ns_per_run']:.0f} ({p['runs']})" for name, p in r["bpf_programs"].items())
         print(f"{mode:<13} {r['plain_ms']:>9.3f} {r['captured_ms']:>9.3f} {r['ratio']:>6.3f}x "
-              f"{r['ratio_min']:>6.3f}-{r['ratio_max']:.3f} {r['added_ns_per_report']:>10.0f} "
+              f"{r['ratio_90'][0]:>6.3f}-{r['ratio_90'][1]:.3f} {r['added_ns_per_report']:>10.0f} "
               f"{r['training_thread_added_ns_per_report']:>11.0f} {r['agent_cpu_ns_per_report']:>10.0f} "
               f"{r['sender_cpu_ns_per_report']:>11.0f}  {programs}")
     shim = next((r["shim_counters"] for r in results.values() if r.get("shim_counters")), None)
