@@ -250,6 +250,9 @@ pub struct CaptureArgs {
     /// Benchmarks only: the allocator probe runs an empty program (the trap's own cost).
     #[arg(long, hide = true)]
     pub empty_probes: bool,
+    /// Benchmarks only: the allocator probe times its phases; said at the end.
+    #[arg(long, hide = true)]
+    pub profile_probes: bool,
     /// Also write the leak findings, as a JSON array, to this file.
     #[arg(long, value_name = "FILE")]
     pub findings: Option<PathBuf>,
@@ -359,6 +362,7 @@ impl CaptureArgs {
             python_stacks: !self.no_stacks,
             placement: self.probe_at,
             empty_allocator_probe: self.empty_probes,
+            profile_phases: self.profile_probes,
             ..crate::capture::CaptureOptions::default()
         })
     }

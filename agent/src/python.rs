@@ -28,6 +28,16 @@ struct PythonProcess {
     /// repeats a few hundred stacks tens of thousands of times a second, and each is symbolized
     /// once and then shared by every event that has it.
     stacks: HashMap<Box<[(u64, u64)]>, Stack>,
+    /// The same, by the hash the allocator probe names a stack with once it sent its frames,
+    /// and those frames (kept apart: a code object described again at a reused address makes
+    /// the symbolized stacks wrong, not the frames).
+    by_hash: HashMap<u64, Stack>,
+    frames_by_hash: HashMap<u64, Box<[(u64, u64)]>>,
+    /// What the kernel-side walk was configured with: its program's generation and the epoch of
+    /// the stacks it was sent by hash (moved on when `frames_by_hash` is given up).
+    generation: u32,
+    stack_epoch: u32,
+    epoch_stale: bool,
 }
 
 /// Stacks kept per process before the cache starts over (a program that keeps making new
@@ -52,8 +62,9 @@ pub struct Pythons {
     pub counts: StackCounts,
 }
 
-/// The kernel-side walk's view of an interpreter; `generation` tells one program from the next.
-pub fn walk_config(interpreter: &Interpreter, generation: u32) -> gp_python {
+/// The kernel-side walk's view of an interpreter; `generation` tells one program from the next,
+/// `stack_epoch` the stacks the agent keeps by hash from the ones it gave up.
+pub fn walk_config(interpreter: &Interpreter, generation: u32, stack_epoch: u32) -> gp_python {
     let o = &interpreter.layout.offsets;
     gp_python {
         runtime: interpreter.runtime,
@@ -85,7 +96,8 @@ pub fn walk_config(interpreter: &Interpreter, generation: u32) -> gp_python {
         tstate_read_start: tstate_read(o).0,
         tstate_read_len: tstate_read(o).1,
         skip_cstack_frames: u8::from(interpreter.layout.has_cstack_frames),
-        reserved: [0; 7],
+        reserved: [0; 3],
+        stack_epoch,
     }
 }
 
@@ -129,13 +141,13 @@ impl Pythons {
                 Ok(Some(interpreter)) => {
                     self.looking.remove(&pid);
                     self.generations = self.generations.wrapping_add(1) & 0xffff;
-                    if let Err(error) = capture.set_python(pid, &walk_config(&interpreter, self.generations)) {
+                    if let Err(error) = capture.set_python(pid, &walk_config(&interpreter, self.generations, 0)) {
                         tracing::warn!("{error:#}");
                         continue;
                     }
                     tracing::debug!(pid, version = %interpreter.layout.version, module = %interpreter.module, "found CPython");
                     self.counts.interpreters += 1;
-                    self.insert(pid, interpreter);
+                    self.insert(pid, interpreter, self.generations);
                 }
                 Ok(None) if now < self.looking[&pid] => {}
                 Ok(None) => {
@@ -152,16 +164,46 @@ impl Pythons {
         }
     }
 
-    fn insert(&mut self, pid: u32, interpreter: Interpreter) {
+    fn insert(&mut self, pid: u32, interpreter: Interpreter, generation: u32) {
         let symbolizer = Symbolizer::new(interpreter.layout);
-        self.processes.insert(pid, PythonProcess { interpreter, symbolizer, stacks: HashMap::new() });
+        self.processes.insert(
+            pid,
+            PythonProcess {
+                interpreter,
+                symbolizer,
+                stacks: HashMap::new(),
+                by_hash: HashMap::new(),
+                frames_by_hash: HashMap::new(),
+                generation,
+                stack_epoch: 0,
+                epoch_stale: false,
+            },
+        );
     }
 
-    /// A forked child runs its parent's interpreter (the kernel copied the walk's settings).
+    /// A forked child runs its parent's interpreter (the kernel copied the walk's settings; its
+    /// threads send their stacks anew: they are other threads, in another address space).
     pub fn forked(&mut self, child: u32, parent: u32) {
         if let Some(parent) = self.processes.get(&parent) {
             let interpreter = Interpreter { pid: child, ..parent.interpreter.clone() };
-            self.insert(child, interpreter);
+            let (generation, epoch) = (parent.generation, parent.stack_epoch);
+            self.insert(child, interpreter, generation);
+            if let Some(process) = self.processes.get_mut(&child) {
+                process.stack_epoch = epoch;
+            }
+        }
+    }
+
+    /// Processes whose stacks by hash were given up are told the new epoch: their threads send
+    /// the frames of each stack again.
+    pub fn refresh_epochs(&mut self, capture: &Capture) {
+        for (pid, process) in self.processes.iter_mut().filter(|(_, p)| p.epoch_stale) {
+            process.epoch_stale = false;
+            process.stack_epoch = process.stack_epoch.wrapping_add(1);
+            let config = walk_config(&process.interpreter, process.generation, process.stack_epoch);
+            if let Err(error) = capture.set_python(*pid, &config) {
+                tracing::warn!("{error:#}");
+            }
         }
     }
 
@@ -193,15 +235,18 @@ impl Pythons {
             line_table: data[name_len + file_len..].to_vec(),
         };
         if process.symbolizer.insert(record.header.addr, info) {
-            // A code object at a reused address makes the stacks that named the old one wrong.
+            // A code object at a reused address makes the stacks that named the old one wrong
+            // (their frames, by hash, stay right: they are made again from them).
             process.stacks.clear();
+            process.by_hash.clear();
         }
     }
 
     /// Fills the event's stack from the record's frames. A stack that cannot be read whole is
     /// left empty and counted: a partial stack would be a wrong one.
     pub fn symbolize(&mut self, record: &Record, event: &mut Event) {
-        if record.frames.is_empty() && record.header.flags & flags::STACK_LOST == 0 {
+        let known = record.header.flags & flags::STACK_KNOWN != 0;
+        if record.frames.is_empty() && !known && record.header.flags & flags::STACK_LOST == 0 {
             return;
         }
         let Some(process) = self.processes.get_mut(&record.header.pid) else {
@@ -212,28 +257,67 @@ impl Pythons {
             self.counts.unresolved += 1;
             return;
         }
-        if let Some(stack) = process.stacks.get(&record.frames[..]) {
-            event.stack = stack.clone();
-            self.counts.symbolized += 1;
-            return;
-        }
-        let memory = RemoteMemory { pid: record.header.pid };
-        let frames: Result<Vec<Frame>, _> =
-            record.frames.iter().map(|&(code, instr)| process.symbolizer.frame(&memory, code, instr)).collect();
-        match frames {
-            Ok(frames) => {
-                if process.stacks.len() >= STACK_CACHE_LIMIT {
-                    process.stacks.clear();
-                }
-                let stack = Stack::new(frames);
-                process.stacks.insert(record.frames.as_slice().into(), stack.clone());
-                event.stack = stack;
+        let hash = record.totals.map_or(0, |t| t.stack_hash);
+        if hash != 0 {
+            if let Some(stack) = process.by_hash.get(&hash) {
+                event.stack = stack.clone();
                 self.counts.symbolized += 1;
-            }
-            Err(error) => {
-                tracing::debug!("stack of pid {} not symbolized: {error}", record.header.pid);
-                self.counts.unresolved += 1;
+                return;
             }
         }
+        // A stack by hash alone whose symbolized copy was given up: made again from its frames.
+        let by_hash;
+        let frames: &[(u64, u64)] = if known {
+            match process.frames_by_hash.get(&hash) {
+                Some(frames) => {
+                    by_hash = frames.clone();
+                    &by_hash
+                }
+                None => {
+                    self.counts.unresolved += 1;
+                    return;
+                }
+            }
+        } else {
+            &record.frames
+        };
+        let stack = match process.stacks.get(frames) {
+            Some(stack) => stack.clone(),
+            None => {
+                let memory = RemoteMemory { pid: record.header.pid };
+                let symbolized: Result<Vec<Frame>, _> =
+                    frames.iter().map(|&(code, instr)| process.symbolizer.frame(&memory, code, instr)).collect();
+                match symbolized {
+                    Ok(symbolized) => {
+                        if process.stacks.len() >= STACK_CACHE_LIMIT {
+                            process.stacks.clear();
+                            process.by_hash.clear();
+                        }
+                        let stack = Stack::new(symbolized);
+                        process.stacks.insert(frames.into(), stack.clone());
+                        stack
+                    }
+                    Err(error) => {
+                        tracing::debug!("stack of pid {} not symbolized: {error}", record.header.pid);
+                        self.counts.unresolved += 1;
+                        return;
+                    }
+                }
+            }
+        };
+        if hash != 0 {
+            if !known {
+                if process.frames_by_hash.len() >= STACK_CACHE_LIMIT {
+                    // Bounded: given up, and the kernel told to send every stack's frames again.
+                    process.frames_by_hash.clear();
+                    process.by_hash.clear();
+                    process.epoch_stale = true;
+                }
+                process.frames_by_hash.insert(hash, frames.into());
+            }
+            process.by_hash.insert(hash, stack.clone());
+        }
+        event.stack = stack;
+        self.counts.symbolized += 1;
     }
 }

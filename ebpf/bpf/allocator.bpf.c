@@ -41,10 +41,17 @@ struct allocator_record {
 	struct gp_frame frames[GP_MAX_FRAMES];
 };
 
+/* Stacks a thread remembers having sent whole (direct-mapped: a collision only sends one again). */
+#define GP_SENT_SLOTS 128
+
 /* A thread's room to build its records, walk its stack and copy its autograd state. */
 struct allocator_thread {
-	/* Names the spans' enum for the skeleton generator (user space checks against it). */
+	/* Stacks this thread sent whole, each as its hash mixed with the program generation and the
+	 * stack epoch it was sent in: a record of a stack sent before leaves its frames out. */
+	__u64 sent[GP_SENT_SLOTS];
+	/* Name the spans' and phases' enums for the skeleton generator (user space reads them). */
 	enum gp_autograd_span spans;
+	enum gp_phase phase_names;
 	struct allocator_record out;
 	struct autograd_block autograd;
 	__u8 tls[GP_TLS_SPAN];
@@ -113,10 +120,11 @@ static __always_inline void read_autograd(__u32 tgid, struct gp_record *rec, str
 		return;
 	__u64 node = field_of(thread->tls, torch->current_node - low, GP_TLS_SPAN);
 	if (node) {
-		__u32 node_span = torch->node_sequence_nr > torch->node_thread_id ? torch->node_sequence_nr :
-										   torch->node_thread_id;
+		__u32 node_span = torch->node_sequence_nr > torch->node_thread_id ? torch->node_sequence_nr
+										  : torch->node_thread_id;
 		node_span += sizeof(__u64);
-		if (node_span >= GP_NODE_SPAN || bpf_probe_read_user(thread->node, node_span & (GP_NODE_SPAN - 1), (void *)node))
+		if (node_span >= GP_NODE_SPAN ||
+		    bpf_probe_read_user(thread->node, node_span & (GP_NODE_SPAN - 1), (void *)node))
 			return;
 		out->autograd_node = field_of(thread->node, 0, GP_NODE_SPAN);
 		out->autograd_seq = field_of(thread->node, torch->node_sequence_nr, GP_NODE_SPAN);
@@ -146,6 +154,7 @@ static __always_inline int on_report(struct pt_regs *ctx)
 		count(GP_COUNTER_ALLOCATOR_OTHER_DEVICE);
 		return 0;
 	}
+	__u64 stamp = profile_phases ? bpf_ktime_get_ns() : 0;
 	struct allocator_thread *thread = bpf_task_storage_get(&allocator_threads, bpf_get_current_task_btf(), NULL,
 							       BPF_LOCAL_STORAGE_GET_F_CREATE);
 	if (!thread) {
@@ -170,17 +179,42 @@ static __always_inline int on_report(struct pt_regs *ctx)
 	thread->out.totals.autograd_node = 0;
 	thread->out.totals.autograd_seq = 0;
 	thread->out.totals.autograd_thread = 0;
-	read_autograd(rec->pid, rec, thread);
+	thread->out.totals.stack_hash = 0;
 	bpf_get_current_comm(rec->comm, sizeof(rec->comm));
+	phase_done(GP_PHASE_ENTRY, &stamp);
+	read_autograd(rec->pid, rec, thread);
+	phase_done(GP_PHASE_AUTOGRAD, &stamp);
 
-	__u32 depth = walk_python_stack(rec->pid, rec->tid, thread->out.frames, &thread->stack, &rec->flags);
+	__u32 depth = walk_python_stack(rec->pid, rec->tid, thread->out.frames, &thread->stack, &rec->flags, &stamp);
 	rec->stack_depth = depth;
+	/* A stack this thread sent whole before goes by its hash alone: most of a record's bytes, and
+	 * of the time it takes to copy them into the ring buffer. */
+	__u64 hash = depth ? thread->stack.hash | 1 : 0;
+	__u64 tag = hash ^ (thread->stack.stack_tag * GP_HASH_MULTIPLIER);
+	__u64 *sent = &thread->sent[(hash >> 7) & (GP_SENT_SLOTS - 1)];
+	thread->out.totals.stack_hash = hash;
+	if (hash && *sent == tag) {
+		rec->flags |= GP_FLAG_STACK_KNOWN;
+		rec->stack_depth = 0;
+		depth = 0;
+	}
 	__u64 out_size = sizeof(struct gp_record) + sizeof(struct gp_allocator) +
 			 (__u64)(depth & (GP_MAX_FRAMES - 1 + GP_MAX_FRAMES)) * sizeof(struct gp_frame);
 	if (out_size > sizeof(thread->out))
 		out_size = sizeof(thread->out);
 	if (bpf_ringbuf_output(&events, &thread->out, out_size, wakeup_flags(now)))
 		count(GP_COUNTER_RINGBUF_FULL);
+	else if (hash)
+		/* Only once the frames are on their way can later records leave them out. */
+		*sent = tag;
+	phase_done(GP_PHASE_OUTPUT, &stamp);
+	if (profile_phases) {
+		__u32 reports = GP_PHASE_REPORTS;
+		__u64 *count = bpf_map_lookup_elem(&phases, &reports);
+
+		if (count)
+			*count += 1;
+	}
 	return 0;
 }
 

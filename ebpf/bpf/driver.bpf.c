@@ -448,7 +448,8 @@ static __always_inline int on_return(struct pt_regs *ctx)
 			rec->device = *device;
 	}
 
-	__u32 depth = walk_python_stack(rec->pid, rec->tid, frames, &calls->stack, &rec->flags);
+	__u64 stamp = 0;
+	__u32 depth = walk_python_stack(rec->pid, rec->tid, frames, &calls->stack, &rec->flags, &stamp);
 	rec->stack_depth = depth;
 	size += (__u64)(depth & (GP_MAX_FRAMES - 1 + GP_MAX_FRAMES)) * sizeof(struct gp_frame);
 	if (size > sizeof(*out))

@@ -36,6 +36,9 @@ struct gp_allocator {
 				* counter (the number the next node it makes will take) */
 	__u64 autograd_thread; /* that node's thread_id_ (the thread that made it, as
 				* at::RecordFunction numbers threads); without a node, this thread's */
+	__u64 stack_hash;      /* a hash of the Python frames (0: none); with GP_FLAG_STACK_KNOWN the
+				* frames are left out: this thread's earlier record with this hash had
+				* them (in this process and stack epoch) */
 };
 
 /*
@@ -190,7 +193,9 @@ struct gp_python {
 	__u16 tstate_read_start; /* the thread state's fields above lie in [start, start + len) */
 	__u16 tstate_read_len;
 	__u8 skip_cstack_frames; /* 3.12+: frames owned by the C stack are shims */
-	__u8 reserved[7];
+	__u8 reserved[3];
+	__u32 stack_epoch; /* changes when user space forgets the stacks it was sent by hash: the
+			    * threads send each stack's frames again */
 };
 
 /* The most frame_read_len can be: one read per frame brings every field the walk needs. */
@@ -231,6 +236,22 @@ struct gp_code {
 #define GP_FLAG_STACK_TRUNCATED 8 /* the Python stack was deeper than GP_MAX_FRAMES */
 #define GP_FLAG_STACK_LOST 16	  /* the thread has Python frames that could not be read */
 #define GP_FLAG_AUTOGRAD 32	  /* allocator records: the gp_allocator autograd fields are set */
+#define GP_FLAG_STACK_KNOWN 64	  /* allocator records: frames left out, named by stack_hash */
+
+/*
+ * Where an allocator report's time goes in the probe (`phases`, per CPU, summed in ns), when the
+ * agent sets `profile_phases` before load (a benchmark's breakdown; off, nothing is stamped).
+ */
+enum gp_phase {
+	GP_PHASE_ENTRY = 0,	 /* the ids, the tracked check, the thread's storage, the record's header */
+	GP_PHASE_AUTOGRAD = 1,	 /* autograd's thread-locals */
+	GP_PHASE_THREAD = 2,	 /* the interpreter's entry, the thread state and its current frame */
+	GP_PHASE_DATA_STACK = 3, /* the copy of the data stack */
+	GP_PHASE_FRAMES = 4,	 /* the frames walked, code objects described */
+	GP_PHASE_OUTPUT = 5,	 /* the record onto the ring buffer */
+	GP_PHASE_REPORTS = 6,	 /* reports profiled (a count, not ns) */
+	GP_PHASE_MAX = 7,
+};
 
 /* Counters every program bumps instead of failing silently (index into the per-CPU array). */
 enum gp_counter {

@@ -47,6 +47,30 @@ struct {
 	__type(value, __u64);
 } counters SEC(".maps");
 
+/* enum gp_phase → ns (or a count), per CPU: where the allocator probe's time goes, when profiled. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, GP_PHASE_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} phases SEC(".maps");
+
+/* Set by the agent before load: stamp the allocator probe's phases into `phases` (benchmarks). */
+const volatile bool profile_phases = false;
+
+/* Adds the time since `*since` to `phase` and moves `*since` on; nothing unless profiling. */
+static __always_inline void phase_done(__u32 phase, __u64 *since)
+{
+	if (!profile_phases)
+		return;
+	__u64 now = bpf_ktime_get_ns();
+	__u64 *sum = bpf_map_lookup_elem(&phases, &phase);
+
+	if (sum)
+		*sum += now - *since;
+	*since = now;
+}
+
 /* Set by the agent before load (node daemon): a process that calls a probed function is tracked
  * from that call on, so nothing it does is missed while user space is still discovering it. Its
  * forks and exit then follow through the tracked map like any other. */

@@ -22,6 +22,8 @@
 #define GP_STACK_BUF 16384
 /* New code objects described per event (as many as frames kept). */
 #define GP_DESCRIBE_MAX 64
+/* The multiply of the stack hash's multiply-rotate (an odd constant with bits spread). */
+#define GP_HASH_MULTIPLIER 0x517cc1b727220a95ull
 
 /* A code record being put together. */
 struct code_record {
@@ -49,6 +51,11 @@ struct stack_scratch {
 	__u8 tstate[GP_TSTATE_READ_MAX];
 	__u32 depth;
 	__u32 reserved;
+	/* The process's program generation and stack epoch, as the walk read them: a stack sent
+	 * under others must be sent again. */
+	__u64 stack_tag;
+	/* A hash of the walk's (code object, instruction) pairs. */
+	__u64 hash;
 	/* The top of the thread's data stack. */
 	__u8 stack[GP_STACK_BUF];
 	/* Code objects of this walk to describe after it. */
@@ -116,7 +123,8 @@ static __always_inline __u64 current_tstate(const struct gp_python *py, struct s
 	__u64 mm = (__u64)task->mm;
 	__u64 interp = 0;
 
-	if (scratch->thread_state && scratch->thread_state_mm == mm && !read_tstate(scratch, py, scratch->thread_state) &&
+	if (scratch->thread_state && scratch->thread_state_mm == mm &&
+	    !read_tstate(scratch, py, scratch->thread_state) &&
 	    tstate_field(scratch, py, py->tstate_thread_id) == scan.thread_pointer)
 		return scratch->thread_state;
 	if (read_ptr(&interp, py->runtime + py->interpreters_head) || !interp)
@@ -269,6 +277,8 @@ static long walk_frame(__u64 index, void *ctx)
 	slot->code = code;
 	slot->instr = instr;
 	scratch->depth = depth + 1;
+	scratch->hash = ((scratch->hash << 5 | scratch->hash >> 59) ^ code) * GP_HASH_MULTIPLIER;
+	scratch->hash = ((scratch->hash << 5 | scratch->hash >> 59) ^ instr) * GP_HASH_MULTIPLIER;
 	__u32 seen = ((code >> 4) ^ (code >> 12)) & (GP_SEEN_SLOTS - 1);
 	__u64 tagged = code | ((__u64)py->generation << 48);
 	__u32 n = scratch->describe_count;
@@ -295,7 +305,7 @@ static long describe_one(__u64 index, void *ctx)
  * GP_FLAG_STACK_TRUNCATED / GP_FLAG_STACK_LOST in `flags`.
  */
 static __always_inline __u32 walk_python_stack(__u32 tgid, __u32 tid, struct gp_frame *frames,
-					       struct stack_scratch *scratch, __u8 *flags)
+					       struct stack_scratch *scratch, __u8 *flags, __u64 *stamp)
 {
 	if (!python_stacks)
 		return 0;
@@ -308,7 +318,11 @@ static __always_inline __u32 walk_python_stack(__u32 tgid, __u32 tid, struct gp_
 	if (!tstate)
 		return 0;
 	walk.frame = tstate_field(scratch, py, py->tstate_frame);
-	if (py->tstate_datastack_chunk != GP_NO_OFFSET) {
+	if (py->cframe_current_frame != GP_NO_OFFSET && walk.frame &&
+	    read_ptr(&walk.frame, walk.frame + py->cframe_current_frame))
+		walk.lost = true;
+	phase_done(GP_PHASE_THREAD, stamp);
+	if (py->tstate_datastack_chunk != GP_NO_OFFSET && !walk.lost) {
 		/* One read for the frames at the top of the data stack (the usual whole stack). */
 		__u64 chunk = tstate_field(scratch, py, py->tstate_datastack_chunk);
 		__u64 top = tstate_field(scratch, py, py->tstate_datastack_top);
@@ -328,16 +342,17 @@ static __always_inline __u32 walk_python_stack(__u32 tgid, __u32 tid, struct gp_
 			}
 		}
 	}
-	if (py->cframe_current_frame != GP_NO_OFFSET && walk.frame &&
-	    read_ptr(&walk.frame, walk.frame + py->cframe_current_frame))
-		walk.lost = true;
-	else {
+	phase_done(GP_PHASE_DATA_STACK, stamp);
+	scratch->stack_tag = (__u64)py->generation << 32 | py->stack_epoch;
+	if (!walk.lost) {
 		scratch->depth = 0;
+		scratch->hash = 0;
 		scratch->describe_count = 0;
 		bpf_loop(GP_MAX_WALK, walk_frame, &walk, 0);
 		/* Described before the record that names them goes out: user space meets them first. */
 		bpf_loop(scratch->describe_count, describe_one, &walk, 0);
 	}
+	phase_done(GP_PHASE_FRAMES, stamp);
 	walk.depth = scratch->depth;
 	if (walk.lost) {
 		count(GP_COUNTER_STACK_UNREADABLE);

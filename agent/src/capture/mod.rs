@@ -21,6 +21,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBuffer, RingBufferBuilder, UprobeMultiOpts, UprobeOpts};
 
+use gpuprof_ebpf::allocator::types::gp_phase;
 use gpuprof_ebpf::allocator::{AllocatorSkel, AllocatorSkelBuilder};
 use gpuprof_ebpf::driver::{DriverSkel, DriverSkelBuilder};
 use gpuprof_ebpf::process::{ProcessSkel, ProcessSkelBuilder};
@@ -81,6 +82,8 @@ pub struct CaptureOptions {
     pub placement: Placement,
     /// The allocator probe runs an empty program (to measure the trap alone: the floor).
     pub empty_allocator_probe: bool,
+    /// The allocator probe stamps its phases (`phase_profile`: where its time goes).
+    pub profile_phases: bool,
 }
 
 /// Where on a function its probes go.
@@ -124,6 +127,7 @@ impl Default for CaptureOptions {
             pid_namespace: None,
             placement: Placement::Placed,
             empty_allocator_probe: false,
+            profile_phases: false,
         }
     }
 }
@@ -143,6 +147,28 @@ macro_rules! share_maps {
             result.map_err(|e| load_error(&format!("share the {name} with {}", $skeleton), e))?;
         }
     };
+}
+
+/// Where the allocator probe's time goes, per report (`--profile-probes`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PhaseProfile {
+    pub reports: u64,
+    pub entry_ns: f64,
+    pub autograd_ns: f64,
+    pub thread_ns: f64,
+    pub data_stack_ns: f64,
+    pub frames_ns: f64,
+    pub output_ns: f64,
+}
+
+impl std::fmt::Display for PhaseProfile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "allocator probe per report, by phase: entry {:.0} ns, autograd {:.0} ns, thread state {:.0} ns, data stack {:.0} ns, frames {:.0} ns, output {:.0} ns ({} reports, each phase's clock read included)",
+            self.entry_ns, self.autograd_ns, self.thread_ns, self.data_stack_ns, self.frames_ns, self.output_ns, self.reports
+        )
+    }
 }
 
 /// What attaching to one library did.
@@ -247,6 +273,7 @@ impl Capture {
             .open(allocator_object)
             .map_err(|e| load_error("open the allocator probe", e))?;
         if let Some(rodata) = open_allocator.maps.rodata_data.as_deref_mut() {
+            rodata.profile_phases = options.profile_phases;
             rodata.wakeup_bytes = wakeup_bytes;
             rodata.python_stacks = options.python_stacks;
             rodata.track_callers = options.track_callers;
@@ -489,6 +516,33 @@ impl Capture {
             stack_unreadable: read(gp_counter::GP_COUNTER_STACK_UNREADABLE)?,
             allocator_other_device: read(gp_counter::GP_COUNTER_ALLOCATOR_OTHER_DEVICE)?,
             tracked_full: read(gp_counter::GP_COUNTER_TRACKED_FULL)?,
+        })
+    }
+
+    /// Where the allocator probe's time went per report, when its phases are profiled (ns, by
+    /// `gp_phase`, over the reports counted); None otherwise or before any report.
+    pub fn phase_profile(&self) -> Option<PhaseProfile> {
+        let map = &self.allocator.maps.phases;
+        let read = |phase: gp_phase| -> u64 {
+            map.lookup_percpu(&phase.0.to_ne_bytes(), MapFlags::ANY)
+                .ok()
+                .flatten()
+                .map(|values| values.iter().map(|v| u64::from_ne_bytes(v[..8].try_into().unwrap_or([0; 8]))).sum())
+                .unwrap_or(0)
+        };
+        let reports = read(gp_phase::GP_PHASE_REPORTS);
+        if reports == 0 {
+            return None;
+        }
+        let per = |phase| read(phase) as f64 / reports as f64;
+        Some(PhaseProfile {
+            reports,
+            entry_ns: per(gp_phase::GP_PHASE_ENTRY),
+            autograd_ns: per(gp_phase::GP_PHASE_AUTOGRAD),
+            thread_ns: per(gp_phase::GP_PHASE_THREAD),
+            data_stack_ns: per(gp_phase::GP_PHASE_DATA_STACK),
+            frames_ns: per(gp_phase::GP_PHASE_FRAMES),
+            output_ns: per(gp_phase::GP_PHASE_OUTPUT),
         })
     }
 

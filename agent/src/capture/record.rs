@@ -12,6 +12,7 @@ pub mod flags {
     pub const STACK_TRUNCATED: u8 = 8;
     pub const STACK_LOST: u8 = 16;
     pub const AUTOGRAD: u8 = 32;
+    pub const STACK_KNOWN: u8 = 64;
 }
 
 const HANDLE_LEN: usize = 64;

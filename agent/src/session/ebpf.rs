@@ -178,6 +178,7 @@ impl<'c> EbpfSource<'c> {
         if let Some(error) = failure {
             return Err(error).context("cannot write the output");
         }
+        self.python.refresh_epochs(capture);
         if self.python.is_looking() {
             self.python.discover(capture);
             // A new program maps its libraries now: probe them before its first calls.
@@ -347,6 +348,11 @@ impl<'c> EbpfSource<'c> {
         self.capture.attach_allocator(library)?;
         flow.notice(format!("probing c10::reportMemoryUsageToProfiler of {}", library.path.display()));
         Ok(())
+    }
+
+    /// Where the allocator probe's time went (`--profile-probes`).
+    pub fn phase_profile(&self) -> Option<crate::capture::PhaseProfile> {
+        self.capture.phase_profile()
     }
 
     pub fn drops(&self) -> DropCounters {

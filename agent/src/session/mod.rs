@@ -281,7 +281,11 @@ impl<'c> Session<'c> {
         let stats = self.stats_line();
         let lost = self.lost_events();
         let drops = self.ebpf.as_ref().map(EbpfSource::drops).unwrap_or_default();
+        let phases = self.ebpf.as_ref().and_then(EbpfSource::phase_profile);
         self.flow.finish(&stats, lost)?;
+        if let Some(phases) = phases {
+            eprintln!("gpuprof: {phases}");
+        }
         if drops.lost_events() > 0 {
             eprintln!(
                 "gpuprof: warning: {} events were lost; give a larger --buffer-mib (ring buffer full {}, call table full {})",
