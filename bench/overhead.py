@@ -22,6 +22,8 @@ Started and stopped as processes, fewer and longer windows, in one plain job:
   attach-entry    the same with its probes on each function's first instruction (`--probe-at
                entry`, as before gpuprof placed them where the kernel needs no second trap)
   attach-nostacks the same without Python stacks (`--no-stacks`)
+  attach-phases   the same with the allocator probe timing its phases (`--profile-probes`: where a
+               report's time goes in the kernel, each phase's clock read included)
   ebpf-driver  `gpuprof attach --level driver`: the driver's calls only, no tensor events
   floor-entry  empty BPF programs on the first instruction of the allocator symbol: the trap alone
   floor        empty BPF programs where gpuprof puts its allocator probe: the trap alone
@@ -54,7 +56,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 # Captures started and stopped as processes, in one plain job.
-PROCESS_MODES = {"none", "attach", "attach-entry", "attach-nostacks", "ebpf-driver", "floor-entry", "floor", "daemon"}
+PROCESS_MODES = {"none", "attach", "attach-entry", "attach-nostacks", "attach-phases", "ebpf-driver", "floor-entry",
+                 "floor", "daemon"}
 # Captures switched through a daemon's level API ((off, on) levels), in a job of their family.
 LEVELS = {"ebpf": ("driver", "tensors"), "shim": ("off", "tensors"), "shim-driver": ("off", "driver")}
 FAMILY = {"ebpf": "ebpf", "shim": "shim", "shim-driver": "shim"}
@@ -216,6 +219,7 @@ class Capture:
             "attach": [],
             "attach-entry": ["--probe-at", "entry"],
             "attach-nostacks": ["--no-stacks"],
+            "attach-phases": ["--profile-probes"],
             "ebpf-driver": ["--level", "driver"],
             "floor-entry": ["--empty-probes", "--probe-at", "entry"],
             "floor": ["--empty-probes"],
@@ -381,7 +385,7 @@ def summarize(args, modes, windows, steps, reports_per_step, texts):
             "sender_cpu_ns_per_report": statistics.median(sender_cpu),
             "bpf_programs": {str(k): {"runs": n, "ns_per_run": t / n} for k, (n, t) in programs.items()},
             "windows": len(ratios), "reports_per_step": reports_per_step,
-            "stderr_tail": texts.get(mode, "")[-600:],
+            "stderr_tail": texts.get(mode, "")[-900:],
         }
     return results
 
@@ -440,6 +444,10 @@ def main():
               f"{r['ratio_90'][0]:>6.3f}-{r['ratio_90'][1]:.3f} {r['added_ns_per_report']:>10.0f} "
               f"{r['training_thread_added_ns_per_report']:>11.0f} {r['agent_cpu_ns_per_report']:>10.0f} "
               f"{r['sender_cpu_ns_per_report']:>11.0f}  {programs}")
+    for mode, r in results.items():
+        phases = [line for line in r["stderr_tail"].splitlines() if "by phase" in line]
+        if phases:
+            print(f"{mode}: {phases[-1].removeprefix('gpuprof: ')}")
     shim = next((r["shim_counters"] for r in results.values() if r.get("shim_counters")), None)
     if shim:
         timing = shim.get("timing") or {}
