@@ -197,6 +197,8 @@ static __always_inline int on_report(struct pt_regs *ctx)
 		rec->flags |= GP_FLAG_STACK_KNOWN;
 		rec->stack_depth = 0;
 		depth = 0;
+	} else {
+		describe_new_codes(rec->pid, rec->tid, thread->out.frames, &thread->stack);
 	}
 	__u64 out_size = sizeof(struct gp_record) + sizeof(struct gp_allocator) +
 			 (__u64)(depth & (GP_MAX_FRAMES - 1 + GP_MAX_FRAMES)) * sizeof(struct gp_frame);

@@ -450,6 +450,7 @@ static __always_inline int on_return(struct pt_regs *ctx)
 
 	__u64 stamp = 0;
 	__u32 depth = walk_python_stack(rec->pid, rec->tid, frames, &calls->stack, &rec->flags, &stamp);
+	describe_new_codes(rec->pid, rec->tid, frames, &calls->stack);
 	rec->stack_depth = depth;
 	size += (__u64)(depth & (GP_MAX_FRAMES - 1 + GP_MAX_FRAMES)) * sizeof(struct gp_frame);
 	if (size > sizeof(*out))

@@ -20,8 +20,6 @@
 /* The top of a thread's data stack read at once (3.11+): the frames in it need no read each,
  * and a read costs more than copying a few KiB. */
 #define GP_STACK_BUF 16384
-/* New code objects described per event (as many as frames kept). */
-#define GP_DESCRIBE_MAX 64
 /* The multiply of the stack hash's multiply-rotate (an odd constant with bits spread). */
 #define GP_HASH_MULTIPLIER 0x517cc1b727220a95ull
 
@@ -58,10 +56,6 @@ struct stack_scratch {
 	__u64 hash;
 	/* The top of the thread's data stack. */
 	__u8 stack[GP_STACK_BUF];
-	/* Code objects of this walk to describe after it. */
-	__u64 to_describe[GP_DESCRIBE_MAX];
-	__u32 describe_count;
-	__u32 reserved2;
 	struct code_record code_out;
 };
 
@@ -279,25 +273,51 @@ static long walk_frame(__u64 index, void *ctx)
 	scratch->depth = depth + 1;
 	scratch->hash = ((scratch->hash << 5 | scratch->hash >> 59) ^ code) * GP_HASH_MULTIPLIER;
 	scratch->hash = ((scratch->hash << 5 | scratch->hash >> 59) ^ instr) * GP_HASH_MULTIPLIER;
+	return 0;
+}
+
+/* What a pass over a walk's frames needs to describe the code objects new to the thread. */
+struct description_pass {
+	const struct gp_python *py;
+	const struct gp_frame *frames;
+	struct stack_scratch *scratch;
+	__u32 tgid;
+	__u32 tid;
+};
+
+/* One frame of that pass (a bpf_loop callback). */
+static long describe_if_new(__u64 index, void *ctx)
+{
+	struct description_pass *pass = ctx;
+	struct stack_scratch *scratch = pass->scratch;
+	__u64 code = pass->frames[index & (GP_MAX_FRAMES - 1)].code;
 	__u32 seen = ((code >> 4) ^ (code >> 12)) & (GP_SEEN_SLOTS - 1);
-	__u64 tagged = code | ((__u64)py->generation << 48);
-	__u32 n = scratch->describe_count;
-	if (scratch->seen[seen] != tagged && n < GP_DESCRIBE_MAX) {
-		scratch->to_describe[n & (GP_DESCRIBE_MAX - 1)] = code;
-		scratch->describe_count = n + 1;
+	__u64 tagged = code | ((__u64)pass->py->generation << 48);
+
+	if (scratch->seen[seen] != tagged) {
 		scratch->seen[seen] = tagged;
+		describe_code(pass->py, &scratch->code_out, code, pass->tgid, pass->tid);
 	}
 	return 0;
 }
 
-static long describe_one(__u64 index, void *ctx)
+/*
+ * Sends what symbolizing needs of each code object of a walk's frames that the thread has not
+ * described yet: before the record that names them goes out, so user space meets them first. A
+ * pass apart from the walk: a record of a stack the thread sent before needs none.
+ */
+static __always_inline void describe_new_codes(__u32 tgid, __u32 tid, const struct gp_frame *frames,
+					       struct stack_scratch *scratch)
 {
-	struct frame_walk *walk = ctx;
-	struct stack_scratch *scratch = walk->scratch;
+	struct gp_python *py = bpf_map_lookup_elem(&python_procs, &tgid);
+	struct description_pass pass = { .py = py, .frames = frames, .scratch = scratch, .tgid = tgid, .tid = tid };
+	__u32 depth = scratch->depth;
 
-	describe_code(walk->py, &scratch->code_out, scratch->to_describe[index & (GP_DESCRIBE_MAX - 1)], walk->tgid,
-		      walk->tid);
-	return 0;
+	if (!py || !python_stacks)
+		return;
+	if (depth > GP_MAX_FRAMES)
+		depth = GP_MAX_FRAMES;
+	bpf_loop(depth, describe_if_new, &pass, 0);
 }
 
 /*
@@ -347,10 +367,7 @@ static __always_inline __u32 walk_python_stack(__u32 tgid, __u32 tid, struct gp_
 	if (!walk.lost) {
 		scratch->depth = 0;
 		scratch->hash = 0;
-		scratch->describe_count = 0;
 		bpf_loop(GP_MAX_WALK, walk_frame, &walk, 0);
-		/* Described before the record that names them goes out: user space meets them first. */
-		bpf_loop(scratch->describe_count, describe_one, &walk, 0);
 	}
 	phase_done(GP_PHASE_FRAMES, stamp);
 	walk.depth = scratch->depth;
