@@ -64,7 +64,7 @@ fn start() {
 /// thread: each layer starts over, bottom up (the sender's bookkeeping starts from the emptied
 /// ring).
 extern "C" fn in_forked_child() {
-    recorder::forget_ids_after_fork();
+    python::forget_ids_after_fork();
     queue::restart_in_forked_child();
     sink::forget_sender_after_fork();
 }

@@ -9,7 +9,7 @@
 
 use std::cell::{Cell, UnsafeCell};
 use std::ffi::{c_char, c_void, CStr};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 use gpuprof_pystack::code::CodeInfo;
@@ -89,6 +89,8 @@ struct Told {
     sent: [Cell<u64>; SENT_SLOTS],
     /// The walk's frames.
     frames: UnsafeCell<[RawFrame; MAX_FRAMES]>,
+    /// (forks seen, pid, tid): two system calls saved on every report.
+    ids: Cell<(u64, u32, u32)>,
 }
 
 thread_local! {
@@ -97,8 +99,24 @@ thread_local! {
             described: [const { Cell::new(0) }; DESCRIBED_SLOTS],
             sent: [const { Cell::new(0) }; SENT_SLOTS],
             frames: UnsafeCell::new([RawFrame { code: 0, instr: 0 }; MAX_FRAMES]),
+            ids: Cell::new((u64::MAX, 0, 0)),
         }
     };
+}
+
+/// Bumped in a forked child: ids cached before the fork are stale there.
+static FORKS: AtomicU64 = AtomicU64::new(0);
+
+/// In a forked child: the forking thread's cached ids are the parent's.
+pub fn forget_ids_after_fork() {
+    FORKS.fetch_add(1, Ordering::Relaxed);
+}
+
+/// What a walk found of the calling thread: who it is, and its stack.
+pub struct Walked {
+    pub pid: u32,
+    pub tid: u32,
+    pub stack: StackRef,
 }
 
 /// Mixes one word into a stack's hash (a multiply-rotate: two per frame on the hot path).
@@ -150,9 +168,23 @@ unsafe fn field(addr: u64) -> u64 {
     unsafe { (addr as *const u64).read_unaligned() }
 }
 
-/// This thread's Python stack, as a call record names it; its frames were sent before this
-/// returns if this thread never sent them (in the sender's current generation).
-pub fn walk() -> StackRef {
+/// The calling thread's pid and tid, and its Python stack as a call record names it; the
+/// stack's frames were sent before this returns if this thread never sent them (in the sender's
+/// current generation). One thread-local reached for all of it.
+pub fn walk() -> Walked {
+    TOLD.with(|told| {
+        let forks = FORKS.load(Ordering::Relaxed);
+        let (seen, mut pid, mut tid) = told.ids.get();
+        if seen != forks {
+            // SAFETY: getpid/gettid have no preconditions.
+            (pid, tid) = unsafe { (libc::getpid() as u32, libc::gettid() as u32) };
+            told.ids.set((forks, pid, tid));
+        }
+        Walked { pid, tid, stack: walk_stack(told) }
+    })
+}
+
+fn walk_stack(told: &Told) -> StackRef {
     let Some(interpreter) = interpreter() else { return StackRef::default() };
     let o = &interpreter.layout.offsets;
     // SAFETY: the interpreter's own accessor; null when this thread has no Python state.
@@ -173,7 +205,7 @@ pub fn walk() -> StackRef {
     let identity_at = IdentityAt::of(o);
     // Everything the loop reads is moved in: a closure borrowing its locals reloaded each one
     // from memory on every frame.
-    TOLD.with(move |told| {
+    let walk = move |told: &Told| {
         // SAFETY: this thread's own buffer, used by this call only (a report does not nest).
         let frames = unsafe { &mut *told.frames.get() };
         let mut frame = frame;
@@ -216,7 +248,8 @@ pub fn walk() -> StackRef {
             slot.set(tag);
         }
         StackRef { hash }
-    })
+    };
+    walk(told)
 }
 
 /// A code object this thread meets for the first time (or at an address another had): described
