@@ -15,6 +15,9 @@ API (POST /v1/level), quickly, many short windows; each family in a job of its o
   shim         the job runs with the shim preloaded, sending to a shim-only daemon that raises
                it from off to tensors and back: paused, the hook only forwards to libc10
   shim-driver  the same between off and driver
+  shim-timed   `shim` in a job of its own whose shim times each report's phases (GPUPROF_SHIM_TIMING:
+               the breakdown; its clock reads cost a report some 200 ns, so its ratio is not the
+               shim's)
 Started and stopped as processes, fewer and longer windows, in one plain job:
   none         nothing either way: the method's own spread (an A/A check)
   attach       `gpuprof attach PID` started, then stopped (Ctrl-C): the whole eBPF capture at
@@ -59,8 +62,9 @@ HERE = Path(__file__).resolve().parent
 PROCESS_MODES = {"none", "attach", "attach-entry", "attach-nostacks", "attach-phases", "ebpf-driver", "floor-entry",
                  "floor", "daemon"}
 # Captures switched through a daemon's level API ((off, on) levels), in a job of their family.
-LEVELS = {"ebpf": ("driver", "tensors"), "shim": ("off", "tensors"), "shim-driver": ("off", "driver")}
-FAMILY = {"ebpf": "ebpf", "shim": "shim", "shim-driver": "shim"}
+LEVELS = {"ebpf": ("driver", "tensors"), "shim": ("off", "tensors"), "shim-driver": ("off", "driver"),
+          "shim-timed": ("off", "tensors")}
+FAMILY = {"ebpf": "ebpf", "shim": "shim", "shim-driver": "shim", "shim-timed": "shim-timed"}
 # Modes whose programs' run times are read.
 BPF_MODES = PROCESS_MODES | {"ebpf"}
 # A window's first part is left out: a capture started as a process settles (the first code
@@ -253,7 +257,7 @@ class LevelDaemon:
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
         capture = ["--level", "driver"]
-        if family == "shim":
+        if family.startswith("shim"):
             self.socket = os.path.join(tempfile.mkdtemp(prefix="gpuprof-shim-"), "shim.sock")
             capture = ["--capture", "shim", "--shim-socket", self.socket, "--level", "off"]
         self.process = Process([args.gpuprof, "daemon", "--listen", f"127.0.0.1:{port}", "--no-auto-raise",
@@ -292,16 +296,18 @@ def measure(args, modes, family):
     out = os.path.join(tempfile.mkdtemp(prefix="gpuprof-job-"), "steps.json")
     daemon = LevelDaemon(args, family) if family != "process" else None
     env = {}
-    if family == "shim":
+    if family.startswith("shim"):
         shim = args.shim or str(Path(args.gpuprof).resolve().parent / "libgpuprof_shim.so")
         env = {"LD_PRELOAD": shim, "GPUPROF_SHIM_SOCKET": daemon.socket, "GPUPROF_SHIM_LEVEL": "off",
-               "GPUPROF_SHIM_TIMING": "1", "GPUPROF_SHIM_REPORT": "1"}
+               "GPUPROF_SHIM_REPORT": "1"}
+        if family == "shim-timed":
+            env["GPUPROF_SHIM_TIMING"] = "1"
     try:
         return measure_in(args, modes, Job(args, env, out), daemon)
     finally:
         if daemon:
             tail = daemon.process.stop(signal.SIGTERM)
-            if family == "shim" and "dropped" in tail:
+            if family.startswith("shim") and "dropped" in tail:
                 print(tail.strip().splitlines()[-1], file=sys.stderr)
 
 
@@ -429,7 +435,7 @@ def main():
         raise SystemExit(f"unknown capture(s) {sorted(unknown)}: see --help")
     Path("/proc/sys/kernel/bpf_stats_enabled").write_text("1")
     results = {}
-    for family in ("process", "ebpf", "shim"):
+    for family in ("process", "ebpf", "shim", "shim-timed"):
         chosen = [m for m in modes if FAMILY.get(m, "process") == family]
         if chosen:
             results.update(measure(args, chosen, family))
@@ -448,12 +454,17 @@ def main():
         phases = [line for line in r["stderr_tail"].splitlines() if "by phase" in line]
         if phases:
             print(f"{mode}: {phases[-1].removeprefix('gpuprof: ')}")
-    shim = next((r["shim_counters"] for r in results.values() if r.get("shim_counters")), None)
-    if shim:
-        timing = shim.get("timing") or {}
-        print(f"shim: sent {shim['sent']}, dropped {shim['dropped_queue_full']}, waited {shim.get('waits', 0)} times "
-              f"({shim.get('wait_ns', 0) / 1e6:.1f} ms); per recorded report on the calling thread (self-timed, "
-              f"the timing included): " + ", ".join(f"{k[:-3]} {v:.0f} ns" for k, v in timing.items() if k != "reports"))
+    for mode, r in results.items():
+        shim = r.get("shim_counters")
+        if not shim or mode == "shim-driver":
+            continue
+        line = (f"{mode}: sent {shim['sent']}, dropped {shim['dropped_queue_full']}, waited {shim.get('waits', 0)} "
+                f"times ({shim.get('wait_ns', 0) / 1e6:.1f} ms)")
+        timing = shim.get("timing")
+        if timing:
+            line += "; per recorded report on the calling thread (self-timed, the timing included): " + ", ".join(
+                f"{k[:-3]} {v:.0f} ns" for k, v in timing.items() if k != "reports")
+        print(line)
     if collector:
         collector.stop(signal.SIGTERM)
     if args.json:
