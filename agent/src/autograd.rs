@@ -52,15 +52,11 @@ impl AutogradConfig {
                 file.path.display()
             )));
         };
-        // The probe reads the three thread-locals at once: they must lie close together.
-        let offsets = [layout.sequence_nr, layout.thread_id, layout.current_node];
-        let span = offsets.iter().max().unwrap_or(&0) - offsets.iter().min().unwrap_or(&0) + 8;
-        if span >= gp_autograd_span::GP_AUTOGRAD_TLS_SPAN.0
-            || u32::from(NODE_SEQUENCE_NR.max(NODE_THREAD_ID)) + 8 >= gp_autograd_span::GP_AUTOGRAD_NODE_SPAN.0
-        {
+        // The probe reads a node's two fields at once: they must lie close together.
+        let node_span = u32::from(NODE_SEQUENCE_NR.max(NODE_THREAD_ID)) + 8;
+        if node_span >= gp_autograd_span::GP_AUTOGRAD_NODE_SPAN.0 {
             return Configured::No(Some(format!(
-                "autograd's thread-locals in {} lie {span} bytes apart: backward blocks of pid {pid} get no forward line",
-                file.path.display()
+                "an autograd node's fields lie {node_span} bytes apart, more than the probe reads: backward blocks of pid {pid} get no forward line"
             )));
         }
         let config = gp_autograd {

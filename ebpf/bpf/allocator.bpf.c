@@ -28,11 +28,13 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define GP_TLS_SPAN GP_AUTOGRAD_TLS_SPAN
 #define GP_NODE_SPAN GP_AUTOGRAD_NODE_SPAN
 
-/* Where a thread's libtorch_cpu thread-locals are, found once in the address space `mm`. */
+/* Where a thread's libtorch_cpu thread-locals are, found once in the address space `mm`, and the
+ * thread's RecordFunction id once it has one (set once per thread, never changed). */
 struct autograd_block {
 	__u64 mm;
 	__u64 module;
 	__u64 block;
+	__u64 thread_id;
 };
 
 struct allocator_record {
@@ -77,6 +79,7 @@ static __always_inline __u64 torch_block(const struct gp_autograd *torch, struct
 	cached->mm = mm;
 	cached->module = torch->module;
 	cached->block = block;
+	cached->thread_id = 0;
 	return block;
 }
 
@@ -88,11 +91,22 @@ static __always_inline __u64 field_of(const __u8 *copy, __u32 offset, __u32 span
 	return *(const __u64 *)(copy + (offset & (span - 8)));
 }
 
+/* A u64 of user memory (0 when it cannot be read). */
+static __always_inline __u64 user_u64(__u64 address)
+{
+	__u64 value = 0;
+
+	if (bpf_probe_read_user(&value, sizeof(value), (void *)address))
+		return 0;
+	return value;
+}
+
 /*
  * PyTorch's autograd state of the calling thread, read from libtorch_cpu's thread-locals: the node
- * being evaluated (backward pass) or the thread's sequence counter (forward pass). The three
- * thread-locals come in one read (they lie close in the TLS block), and a node's fields in one:
- * a read costs far more than the bytes it copies.
+ * being evaluated (backward pass) or the thread's sequence counter (forward pass). Where the three
+ * thread-locals lie within GP_TLS_SPAN of each other they come in one read, else one read each (a
+ * build may place them kilobytes apart); a node's fields come in one read: a read costs far more
+ * than the bytes it copies.
  */
 static __always_inline void read_autograd(__u32 tgid, struct gp_record *rec, struct allocator_thread *thread)
 {
@@ -113,12 +127,18 @@ static __always_inline void read_autograd(__u32 tgid, struct gp_record *rec, str
 		high = torch->sequence_nr;
 	if (torch->thread_id > high)
 		high = torch->thread_id;
-	/* User space configures no process whose span is GP_TLS_SPAN or more (gpuprof.h); the mask
-	 * only tells the verifier what the check already did. */
 	__u32 span = high - low + sizeof(__u64);
-	if (span >= GP_TLS_SPAN || bpf_probe_read_user(thread->tls, span & (GP_TLS_SPAN - 1), (void *)(block + low)))
+	bool close = span < GP_TLS_SPAN;
+	__u64 node;
+
+	if (close) {
+		/* The mask only tells the verifier what the comparison already did. */
+		if (bpf_probe_read_user(thread->tls, span & (GP_TLS_SPAN - 1), (void *)(block + low)))
+			return;
+		node = field_of(thread->tls, torch->current_node - low, GP_TLS_SPAN);
+	} else if (bpf_probe_read_user(&node, sizeof(node), (void *)(block + torch->current_node))) {
 		return;
-	__u64 node = field_of(thread->tls, torch->current_node - low, GP_TLS_SPAN);
+	}
 	if (node) {
 		__u32 node_span = torch->node_sequence_nr > torch->node_thread_id ? torch->node_sequence_nr
 										  : torch->node_thread_id;
@@ -129,9 +149,14 @@ static __always_inline void read_autograd(__u32 tgid, struct gp_record *rec, str
 		out->autograd_node = field_of(thread->node, 0, GP_NODE_SPAN);
 		out->autograd_seq = field_of(thread->node, torch->node_sequence_nr, GP_NODE_SPAN);
 		out->autograd_thread = field_of(thread->node, torch->node_thread_id, GP_NODE_SPAN);
-	} else {
+	} else if (close) {
 		out->autograd_seq = field_of(thread->tls, torch->sequence_nr - low, GP_TLS_SPAN);
 		out->autograd_thread = field_of(thread->tls, torch->thread_id - low, GP_TLS_SPAN);
+	} else {
+		out->autograd_seq = user_u64(block + torch->sequence_nr);
+		if (!thread->autograd.thread_id)
+			thread->autograd.thread_id = user_u64(block + torch->thread_id);
+		out->autograd_thread = thread->autograd.thread_id;
 	}
 	rec->flags |= GP_FLAG_AUTOGRAD;
 }

@@ -57,8 +57,9 @@ struct gp_autograd {
 
 /*
  * The allocator probe reads the three autograd thread-locals at once when they lie within
- * GP_AUTOGRAD_TLS_SPAN bytes of each other (user space refuses a process where they do not), and a
- * node's fields within GP_AUTOGRAD_NODE_SPAN: a read costs far more than the bytes it copies.
+ * GP_AUTOGRAD_TLS_SPAN bytes of each other (else one read each), and a node's fields within
+ * GP_AUTOGRAD_NODE_SPAN (user space refuses a layout whose fields lie further apart): a read costs
+ * far more than the bytes it copies.
  * Powers of two (the reads' lengths are masked with them).
  */
 enum gp_autograd_span {
