@@ -290,7 +290,17 @@ impl ConnectionReader<'_> {
                     names.insert(id, Arc::from(text.as_ref()));
                 }
                 Message::Block(block) => {
-                    let stack = stacks.get(&block.stack).cloned().unwrap_or_else(Stack::empty);
+                    let stack = match stacks.get(&block.stack) {
+                        Some(stack) => stack.clone(),
+                        None => {
+                            // A number the shim never sent frames for: the block is kept, without
+                            // its stack, and the stream counted as undecodable there.
+                            if block.stack != 0 {
+                                self.send(ShimMessage::Undecodable)?;
+                            }
+                            Stack::empty()
+                        }
+                    };
                     let node = block.autograd.and_then(|(node, _, _)| names.get(&node).cloned());
                     let mut event = block.event(stack, node);
                     event.comm = comm.clone();
@@ -560,5 +570,47 @@ mod tests {
         let old = r#"{"gpuprof_shim":{"pid":7,"sent":1,"dropped_queue_full":0,"stacks_cut":0,"stacks_unresolved":0}}"#;
         let ShimMessage::Counters(counters) = decode(0, old) else { panic!("not a counters line") };
         assert_eq!((counters.cupti, counters.cross_check_disagreed), (CuptiProcesses::default(), 0));
+    }
+
+    #[test]
+    fn a_block_takes_the_stack_sent_under_its_number_and_an_unsent_number_is_counted() {
+        let path = gpuprof_testkit::scratch("shim-socket-numbers").join("shim.sock");
+        let received = listen(&path, SocketAccess::PRIVATE).unwrap();
+        let pid = std::process::id();
+        let block = wire::Block {
+            ts: 5,
+            pid,
+            tid: pid,
+            ptr: 0x7f00_0020_0000,
+            delta: 4096,
+            allocated: 4096,
+            reserved: 2 << 20,
+            device: 0,
+            stack: 1,
+            autograd: None,
+        };
+        let frame = gpuprof_model::event::Frame { function: "<module>".into(), file: "train.py".into(), line: 34 };
+        let mut stream = wire::MAGIC.to_vec();
+        Message::Process { pid, ppid: 1, comm: "python3".into() }.write(&mut stream);
+        Message::Stack { id: 1, frames: vec![frame.clone()] }.write(&mut stream);
+        Message::Block(block).write(&mut stream);
+        Message::Block(wire::Block { stack: 2, ptr: 0x7f00_0020_1000, ..block }).write(&mut stream);
+        UnixStream::connect(&path).unwrap().write_all(&stream).unwrap();
+
+        let mut seen = Vec::new();
+        while let Ok(message) = received.recv_timeout(Duration::from_secs(10)) {
+            match message {
+                ShimMessage::Event { event, .. } => {
+                    seen.push(format!("{:#x} {:?}", event.addr.unwrap(), event.stack.frames()))
+                }
+                ShimMessage::Undecodable => seen.push("undecodable".to_string()),
+                ShimMessage::Closed { .. } => break,
+                _ => {}
+            }
+        }
+        assert_eq!(
+            seen,
+            [format!("0x7f0000200000 {:?}", [frame]), "undecodable".to_string(), "0x7f0000201000 []".to_string()]
+        );
     }
 }

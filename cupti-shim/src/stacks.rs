@@ -38,9 +38,12 @@ struct Symbolized {
     json: Box<str>,
 }
 
-/// A raw stack met before: its number for the agent, its JSON once the file path needed it.
+/// A raw stack met before: its number once the agent was sent its frames, its JSON once a line
+/// needed it (a driver call's line, or the file's). A driver call and the block it makes share
+/// one stack: the line's JSON must not pass for frames the agent has.
+#[derive(Default)]
 struct Known {
-    number: u32,
+    number: Option<u32>,
     json: Option<Box<str>>,
 }
 
@@ -193,8 +196,8 @@ impl Stacks {
         if stack.hash == 0 {
             return Interned::Known(0);
         }
-        if let Some(known) = self.numbered.get(&stack.hash) {
-            return Interned::Known(known.number);
+        if let Some(Known { number: Some(number), .. }) = self.numbered.get(&stack.hash) {
+            return Interned::Known(*number);
         }
         let Some(frames) = self.raw.get(&stack.hash).cloned() else { return Interned::Unresolved };
         let mut symbolized = Vec::with_capacity(frames.len());
@@ -204,16 +207,10 @@ impl Stacks {
                 None => return Interned::Unresolved,
             }
         }
-        let number = self.number(stack.hash, None);
-        Interned::New(number, symbolized)
-    }
-
-    /// Numbers a stack met for the first time.
-    fn number(&mut self, hash: u64, json: Option<Box<str>>) -> u32 {
         let number = self.next_number;
         self.next_number += 1;
-        self.numbered.insert(hash, Known { number, json });
-        number
+        self.numbered.entry(stack.hash).or_default().number = Some(number);
+        Interned::New(number, symbolized)
     }
 
     /// Appends the stack of a call record made after description `codes_before` as a JSON array
@@ -242,12 +239,7 @@ impl Stacks {
         }
         json.push(']');
         out.push_str(&json);
-        match self.numbered.get_mut(&stack.hash) {
-            Some(known) => known.json = Some(json.into()),
-            None => {
-                self.number(stack.hash, Some(json.into()));
-            }
-        }
+        self.numbered.entry(stack.hash).or_default().json = Some(json.into());
         true
     }
 }
@@ -270,5 +262,36 @@ mod tests {
         // Frames received but no interpreter to read them with: still unresolved.
         stacks.receive(0x1235, vec![RawFrame { code: 0x1000, instr: 0x1010 }].into());
         assert_eq!(stacks.intern(unknown, 0), Interned::Unresolved);
+    }
+
+    /// PyTorch's caching allocator makes a segment (a driver call, written as a line) and then
+    /// reports the block, both under one Python line: the block's stack must still reach the
+    /// agent by its frames.
+    #[test]
+    fn a_stack_first_written_for_a_driver_call_is_still_sent_for_the_block() {
+        let layout = gpuprof_pystack::offsets::layout_for(gpuprof_pystack::Version { major: 3, minor: 11 }).unwrap();
+        let adaptive = u64::from(layout.offsets.code_adaptive.unwrap());
+        let mut stacks = Stacks::with(Some(Symbolizer::new(layout)));
+        let code = 0x7f00_0000_1000;
+        // One location entry: one code unit on line 34 (first line 34, no change).
+        let info = CodeInfo {
+            function: "<module>".to_string(),
+            file: "/srv/train.py".to_string(),
+            first_line: 34,
+            line_table: vec![0x80 | (10 << 3), 0],
+        };
+        stacks.queue_description(1, code, info);
+        let stack = StackRef { hash: 0x4321 };
+        stacks.receive(stack.hash, vec![RawFrame { code, instr: code + adaptive }].into());
+
+        let mut line = String::new();
+        assert!(stacks.write_json(stack, 1, &mut line));
+        assert_eq!(line, r#"[{"function":"<module>","file":"/srv/train.py","line":34}]"#);
+        let frame = Frame { file: "/srv/train.py".into(), function: "<module>".into(), line: 34 };
+        assert_eq!(stacks.intern(stack, 1), Interned::New(1, vec![frame]));
+        assert_eq!(stacks.intern(stack, 1), Interned::Known(1));
+        line.clear();
+        assert!(stacks.write_json(stack, 1, &mut line));
+        assert_eq!(line, r#"[{"function":"<module>","file":"/srv/train.py","line":34}]"#);
     }
 }
