@@ -103,6 +103,18 @@ impl EventFlow {
         self.escalation = Some(Escalation::new(config));
     }
 
+    /// A raise the escalation rules decided at `now` (ns): the leak rules wait for its tensors.
+    fn decided(&mut self, raise: Raise, now: u64) {
+        let detail = self.escalation.as_ref().map_or(0, |rules| rules.config().detail_ns);
+        self.expect_tensors(raise.pid, now, detail);
+        self.raises.push(raise);
+    }
+
+    /// Process `pid` is recorded at the tensors' level for `detail` ns from `now`.
+    pub fn expect_tensors(&mut self, pid: u32, now: u64, detail: u64) {
+        self.analyzer.expect_tensors(pid, now.saturating_add(detail));
+    }
+
     /// Processes the escalation rules decided to raise since the last call.
     pub fn take_raises(&mut self) -> Vec<Raise> {
         std::mem::take(&mut self.raises)
@@ -138,7 +150,7 @@ impl EventFlow {
             _ => {}
         }
         if let Some(raise) = self.escalation.as_mut().and_then(|rules| rules.observe(&event)) {
-            self.raises.push(raise);
+            self.decided(raise, event.ts);
         }
         let mut fired = self.analyzer.observe(&mut event);
         self.name_ranks(&mut fired);
@@ -165,7 +177,9 @@ impl EventFlow {
         self.nvml.sample(self.analyzer.tracker(), now);
         if let Some(rules) = self.escalation.as_mut().filter(|rules| rules.due(now)) {
             let memory = self.analyzer.tracker().live_processes().into_iter().map(|p| (p.pid, p.device_bytes()));
-            self.raises.extend(rules.tick(now, memory));
+            for raise in rules.tick(now, memory) {
+                self.decided(raise, now);
+            }
         }
         if let Some(telemetry) = &mut self.telemetry {
             telemetry.nvml_used(self.nvml.now().iter().map(|(pid, r)| (*pid, r.nvml_used)).collect());

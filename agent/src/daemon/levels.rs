@@ -98,7 +98,10 @@ impl Levels {
     /// is up.
     pub fn turn(&mut self, session: &mut Session<'_>) -> Result<()> {
         for raise in session.flow_mut().take_raises() {
-            self.raise(session, raise.pid, Level::Tensors, self.detail, raise.reason)?;
+            if !self.raise(session, raise.pid, Level::Tensors, self.detail, raise.reason)? {
+                // No tensors are coming: a growth finding on its driver calls need not wait.
+                session.flow_mut().expect_tensors(raise.pid, gpuprof_model::event::wall_clock_ns(), 0);
+            }
         }
         while let Ok(request) = self.requests.try_recv() {
             let reply = self.request(session, &request)?;
@@ -142,7 +145,11 @@ impl Levels {
         if !self.raise(session, request.pid, request.level, detail, Reason::Requested)? {
             return Ok(unknown());
         }
-        if let Some(rules) = session.flow_mut().escalation_mut() {
+        let flow = session.flow_mut();
+        if request.level.tensors() {
+            flow.expect_tensors(request.pid, gpuprof_model::event::wall_clock_ns(), detail.as_nanos() as u64);
+        }
+        if let Some(rules) = flow.escalation_mut() {
             rules.raised(request.pid);
         }
         Ok(Reply::Taken(self.raised[&request.pid].clone()))

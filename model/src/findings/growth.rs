@@ -7,6 +7,12 @@
 //! one problem, and so are the several stacks a retained autograd graph grows at once. It names
 //! the tensors when they grew (else the driver allocations), every stack that grew, and how much
 //! the driver's memory grew meanwhile.
+//!
+//! A process recorded at the driver's level whose tensors are about to be recorded (the daemon
+//! raised it, `expect_tensors`) has its driver-only finding held until they had their time: the
+//! tensors' finding names the Python line that leaks, the driver's only the library that called
+//! the driver (on PyTorch's autograd thread, often no Python at all). Held findings go out when
+//! that time is up without one on tensors, when the process ends, or when the capture does.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
@@ -42,11 +48,32 @@ pub struct Rule {
     releasing: Option<(Key, u64)>,
     /// Processes with a growth finding.
     reported: HashSet<ProcessRef>,
+    /// Processes whose tensors are recorded from now on, by pid: until when a driver-only
+    /// finding waits for theirs.
+    #[serde(default)]
+    awaiting: HashMap<u32, u64>,
+    /// Driver-only findings held meanwhile.
+    #[serde(default)]
+    held: HashMap<ProcessRef, Finding>,
 }
 
 impl Rule {
     pub fn new(config: RuleConfig) -> Self {
-        Rule { config, window_end: None, series: HashMap::new(), releasing: None, reported: HashSet::new() }
+        Rule {
+            config,
+            window_end: None,
+            series: HashMap::new(),
+            releasing: None,
+            reported: HashSet::new(),
+            awaiting: HashMap::new(),
+            held: HashMap::new(),
+        }
+    }
+
+    /// Process `pid` is recorded at the tensors' level until `until` (ns): a finding on its
+    /// driver allocations alone waits until then for one on its tensors.
+    pub fn expect_tensors(&mut self, pid: u32, until: u64) {
+        self.awaiting.insert(pid, until);
     }
 
     /// Drops what is kept of processes the tracker no longer knows.
@@ -56,7 +83,12 @@ impl Rule {
 
     /// Closes the windows that ended before this event; notes what a free releases.
     pub fn before(&mut self, event: &Event, world: &Tracker) -> Vec<Finding> {
-        let found = self.close_windows(event.ts, world);
+        let mut found = self.close_windows(event.ts, world);
+        if event.layer == Layer::Process && matches!(event.op, Op::Exit | Op::Exec) {
+            // The process is over (or another program): what it held is its finding.
+            self.awaiting.remove(&event.pid);
+            found.extend(self.release(|process| process.pid == event.pid));
+        }
         self.releasing = None;
         if event.op == Op::Free && event.succeeded() {
             if let Some(process) = world.process(event.pid) {
@@ -111,8 +143,25 @@ impl Rule {
     }
 
     /// The capture ended at `ts`: windows that ended by then are judged; the partial one is not.
+    /// Held findings go out.
     pub fn finish(&mut self, ts: u64, world: &Tracker) -> Vec<Finding> {
-        self.close_windows(ts, world)
+        let mut found = self.close_windows(ts, world);
+        found.extend(self.release(|_| true));
+        found.sort_by_key(|f| (f.pid, f.first_ts));
+        found
+    }
+
+    /// The held findings of the processes `which` picks, reported now.
+    fn release(&mut self, which: impl Fn(&ProcessRef) -> bool) -> Vec<Finding> {
+        let processes: Vec<ProcessRef> = self.held.keys().filter(|p| which(p)).copied().collect();
+        let mut found = Vec::new();
+        for process in processes {
+            if let Some(finding) = self.held.remove(&process) {
+                self.reported.insert(process);
+                found.push(finding);
+            }
+        }
+        found
     }
 
     fn close_windows(&mut self, ts: u64, world: &Tracker) -> Vec<Finding> {
@@ -153,20 +202,29 @@ impl Rule {
                 grown.push(*process);
             }
         }
-        let mut found: Vec<Finding> = grown
-            .into_iter()
-            .map(|process| {
-                self.reported.insert(process);
-                self.finding(process, window_end, world)
-            })
-            .collect();
+        self.awaiting.retain(|_, until| *until > window_end);
+        let mut found = Vec::new();
+        for process in grown {
+            let (layer, finding) = self.finding(process, window_end, world);
+            if layer == Layer::Driver && self.awaiting.contains_key(&process.pid) {
+                // Kept as it stands now: the driver's memory may stop growing meanwhile.
+                self.held.insert(process, finding);
+                continue;
+            }
+            self.held.remove(&process);
+            self.reported.insert(process);
+            found.push(finding);
+        }
+        let awaited = |process: &ProcessRef| !self.awaiting.contains_key(&process.pid);
+        let done: Vec<ProcessRef> = self.held.keys().filter(|p| awaited(p)).copied().collect();
+        found.extend(self.release(|process| done.contains(process)));
         found.sort_by_key(|f| (f.pid, f.first_ts));
         found
     }
 
     /// The finding of a process whose stacks grew long enough: tensors when they grew, else
-    /// driver allocations.
-    fn finding(&self, process: ProcessRef, window_end: u64, world: &Tracker) -> Finding {
+    /// driver allocations (the layer it names).
+    fn finding(&self, process: ProcessRef, window_end: u64, world: &Tracker) -> (Layer, Finding) {
         let window = self.config.growth_window_ns.max(1);
         let streaking = |layer: Layer| -> Vec<(&Stack, &Series)> {
             let mut grew: Vec<(&Stack, &Series)> = self
@@ -229,7 +287,7 @@ impl Rule {
             .map(|(stack, series)| StackBytes { stack: stack.to_vec(), bytes: grew_by(series), count: series.count })
             .collect();
         finding.segment_bytes = segment_bytes;
-        finding
+        (layer, finding)
     }
 }
 

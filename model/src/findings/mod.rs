@@ -301,6 +301,12 @@ impl Analyzer {
         found
     }
 
+    /// Process `pid` is recorded at the tensors' level until `until` (wall-clock ns): a growth
+    /// finding on its driver allocations alone waits until then for one that names its tensors.
+    pub fn expect_tensors(&mut self, pid: u32, until: u64) {
+        self.growth.expect_tensors(pid, until);
+    }
+
     /// Time passes without events (`now`: wall-clock nanoseconds): findings that wait for a
     /// moment (orphans after their grace period) fire.
     pub fn tick(&mut self, now: u64) -> Vec<Finding> {

@@ -406,6 +406,76 @@ fn tensors_and_the_segments_carrying_them_grow_as_one_finding() {
     );
 }
 
+/// A job leaking one 2 MiB tensor (and one 2 MiB segment) every 50 µs from train.py:26, recorded
+/// at the driver's level (segments from libcudart, no Python stack) until `raised_at`, with its
+/// tensors from then on when `tensors`; the findings when the analyzer is told at `raised_at`
+/// that tensors come for `detail` ns.
+fn leak_raised_at(raised_at: u64, detail: u64, tensors: bool, steps: u64) -> Vec<Finding> {
+    let config = RuleConfig { growth_window_ns: 100_000, growth_rises: 3, ..RuleConfig::default() };
+    let library = vec![Frame { function: "[libcudart.so.13]".into(), file: String::new(), line: 0 }];
+    let keep = frame("keep", 26);
+    let mut s = Stream::new();
+    let (mut allocated, mut reserved) = (0, 0);
+    for step in 0..steps {
+        s.at(2_000 + step * 50_000);
+        let segment = 0x1000_0000 + step * 0x100_0000;
+        s.alloc(60, segment, 2 * MIB, &library);
+        reserved += 2 * MIB;
+        allocated += 2 * MIB;
+        if tensors && s.ts >= raised_at {
+            s.block(60, Op::Alloc, segment, 2 * MIB, (allocated, reserved), &keep);
+        }
+    }
+    s.process(60, Op::Exit, 1);
+    let mut analyzer = Analyzer::new(config);
+    let mut found = Vec::new();
+    let mut told = false;
+    for event in &s.events {
+        if !told && event.ts >= raised_at {
+            analyzer.expect_tensors(60, raised_at + detail);
+            told = true;
+        }
+        found.extend(analyzer.observe(&mut event.clone()));
+    }
+    found.extend(analyzer.finish());
+    found.retain(|f| f.kind == FindingKind::Growth);
+    found
+}
+
+#[test]
+fn a_raised_process_has_its_growth_named_by_its_tensors_not_its_driver_calls() {
+    // Raised after two rising windows (as the daemon does): the driver's streak reaches three
+    // windows first, and waits; the tensors' streak fires and names the line.
+    let found = leak_raised_at(200_000, 1_000_000, true, 16);
+    assert_eq!(found.len(), 1, "{found:#?}");
+    let f = &found[0];
+    assert_eq!((f.kind, f.pid, f.stack.clone()), (FindingKind::Growth, 60, frame("keep", 26)));
+    assert_eq!((f.first_ts, f.last_ts), (200_000, 500_000));
+    assert_eq!((f.bytes, f.count, f.segment_bytes), (12 * MIB, 6, Some(12 * MIB)));
+}
+
+#[test]
+fn a_held_driver_finding_goes_out_when_no_tensors_came_or_the_process_ended() {
+    // No tensors came for the detail period (400 µs from 200 µs): the driver's finding, as
+    // last judged, goes out at the first window end after it.
+    let found = leak_raised_at(200_000, 400_000, false, 16);
+    assert_eq!(found.len(), 1, "{found:#?}");
+    let f = &found[0];
+    assert_eq!(
+        (f.kind, f.pid, f.stack.last().unwrap().function.as_str()),
+        (FindingKind::Growth, 60, "[libcudart.so.13]")
+    );
+    assert_eq!((f.first_ts, f.last_ts, f.bytes), (0, 600_000, 24 * MIB));
+    // The process ended while its finding waited: it goes out then, once.
+    let found = leak_raised_at(200_000, 10_000_000, false, 8);
+    assert_eq!(found.len(), 1, "{found:#?}");
+    assert_eq!((found[0].first_ts, found[0].last_ts, found[0].bytes), (0, 300_000, 12 * MIB));
+    // Not raised: the driver's finding goes out at its third rising window.
+    let found = leak_raised_at(u64::MAX, 0, false, 16);
+    assert_eq!(found.len(), 1, "{found:#?}");
+    assert_eq!((found[0].first_ts, found[0].last_ts, found[0].bytes), (0, 300_000, 12 * MIB));
+}
+
 #[test]
 fn one_oom_per_incident_with_the_caches_that_would_have_sufficed() {
     let mut s = Stream::new();
