@@ -5,15 +5,18 @@
 #  2. the paired overhead harness (bench/overhead.py) for each WORKLOAD=CAPTURES given, inside
 #     one training process per capture family, with each BPF program's run time.
 #
-#   GPUPROF_BIN=… [COLLECTOR=…/gpuprof-collector] OUT=/tmp/out tests/gpu/validate_overhead.sh [--windows N] [--window SECS] \
+#   GPUPROF_BIN=… [COLLECTOR=…/gpuprof-collector] [SKIP_DISASSEMBLY=1] OUT=/tmp/out \
+#     tests/gpu/validate_overhead.sh [--windows N] [--window SECS] [--switches N] [--switch-window SECS] \
 #       reports=ebpf,floor,shim encoder=ebpf,shim …
 source "$(dirname "$0")/env.sh"
-windows=3 window=6
+windows=3 window=4 switches=10 switch_window=2
 specs=()
 while (($#)); do
   case $1 in
     --windows) windows=$2; shift 2 ;;
     --window) window=$2; shift 2 ;;
+    --switches) switches=$2; shift 2 ;;
+    --switch-window) switch_window=$2; shift 2 ;;
     *) specs+=("$1"); shift ;;
   esac
 done
@@ -24,6 +27,9 @@ root=$(cd "$here/../.." && pwd)
   echo "cpus $(nproc), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   "$py" -c 'import torch, sys; print("python", sys.version.split()[0], "torch", torch.__version__)'
+  echo "clocksource $(cat /sys/devices/system/clocksource/clocksource0/current_clocksource)," \
+    "tsc flags: $(grep -m1 -o 'constant_tsc\|nonstop_tsc' /proc/cpuinfo | sort -u | tr '\n' ' ')"
+  if [[ -z ${SKIP_DISASSEMBLY:-} ]]; then
   echo "== first instructions of the probed functions"
   libc10=$("$py" -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "lib", "libc10.so"))')
   libcuda=$(ldconfig -p | awk '/libcuda.so.1 /{print $NF; exit}')
@@ -41,12 +47,14 @@ root=$(cd "$here/../.." && pwd)
                 cuCtxPopCurrent_v2 cuDevicePrimaryCtxRetain cuMemGetInfo_v2 cuMemAllocAsync cuMemFreeAsync; do
     first "$libcuda" "$symbol"
   done
-  echo "== paired overhead (windows $windows x ${window}s)"
+  fi
+  echo "== paired overhead (windows $windows x ${window}s started, $switches x ${switch_window}s switched)"
   for spec in "${specs[@]}"; do
     workload=${spec%%=*} captures=${spec#*=}
     echo "-- $workload: $captures"
     PYTHONUNBUFFERED=1 "$py" "$root/bench/overhead.py" --gpuprof "$bin" --workload "$workload" --capture "$captures" \
       ${COLLECTOR:+--collector "$COLLECTOR"} \
-      --windows "$windows" --window "$window" --json "$out/overhead-$workload.json"
+      --windows "$windows" --window "$window" --switches "$switches" --switch-window "$switch_window" \
+      --json "$out/overhead-$workload.json"
   done
 } 2>&1 | tee "$out/overhead.log"
