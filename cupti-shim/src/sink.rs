@@ -297,11 +297,9 @@ impl Sender {
 
     /// A block as the wire carries it, its node class numbered (and sent) on first sight.
     fn block_of(&mut self, record: &CallRecord, stack: u32) -> Block {
-        let Call::Allocator { ptr, delta, allocated, reserved, device_index, autograd } = record.call else {
-            unreachable!("blocks are allocator reports")
-        };
-        let autograd = autograd.map(|state| {
-            let node = match state.node_vtable {
+        let mut block = block_without_names(record);
+        if let (Call::Allocator { autograd: Some(state), .. }, Some(autograd)) = (&record.call, &mut block.autograd) {
+            autograd.0 = match state.node_vtable {
                 0 => 0,
                 vtable => match self.numbered_names.get(&vtable) {
                     Some(number) => *number,
@@ -314,20 +312,8 @@ impl Sender {
                     }
                 },
             };
-            (node, state.seq, state.thread)
-        });
-        Block {
-            ts: record.ts_ns,
-            pid: record.pid,
-            tid: record.tid,
-            ptr,
-            delta,
-            allocated,
-            reserved,
-            device: device_index,
-            stack,
-            autograd,
         }
+        Block { stack, ..block }
     }
 
     /// The event of a call, its stack left out (`write_call_line` writes it).
@@ -336,7 +322,7 @@ impl Sender {
             Call::Allocator { autograd, .. } => {
                 let node =
                     autograd.filter(|state| state.node_vtable != 0).map(|state| self.names.name_of(state.node_vtable));
-                self.block_of_without_names(record).event(Stack::empty(), node)
+                block_without_names(record).event(Stack::empty(), node)
             }
             Call::Driver { api, values, caller } => {
                 let api = driver_api::by_id(*api).expect("the callback records table entries only");
@@ -357,25 +343,6 @@ impl Sender {
         event.comm = self.comm.clone();
         event.ppid = Some(self.ppid);
         event
-    }
-
-    /// The block of an allocator report for the jsonl path (node classes go by name there).
-    fn block_of_without_names(&self, record: &CallRecord) -> Block {
-        let Call::Allocator { ptr, delta, allocated, reserved, device_index, autograd } = record.call else {
-            unreachable!("blocks are allocator reports")
-        };
-        Block {
-            ts: record.ts_ns,
-            pid: record.pid,
-            tid: record.tid,
-            ptr,
-            delta,
-            allocated,
-            reserved,
-            device: device_index,
-            stack: 0,
-            autograd: autograd.map(|state| (0, state.seq, state.thread)),
-        }
     }
 
     /// Writes the batch out once it is large enough (`force`: whatever it holds).
@@ -423,6 +390,26 @@ impl Sender {
             self.level_changes_told = changes;
             Message::Level { level: level::now(), ts: wall_clock_ns() }.write(&mut self.batch);
         }
+    }
+}
+
+/// The block of an allocator report, its stack and node class not numbered (the jsonl path names
+/// them; `Sender::block_of` numbers them for the agent).
+fn block_without_names(record: &CallRecord) -> Block {
+    let Call::Allocator { ptr, delta, allocated, reserved, device_index, autograd } = record.call else {
+        unreachable!("blocks are allocator reports")
+    };
+    Block {
+        ts: record.ts_ns,
+        pid: record.pid,
+        tid: record.tid,
+        ptr,
+        delta,
+        allocated,
+        reserved,
+        device: device_index,
+        stack: 0,
+        autograd: autograd.map(|state| (0, state.seq, state.thread)),
     }
 }
 
