@@ -23,7 +23,7 @@ pub mod user_frame;
 
 pub use driver_api::{ArgLayout, DriverApi, DRIVER_APIS};
 pub use event::{Event, Frame, Kind, Layer, Op, Source};
-pub use findings::{analyze, Analyzer, Finding, FindingKind, RuleConfig, Severity};
+pub use findings::{analyze, Analyzer, Diagnosis, Finding, FindingKind, RuleConfig, Severity};
 pub use level::Level;
 pub use stack::{Stack, StackTable};
 pub use track::{LiveSummary, ProcessState, Tracker};

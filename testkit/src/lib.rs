@@ -22,6 +22,9 @@ pub use workspace::target_tmpdir;
 pub fn gpuprof() -> &'static str {
     static BIN: OnceLock<String> = OnceLock::new();
     BIN.get_or_init(|| {
+        // gpuprof finds the shim beside itself (`run --via shim`, a sidecar shares it): a test that
+        // runs gpuprof first on a clean checkout must not find it missing.
+        shim_library();
         let path = workspace::build("gpuprof", &["--bin", "gpuprof"], "gpuprof");
         path.into_os_string().into_string().expect("a UTF-8 target directory")
     })

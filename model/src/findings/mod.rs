@@ -72,6 +72,48 @@ impl Severity {
     }
 }
 
+/// Why a finding's memory is held or ran out, where the events show it: one cause, named, with
+/// its fix in the finding's sentence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Diagnosis {
+    /// The growing blocks were made by forward ops whose autograd nodes no backward pass
+    /// evaluated: a graph kept alive (evaluation without `torch.no_grad()`, a loss kept across
+    /// steps without `.item()`).
+    AutogradGraphRetained,
+    /// The growing blocks were allocated at the user's line outside autograd, or outlive the
+    /// step that made them: something there keeps them (a list, a cache, a dict).
+    TensorsKeptByUserCode,
+    /// An out-of-memory failure with enough cached in the process's own allocator, in pieces
+    /// too small for the request.
+    Fragmentation,
+    /// An out-of-memory failure another process's allocator cache would have made room for.
+    NeighbourCache,
+    /// An out-of-memory failure with the device full of live memory: nothing cached to give back.
+    DeviceFull,
+    /// A DataLoader worker made a CUDA context of its own.
+    CudaInDataloaderWorker,
+    /// A process outlived its parent holding device memory.
+    OrphanedWorker,
+    /// An IPC handle opened (or exported) and never closed.
+    IpcHandleNotReleased,
+}
+
+impl Diagnosis {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Diagnosis::AutogradGraphRetained => "autograd_graph_retained",
+            Diagnosis::TensorsKeptByUserCode => "tensors_kept_by_user_code",
+            Diagnosis::Fragmentation => "fragmentation",
+            Diagnosis::NeighbourCache => "neighbour_cache",
+            Diagnosis::DeviceFull => "device_full",
+            Diagnosis::CudaInDataloaderWorker => "cuda_in_dataloader_worker",
+            Diagnosis::OrphanedWorker => "orphaned_worker",
+            Diagnosis::IpcHandleNotReleased => "ipc_handle_not_released",
+        }
+    }
+}
+
 /// Live memory of one stack in one process.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StackBytes {
@@ -146,6 +188,16 @@ pub struct Finding {
     /// capture could read it; a report of a file has none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rank: Option<u32>,
+    /// The cause the events show, where they show one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diagnosis: Option<Diagnosis>,
+    /// `growth`: how fast the grown stacks' live bytes rose (bytes a second).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_per_second: Option<f64>,
+    /// `growth`: at that rate, seconds until the device is full (from its free memory, as the
+    /// driver or NVML last told it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seconds_to_full: Option<f64>,
 }
 
 impl Finding {
@@ -182,6 +234,9 @@ impl Finding {
             segment_bytes: None,
             fragmentation: false,
             rank: None,
+            diagnosis: None,
+            bytes_per_second: None,
+            seconds_to_full: None,
         }
     }
 
