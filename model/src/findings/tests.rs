@@ -379,6 +379,15 @@ fn tensors_and_the_segments_carrying_them_grow_as_one_finding() {
     let linear = [library_frame("Linear.forward", 134), frame("evaluate", 42)[0].clone()];
     let relu = frame("evaluate", 43);
     let (mut allocated, mut reserved) = (0, 0);
+    // The device had 1 GiB free when the job asked (cuMemGetInfo).
+    s.driver(50, Op::MemInfo, "cuMemGetInfo_v2", None, 0, 1 << 30);
+    // Each op records an autograd node (the thread's counter moves) and no backward runs.
+    let mut counter = 100;
+    let mut forward_op = |s: &mut Stream| {
+        counter += 1;
+        let event = s.events.last_mut().unwrap();
+        (event.autograd_seq, event.autograd_thread) = (Some(counter), Some(1));
+    };
     for step in 0..8u64 {
         s.at(2_000 + step * 50_000);
         let segment = 0x1000_0000 + step * 0x100_0000;
@@ -386,8 +395,10 @@ fn tensors_and_the_segments_carrying_them_grow_as_one_finding() {
         reserved += 4 * MIB;
         allocated += MIB;
         s.block(50, Op::Alloc, segment, MIB, (allocated, reserved), &linear);
+        forward_op(&mut s);
         allocated += 2 * MIB;
         s.block(50, Op::Alloc, segment + MIB, 2 * MIB, (allocated, reserved), &relu);
+        forward_op(&mut s);
     }
     let found = s.findings(config);
     assert_eq!(found.len(), 1, "{found:#?}");
@@ -402,8 +413,16 @@ fn tensors_and_the_segments_carrying_them_grow_as_one_finding() {
     assert_eq!(f.user_frame, Some(relu[0].clone()));
     assert_eq!(
         f.detail,
-        "live tensor memory (allocator blocks) allocated at train.py:43 in evaluate in pid 50 (python3) grew by 12.0 MiB (and 1 more stacks, 18.0 MiB in all) over 3 consecutive 0.0 s windows without coming back, to 18.0 MiB in 12 allocations; the driver segments carrying them grew by 24.0 MiB: something keeps these allocations alive (a growing list or cache, a retained autograd graph: evaluation without torch.no_grad(), a loss summed without .item())."
+        "live tensor memory (allocator blocks) allocated at train.py:43 in evaluate in pid 50 (python3) grew by 12.0 MiB (and 1 more stacks, 18.0 MiB in all) over 3 consecutive 0.0 s windows without coming back, to 18.0 MiB in 12 allocations; the driver segments carrying them grew by 24.0 MiB: 100% of its recent blocks still live were made by forward ops whose autograd graph no backward pass used: a retained autograd graph, built at train.py:43 in evaluate; run evaluation under torch.no_grad() (or torch.inference_mode()), and keep losses across steps as numbers (loss.item()). At 58.6 GiB/s device 0 is full now."
     );
+    assert_eq!(f.diagnosis, Some(Diagnosis::AutogradGraphRetained));
+    // 18 MiB from the first window's start (0) to the third's end (300 µs); 1 GiB was free
+    // 298 µs before that, less what went at that rate since: full in 16.8 ms.
+    assert_eq!((f.first_ts, f.last_ts), (0, 300_000));
+    let rate = 18.0 * MIB as f64 / 300e-6;
+    assert_eq!(f.bytes_per_second, Some(rate));
+    let left = ((1u64 << 30) as f64 - rate * 298e-6) / rate;
+    assert!((f.seconds_to_full.unwrap() - left).abs() < 1e-9 && (left - 0.016769).abs() < 1e-6, "{f:?}");
 }
 
 /// A job leaking one 2 MiB tensor (and one 2 MiB segment) every 50 µs from train.py:26, recorded
@@ -648,4 +667,124 @@ fn finding_ids_are_stable_and_distinct() {
     let distinct: std::collections::HashSet<&str> = ids.iter().copied().collect();
     assert_eq!(distinct.len(), ids.len());
     assert!(ids.iter().all(|id| id.len() == 16 && id.chars().all(|c| c.is_ascii_hexdigit())), "{ids:?}");
+}
+
+/// A short training job of 300 steps of 20 ms (6 s) on one thread, as the allocator and
+/// autograd report it: each step's forward makes two activations (train.py:30, :31) whose ops
+/// record autograd nodes, its backward evaluates those nodes (a gradient block each) and the
+/// activations are freed. `keep`: the step's output (1 MiB, train.py:32, a forward op) is kept
+/// in a list; `evaluate`: 1 MiB made at evaluate:52 each step, kept, its ops recording nodes
+/// no backward evaluates (evaluation without no_grad); `no_grad_eval`: 1 MiB made and freed
+/// at evaluate:52 without nodes. At the end the interpreter frees what was kept, then exits.
+fn short_job(keep: bool, evaluate: bool, no_grad_eval: bool) -> Vec<Finding> {
+    const PID: u32 = 60;
+    let step_ns = 20_000_000u64;
+    let mut s = Stream::new();
+    s.process(PID, Op::Exec, 1);
+    let (mut counter, mut addr, mut kept) = (1_000u64, 0x7f00_0000_0000u64, Vec::new());
+    let (mut allocated, reserved) = (0u64, 4u64 << 30);
+    let block =
+        |s: &mut Stream, op: Op, addr: u64, size: u64, allocated: u64, line: u32, autograd: (u64, Option<&str>)| {
+            let function = if line >= 50 { "evaluate" } else { "train_step" };
+            s.block(PID, op, addr, size, (allocated, reserved), &frame(function, line));
+            let event = s.events.last_mut().unwrap();
+            (event.autograd_seq, event.autograd_thread) = (Some(autograd.0), Some(7));
+            event.autograd_node = autograd.1.map(Into::into);
+        };
+    for step in 0..300u64 {
+        s.at(1_000_000_000 + step * step_ns);
+        let mut nodes = Vec::new();
+        let mut activations = Vec::new();
+        for line in [30, 31] {
+            counter += 1;
+            nodes.push(counter - 1);
+            addr += 0x100_0000;
+            allocated += 4 * MIB;
+            block(&mut s, Op::Alloc, addr, 4 * MIB, allocated, line, (counter, None));
+            activations.push(addr);
+        }
+        if keep {
+            counter += 1;
+            nodes.push(counter - 1);
+            addr += 0x100_0000;
+            allocated += MIB;
+            block(&mut s, Op::Alloc, addr, MIB, allocated, 32, (counter, None));
+            kept.push((addr, MIB));
+        }
+        // Backward, from the loss down: a gradient block per node, freed at once.
+        for node in nodes.iter().rev() {
+            addr += 0x100_0000;
+            block(&mut s, Op::Alloc, addr, MIB, allocated + MIB, 0, (*node, Some("AddmmBackward0")));
+            block(&mut s, Op::Free, addr, MIB, allocated, 0, (*node, Some("AddmmBackward0")));
+        }
+        for activation in activations {
+            allocated -= 4 * MIB;
+            block(&mut s, Op::Free, activation, 4 * MIB, allocated, 30, (counter, None));
+        }
+        if evaluate || no_grad_eval {
+            if evaluate {
+                counter += 1;
+            }
+            addr += 0x100_0000;
+            allocated += MIB;
+            block(&mut s, Op::Alloc, addr, MIB, allocated, 52, (counter, None));
+            if evaluate {
+                kept.push((addr, MIB));
+            } else {
+                allocated -= MIB;
+                block(&mut s, Op::Free, addr, MIB, allocated, 52, (counter, None));
+            }
+        }
+    }
+    // Teardown: the list goes with the interpreter.
+    for (addr, size) in kept {
+        allocated -= size;
+        block(&mut s, Op::Free, addr, size, allocated, 0, (counter, None));
+    }
+    s.process(PID, Op::Exit, 1);
+    s.findings(RuleConfig::default())
+}
+
+#[test]
+fn a_short_run_that_keeps_a_tensor_each_step_is_one_growth_at_its_line() {
+    let found = short_job(true, false, false);
+    let growth: Vec<&Finding> = found.iter().filter(|f| f.kind == FindingKind::Growth).collect();
+    assert_eq!(growth.len(), 1, "{found:#?}");
+    let f = growth[0];
+    assert_eq!((f.pid, f.severity, f.diagnosis), (60, Severity::Leak, Some(Diagnosis::TensorsKeptByUserCode)));
+    assert_eq!(f.user_frame.as_ref().map(|u| (u.function.as_str(), u.line)), Some(("train_step", 32)));
+    // From the first kept block (at 1 s) to the last allocation, before teardown: 299 MiB grew
+    // (the first MiB is where it began) in 300 allocations.
+    assert_eq!((f.bytes, f.count, f.first_ts), (299 * MIB, 300, 1_000_003_000));
+    assert!(
+        f.detail
+            .contains("grew by 299.0 MiB steadily through the process's 6.0 s and was given back only when it ended"),
+        "{}",
+        f.detail
+    );
+    assert!(f.detail.contains("100% of its recent blocks still live were made outside autograd or already went through a backward pass: the user's code keeps these tensors, allocated at train.py:32 in train_step"), "{}", f.detail);
+    assert_eq!(f.seconds_to_full, None, "no device memory reading");
+}
+
+#[test]
+fn a_short_evaluation_without_no_grad_is_a_retained_graph() {
+    let found = short_job(false, true, false);
+    let growth: Vec<&Finding> = found.iter().filter(|f| f.kind == FindingKind::Growth).collect();
+    assert_eq!(growth.len(), 1, "{found:#?}");
+    let f = growth[0];
+    assert_eq!((f.pid, f.diagnosis), (60, Some(Diagnosis::AutogradGraphRetained)));
+    assert_eq!(f.user_frame.as_ref().map(|u| (u.function.as_str(), u.line)), Some(("evaluate", 52)));
+    assert!(
+        f.detail.contains(
+            "a retained autograd graph, built at train.py:52 in evaluate; run evaluation under torch.no_grad()"
+        ),
+        "{}",
+        f.detail
+    );
+}
+
+#[test]
+fn a_healthy_short_run_with_evaluation_under_no_grad_has_no_growth() {
+    let found = short_job(false, false, true);
+    assert!(found.iter().all(|f| f.kind != FindingKind::Growth), "{found:#?}");
 }

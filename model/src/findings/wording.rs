@@ -41,6 +41,27 @@ pub fn count(n: u64, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
 }
 
+/// "about 4 minutes": a span of time as a person would round it.
+pub fn duration(seconds: f64) -> String {
+    let (value, unit) = match seconds {
+        s if s < 90.0 => (s, "second"),
+        s if s < 90.0 * 60.0 => (s / 60.0, "minute"),
+        s if s < 36.0 * 3600.0 => (s / 3600.0, "hour"),
+        s => (s / 86400.0, "day"),
+    };
+    let value = value.round().max(1.0) as u64;
+    format!("about {value} {unit}{}", if value == 1 { "" } else { "s" })
+}
+
+/// "in about 4 minutes", or "now" when no time is left.
+pub fn within(seconds: f64) -> String {
+    if seconds < 1.0 {
+        "now".to_string()
+    } else {
+        format!("in {}", duration(seconds))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -65,5 +86,14 @@ mod tests {
             "called from libnccl.so.2 (no Python stack)"
         );
         assert_eq!(at(&[]), "(no Python stack)");
+    }
+
+    #[test]
+    fn time_left_as_a_person_rounds_it() {
+        assert_eq!(within(0.4), "now");
+        assert_eq!(within(1.2), "in about 1 second");
+        assert_eq!(within(245.0), "in about 4 minutes");
+        assert_eq!(duration(3.0 * 3600.0), "about 3 hours");
+        assert_eq!(duration(5.0 * 86400.0), "about 5 days");
     }
 }
