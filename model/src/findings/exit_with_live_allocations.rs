@@ -5,7 +5,9 @@
 //! it was. A process run by a framework allocator keeps its segments (live tensors and cache)
 //! and its libraries' workspaces until the end on purpose: `info` (memory that grew while it ran
 //! is reported by `growth`). A program that manages device memory itself and never freed some is
-//! missing a free: `leak`.
+//! missing a free: `leak`. A parent that ends while its workers live on holding device memory
+//! (a launcher killed with SIGKILL) is `info`: the driver takes back its own memory, and the
+//! orphan findings that follow tell what is left.
 
 use super::{wording, Finding, FindingKind, Severity};
 use crate::event::{Event, Layer, Op};
@@ -28,7 +30,20 @@ pub fn check(event: &Event, world: &Tracker) -> Option<Finding> {
         wording::bytes(bytes),
         wording::count(count, "allocation", "allocations"),
     );
+    let mut workers: Vec<u32> = super::orphan_holding_memory::descendants(process.as_ref(), world)
+        .into_iter()
+        .filter(|p| p.device_bytes() > 0 || p.contexts() > 0)
+        .map(|p| p.pid)
+        .collect();
+    workers.sort();
     let (severity, detail) = match allocator_share(process, bytes) {
+        _ if event.op == Op::Exit && !workers.is_empty() => (
+            Severity::Info,
+            format!(
+                "{held}; the driver takes that back with it, but its workers ({}) live on with device memory or a context: whether they end by themselves is told by their orphan findings.",
+                workers.iter().map(|pid| format!("pid {pid}")).collect::<Vec<_>>().join(", ")
+            ),
+        ),
         Some(share) => (Severity::Info, format!("{held}: {}; the driver takes it back with the process: nothing to do.", share.describe())),
         None => (
             Severity::Leak,

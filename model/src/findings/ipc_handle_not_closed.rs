@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{wording, Finding, FindingKind};
+use super::{wording, Diagnosis, Finding, FindingKind};
 use crate::event::{Event, Layer, Op};
 use crate::track::{Import, ProcessMemory, Tracker};
 
@@ -63,6 +63,7 @@ fn unclosed(process: &ProcessMemory, ts: u64, what: &str) -> Vec<Finding> {
             );
             finding.peer_pid = exporter;
             finding.api = Some(first.mapping.api.to_string());
+            finding.diagnosis = Some(Diagnosis::IpcHandleNotReleased);
             finding
         })
         .collect()

@@ -332,6 +332,7 @@ impl Analyzer {
         // The world as it was up to this event: an orphan's own exit after its grace period
         // does not undo that it outlived it.
         let mut found = self.orphans.check(Some(event.ts), self.config.orphan_grace_ns, world);
+        self.worker_context.orphaned(&orphan_pids(&found));
         found.extend(self.worker_context.check(event, world));
         found.extend(self.growth.before(event, world));
         found.extend(exit_with_live_allocations::check(event, world));
@@ -365,17 +366,25 @@ impl Analyzer {
     /// Time passes without events (`now`: wall-clock nanoseconds): findings that wait for a
     /// moment (orphans after their grace period) fire.
     pub fn tick(&mut self, now: u64) -> Vec<Finding> {
-        let mut found = self.worker_context.due(Some(now));
-        found.extend(self.orphans.check(Some(now), self.config.orphan_grace_ns, &self.tracker));
+        let mut found = self.orphans.check(Some(now), self.config.orphan_grace_ns, &self.tracker);
+        self.worker_context.orphaned(&orphan_pids(&found));
+        found.extend(self.worker_context.due(Some(now)));
         self.completed(found)
+    }
+
+    /// Device `device` had `free` bytes free at `ts` (wall-clock ns; NVML in a live capture):
+    /// what a growth finding's time until the device is full is worked from.
+    pub fn device_memory(&mut self, device: i32, free: u64, ts: u64) {
+        self.growth.device_memory(device, free, ts);
     }
 
     /// The window ends: what is still open then.
     pub fn finish(&mut self) -> Vec<Finding> {
-        let mut found = self.worker_context.due(None);
+        let mut found = self.orphans.check(None, self.config.orphan_grace_ns, &self.tracker);
+        self.worker_context.orphaned(&orphan_pids(&found));
+        found.extend(self.worker_context.due(None));
         found.extend(self.growth.finish(self.last_ts, &self.tracker));
         found.extend(ipc_handle_not_closed::at_end(self.last_ts, &self.tracker));
-        found.extend(self.orphans.check(None, self.config.orphan_grace_ns, &self.tracker));
         self.completed(found)
     }
 
@@ -404,6 +413,11 @@ impl Analyzer {
             })
             .collect()
     }
+}
+
+/// The processes the orphan findings among `found` are about.
+fn orphan_pids(found: &[Finding]) -> Vec<u32> {
+    found.iter().filter(|f| f.kind == FindingKind::OrphanHoldingMemory).map(|f| f.pid).collect()
 }
 
 /// All findings of an event stream, in the order they fired.

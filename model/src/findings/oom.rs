@@ -5,13 +5,20 @@
 //! caches would have made room.
 //!
 //! One finding per incident: PyTorch's allocator answers a failed `cuMemAlloc` by returning its
-//! cache to the driver and trying again, and a second failure is the same OutOfMemoryError. The
-//! incident ends when that process next allocates from the driver successfully.
+//! cache to the driver and trying again, and a second failure of the same request (its size, at
+//! its line) is the same OutOfMemoryError. The incident ends when that process next allocates
+//! from the driver successfully; a failure of another size or at another line is another
+//! incident.
+//!
+//! Its diagnosis says what would have made room: the process's own cache (`fragmentation`), a
+//! neighbour's (`neighbour_cache`), or nothing cached anywhere (`device_full`: the largest
+//! holders, at their lines).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 
-use super::{wording, Finding, FindingKind, ProcessSnapshot, StackBytes};
+use super::{wording, Diagnosis, Finding, FindingKind, ProcessSnapshot, StackBytes};
 use crate::event::{Event, Kind, Layer, Op, CUDA_ERROR_OUT_OF_MEMORY};
+use crate::stack::Stack;
 use crate::track::{ProcessMemory, ProcessRef, Tracker};
 
 /// Stacks listed per process.
@@ -19,14 +26,15 @@ const TOP_STACKS: usize = 3;
 
 #[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct Rule {
-    /// Processes in an out-of-memory incident already reported.
-    failing: HashSet<ProcessRef>,
+    /// Processes in an out-of-memory incident already reported: the request that failed (its
+    /// size and stack).
+    failing: HashMap<ProcessRef, (u64, Stack)>,
 }
 
 impl Rule {
     /// Drops what is kept of processes the tracker no longer knows.
     pub fn forget_unless(&mut self, known: impl Fn(ProcessRef) -> bool) {
-        self.failing.retain(|process| known(*process));
+        self.failing.retain(|process, _| known(*process));
     }
 
     pub fn check(&mut self, event: &Event, world: &Tracker) -> Option<Finding> {
@@ -39,9 +47,15 @@ impl Rule {
             self.failing.remove(&process);
             return None;
         }
-        if event.result != CUDA_ERROR_OUT_OF_MEMORY || !self.failing.insert(process) {
+        if event.result != CUDA_ERROR_OUT_OF_MEMORY {
             return None;
         }
+        let request = (event.size, event.attributed_stack());
+        if self.failing.get(&process) == Some(&request) {
+            // The allocator's retry of the same request.
+            return None;
+        }
+        self.failing.insert(process, request);
         Some(picture(event, world))
     }
 }
@@ -59,9 +73,13 @@ fn picture(event: &Event, world: &Tracker) -> Finding {
         .iter()
         .filter(|p| device_bytes(p) > 0)
         .take(3)
-        .map(|p| format!("{} {}", wording::process(p.pid, &p.comm), wording::bytes(device_bytes(p))))
+        .map(|p| {
+            let most =
+                p.top_stacks.first().map(|top| format!(", most {}", wording::at(&top.stack))).unwrap_or_default();
+            format!("{} {}{most}", wording::process(p.pid, &p.comm), wording::bytes(device_bytes(p)))
+        })
         .collect();
-    let holders = if holders.is_empty() { "no process held any".to_string() } else { holders.join(", ") };
+    let holders = if holders.is_empty() { "no process held any".to_string() } else { holders.join("; ") };
     let own_cache = processes.iter().find(|p| p.pid == event.pid).and_then(cache);
     let fragmentation = own_cache.is_some_and(|cached| cached >= event.size);
     let mut advice = Vec::new();
@@ -93,8 +111,15 @@ fn picture(event: &Event, world: &Tracker) -> Finding {
             wording::bytes(neighbours_cached)
         ));
     }
+    let diagnosis = if fragmentation {
+        Diagnosis::Fragmentation
+    } else if neighbours_cached >= event.size {
+        Diagnosis::NeighbourCache
+    } else {
+        Diagnosis::DeviceFull
+    };
     let advice = if advice.is_empty() {
-        "free or shrink the largest holders, or allocate less at once".to_string()
+        "nothing was cached to give back: the device was full of live memory; free or shrink the largest holders, or allocate less at once".to_string()
     } else {
         advice.join("; ")
     };
@@ -112,6 +137,7 @@ fn picture(event: &Event, world: &Tracker) -> Finding {
     finding.api = Some(event.api.to_string());
     finding.processes = processes;
     finding.fragmentation = fragmentation;
+    finding.diagnosis = Some(diagnosis);
     finding
 }
 

@@ -6,7 +6,7 @@
 //! The parent's descendants are looked at a grace period after its exit (workers that watch
 //! their parent end by themselves), or when the capture ends.
 
-use super::{wording, Finding, FindingKind};
+use super::{wording, Diagnosis, Finding, FindingKind};
 use crate::event::{Event, Frame, Layer, Op};
 use crate::track::{ProcessMemory, ProcessRef, Tracker};
 
@@ -72,7 +72,7 @@ impl Rule {
 
 /// Live processes descended from `parent` (through live intermediates: a forkserver), oldest
 /// first.
-fn descendants(parent: ProcessRef, world: &Tracker) -> Vec<&ProcessMemory> {
+pub(super) fn descendants(parent: ProcessRef, world: &Tracker) -> Vec<&ProcessMemory> {
     let mut family = vec![parent.pid];
     let mut found = Vec::new();
     let mut live = world.live_processes();
@@ -135,5 +135,6 @@ fn finding(orphan: &ProcessMemory, gone: &Gone, ts: u64, all: &str) -> Finding {
     );
     finding.peer_pid = Some(gone.parent.pid);
     finding.api = largest.map(|a| a.api.to_string());
+    finding.diagnosis = Some(Diagnosis::OrphanedWorker);
     finding
 }

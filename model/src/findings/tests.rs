@@ -149,7 +149,10 @@ fn ipc_still_open_at_the_end_of_the_window() {
     s.ipc(11, Op::IpcOpen, 0xF000, 0xAA);
     let found = s.findings(RuleConfig::default());
     assert_eq!(found.len(), 1);
-    assert_eq!((found[0].kind, found[0].pid), (FindingKind::IpcHandleNotClosed, 11));
+    assert_eq!(
+        (found[0].kind, found[0].pid, found[0].diagnosis),
+        (FindingKind::IpcHandleNotClosed, 11, Some(Diagnosis::IpcHandleNotReleased))
+    );
     assert!(found[0]
         .detail
         .contains("still had open, when the capture ended, 1 IPC mapping (4.0 MiB) of pid 10's memory"));
@@ -237,8 +240,42 @@ fn a_worker_importing_shared_cuda_memory_needs_its_context() {
     s.process(12, Op::Exit, 10);
     let exit = s.events.last().unwrap().clone();
     assert_eq!(pids(analyzer.observe(&mut exit.clone())), vec![12]);
-    assert_eq!(pids(analyzer.tick(s.ts + grace)), vec![11]);
-    assert_eq!(pids(analyzer.finish()), Vec::<u32>::new(), "one finding per child");
+    // 11 has allocated nothing of its own: what it is shows only at its end (here the capture's).
+    assert_eq!(pids(analyzer.tick(s.ts + grace)), Vec::<u32>::new());
+    let end = analyzer.finish();
+    assert_eq!(pids(end.clone()), vec![11], "one finding per child");
+    assert_eq!((end[0].severity, end[0].diagnosis), (Severity::Leak, None));
+    assert!(end[0].detail.ends_with("It allocated no device memory of its own: the context only costs; keep CUDA out of this worker (return CPU tensors) or share tensors from the parent."), "{}", end[0].detail);
+}
+
+#[test]
+fn a_worker_per_gpu_is_info_a_dataloader_worker_with_cuda_is_a_leak() {
+    let grace = super::worker_cuda_context::IMPORT_GRACE_NS;
+    let mut s = parent_and_worker();
+    // 11 allocates 1 GiB of its own (a worker per GPU); 12 is a DataLoader worker.
+    s.process(12, Op::Fork, 10);
+    s.context(11).alloc(11, 0xB000, 1 << 30, &frame("run_rank", 40));
+    s.context(12);
+    let loader = Frame {
+        function: "_worker_loop".into(),
+        file: "/venv/lib/python3.12/site-packages/torch/utils/data/_utils/worker.py".into(),
+        line: 349,
+    };
+    s.events.last_mut().unwrap().stack = vec![frame("__getitem__", 17)[0].clone(), loader].into();
+    let mut analyzer = Analyzer::new(RuleConfig::default());
+    for event in &s.events {
+        assert_eq!(analyzer.observe(&mut event.clone()), vec![]);
+    }
+    let due = analyzer.tick(s.ts + grace);
+    let got: Vec<(u32, Severity, Option<Diagnosis>)> = due.iter().map(|f| (f.pid, f.severity, f.diagnosis)).collect();
+    assert_eq!(got, vec![(11, Severity::Info, None), (12, Severity::Leak, Some(Diagnosis::CudaInDataloaderWorker))]);
+    assert!(due[0].detail.ends_with("It allocated 1.0 GiB of its own: GPU work by design (a worker per GPU or per task); nothing to do unless the device is short of memory."), "{}", due[0].detail);
+    assert_eq!(due[1].user_frame, Some(frame("__getitem__", 17)[0].clone()));
+    assert!(
+        due[1].detail.contains("It is a DataLoader worker: keep CUDA out of the dataset and collate_fn"),
+        "{}",
+        due[1].detail
+    );
 }
 
 #[test]
@@ -258,8 +295,9 @@ fn oom_pictures_every_process() {
     assert_eq!(f.processes[0].top_stacks[0].stack, frame("model", 1));
     assert_eq!(
         f.detail,
-        "cuMemAlloc_v2 of 2.0 GiB failed with out of memory in pid 31 (python3) at train.py:7 in step; at that moment gpuprof saw 3.5 GiB of device memory live in the processes it follows (pid 30 (python3) 3.0 GiB, pid 31 (python3) 512.0 MiB): free or shrink the largest holders, or allocate less at once."
+        "cuMemAlloc_v2 of 2.0 GiB failed with out of memory in pid 31 (python3) at train.py:7 in step; at that moment gpuprof saw 3.5 GiB of device memory live in the processes it follows (pid 30 (python3) 3.0 GiB, most at train.py:1 in model; pid 31 (python3) 512.0 MiB, most at train.py:2 in cache): nothing was cached to give back: the device was full of live memory; free or shrink the largest holders, or allocate less at once."
     );
+    assert_eq!(f.diagnosis, Some(Diagnosis::DeviceFull));
     // Other failures are not out-of-memory pictures.
     let mut other = Stream::new();
     other.driver(31, Op::Alloc, "cuMemCreate", Some(Kind::Vmm), 0, 2 * MIB);
@@ -496,6 +534,26 @@ fn a_held_driver_finding_goes_out_when_no_tensors_came_or_the_process_ended() {
 }
 
 #[test]
+fn an_oom_at_another_line_or_size_is_another_incident() {
+    let mut s = Stream::new();
+    s.alloc(61, 0xA000_0000, 2 << 30, &frame("evaluate", 9));
+    // The first request fails twice (the allocator's retry), then, 1.5 s later with no success
+    // between, another line asks for another size: two incidents.
+    s.failed_alloc(61, 1 << 30, &frame("evaluate", 9)).failed_alloc(61, 1 << 30, &frame("evaluate", 9));
+    s.at(1_500_000_000).failed_alloc(61, 3 << 29, &frame("report", 20));
+    // The same line asking for another size is another request too.
+    s.failed_alloc(61, 1 << 29, &frame("report", 20)).failed_alloc(61, 1 << 29, &frame("report", 20));
+    let found: Vec<(u64, u32, Option<Diagnosis>)> = s
+        .findings(RuleConfig::default())
+        .into_iter()
+        .filter(|f| f.kind == FindingKind::Oom)
+        .map(|f| (f.bytes, f.user_frame.map_or(0, |u| u.line), f.diagnosis))
+        .collect();
+    let full = Some(Diagnosis::DeviceFull);
+    assert_eq!(found, vec![(1 << 30, 9, full), (3 << 29, 20, full), (1 << 29, 20, full)]);
+}
+
+#[test]
 fn one_oom_per_incident_with_the_caches_that_would_have_sufficed() {
     let mut s = Stream::new();
     // A neighbour (60) holds 6 GiB of segments with only 1 GiB in tensors; the evaluator (61)
@@ -528,8 +586,9 @@ fn one_oom_per_incident_with_the_caches_that_would_have_sufficed() {
     assert_eq!(caches, vec![(60, Some(1 << 30), Some(6 << 30)), (61, Some(3 << 29), Some(2 << 30))]);
     assert_eq!(
         f.detail,
-        "cuMemAlloc_v2 of 1.0 GiB failed with out of memory in pid 61 (python3) at train.py:9 in evaluate; at that moment gpuprof saw 8.0 GiB of device memory live in the processes it follows (pid 60 (python3) 6.0 GiB, pid 61 (python3) 2.0 GiB): pid 60 (python3) caches 5.0 GiB it does not use, enough on its own: torch.cuda.empty_cache() there would have made room."
+        "cuMemAlloc_v2 of 1.0 GiB failed with out of memory in pid 61 (python3) at train.py:9 in evaluate; at that moment gpuprof saw 8.0 GiB of device memory live in the processes it follows (pid 60 (python3) 6.0 GiB, most at train.py:3 in train; pid 61 (python3) 2.0 GiB, most at train.py:9 in evaluate): pid 60 (python3) caches 5.0 GiB it does not use, enough on its own: torch.cuda.empty_cache() there would have made room."
     );
+    assert_eq!(f.diagnosis, Some(Diagnosis::NeighbourCache));
 
     // A successful allocation ends the incident: the next failure is another one. Its own cache
     // (512 MiB free in reserved segments) covers a 256 MiB request: fragmentation.
@@ -540,6 +599,7 @@ fn one_oom_per_incident_with_the_caches_that_would_have_sufficed() {
         found.iter().map(|f| (f.bytes, f.fragmentation)).collect::<Vec<_>>(),
         vec![(1 << 30, false), (256 * MIB, true)]
     );
+    assert_eq!(found[1].diagnosis, Some(Diagnosis::Fragmentation));
     assert!(found[1].detail.ends_with(": its allocator had 512.0 MiB cached (reserved, not in tensors), enough for the request but in pieces too small for it: fragmentation; set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, or call torch.cuda.empty_cache() between phases; pid 60 (python3) caches 5.0 GiB it does not use, enough on its own: torch.cuda.empty_cache() there would have made room."), "{}", found[1].detail);
 }
 
@@ -605,6 +665,24 @@ fn workers_outliving_a_killed_parent_with_memory_are_orphans() {
     // Worker 82 notices within the grace period and exits; 81 is still there after it.
     s.at(killed_at + 1_000_000_000).process(82, Op::Exit, 80);
     s.at(killed_at + 6_000_000_000).process(90, Op::Fork, 1);
+    // One problem, told once: the orphans are the leaks, their contexts part of their
+    // findings; the parent's exit is info, and so is the context of 82, which did GPU work of
+    // its own and ended in time (its exit holding memory it never freed is its own leak).
+    let all: Vec<(FindingKind, u32, Severity, Option<Diagnosis>)> =
+        s.findings(config).iter().map(|f| (f.kind, f.pid, f.severity, f.diagnosis)).collect();
+    let orphaned = Some(Diagnosis::OrphanedWorker);
+    assert_eq!(
+        all,
+        vec![
+            (FindingKind::ExitWithLiveAllocations, 80, Severity::Info, None),
+            (FindingKind::WorkerCudaContext, 82, Severity::Info, None),
+            (FindingKind::ExitWithLiveAllocations, 82, Severity::Leak, None),
+            (FindingKind::OrphanHoldingMemory, 81, Severity::Leak, orphaned),
+            (FindingKind::OrphanHoldingMemory, 83, Severity::Leak, orphaned),
+        ]
+    );
+    let parent = s.findings(config).into_iter().find(|f| f.pid == 80).unwrap();
+    assert!(parent.detail.ends_with("but its workers (pid 81, pid 82, pid 83) live on with device memory or a context: whether they end by themselves is told by their orphan findings."), "{}", parent.detail);
     let found: Vec<Finding> =
         s.findings(config).into_iter().filter(|f| f.kind == FindingKind::OrphanHoldingMemory).collect();
     assert_eq!(found.len(), 2, "{found:#?}");

@@ -4,14 +4,23 @@
 //!
 //! A child that opens CUDA IPC memory (a `torch.multiprocessing` consumer of shared CUDA
 //! tensors) needs its context for that: the finding waits a short while after the context is
-//! created and is dropped if the child imports memory by then. It fires when that time is up,
-//! when the child exits, or when the capture ends.
+//! created and is dropped if the child imports memory by then.
+//!
+//! Whose problem it is depends on the child. A DataLoader worker (its context made under
+//! PyTorch's worker loop) should never touch CUDA: `leak`, `cuda_in_dataloader_worker`, as soon
+//! as that time is up. A child that allocates device memory of its own does GPU work on purpose
+//! (a worker per GPU, a spawned evaluator): `info`, once it does. One that never does by the
+//! time it exits, or the capture ends, only carries a context: `leak`. A child that outlives
+//! its parent is the orphan finding's, which tells of its context too: none here.
 
 use std::collections::HashSet;
 
-use super::{wording, Finding, FindingKind};
-use crate::event::{Event, Frame, Layer, Op};
+use super::{wording, Diagnosis, Finding, FindingKind, Severity};
+use crate::event::{Event, Frame, Kind, Layer, Op};
 use crate::track::{ProcessRef, Tracker};
+
+/// The file of PyTorch's DataLoader worker loop, as it shows in a worker's Python stack.
+const DATALOADER_WORKER_FILE: &str = "torch/utils/data/_utils/worker.py";
 
 #[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct Rule {
@@ -31,10 +40,38 @@ struct Created {
     stack: Vec<Frame>,
     api: String,
     ts: u64,
+    /// Made under PyTorch's DataLoader worker loop.
+    #[serde(default)]
+    dataloader: bool,
+    /// Device memory the child allocated since (bytes).
+    #[serde(default)]
+    own_bytes: u64,
 }
 
 impl Created {
     fn finding(self) -> Finding {
+        let (severity, diagnosis, why) = if self.dataloader {
+            (
+                Severity::Leak,
+                Some(Diagnosis::CudaInDataloaderWorker),
+                " It is a DataLoader worker: keep CUDA out of the dataset and collate_fn (return CPU tensors; move batches to the GPU in the main process, with pin_memory=True).".to_string(),
+            )
+        } else if self.own_bytes > 0 {
+            (
+                Severity::Info,
+                None,
+                format!(
+                    " It allocated {} of its own: GPU work by design (a worker per GPU or per task); nothing to do unless the device is short of memory.",
+                    wording::bytes(self.own_bytes)
+                ),
+            )
+        } else {
+            (
+                Severity::Leak,
+                None,
+                " It allocated no device memory of its own: the context only costs; keep CUDA out of this worker (return CPU tensors) or share tensors from the parent.".to_string(),
+            )
+        };
         let mut finding = Finding::new(
             FindingKind::WorkerCudaContext,
             self.child.pid,
@@ -44,11 +81,18 @@ impl Created {
             self.ts,
             self.ts,
             &self.stack,
-            self.detail,
+            format!("{}{why}", self.detail),
         );
         finding.peer_pid = Some(self.parent);
         finding.api = Some(self.api);
+        finding.severity = severity;
+        finding.diagnosis = diagnosis;
         finding
+    }
+
+    /// Whether the finding can be told before the child ends: what it is is known.
+    fn decided(&self) -> bool {
+        self.dataloader || self.own_bytes > 0
     }
 }
 
@@ -66,26 +110,40 @@ impl Rule {
     /// The findings decided by this event (the child imported memory: dropped; it exits:
     /// fired) or by its time; a context created by it becomes pending.
     pub fn check(&mut self, event: &Event, world: &Tracker) -> Vec<Finding> {
+        if event.layer == Layer::Driver
+            && event.op == Op::Alloc
+            && event.succeeded()
+            && event.kind.is_some_and(|kind| kind != Kind::HostPinned)
+        {
+            for created in self.pending.iter_mut().filter(|created| created.child.pid == event.pid) {
+                created.own_bytes += event.size;
+            }
+        }
         // Time first: an import after the grace period comes too late to explain the context.
-        let mut found = self.take_due(|_, created| event.ts >= created + IMPORT_GRACE_NS);
+        let mut found = self.take_due(|created| created.decided() && event.ts >= created.ts + IMPORT_GRACE_NS);
         if event.op == Op::IpcOpen && event.succeeded() {
-            self.pending.retain(|created| created.child.pid != event.pid);
+            self.pending.retain(|created| created.child.pid != event.pid || event.ts >= created.ts + IMPORT_GRACE_NS);
         }
         if event.layer == Layer::Process && matches!(event.op, Op::Exit | Op::Exec) {
-            found.extend(self.take_due(|child, _| child.pid == event.pid));
+            found.extend(self.take_due(|created| created.child.pid == event.pid));
         }
         self.created(event, world);
         found
     }
 
-    /// Time passes without events (`now`), or the capture ends (`None`).
+    /// Time passes without events (`now`): what is decided and past its grace fires. The
+    /// capture ends (`None`): everything pending fires.
     pub fn due(&mut self, now: Option<u64>) -> Vec<Finding> {
-        self.take_due(|_, created| now.is_none_or(|now| now >= created + IMPORT_GRACE_NS))
+        self.take_due(|created| now.is_none_or(|now| created.decided() && now >= created.ts + IMPORT_GRACE_NS))
     }
 
-    fn take_due(&mut self, due: impl Fn(ProcessRef, u64) -> bool) -> Vec<Finding> {
-        let (fired, waiting): (Vec<_>, Vec<_>) =
-            std::mem::take(&mut self.pending).into_iter().partition(|created| due(created.child, created.ts));
+    /// The orphan findings of these children tell of their contexts: none of their own.
+    pub fn orphaned(&mut self, pids: &[u32]) {
+        self.pending.retain(|created| !pids.contains(&created.child.pid));
+    }
+
+    fn take_due(&mut self, due: impl Fn(&Created) -> bool) -> Vec<Finding> {
+        let (fired, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.pending).into_iter().partition(due);
         self.pending = waiting;
         fired.into_iter().map(Created::finding).collect()
     }
@@ -102,8 +160,10 @@ impl Rule {
             return;
         }
         let device = event.device.map(|d| format!(" on device {d}")).unwrap_or_default();
+        let stack = event.attributed_stack();
+        let dataloader = stack.iter().any(|frame| frame.file.ends_with(DATALOADER_WORKER_FILE));
         let detail = format!(
-            "{}, a child of CUDA process {}, created its own CUDA context{device} ({} {}): each context takes hundreds of MiB of device memory; keep CUDA out of workers (DataLoader workers should return CPU tensors) or share tensors from the parent.",
+            "{}, a child of CUDA process {}, created its own CUDA context{device} ({} {}): each context takes hundreds of MiB of device memory.",
             wording::process(event.pid, &event.comm),
             wording::process(parent.pid, &parent.comm),
             event.api,
@@ -114,9 +174,11 @@ impl Rule {
             comm: event.comm.to_string(),
             parent: parent.pid,
             detail,
-            stack: event.attributed_stack().to_vec(),
+            stack: stack.to_vec(),
             api: event.api.to_string(),
             ts: event.ts,
+            dataloader,
+            own_bytes: 0,
         });
     }
 }
