@@ -2,7 +2,6 @@
 //! event per call where both capture it, the forward line of a backward-pass block, OTLP export, the tracker and leak rules, the output; and the end of a run: the last
 //! findings, the summaries, the findings table or file, the counters.
 
-use std::collections::HashMap;
 use std::io;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -11,7 +10,7 @@ use anyhow::{Context, Result};
 use gpuprof_model::autograd::ForwardStacks;
 use gpuprof_model::dedup::Dedup;
 use gpuprof_model::escalation::{Escalation, EscalationConfig, Raise};
-use gpuprof_model::event::{Layer, Op};
+use gpuprof_model::rank::Ranks;
 use gpuprof_model::{Analyzer, Event, Finding, RuleConfig};
 
 use crate::nvml::NvmlView;
@@ -52,9 +51,9 @@ pub struct EventFlow {
     nvml: NvmlView,
     /// Forward lines of backward-pass blocks, by autograd sequence number.
     forward_stacks: ForwardStacks,
-    /// Each process's rank in a distributed job, read once at its first CUDA call (None: no
-    /// RANK in its environment), so findings name it.
-    ranks: HashMap<u32, Option<u32>>,
+    /// Each process's rank in a distributed job, read once at its first CUDA call and put on
+    /// that event (so a recording of the run names it too), so findings name it.
+    ranks: Ranks,
     pids_are_ours: bool,
     /// With two captures feeding the flow (eBPF and the shim): one event per call.
     dedup: Option<Dedup>,
@@ -79,7 +78,7 @@ impl EventFlow {
             events: 0,
             nvml: NvmlView::open(),
             forward_stacks: ForwardStacks::default(),
-            ranks: HashMap::new(),
+            ranks: Ranks::default(),
             pids_are_ours: options.pids_are_ours,
             dedup: None,
             escalation: None,
@@ -135,25 +134,18 @@ impl EventFlow {
             return Ok(());
         }
         self.forward_stacks.follow(&mut event);
+        if self.pids_are_ours && self.ranks.first_call(&event) {
+            event.rank = crate::procfs::rank(event.pid);
+        }
+        self.ranks.observe(&event);
         if let Some(telemetry) = &mut self.telemetry {
             telemetry.before(&event, self.analyzer.tracker());
-        }
-        match (event.layer, event.op) {
-            // A new image may be another rank (or none).
-            (Layer::Process, Op::Exec) => {
-                self.ranks.remove(&event.pid);
-            }
-            (Layer::Process, _) => {}
-            _ if self.pids_are_ours => {
-                self.ranks.entry(event.pid).or_insert_with(|| crate::procfs::rank(event.pid));
-            }
-            _ => {}
         }
         if let Some(raise) = self.escalation.as_mut().and_then(|rules| rules.observe(&event)) {
             self.decided(raise, event.ts);
         }
         let mut fired = self.analyzer.observe(&mut event);
-        self.name_ranks(&mut fired);
+        self.ranks.name(&mut fired);
         if let Some(telemetry) = &mut self.telemetry {
             telemetry.after(&event, &fired, self.analyzer.tracker());
         }
@@ -167,7 +159,7 @@ impl EventFlow {
     pub fn flush(&mut self) -> Result<()> {
         let now = gpuprof_model::event::wall_clock_ns();
         let mut due = self.analyzer.tick(now);
-        self.name_ranks(&mut due);
+        self.ranks.name(&mut due);
         if !due.is_empty() {
             if let Some(telemetry) = &mut self.telemetry {
                 telemetry.findings(&due, self.analyzer.tracker());
@@ -186,13 +178,6 @@ impl EventFlow {
             telemetry.flush(self.analyzer.tracker(), now);
         }
         self.sink.flush().context("cannot write the output")
-    }
-
-    /// The rank of each finding's process, where its environment said one.
-    fn name_ranks(&self, findings: &mut [Finding]) {
-        for finding in findings {
-            finding.rank = self.ranks.get(&finding.pid).copied().flatten();
-        }
     }
 
     /// A line for the person at the terminal (quiet while a full-screen view owns it).
@@ -223,7 +208,7 @@ impl EventFlow {
         // Ranks of processes no longer followed go too: a daemon sees processes come and go for
         // months.
         let tracker = self.analyzer.tracker();
-        self.ranks.retain(|pid, _| tracker.process(*pid).is_some());
+        self.ranks.retain(|pid| tracker.process(pid).is_some());
         forgotten
     }
 
@@ -257,7 +242,7 @@ impl EventFlow {
     /// `lost_events`: what the capture dropped (a recording keeps the count).
     pub fn finish(mut self, stats: &str, lost_events: u64) -> Result<()> {
         let mut ended = self.analyzer.finish();
-        self.name_ranks(&mut ended);
+        self.ranks.name(&mut ended);
         if let Some(telemetry) = &mut self.telemetry {
             telemetry.findings(&ended, self.analyzer.tracker());
         }

@@ -6,6 +6,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use gpuprof_model::autograd::ForwardStacks;
+use gpuprof_model::rank::Ranks;
 use gpuprof_model::{Analyzer, Finding};
 
 use crate::cli::{ReportFormat, RuleArgs};
@@ -17,13 +18,20 @@ pub fn run(input: &Path, format: ReportFormat, output_path: Option<&Path>, rules
     let mut analyzer = Analyzer::new(rules.config()?);
     // A shim's own file has no forward lines yet.
     let mut forward_stacks = ForwardStacks::default();
+    // Findings name ranks as the live capture did: the file has each on its process's first call.
+    let mut ranks = Ranks::default();
     let mut found: Vec<Finding> = Vec::new();
     input::for_each_event(input, |mut event| {
         forward_stacks.follow(&mut event);
-        found.extend(analyzer.observe(&mut event));
+        ranks.observe(&event);
+        let mut fired = analyzer.observe(&mut event);
+        ranks.name(&mut fired);
+        found.extend(fired);
         Ok(())
     })?;
-    found.extend(analyzer.finish());
+    let mut ended = analyzer.finish();
+    ranks.name(&mut ended);
+    found.extend(ended);
 
     let mut writer = output::open_writer(output_path)?;
     match format {

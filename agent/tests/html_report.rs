@@ -15,19 +15,6 @@ use serde_json::{json, Value};
 
 const MIB: u64 = 1 << 20;
 
-/// Runs the steps on the page; checks it threw nothing and asked for nothing but itself.
-fn browse(page: &Path, steps: Value) -> Value {
-    let steps_file = page.with_extension("steps.json");
-    std::fs::write(&steps_file, steps.to_string()).unwrap();
-    let output =
-        Command::new(python3()).arg(fixtures().join("browse_report.py")).arg(page).arg(&steps_file).output().unwrap();
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
-    assert_eq!(report["errors"], json!([]), "{report}");
-    assert_eq!(report["requests"], json!([format!("file://{}", page.display())]));
-    report
-}
-
 fn rows(table: &str) -> Value {
     json!({ "eval": format!("Array.from(document.querySelectorAll('#{table} tbody tr')).map(r => Object.assign({{}}, r.dataset))") })
 }
@@ -196,7 +183,7 @@ fn timelines_and_stacks_at_the_instants_picked_equal_the_capture() {
     steps.push(json!({ "drag": [at(0.1), at(0.9)] }));
     steps.extend(look());
     steps.push(json!({ "screenshot": dir.join("report.png") }));
-    let report = browse(&page, json!(steps));
+    let report = browse_report(&page, json!(steps));
     let results = report["results"].as_array().unwrap();
 
     // The page opens on the peak, the same as `summary` finds.
@@ -310,7 +297,7 @@ fn a_training_jobs_curves_are_exact_where_the_stacks_are_kept() {
     let blocks: Vec<f64> =
         events.iter().filter(|e| e.layer == Layer::Allocator).map(|e| (e.ts - events[0].ts) as f64 / 1e9).collect();
     let range = [blocks[0] + 0.15, blocks[blocks.len() - 1] - 0.05];
-    let report = browse(
+    let report = browse_report(
         &page,
         json!([{ "eval": read_all }, rows("top-stacks"), { "drag": range }, rows("top-stacks"), { "screenshot": dir.join("report.png") }]),
     );
@@ -356,7 +343,7 @@ fn findings_are_listed_with_their_lines_and_lead_to_their_instant() {
     let page = target_tmpdir().join("scratch").join("html_oom_report.html");
     let run = run_leaks(dir_name, "oom", &env, &["--html", page.to_str().unwrap()]);
     let events = read_events(&run.events);
-    let report = browse(
+    let report = browse_report(
         &page,
         json!([
             rows("findings"),

@@ -172,6 +172,11 @@ pub struct Event {
     pub ns_pid: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ppid: Option<u32>,
+    /// The process's rank in a distributed job (`RANK` in the environment it was started with),
+    /// on the first call of the process a live capture saw: said once per process, so a file
+    /// carries it at no cost per event, and a replay learns it where the capture did (`rank`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank: Option<u32>,
     /// Shared between the events of a process (a name per event would be an allocation per event).
     #[serde(default)]
     pub comm: Arc<str>,
@@ -270,6 +275,7 @@ impl Event {
             tid,
             ns_pid: None,
             ppid: None,
+            rank: None,
             comm: no_comm(),
             source,
             layer,

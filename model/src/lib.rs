@@ -16,6 +16,7 @@ pub mod findings;
 pub mod hex;
 pub mod level;
 pub mod otel;
+pub mod rank;
 pub mod shim;
 pub mod stack;
 pub mod track;

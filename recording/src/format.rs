@@ -21,6 +21,11 @@
 //! stack — and then the optional ones in bit order. Numbers are varints; time, pid, address and
 //! the allocator totals are deltas from the previous event's (the totals: from the previous
 //! event of the same process), so a training loop's event is ~20 bytes before compression.
+//!
+//! A field is added with the next bit, its bytes last: a reader that does not know the bit stops
+//! before them (the entry's length says where the event ends) and reads the rest of the event
+//! as before. Adding one needs no new version; `VERSION` changes only for a change an older
+//! reader would misread.
 
 pub const MAGIC: &[u8; 8] = b"GPUPROF\0";
 pub const VERSION: u16 = 1;
@@ -76,6 +81,8 @@ pub enum Field {
     AutogradThread = 23,
     /// 0 forward, 1 forward_near.
     StackOrigin = 24,
+    /// On a process's first call only.
+    Rank = 25,
 }
 
 impl Field {

@@ -349,6 +349,9 @@ impl Reader {
             event.stack_origin =
                 Some(codes::origin_of(code).ok_or_else(|| self.corrupt(&format!("stack origin {code}")))?);
         }
+        if has(Field::Rank) {
+            event.rank = Some(take!(varint::get(data, d)) as u32);
+        }
         self.deltas.ts = ts;
         self.deltas.pid = pid;
         if event.op == gpuprof_model::Op::Exit {

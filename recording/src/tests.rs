@@ -54,6 +54,7 @@ fn events() -> Vec<Event> {
     segment.size = 20 << 20;
     segment.duration_ns = Some(91_000);
     segment.caller_module = Some("libcudart.so.13".into());
+    segment.rank = Some(3);
     segment.stack = deep.clone();
     segment.comm = "python3".into();
     out.push(segment);
@@ -262,6 +263,38 @@ fn a_corrupt_recording_is_an_error_naming_the_byte() {
         Reader::new(std::io::Cursor::new(newer)).err().unwrap().to_string(),
         "recording version 9 is newer than this gpuprof reads (1): use a newer gpuprof"
     );
+}
+
+#[test]
+fn a_field_a_reader_does_not_know_is_skipped() {
+    // What an older reader meets in a newer recording: a field bit it has no name for, its
+    // bytes after every field it knows.
+    let event = &events()[2];
+    let bytes = record(std::slice::from_ref(event), false);
+    let (mut rewritten, mut at) = (bytes[..HEADER_LEN].to_vec(), HEADER_LEN);
+    while at < bytes.len() {
+        let entry_tag = bytes[at];
+        at += 1;
+        let len = crate::varint::get(&bytes, &mut at).unwrap() as usize;
+        let mut payload = bytes[at..at + len].to_vec();
+        at += len;
+        if entry_tag == crate::format::tag::EVENT {
+            let mut fields_end = 0;
+            let fields = crate::varint::get(&payload, &mut fields_end).unwrap();
+            let mut newer = Vec::new();
+            crate::varint::put(&mut newer, fields | 1 << 31);
+            newer.extend_from_slice(&payload[fields_end..]);
+            newer.extend_from_slice(&[0x96, 0x01]);
+            payload = newer;
+        }
+        rewritten.push(entry_tag);
+        crate::varint::put(&mut rewritten, payload.len() as u64);
+        rewritten.extend_from_slice(&payload);
+    }
+    assert_ne!(rewritten, bytes);
+    let (back, ending) = read_all(rewritten);
+    assert_eq!(back, std::slice::from_ref(event));
+    assert_eq!(ending, Some(Ending::Closed { events: 1, lost: 3 }));
 }
 
 #[test]

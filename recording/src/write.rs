@@ -154,6 +154,7 @@ impl<W: Write> Writer<W> {
         set(Field::AutogradSeq, event.autograd_seq.is_some());
         set(Field::AutogradThread, event.autograd_thread.is_some());
         set(Field::StackOrigin, event.stack_origin.is_some());
+        set(Field::Rank, event.rank.is_some());
 
         let p = &mut self.payload;
         p.clear();
@@ -238,6 +239,9 @@ impl<W: Write> Writer<W> {
         }
         if let Some(origin) = event.stack_origin {
             p.push(codes::origin_code(origin));
+        }
+        if let Some(v) = event.rank {
+            varint::put(p, u64::from(v));
         }
         self.deltas.ts = event.ts;
         self.deltas.pid = event.pid;

@@ -395,6 +395,20 @@ pub fn assert_same_calls_from(expected: &[Value], captured: &[&Event], source: g
     );
 }
 
+/// Opens an HTML report in headless Chromium and runs the steps on it (fixtures/browse_report.py
+/// says which there are); checks the page threw nothing and asked for nothing but itself.
+pub fn browse_report(page: &Path, steps: Value) -> Value {
+    let steps_file = page.with_extension("steps.json");
+    std::fs::write(&steps_file, steps.to_string()).unwrap();
+    let output =
+        Command::new(python3()).arg(fixtures().join("browse_report.py")).arg(page).arg(&steps_file).output().unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(report["errors"], serde_json::json!([]), "{report}");
+    assert_eq!(report["requests"], serde_json::json!([format!("file://{}", page.display())]));
+    report
+}
+
 /// Starts a workload that prints "ready" when it may be attached to; returns it with stdin open.
 pub fn start_ready_workload(mut command: Command) -> Child {
     command.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::inherit());

@@ -9,6 +9,7 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use gpuprof_model::bytes::human;
 use gpuprof_model::event::{Layer, Op};
+use gpuprof_model::rank::Ranks;
 use gpuprof_model::track::Tracker;
 use serde::Serialize;
 
@@ -62,6 +63,9 @@ pub struct Row {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ProcessSummary {
     pub pid: u32,
+    /// Its rank in a distributed job, as the capture read it (the newest instance of the pid's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rank: Option<u32>,
     pub comm: String,
     /// "tensors" (the allocator's blocks) or "driver" (driver allocations).
     pub counts: &'static str,
@@ -100,7 +104,9 @@ type Allocated = HashMap<u32, HashMap<String, (Amount, Amount)>>;
 
 pub fn summarize(request: &SummaryRequest<'_>) -> Result<Summary> {
     let mut allocated: Allocated = HashMap::new();
+    let mut ranks = Ranks::default();
     let (peak, end) = peak::find_with(request.input, request.layer, |event, _| {
+        ranks.observe(event);
         let allocates = event.op == Op::Alloc && event.succeeded() && event.addr.is_some();
         if !allocates || !matches!(event.layer, Layer::Allocator | Layer::Driver) {
             return;
@@ -118,7 +124,8 @@ pub fn summarize(request: &SummaryRequest<'_>) -> Result<Summary> {
     let mut pids: Vec<u32> = allocated.keys().copied().collect();
     pids.sort_unstable();
     for pid in pids.into_iter().filter(|pid| request.pid.is_none_or(|p| p == *pid)) {
-        processes.push(process_summary(pid, end.tracker(), at_peak.tracker(), &allocated[&pid], request));
+        let rank = ranks.of(pid);
+        processes.push(process_summary(pid, rank, end.tracker(), at_peak.tracker(), &allocated[&pid], request));
     }
     processes.sort_by(|a, b| b.at_peak.bytes.cmp(&a.at_peak.bytes).then(a.pid.cmp(&b.pid)));
     if let Some(pid) = request.pid.filter(|_| processes.is_empty()) {
@@ -133,6 +140,7 @@ pub fn summarize(request: &SummaryRequest<'_>) -> Result<Summary> {
 
 fn process_summary(
     pid: u32,
+    rank: Option<u32>,
     end: &Tracker,
     peak: &Tracker,
     allocated: &HashMap<String, (Amount, Amount)>,
@@ -184,6 +192,7 @@ fn process_summary(
     rows.truncate(request.top);
     ProcessSummary {
         pid,
+        rank,
         comm: last.map(|p| p.comm.to_string()).unwrap_or_default(),
         counts: if tensors { "tensors" } else { "driver" },
         at_peak,
@@ -224,9 +233,10 @@ fn write_table(writer: &mut dyn Write, summary: &Summary, input: &Path) -> Resul
     for process in &summary.processes {
         writeln!(writer)?;
         let what = if process.counts == "tensors" { "tensors (allocator blocks)" } else { "driver allocations" };
+        let rank = process.rank.map(|r| format!(" (rank {r})")).unwrap_or_default();
         writeln!(
             writer,
-            "pid {} {}, {what}: {} at the peak, {} at the end, {} allocated",
+            "pid {}{rank} {}, {what}: {} at the peak, {} at the end, {} allocated",
             process.pid,
             process.comm,
             human(process.at_peak.bytes),

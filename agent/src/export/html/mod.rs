@@ -21,6 +21,7 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 use gpuprof_model::autograd::ForwardStacks;
 use gpuprof_model::event::{Event, Layer, Op};
+use gpuprof_model::rank::Ranks;
 use gpuprof_model::track::ProcessMemory;
 use gpuprof_model::{Analyzer, Finding, FindingKind, RuleConfig};
 use serde::Serialize;
@@ -149,17 +150,22 @@ fn build(input: &Path, moment: Moment, layer: StackLayer, pid: Option<u32>) -> R
     let mut file = gpuprof_recording::EventFile::open(input)?;
     let mut forward_stacks = ForwardStacks::default();
     let mut analyzer = Analyzer::new(RuleConfig::default());
+    // Findings name ranks as the live capture did: the file has each on its process's first call.
+    let mut ranks = Ranks::default();
     let mut read = 0u64;
     while let Some(mut event) = file.next_event()? {
         read += 1;
         builder.grid_before(&event, &analyzer);
         forward_stacks.follow(&mut event);
+        ranks.observe(&event);
         let freed_device = freed_device(&event, &analyzer);
-        let found = analyzer.observe(&mut event);
+        let mut found = analyzer.observe(&mut event);
+        ranks.name(&mut found);
         builder.event(&event, freed_device, &analyzer, read);
         builder.findings(found, event.ts, &analyzer);
     }
-    let ended = analyzer.finish();
+    let mut ended = analyzer.finish();
+    ranks.name(&mut ended);
     builder.findings(ended, last_ts, &analyzer);
     builder.end(last_ts, &analyzer);
 

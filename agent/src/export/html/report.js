@@ -526,7 +526,8 @@
       row.dataset.userLine = line;
       cell(row, seconds(f.t), "num");
       cell(row, `${f.kind} [${f.severity}]`, `sev-${f.severity}`);
-      cell(row, `pid ${f.pid} ${f.comm}${f.peer_pid ? ` (peer ${f.peer_pid})` : ""}`);
+      const rank = f.rank === undefined ? "" : ` (rank ${f.rank})`;
+      cell(row, `pid ${f.pid}${rank} ${f.comm}${f.peer_pid ? ` (peer ${f.peer_pid})` : ""}`);
       cell(row, human(f.bytes), "num", `${f.bytes} bytes in ${f.count}`);
       cell(row, f.user_frame ? `${basename(f.user_frame.file)}:${f.user_frame.line} in ${f.user_frame.function}` : "—", "code",
         (f.stack || []).map((fr) => `${fr.file}:${fr.line} in ${fr.function}`).join("\n"));
