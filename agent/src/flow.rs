@@ -167,6 +167,9 @@ impl EventFlow {
             self.found(due);
         }
         self.nvml.sample(self.analyzer.tracker(), now);
+        for reading in self.nvml.take_readings(self.analyzer.tracker(), now) {
+            self.observe(reading).context("cannot write the output")?;
+        }
         if let Some(rules) = self.escalation.as_mut().filter(|rules| rules.due(now)) {
             let memory = self.analyzer.tracker().live_processes().into_iter().map(|p| (p.pid, p.device_bytes()));
             for raise in rules.tick(now, memory) {

@@ -35,10 +35,20 @@ struct ProcessInfo {
 
 type Device = *mut c_void;
 
+/// `nvmlMemory_t` as `nvmlDeviceGetMemoryInfo` fills it.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct Memory {
+    total: u64,
+    free: u64,
+    used: u64,
+}
+
 /// The NVML entry points used, resolved from the library.
 struct Nvml {
     get_handle: unsafe extern "C" fn(c_uint, *mut Device) -> NvmlReturn,
     running_processes: unsafe extern "C" fn(Device, *mut c_uint, *mut ProcessInfo) -> NvmlReturn,
+    memory_info: Option<unsafe extern "C" fn(Device, *mut Memory) -> NvmlReturn>,
     error_string: Option<unsafe extern "C" fn(NvmlReturn) -> *const c_char>,
     devices: c_uint,
 }
@@ -84,7 +94,13 @@ impl Nvml {
             .map(|f| unsafe {
                 std::mem::transmute::<*mut c_void, unsafe extern "C" fn(NvmlReturn) -> *const c_char>(f)
             });
-        let mut nvml = Nvml { get_handle, running_processes, error_string, devices: 0 };
+        let memory_info = symbol("nvmlDeviceGetMemoryInfo")
+            .ok()
+            // SAFETY: `nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t, nvmlMemory_t *)`.
+            .map(|f| unsafe {
+                std::mem::transmute::<*mut c_void, unsafe extern "C" fn(Device, *mut Memory) -> NvmlReturn>(f)
+            });
+        let mut nvml = Nvml { get_handle, running_processes, memory_info, error_string, devices: 0 };
         // SAFETY: plain calls into NVML with valid out-pointers.
         let rc = unsafe { init() };
         if rc != NVML_SUCCESS {
@@ -115,6 +131,23 @@ impl Nvml {
             Some(text) if !text.is_empty() => format!("{text} ({rc})"),
             _ => format!("NVML error {rc}"),
         }
+    }
+
+    /// Each device's (free, total) memory; a device NVML cannot tell of is left out.
+    fn device_memory(&self) -> BTreeMap<u32, (u64, u64)> {
+        let mut memory = BTreeMap::new();
+        let Some(memory_info) = self.memory_info else { return memory };
+        for index in 0..self.devices {
+            let mut device: Device = std::ptr::null_mut();
+            let mut info = Memory::default();
+            // SAFETY: valid out-pointers.
+            let rc = unsafe { (self.get_handle)(index, &mut device) };
+            // SAFETY: as above, with the handle NVML gave.
+            if rc == NVML_SUCCESS && unsafe { memory_info(device, &mut info) } == NVML_SUCCESS {
+                memory.insert(index, (info.free, info.total));
+            }
+        }
+        memory
     }
 
     /// Used device memory per pid, summed over the devices.
@@ -185,6 +218,8 @@ pub struct NvmlView {
     now: BTreeMap<u32, Reconciled>,
     /// Every followed process's latest sample while it ran (an exited process keeps its last).
     last_seen: BTreeMap<u32, Reconciled>,
+    /// Each device's (free, total) memory in the latest sample, until taken.
+    devices: BTreeMap<u32, (u64, u64)>,
 }
 
 impl NvmlView {
@@ -200,12 +235,18 @@ impl NvmlView {
                 None
             }
         };
-        NvmlView { nvml, last_sample: None, now: BTreeMap::new(), last_seen: BTreeMap::new() }
+        NvmlView { nvml, last_sample: None, now: BTreeMap::new(), last_seen: BTreeMap::new(), devices: BTreeMap::new() }
     }
 
     /// A view with no NVML (a replay on another machine).
     pub fn none() -> NvmlView {
-        NvmlView { nvml: None, last_sample: None, now: BTreeMap::new(), last_seen: BTreeMap::new() }
+        NvmlView {
+            nvml: None,
+            last_sample: None,
+            now: BTreeMap::new(),
+            last_seen: BTreeMap::new(),
+            devices: BTreeMap::new(),
+        }
     }
 
     pub fn available(&self) -> bool {
@@ -228,6 +269,7 @@ impl NvmlView {
                 return;
             }
         };
+        self.devices = nvml.device_memory();
         self.now.clear();
         for (pid, nvml_used) in used {
             let Some(process) = tracker.process(pid) else { continue };
@@ -245,5 +287,37 @@ impl NvmlView {
     /// Each followed process's latest sample while it ran.
     pub fn last_seen(&self) -> &BTreeMap<u32, Reconciled> {
         &self.last_seen
+    }
+
+    /// Each device's memory from the latest sample, once, as `mem_info` events the capture
+    /// records and the rules read (a growth finding's time until the device is full is worked
+    /// from them; a report of the recording reads the same). An event belongs to a process: the
+    /// followed process holding the most device memory, the one such a reading is most about;
+    /// none while no followed process lives.
+    pub fn take_readings(&mut self, tracker: &Tracker, now_ns: u64) -> Vec<gpuprof_model::Event> {
+        let devices = std::mem::take(&mut self.devices);
+        let live = tracker.live_processes();
+        let Some(holder) = live.iter().max_by_key(|p| (p.device_bytes(), std::cmp::Reverse(p.pid))) else {
+            return Vec::new();
+        };
+        devices
+            .into_iter()
+            .map(|(index, (free, total))| {
+                let mut event = gpuprof_model::Event::new(
+                    now_ns,
+                    holder.pid,
+                    holder.pid,
+                    gpuprof_model::Source::Ebpf,
+                    gpuprof_model::Layer::Driver,
+                    gpuprof_model::Op::MemInfo,
+                    std::borrow::Cow::Borrowed("nvmlDeviceGetMemoryInfo"),
+                );
+                event.comm = holder.comm.clone();
+                event.size = free;
+                event.total = Some(total);
+                event.device = Some(index as i32);
+                event
+            })
+            .collect()
     }
 }

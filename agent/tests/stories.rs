@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use gpuprof_model::{Finding, FindingKind, Frame, Kind, Severity};
+use gpuprof_model::{Diagnosis, Finding, FindingKind, Frame, Kind, Severity};
 use gpuprof_testkit::collector::Collector;
 use gpuprof_testkit::*;
 use serde_json::Value;
@@ -24,14 +24,19 @@ fn script() -> PathBuf {
 
 /// The user's frame at the line of stories.py marked `# line:NAME`, in `function`.
 fn user_line(name: &str, function: &str) -> Frame {
-    let source = std::fs::read_to_string(script()).unwrap();
+    marked_line(&script(), name, function)
+}
+
+/// The frame at the line of `script` marked `# line:NAME`, in `function`.
+fn marked_line(script: &Path, name: &str, function: &str) -> Frame {
+    let source = std::fs::read_to_string(script).unwrap();
     let marker = format!("# line:{name}");
     let line = source
         .lines()
         .position(|l| l.trim_end().ends_with(&marker))
-        .unwrap_or_else(|| panic!("no {marker} in stories.py")) as u32
+        .unwrap_or_else(|| panic!("no {marker} in {}", script.display())) as u32
         + 1;
-    Frame { function: function.into(), file: script().to_str().unwrap().into(), line }
+    Frame { function: function.into(), file: script.to_str().unwrap().into(), line }
 }
 
 fn pids_of_role(expected: &[Value], role: &str) -> Vec<u32> {
@@ -52,13 +57,18 @@ struct Story {
 
 /// `gpuprof run ARGS -- python3 stories.py NAME` writing events to jsonl and findings to JSON.
 fn run_story(dir: &Path, name: &str, env: &[(&str, String)], args: &[&str]) -> Story {
+    run_script(dir, &script(), name, env, args)
+}
+
+/// `gpuprof run ARGS -- python3 SCRIPT NAME`, as `run_story`.
+fn run_script(dir: &Path, script: &Path, name: &str, env: &[(&str, String)], args: &[&str]) -> Story {
     let (log, events, findings) = (dir.join("expected.jsonl"), dir.join("events.jsonl"), dir.join("findings.json"));
     let mut command = Command::new(gpuprof());
     command.args(["run", "--findings", findings.to_str().unwrap()]);
     if !args.contains(&"--output") {
         command.args(["--output", events.to_str().unwrap()]);
     }
-    command.args(args).arg("--").arg(python3()).arg(script()).arg(name);
+    command.args(args).arg("--").arg(python3()).arg(script).arg(name);
     workload_env(&mut command, &log);
     command.env("GPUPROF_STANDIN_NVML_DIR", dir.join("nvml"));
     for (key, value) in env {
@@ -161,13 +171,15 @@ fn evaluation_without_no_grad_next_to_a_caching_neighbour_is_one_growth_and_one_
             (neighbour, 40 * MIB, Some(0), Some(40 * MIB))
         ]
     );
+    let neighbour_line = user_line("neighbour", "neighbour");
     assert_eq!(
         oom.detail,
         format!(
-            "cuMemAlloc_v2 of 4.0 MiB failed with out of memory in pid {parent} (python3) at {}:{} in evaluate (through _Driver.alloc); at that moment gpuprof saw 94.0 MiB of device memory live in the processes it follows (pid {parent} (python3) 54.0 MiB, pid {neighbour} (python3) 40.0 MiB): pid {neighbour} (python3) caches 40.0 MiB it does not use, enough on its own: torch.cuda.empty_cache() there would have made room.",
-            forward.file, forward.line
+            "cuMemAlloc_v2 of 4.0 MiB failed with out of memory in pid {parent} (python3) at {}:{} in evaluate (through _Driver.alloc); at that moment gpuprof saw 94.0 MiB of device memory live in the processes it follows (pid {parent} (python3) 54.0 MiB, most at {}:{} in evaluate (through _Driver.alloc); pid {neighbour} (python3) 40.0 MiB, most at {}:{} in neighbour (through _Driver.alloc)): pid {neighbour} (python3) caches 40.0 MiB it does not use, enough on its own: torch.cuda.empty_cache() there would have made room.",
+            forward.file, forward.line, forward.file, forward.line, neighbour_line.file, neighbour_line.line
         )
     );
+    assert_eq!(oom.diagnosis, Some(Diagnosis::NeighbourCache));
 
     // Both exit holding only their allocators' segments: facts, with the user's line.
     let (neighbour_exit, parent_exit) = (&story.findings[2], &story.findings[3]);
@@ -327,9 +339,10 @@ fn workers_left_holding_memory_by_a_killed_launcher_are_orphans_and_followed() {
     let mut kinds: Vec<(FindingKind, u32, Option<u32>, u64, Severity)> =
         story.findings.iter().map(|f| (f.kind, f.pid, f.peer_pid, f.bytes, f.severity)).collect();
     kinds.sort();
+    // One problem, told once: the orphans (their contexts in their findings), the parent's end a
+    // fact.
     let mut expected = vec![(FindingKind::ExitWithLiveAllocations, parent, None, 2 * MIB, Severity::Info)];
     for worker in &workers {
-        expected.push((FindingKind::WorkerCudaContext, *worker, Some(parent), 0, Severity::Leak));
         expected.push((FindingKind::ExitWithLiveAllocations, *worker, None, 32 * MIB, Severity::Info));
         expected.push((FindingKind::OrphanHoldingMemory, *worker, Some(parent), 32 * MIB, Severity::Leak));
     }
@@ -355,4 +368,138 @@ fn workers_left_holding_memory_by_a_killed_launcher_are_orphans_and_followed() {
         );
     }
     assert_report_agrees(&story, &rules);
+}
+
+/// `gpuprof run` with its defaults on a 6-second job of short_jobs.py (the libtorch_cpu
+/// stand-in's autograd; NVML's stand-in telling the device's free memory).
+fn short_job(mode: &str) -> (Story, u32, PathBuf) {
+    let dir = scratch(&format!("stories_short_{mode}"));
+    let script = std::fs::canonicalize(workloads().join("short_jobs.py")).unwrap();
+    let library_path = format!("{}:{}", standin_dir().display(), nvml_standin_dir().display());
+    let env = [
+        ("GPUPROF_LIBTORCH_CPU", libtorch_cpu_standin().to_str().unwrap().to_string()),
+        ("LD_LIBRARY_PATH", library_path),
+    ];
+    let story = run_script(&dir, &script, mode, &env, &[]);
+    assert_eq!(story.output.status.code(), Some(0), "{}", story.stderr);
+    let job = pid_of_role(&story.expected, "job");
+    (story, job, script)
+}
+
+/// (kind, pid, severity, diagnosis, the user's line) of a finding.
+type Told = (FindingKind, u32, Severity, Option<Diagnosis>, Option<u32>);
+
+/// What every leak finding tells.
+fn leaks(story: &Story) -> Vec<Told> {
+    story
+        .findings
+        .iter()
+        .filter(|f| f.severity == Severity::Leak)
+        .map(|f| (f.kind, f.pid, f.severity, f.diagnosis, f.user_frame.as_ref().map(|u| u.line)))
+        .collect()
+}
+
+/// The growth's time until the device is full, worked again from the rate and the last device
+/// reading the capture recorded before the finding's end.
+fn assert_time_to_full(story: &Story, growth: &Finding) {
+    let events = read_events(&story.events);
+    let reading = events
+        .iter()
+        .rfind(|e| e.op == gpuprof_model::Op::MemInfo && e.ts <= growth.last_ts)
+        .expect("a device memory reading");
+    assert_eq!((reading.api.as_ref(), reading.total), ("nvmlDeviceGetMemoryInfo", Some(80 << 30)));
+    let rate = growth.bytes_per_second.unwrap();
+    let since = (growth.last_ts - reading.ts) as f64 / 1e9;
+    let left = (reading.size as f64 - rate * since) / rate;
+    assert!((growth.seconds_to_full.unwrap() - left).abs() < 1e-6 * left, "{growth:?} {reading:?}");
+}
+
+#[test]
+fn a_six_second_job_keeping_a_tensor_a_step_is_one_growth_at_the_line_that_made_it() {
+    let (story, job, script) = short_job("keep");
+    let out = marked_line(&script, "out", "Model.forward");
+    let kept = Some(Diagnosis::TensorsKeptByUserCode);
+    assert_eq!(
+        leaks(&story),
+        vec![(FindingKind::Growth, job, Severity::Leak, kept, Some(out.line))],
+        "{:#?}",
+        story.findings
+    );
+    let growth = story.findings.iter().find(|f| f.kind == FindingKind::Growth).unwrap();
+    assert_eq!(growth.user_frame.as_ref(), Some(&out));
+    // 64 KiB a step, every step kept, given back only at the end: one stack.
+    assert_eq!(growth.stacks.len(), 1);
+    assert_eq!(growth.bytes % (64 << 10), 0);
+    assert_eq!(growth.count, growth.bytes / (64 << 10) + 1);
+    assert!((150..=300).contains(&growth.count), "{growth:?}");
+    assert!(growth.detail.contains("steadily through the process's"), "{}", growth.detail);
+    assert!(
+        growth.detail.contains(&format!(
+            "the user's code keeps these tensors, allocated at {}:{} in Model.forward",
+            out.file, out.line
+        )),
+        "{}",
+        growth.detail
+    );
+    assert_time_to_full(&story, growth);
+    assert_report_agrees(&story, &[]);
+}
+
+#[test]
+fn a_healthy_six_second_loop_with_evaluation_under_no_grad_has_no_leak() {
+    let (story, _, _) = short_job("healthy");
+    assert_eq!(leaks(&story), vec![], "{:#?}", story.findings);
+}
+
+#[test]
+fn six_seconds_of_evaluation_without_no_grad_is_a_retained_graph() {
+    let (story, job, script) = short_job("evaluate");
+    let hidden = marked_line(&script, "hidden", "Model.forward");
+    let retained = Some(Diagnosis::AutogradGraphRetained);
+    assert_eq!(
+        leaks(&story),
+        vec![(FindingKind::Growth, job, Severity::Leak, retained, Some(hidden.line))],
+        "{:#?}",
+        story.findings
+    );
+    let growth = story.findings.iter().find(|f| f.kind == FindingKind::Growth).unwrap();
+    // The graph's three forward lines each keep their outputs.
+    let lines: Vec<u32> = growth.stacks.iter().map(|s| gpuprof_model::user_frame(&s.stack).unwrap().line).collect();
+    let line = |name| marked_line(&script, name, "Model.forward").line;
+    assert_eq!(lines, vec![line("hidden"), line("active"), line("out")]);
+    assert!(growth.detail.contains("a retained autograd graph, built at"), "{}", growth.detail);
+    assert_time_to_full(&story, growth);
+}
+
+#[test]
+fn a_worker_per_gpu_is_a_design_a_dataloader_worker_with_cuda_is_a_leak() {
+    let dir = scratch("stories_worker_per_gpu");
+    let story = run_story(&dir, "worker-per-gpu", &[], &[]);
+    assert_eq!(story.output.status.code(), Some(0), "{}", story.stderr);
+    let workers = pids_of_role(&story.expected, "worker");
+    assert_eq!(leaks(&story), vec![], "{:#?}", story.findings);
+    let mut contexts: Vec<(u32, Severity)> = story
+        .findings
+        .iter()
+        .filter(|f| f.kind == FindingKind::WorkerCudaContext)
+        .map(|f| (f.pid, f.severity))
+        .collect();
+    contexts.sort();
+    let mut expected: Vec<(u32, Severity)> = workers.iter().map(|pid| (*pid, Severity::Info)).collect();
+    expected.sort();
+    assert_eq!(contexts, expected);
+
+    let dir = scratch("stories_dataloader");
+    let story = run_story(&dir, "dataloader", &[], &[]);
+    assert_eq!(story.output.status.code(), Some(0), "{}", story.stderr);
+    let worker = pid_of_role(&story.expected, "worker");
+    let line = user_line("dataset-cuda", "CudaDataset.__getitem__").line;
+    let loader = Some(Diagnosis::CudaInDataloaderWorker);
+    assert_eq!(leaks(&story), vec![(FindingKind::WorkerCudaContext, worker, Severity::Leak, loader, Some(line))]);
+    let context = story.findings.iter().find(|f| f.kind == FindingKind::WorkerCudaContext).unwrap();
+    assert!(context
+        .stack
+        .iter()
+        .any(|f| f.file.ends_with("torch/utils/data/_utils/worker.py") && f.function == "_worker_loop"));
+    assert_report_agrees(&story, &[]);
 }

@@ -57,6 +57,10 @@ pub mod span {
     /// The user's own line (`file:line in function`): the innermost frame outside the standard
     /// library and installed packages.
     pub const FINDING_USER_FRAME: &str = "gpuprof.finding.user_frame";
+    /// The cause the events show (`autograd_graph_retained`, `fragmentation`, …; docs/findings.md).
+    pub const FINDING_DIAGNOSIS: &str = "gpuprof.finding.diagnosis";
+    /// `growth`: seconds until the device is full at the rate it grew.
+    pub const FINDING_SECONDS_TO_FULL: &str = "gpuprof.finding.seconds_to_full";
 }
 
 /// Names of the span events on an allocation's span.

@@ -29,6 +29,12 @@ pub fn span_of(finding: &Finding, host: &str, since: u64, n: u64) -> Span {
     if let Some(user) = &finding.user_frame {
         attributes.push(kv_str(attr::FINDING_USER_FRAME, format!("{}:{} in {}", user.file, user.line, user.function)));
     }
+    if let Some(diagnosis) = finding.diagnosis {
+        attributes.push(kv_str(attr::FINDING_DIAGNOSIS, diagnosis.as_str()));
+    }
+    if let Some(seconds) = finding.seconds_to_full {
+        attributes.push(kv_int(attr::FINDING_SECONDS_TO_FULL, seconds.round() as i64));
+    }
     if let Some(peer) = finding.peer_pid {
         attributes.push(kv_int(attr::PEER_PID, i64::from(peer)));
     }

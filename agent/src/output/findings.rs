@@ -36,6 +36,9 @@ pub fn write_table(writer: &mut dyn Write, findings: &[Finding]) -> io::Result<(
             finding.count,
             finding.finding_id,
         )?;
+        if let Some(diagnosis) = finding.diagnosis {
+            writeln!(writer, "    why: {}{}", diagnosis.as_str(), time_to_full(finding))?;
+        }
         if let Some(user) = &finding.user_frame {
             writeln!(writer, "{}", fit(&format!("    your line: {user}"), COLUMNS))?;
         }
@@ -47,6 +50,16 @@ pub fn write_table(writer: &mut dyn Write, findings: &[Finding]) -> io::Result<(
         }
     }
     Ok(())
+}
+
+/// ", device full in about 4 minutes" for a growth that says when.
+fn time_to_full(finding: &Finding) -> String {
+    match (finding.bytes_per_second, finding.seconds_to_full) {
+        (Some(rate), Some(left)) => {
+            format!(" (at {}/s, device full {})", human(rate as u64), gpuprof_model::findings::wording::within(left))
+        }
+        _ => String::new(),
+    }
 }
 
 /// The JSON array.

@@ -10,7 +10,7 @@ mod ipc_export_freed_while_imported;
 mod ipc_handle_not_closed;
 mod oom;
 mod orphan_holding_memory;
-mod wording;
+pub mod wording;
 mod worker_cuda_context;
 
 pub use crate::user_frame::user_frame;
@@ -185,7 +185,7 @@ pub struct Finding {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub fragmentation: bool,
     /// The process's rank in a distributed job (`RANK` in its environment), where the live
-    /// capture could read it; a report of a file has none.
+    /// capture could read it (a recording carries it on the process's first call).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rank: Option<u32>,
     /// The cause the events show, where they show one.

@@ -17,8 +17,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use super::{wording, Diagnosis, Finding, FindingKind, ProcessSnapshot, StackBytes};
-use crate::event::{Event, Kind, Layer, Op, CUDA_ERROR_OUT_OF_MEMORY};
-use crate::stack::Stack;
+use crate::event::{Event, Frame, Kind, Layer, Op, CUDA_ERROR_OUT_OF_MEMORY};
 use crate::track::{ProcessMemory, ProcessRef, Tracker};
 
 /// Stacks listed per process.
@@ -27,8 +26,9 @@ const TOP_STACKS: usize = 3;
 #[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct Rule {
     /// Processes in an out-of-memory incident already reported: the request that failed (its
-    /// size and stack).
-    failing: HashMap<ProcessRef, (u64, Stack)>,
+    /// size and the user's line that made it; the allocator's retry may come from another line of
+    /// its own).
+    failing: HashMap<ProcessRef, (u64, Option<Frame>)>,
 }
 
 impl Rule {
@@ -50,7 +50,7 @@ impl Rule {
         if event.result != CUDA_ERROR_OUT_OF_MEMORY {
             return None;
         }
-        let request = (event.size, event.attributed_stack());
+        let request = (event.size, super::user_frame(&event.attributed_stack()).cloned());
         if self.failing.get(&process) == Some(&request) {
             // The allocator's retry of the same request.
             return None;
