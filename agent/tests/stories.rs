@@ -443,6 +443,21 @@ fn a_six_second_job_keeping_a_tensor_a_step_is_one_growth_at_the_line_that_made_
     );
     assert_time_to_full(&story, growth);
     assert_report_agrees(&story, &[]);
+
+    // The findings table and the HTML report say why.
+    let table = Command::new(gpuprof()).args(["report", "-f", "table"]).arg(&story.events).output().unwrap();
+    let table = String::from_utf8_lossy(&table.stdout).to_string();
+    assert!(table.contains("\n    why: tensors_kept_by_user_code (at "), "{table}");
+    let page = story.events.with_extension("html");
+    let export =
+        Command::new(gpuprof()).args(["export", "-f", "html", "-o"]).arg(&page).arg(&story.events).output().unwrap();
+    assert_eq!(export.status.code(), Some(0), "{}", String::from_utf8_lossy(&export.stderr));
+    let shown = browse_report(
+        &page,
+        serde_json::json!([{ "eval": "Array.from(document.querySelectorAll('#findings tbody tr')).map(r => r.cells[1].textContent)" }]),
+    );
+    let cells: Vec<String> = serde_json::from_value(shown["results"][0].clone()).unwrap();
+    assert_eq!(cells.iter().filter(|c| *c == "growth [leak]: tensors_kept_by_user_code").count(), 1, "{cells:?}");
 }
 
 #[test]

@@ -92,6 +92,9 @@ reports() {
   echo
   echo "== gpuprof report why_eval.jsonl -f table"
   timeout 15 "$bin" report "$out/why_eval.jsonl" -f table
+  echo "== the HTML report of why_eval.jsonl: its findings' diagnoses"
+  timeout 30 "$bin" export -f html -o "$work/why_eval.html" "$out/why_eval.jsonl" 2>&1 | tail -1
+  grep -o '"diagnosis":"[a-z_]*"' "$work/why_eval.html" | sort | uniq -c
 
   "$py" "$here/why_check.py" collect "$work" "$out" $names
   echo

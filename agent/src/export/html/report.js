@@ -525,7 +525,7 @@
       const line = f.user_frame ? `${f.user_frame.file}:${f.user_frame.line}` : "";
       row.dataset.userLine = line;
       cell(row, seconds(f.t), "num");
-      cell(row, `${f.kind} [${f.severity}]`, `sev-${f.severity}`);
+      cell(row, `${f.kind} [${f.severity}]${f.diagnosis ? `: ${f.diagnosis}` : ""}`, `sev-${f.severity}`);
       const rank = f.rank === undefined ? "" : ` (rank ${f.rank})`;
       cell(row, `pid ${f.pid}${rank} ${f.comm}${f.peer_pid ? ` (peer ${f.peer_pid})` : ""}`);
       cell(row, human(f.bytes), "num", `${f.bytes} bytes in ${f.count}`);

@@ -423,8 +423,10 @@ impl Rule {
             format!(" (and {} more stacks, {} in all)", grew.len() - 1, wording::bytes(bytes))
         };
         let segments = match segment_bytes {
-            Some(segments) => format!("; the driver segments carrying them grew by {}", wording::bytes(segments)),
-            None => String::new(),
+            Some(segments) if segments > 0 => {
+                format!("; the driver segments carrying them grew by {}", wording::bytes(segments))
+            }
+            _ => String::new(),
         };
         let how = match seen {
             Seen::Windows { rises } => format!(
