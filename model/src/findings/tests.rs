@@ -866,3 +866,29 @@ fn a_healthy_short_run_with_evaluation_under_no_grad_has_no_growth() {
     let found = short_job(false, false, true);
     assert!(found.iter().all(|f| f.kind != FindingKind::Growth), "{found:#?}");
 }
+
+#[test]
+fn a_short_job_running_out_of_memory_has_its_growth_named_before_its_oom() {
+    let mut s = Stream::new();
+    // 1 GiB free when asked; then 1 MiB kept every 20 ms for 4 s, then the device is full.
+    s.at(900_000_000).driver(70, Op::MemInfo, "cuMemGetInfo_v2", None, 0, 1 << 30);
+    for step in 0..200u64 {
+        s.at(1_000_000_000 + step * 20_000_000);
+        s.block(70, Op::Alloc, 0x7000_0000 + step * MIB, MIB, ((step + 1) * MIB, 256 * MIB), &frame("evaluate", 12));
+    }
+    s.failed_alloc(70, 64 * MIB, &frame("evaluate", 12));
+    let found = s.findings(RuleConfig::default());
+    let kinds: Vec<(FindingKind, u32)> = found.iter().map(|f| (f.kind, f.pid)).collect();
+    assert_eq!(kinds[..2], [(FindingKind::Growth, 70), (FindingKind::Oom, 70)], "{found:#?}");
+    let growth = &found[0];
+    assert_eq!((growth.bytes, growth.count), (199 * MIB, 200));
+    assert!(
+        growth.detail.contains("grew by 199.0 MiB steadily for 4.0 s until the device ran out of memory"),
+        "{}",
+        growth.detail
+    );
+    // 1 GiB at ~50 MiB/s, read 4.1 s before the failure: 820 MiB left then, 16.4 s.
+    let rate = growth.bytes_per_second.unwrap();
+    let left = ((1u64 << 30) as f64 - rate * (growth.last_ts - 900_001_000) as f64 / 1e9) / rate;
+    assert!((growth.seconds_to_full.unwrap() - left).abs() < 1e-9 && (16.0..17.0).contains(&left), "{left}");
+}

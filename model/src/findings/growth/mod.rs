@@ -24,7 +24,7 @@
 mod cause;
 mod life;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 
 use super::{wording, Diagnosis, Finding, FindingKind, RuleConfig, StackBytes};
 use crate::event::{Event, Layer, Op};
@@ -35,6 +35,8 @@ const TOP_STACKS: usize = 5;
 /// A life's growth smaller than this, over all its stacks, is not a finding: a few small
 /// buffers made once per phase are not what runs a device out of memory.
 const MIN_LIFE_GROWTH: u64 = 4 << 20;
+/// Device memory readings kept per device (one a second from NVML: a minute).
+const READINGS: usize = 64;
 /// A stack growing less than this over a life is left out of its finding.
 const MIN_STACK_LIFE_GROWTH: u64 = 64 << 10;
 
@@ -86,8 +88,20 @@ struct DeviceMemory {
 enum Seen {
     /// Rose at the end of `rises` windows in a row.
     Windows { rises: u32 },
-    /// Rose steadily through the process's life; `ended`: the process is over.
-    Life { ended: bool },
+    /// Rose steadily through the process's life, until it `ended` that way.
+    Life(LifeEnd),
+}
+
+/// Where a life judged as a whole ends.
+#[derive(Clone, Copy, PartialEq)]
+enum LifeEnd {
+    /// The process exited (or ran another program): what it gave back after its last
+    /// allocation was teardown.
+    Exited,
+    /// Its allocation failed for lack of device memory.
+    OutOfMemory,
+    /// The capture ended while it ran.
+    CaptureEnded,
 }
 
 /// One stack of a finding: how much it grew and what it held at the end.
@@ -120,7 +134,9 @@ pub struct Rule {
     #[serde(default)]
     allocating: HashMap<ProcessRef, Allocating>,
     #[serde(default)]
-    devices: BTreeMap<i32, DeviceMemory>,
+    /// Each device's latest readings, oldest first (a life judged at its end takes the last
+    /// one from before its teardown).
+    devices: BTreeMap<i32, VecDeque<DeviceMemory>>,
 }
 
 impl Rule {
@@ -141,8 +157,12 @@ impl Rule {
 
     /// Device `device` had `free` bytes free at `ts` (NVML, as the live capture samples it).
     pub fn device_memory(&mut self, device: i32, free: u64, ts: u64) {
-        if self.devices.get(&device).is_none_or(|known| known.ts <= ts) {
-            self.devices.insert(device, DeviceMemory { free, ts });
+        let readings = self.devices.entry(device).or_default();
+        if readings.back().is_none_or(|known| known.ts <= ts) {
+            if readings.len() == READINGS {
+                readings.pop_front();
+            }
+            readings.push_back(DeviceMemory { free, ts });
         }
     }
 
@@ -166,7 +186,17 @@ impl Rule {
             self.awaiting.remove(&event.pid);
             found.extend(self.release(|process| process.pid == event.pid));
             if let Some(process) = world.process(event.pid) {
-                found.extend(self.judge_life(process.as_ref(), event.ts, true, world));
+                found.extend(self.judge_life(process.as_ref(), event.ts, LifeEnd::Exited, world));
+            }
+        }
+        if event.layer == Layer::Driver
+            && event.op == Op::Alloc
+            && event.result == crate::event::CUDA_ERROR_OUT_OF_MEMORY
+        {
+            // The device ran out: what grew until now is judged before the failure is told, so
+            // a job shorter than the windows has its growth named first.
+            if let Some(process) = world.process(event.pid) {
+                found.extend(self.judge_life(process.as_ref(), event.ts, LifeEnd::OutOfMemory, world));
             }
         }
         if event.layer == Layer::Driver && event.op == Op::MemInfo && event.succeeded() {
@@ -255,7 +285,7 @@ impl Rule {
         processes.sort_by_key(|process| (process.pid, process.since));
         processes.dedup();
         for process in processes {
-            found.extend(self.judge_life(process, ts, false, world));
+            found.extend(self.judge_life(process, ts, LifeEnd::CaptureEnded, world));
         }
         found.sort_by_key(|f| (f.pid, f.first_ts));
         found
@@ -359,7 +389,8 @@ impl Rule {
     /// Judges a process over its whole life, unless it already has its finding: at its end
     /// (`ended`; what it gave back after its last allocation was teardown), or at `end` of the
     /// capture.
-    fn judge_life(&mut self, process: ProcessRef, end: u64, ended: bool, world: &Tracker) -> Option<Finding> {
+    fn judge_life(&mut self, process: ProcessRef, end: u64, how: LifeEnd, world: &Tracker) -> Option<Finding> {
+        let ended = how == LifeEnd::Exited;
         if self.reported.contains(&process) {
             return None;
         }
@@ -388,7 +419,7 @@ impl Rule {
         }
         let first_ts = grew.iter().map(|(_, start)| *start).min().unwrap_or(cutoff);
         let grew = grew.into_iter().map(|(g, _)| g).collect();
-        let finding = self.finding(process, layer, grew, first_ts, cutoff, Seen::Life { ended }, world);
+        let finding = self.finding(process, layer, grew, first_ts, cutoff, Seen::Life(how), world);
         self.reported.insert(process);
         Some(finding)
     }
@@ -433,22 +464,26 @@ impl Rule {
                 "over {rises} consecutive {:.1} s windows without coming back",
                 self.config.growth_window_ns.max(1) as f64 / 1e9
             ),
-            Seen::Life { ended: true } => format!(
+            Seen::Life(LifeEnd::Exited) => format!(
                 "steadily through the process's {:.1} s and was given back only when it ended",
                 (last_ts - first_ts) as f64 / 1e9
             ),
-            Seen::Life { ended: false } => {
+            Seen::Life(LifeEnd::OutOfMemory) => {
+                format!("steadily for {:.1} s until the device ran out of memory", (last_ts - first_ts) as f64 / 1e9)
+            }
+            Seen::Life(LifeEnd::CaptureEnded) => {
                 format!("steadily through the {:.1} s captured without coming back", (last_ts - first_ts) as f64 / 1e9)
             }
         };
         let seconds = (last_ts.saturating_sub(first_ts)).max(1) as f64 / 1e9;
         let rate = bytes as f64 / seconds;
         let device = main.series.device.unwrap_or(0);
-        let seconds_to_full = self.devices.get(&device).map(|memory| {
+        let reading = self.devices.get(&device).and_then(|readings| readings.iter().rev().find(|r| r.ts <= last_ts));
+        let seconds_to_full = reading.map(|memory| {
             let since = last_ts.saturating_sub(memory.ts) as f64 / 1e9;
             (memory.free as f64 - rate * since).max(0.0) / rate
         });
-        let ended = matches!(seen, Seen::Life { ended: true });
+        let ended = matches!(seen, Seen::Life(LifeEnd::Exited));
         let pace = match seconds_to_full {
             Some(left) if ended => {
                 format!(
