@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 use gpuprof_model::Tracker;
 
 pub const LIBRARY: &str = "libnvidia-ml.so.1";
+/// The entry point named on the `mem_info` events of the device readings (`take_readings`).
+pub const READING_API: &str = "nvmlDeviceGetMemoryInfo";
 
 /// How often the driver is asked (each ask walks every device).
 const SAMPLE_INTERVAL: Duration = Duration::from_secs(1);
@@ -310,7 +312,7 @@ impl NvmlView {
                     gpuprof_model::Source::Ebpf,
                     gpuprof_model::Layer::Driver,
                     gpuprof_model::Op::MemInfo,
-                    std::borrow::Cow::Borrowed("nvmlDeviceGetMemoryInfo"),
+                    std::borrow::Cow::Borrowed(READING_API),
                 );
                 event.comm = holder.comm.clone();
                 event.size = free;

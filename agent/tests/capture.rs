@@ -245,9 +245,11 @@ fn table_format_sums_live_memory_per_process_and_kind() {
     let findings_at = table.lines().position(|l| l == "Findings (2 leaks, 0 info):").expect("findings listed");
     let findings: Vec<&str> = table.lines().skip(findings_at + 1).collect();
     assert!(findings[0].starts_with(&format!("  oom [leak] pid {pid}: 1024.0 TiB in 1 (id ")), "{table}");
+    // Nothing was cached anywhere: the device was full of live memory.
+    assert_eq!(findings[1], "    why: device_full", "{table}");
     // The workload's own frame (cuda_driver.py is a test fixture, not a package): its line.
-    assert!(findings[1].starts_with("    your line: ") && findings[1].ends_with(" in Driver.call"), "{table}");
-    let (detail, frames_at) = detail_at(&findings, 2);
+    assert!(findings[2].starts_with("    your line: ") && findings[2].ends_with(" in Driver.call"), "{table}");
+    let (detail, frames_at) = detail_at(&findings, 3);
     assert!(
         detail.contains("failed with out of memory in pid")
             && detail.contains("at that moment gpuprof saw 4.0 MiB of device memory live in the processes it follows"),

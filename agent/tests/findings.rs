@@ -158,11 +158,14 @@ fn out_of_memory_pictures_every_process() {
             (FindingKind::WorkerCudaContext, worker, Some(parent), 0, 1),
         ]
     );
-    // The worker computes on its own (it imports nothing): its context is worth a word.
+    // The worker computes on its own (it imports nothing, it allocates 40 MiB): a design, worth
+    // a word, not a leak.
+    assert_eq!(run.findings[1].severity, gpuprof_model::Severity::Info);
     assert_eq!(
         run.findings[1].detail,
-        format!("pid {worker} (python3), a child of CUDA process pid {parent} (python3), created its own CUDA context on device 0 (cuDevicePrimaryCtxRetain {}): each context takes hundreds of MiB of device memory; keep CUDA out of workers (DataLoader workers should return CPU tensors) or share tensors from the parent.", run.at(worker, "cuDevicePrimaryCtxRetain", 0))
+        format!("pid {worker} (python3), a child of CUDA process pid {parent} (python3), created its own CUDA context on device 0 (cuDevicePrimaryCtxRetain {}): each context takes hundreds of MiB of device memory. It allocated 40.0 MiB of its own: GPU work by design (a worker per GPU or per task); nothing to do unless the device is short of memory.", run.at(worker, "cuDevicePrimaryCtxRetain", 0))
     );
+    assert_eq!(run.findings[0].diagnosis, Some(gpuprof_model::Diagnosis::DeviceFull));
     assert_eq!(run.findings[1].stack, run.stack_of(worker, "cuDevicePrimaryCtxRetain", 0));
     let oom = &run.findings[0];
     let picture: Vec<(u32, u64)> =

@@ -372,6 +372,7 @@ fn workers_left_holding_memory_by_a_killed_launcher_are_orphans_and_followed() {
 
 /// `gpuprof run` with its defaults on a 6-second job of short_jobs.py (the libtorch_cpu
 /// stand-in's autograd; NVML's stand-in telling the device's free memory).
+/// The job is rank 1 of a distributed job (`RANK=1`), as a torchrun worker is.
 fn short_job(mode: &str) -> (Story, u32, PathBuf) {
     let dir = scratch(&format!("stories_short_{mode}"));
     let script = std::fs::canonicalize(workloads().join("short_jobs.py")).unwrap();
@@ -379,6 +380,7 @@ fn short_job(mode: &str) -> (Story, u32, PathBuf) {
     let env = [
         ("GPUPROF_LIBTORCH_CPU", libtorch_cpu_standin().to_str().unwrap().to_string()),
         ("LD_LIBRARY_PATH", library_path),
+        ("RANK", "1".to_string()),
     ];
     let story = run_script(&dir, &script, mode, &env, &[]);
     assert_eq!(story.output.status.code(), Some(0), "{}", story.stderr);
@@ -427,6 +429,7 @@ fn a_six_second_job_keeping_a_tensor_a_step_is_one_growth_at_the_line_that_made_
     );
     let growth = story.findings.iter().find(|f| f.kind == FindingKind::Growth).unwrap();
     assert_eq!(growth.user_frame.as_ref(), Some(&out));
+    assert_eq!(growth.rank, Some(1));
     // 64 KiB a step, every step kept, given back only at the end: one stack.
     assert_eq!(growth.stacks.len(), 1);
     assert_eq!(growth.bytes % (64 << 10), 0);

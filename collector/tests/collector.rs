@@ -107,6 +107,8 @@ fn agents_over_grpc_and_http_give_the_collector_the_agents_own_findings() {
     );
     assert_eq!(a.iter().map(contract).collect::<Vec<_>>(), grpc.findings);
     assert!(a.iter().all(|f| f["node"] == "node-a"));
+    // The collector serves the cause the node found.
+    assert_eq!(a[0]["diagnosis"], "ipc_handle_not_released");
 
     let a_worker = worker;
 

@@ -31,6 +31,8 @@ impl TableSink {
         match (event.layer, event.op) {
             (Layer::Process, Op::Exit) => self.cuda_processes.remove(&event.pid),
             (Layer::Process, _) => false,
+            // gpuprof's own reading of the device, once a second: no call the process made.
+            _ if event.api == crate::nvml::READING_API => false,
             _ => {
                 self.cuda_processes.insert(event.pid);
                 true
