@@ -14,8 +14,8 @@ use gpuprof_model::{Event, Finding, Layer, Op, Source};
 use gpuprof_otlp::proto::collector::logs::v1::ExportLogsServiceRequest;
 use gpuprof_otlp::resource::ProcessIdentity;
 use gpuprof_testkit::collector::{
-    allocator_gauges, collector_bin, handed_over, logs_request, logs_request_of, nvml_gauge, profile_record,
-    records_request, synthetic, trainer, Collector,
+    allocator_gauges, collector_bin, handed_over, logs_request, logs_request_of, nvml_gauge, otelcol_bin,
+    profile_record, records_request, synthetic, trainer, Collector,
 };
 use gpuprof_testkit::*;
 use prost::Message;
@@ -282,12 +282,35 @@ fn bad_input_gets_the_right_status_and_the_collector_keeps_serving() {
     assert!(run.stderr.contains("last error: gRPC Unauthenticated: missing or wrong bearer token"), "{}", run.stderr);
     assert!(run.stderr.contains("sent 0 log records, 0 spans"), "{}", run.stderr);
 
+    // Gzip, as the OpenTelemetry Collector's OTLP/HTTP exporter sends by default, is taken; a
+    // body that unzips past the limit, corrupt gzip and another encoding are refused.
+    let gzip = |bytes: &[u8]| {
+        use std::io::Write;
+        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        encoder.write_all(bytes).unwrap();
+        encoder.finish().unwrap()
+    };
+    let (status, body) = collector.post_encoded("/v1/logs", protobuf, "gzip", &gzip(&good), Some("s3cret"));
+    assert_eq!(status, 200, "{body}");
+    let bomb = gzip(&vec![0u8; 5 << 20]);
+    assert!(bomb.len() < 64 << 10);
+    let (status, body) = collector.post_encoded("/v1/logs", protobuf, "gzip", &bomb, Some("s3cret"));
+    assert_eq!(
+        (status, body.as_str()),
+        (413, "request larger than 4194304 bytes once unzipped; send smaller batches\n")
+    );
+    let (status, body) = collector.post_encoded("/v1/logs", protobuf, "gzip", &good, Some("s3cret"));
+    assert_eq!(status, 400, "{body}");
+    assert!(body.starts_with("malformed gzip body: "), "{body}");
+    let (status, body) = collector.post_encoded("/v1/logs", protobuf, "br", &good, Some("s3cret"));
+    assert_eq!((status, body.as_str()), (415, "content encoding \"br\": send gzip or none\n"));
+
     // Still serving: the good request goes through, and every refusal was counted.
     assert_eq!(collector.post("/v1/logs", protobuf, &good, Some("s3cret")).0, 200);
     assert_eq!(collector.get("/healthz"), (200, "ok\n".to_string()));
     assert!(collector.metric("gpuprof_collector_refused_requests_total{reason=\"unauthenticated\"}") >= 3);
-    assert_eq!(collector.metric("gpuprof_collector_refused_requests_total{reason=\"unsupported_media_type\"}"), 1);
-    assert_eq!(collector.metric("gpuprof_collector_refused_requests_total{reason=\"malformed\"}"), 2);
+    assert_eq!(collector.metric("gpuprof_collector_refused_requests_total{reason=\"unsupported_media_type\"}"), 2);
+    assert_eq!(collector.metric("gpuprof_collector_refused_requests_total{reason=\"malformed\"}"), 3);
     assert_eq!(collector.metric("gpuprof_collector_rejected_log_records_total"), 1);
     let (_, processes) = collector.get("/api/v1/processes?node=node-x");
     assert!(processes.contains("\"open_allocations\":1"), "{processes}");
@@ -665,4 +688,132 @@ fn grpc_refuses_oversized_and_unauthenticated_requests_and_keeps_serving() {
     let (_, processes) = collector.get("/api/v1/processes?node=node-g");
     assert!(processes.contains("\"open_allocations\":1"), "{processes}");
     collector.stop();
+}
+
+/// A port nothing listens on now.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// The fleet through a real OpenTelemetry Collector (deploy/otelcol, built from the Collector's
+/// modules): two nodes' agents send to it, its load_balancing exporter routes each node
+/// (`host.name`) to one of two gpuprof-collector shards, and each node's findings, processes
+/// and events are on exactly one shard — the agent's own findings, whole.
+#[test]
+fn nodes_through_a_real_opentelemetry_collector_land_each_whole_on_one_shard() {
+    let dir = scratch("collector_otelcol");
+    let shards = [Collector::start(&dir.join("s0.redb"), &[]), Collector::start(&dir.join("s1.redb"), &[])];
+    let endpoint = |shard: &Collector| shard.grpc.trim_start_matches("http://").to_string();
+    let (grpc, health) = (free_port(), free_port());
+    let pipeline = "{receivers: [otlp], processors: [memory_limiter, batch], exporters: [load_balancing]}";
+    let config = format!(
+        "extensions:
+  health_check: {{endpoint: 127.0.0.1:{health}}}
+receivers:
+  otlp:
+    protocols:
+      grpc: {{endpoint: 127.0.0.1:{grpc}}}
+processors:
+  memory_limiter: {{check_interval: 1s, limit_mib: 512, spike_limit_mib: 128}}
+  batch: {{timeout: 200ms}}
+exporters:
+  load_balancing:
+    routing_key: attributes
+    routing_attributes: [host.name]
+    protocol:
+      otlp: {{timeout: 5s, tls: {{insecure: true}}}}
+    resolver:
+      static: {{hostnames: [{}, {}]}}
+service:
+  extensions: [health_check]
+  telemetry: {{metrics: {{level: none}}}}
+  pipelines:
+    logs: {pipeline}
+    traces: {pipeline}
+    metrics: {pipeline}
+",
+        endpoint(&shards[0]),
+        endpoint(&shards[1]),
+    );
+    let config_file = dir.join("otelcol.yaml");
+    std::fs::write(&config_file, config).unwrap();
+    let log = std::fs::File::create(dir.join("otelcol.log")).unwrap();
+    let mut otelcol = Command::new(otelcol_bin())
+        .arg("--config")
+        .arg(&config_file)
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let agent = ureq::Agent::config_builder().http_status_as_error(false).build().new_agent();
+    let started = Instant::now();
+    while agent.get(&format!("http://127.0.0.1:{health}/")).call().map(|r| r.status().as_u16()).unwrap_or(0) != 200 {
+        let log = std::fs::read_to_string(dir.join("otelcol.log")).unwrap_or_default();
+        assert!(otelcol.try_wait().unwrap().is_none(), "the OpenTelemetry Collector exited: {log}");
+        assert!(started.elapsed() < Duration::from_secs(30), "the OpenTelemetry Collector never got ready: {log}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    let through = format!("http://127.0.0.1:{grpc}");
+    let runs = [
+        ("node-a", run_agent("otelcol_a", "ipc-left-open", &["--otlp-endpoint", &through, "--node-name", "node-a"])),
+        ("node-b", run_agent("otelcol_b", "export-freed", &["--otlp-endpoint", &through, "--node-name", "node-b"])),
+    ];
+    for (node, run) in &runs {
+        assert!(!run.findings.is_empty(), "{node}: {}", run.stderr);
+        assert!(
+            run.stderr
+                .contains("dropped 0 (queue full 0, delivery failed 0, too large 0); rejected by the collector 0"),
+            "{node}: {}",
+            run.stderr
+        );
+        // The Collector batches and forwards: wait for the node's findings on some shard.
+        let on = |shard: &Collector| shard.findings(&format!("?node={node}"));
+        let started = Instant::now();
+        while on(&shards[0]).len() + on(&shards[1]).len() < run.findings.len() {
+            assert!(started.elapsed() < Duration::from_secs(30), "{node}'s findings never reached a shard");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let (first, second) = (on(&shards[0]), on(&shards[1]));
+        let holder = if first.is_empty() { &second } else { &first };
+        assert!(first.is_empty() || second.is_empty(), "{node} is on both shards: {first:?} {second:?}");
+        assert_eq!(holder.iter().map(contract).collect::<Vec<_>>(), run.findings, "{node}");
+        // Its processes too: the shard without its findings knows nothing of it.
+        let other = if first.is_empty() { &shards[0] } else { &shards[1] };
+        let (status, body) = other.get(&format!("/api/v1/processes?node={node}"));
+        assert_eq!((status, body.trim()), (200, "[]"), "{node}");
+    }
+    otelcol.kill().unwrap();
+    otelcol.wait().unwrap();
+}
+
+/// The configuration the chart and docs ship in front of several collectors is one the built
+/// OpenTelemetry Collector accepts.
+#[test]
+fn the_shipped_opentelemetry_collector_configuration_is_valid() {
+    let config = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/otel-collector/loadbalancing.yaml");
+    let output = Command::new(otelcol_bin())
+        .arg("validate")
+        .arg("--config")
+        .arg(&config)
+        .env("GPUPROF_COLLECTOR_TOKEN", "s3cret")
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    // And a mistake is caught: the key that routes a node whole, misspelt.
+    let wrong = scratch("collector_otelcol_validate").join("wrong.yaml");
+    std::fs::write(&wrong, std::fs::read_to_string(&config).unwrap().replace("routing_key:", "routing_keys:")).unwrap();
+    let output = Command::new(otelcol_bin())
+        .arg("validate")
+        .arg("--config")
+        .arg(&wrong)
+        .env("GPUPROF_COLLECTOR_TOKEN", "s3cret")
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("routing_keys"),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
 }

@@ -25,6 +25,26 @@ pub fn collector_bin() -> &'static Path {
     })
 }
 
+/// gpuprof's OpenTelemetry Collector (deploy/otelcol/builder-config.yaml), built once into its
+/// cache by scripts/build-otelcol.sh (minutes the first time; install-prerequisites builds it).
+pub fn otelcol_bin() -> &'static Path {
+    static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        let script = crate::workspace::root().join("scripts/build-otelcol.sh");
+        let output = Command::new("bash")
+            .arg(&script)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+        assert!(
+            output.status.success(),
+            "cannot build the OpenTelemetry Collector ({}): {}",
+            script.display(),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        PathBuf::from(String::from_utf8(output.stdout).unwrap().trim())
+    })
+}
+
 pub struct Collector {
     pub child: Child,
     pub grpc: String,
@@ -77,7 +97,23 @@ impl Collector {
     }
 
     pub fn post(&self, path: &str, content_type: &str, body: &[u8], token: Option<&str>) -> (u16, String) {
-        let mut request = self.agent.post(&format!("{}{path}", self.http)).header("content-type", content_type);
+        self.post_encoded(path, content_type, "identity", body, token)
+    }
+
+    /// `post` with a `content-encoding` (gzip, as the OpenTelemetry Collector sends).
+    pub fn post_encoded(
+        &self,
+        path: &str,
+        content_type: &str,
+        encoding: &str,
+        body: &[u8],
+        token: Option<&str>,
+    ) -> (u16, String) {
+        let mut request = self
+            .agent
+            .post(&format!("{}{path}", self.http))
+            .header("content-type", content_type)
+            .header("content-encoding", encoding);
         if let Some(token) = token {
             request = request.header("authorization", &format!("Bearer {token}"));
         }

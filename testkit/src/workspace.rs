@@ -9,7 +9,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 /// The workspace's root (this crate's parent folder).
-fn root() -> &'static Path {
+pub(crate) fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("the testkit is a folder of the workspace")
 }
 

@@ -79,15 +79,20 @@ pub fn services(collector: Arc<Collector>) -> Services {
     let limit = collector.config.max_request_bytes;
     let receiver = Receiver(collector.clone());
     let gate = Gate(collector);
+    // The OpenTelemetry Collector's OTLP exporter sends gzip unless told otherwise.
+    let gzip = tonic::codec::CompressionEncoding::Gzip;
     (
         InterceptedService::new(
-            LogsServiceServer::new(receiver.clone()).max_decoding_message_size(limit),
+            LogsServiceServer::new(receiver.clone()).max_decoding_message_size(limit).accept_compressed(gzip),
             gate.clone(),
         ),
         InterceptedService::new(
-            TraceServiceServer::new(receiver.clone()).max_decoding_message_size(limit),
+            TraceServiceServer::new(receiver.clone()).max_decoding_message_size(limit).accept_compressed(gzip),
             gate.clone(),
         ),
-        InterceptedService::new(MetricsServiceServer::new(receiver).max_decoding_message_size(limit), gate),
+        InterceptedService::new(
+            MetricsServiceServer::new(receiver).max_decoding_message_size(limit).accept_compressed(gzip),
+            gate,
+        ),
     )
 }

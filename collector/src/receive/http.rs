@@ -32,6 +32,22 @@ enum Encoding {
     Json,
 }
 
+enum Gunzip {
+    TooLarge,
+    Corrupt(std::io::Error),
+}
+
+/// A gzip body unzipped, refused past `limit` bytes (a small body may unzip to gigabytes).
+fn gunzip(body: &[u8], limit: usize) -> Result<Vec<u8>, Gunzip> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    flate2::read::GzDecoder::new(body).take(limit as u64 + 1).read_to_end(&mut out).map_err(Gunzip::Corrupt)?;
+    if out.len() > limit {
+        return Err(Gunzip::TooLarge);
+    }
+    Ok(out)
+}
+
 async fn receive<Req, Resp>(
     State(collector): State<Arc<Collector>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
@@ -86,6 +102,33 @@ where
             )
         }
         Err(rejection) => return refuse(Refusal::Malformed, StatusCode::BAD_REQUEST, format!("{rejection}\n")),
+    };
+    // The OpenTelemetry Collector's OTLP/HTTP exporter gzips unless told otherwise.
+    let body = match headers.get(header::CONTENT_ENCODING).map(|v| v.to_str().unwrap_or("?").trim()) {
+        None | Some("identity") => body,
+        Some("gzip") => match gunzip(&body, collector.config.max_request_bytes) {
+            Ok(body) => Bytes::from(body),
+            Err(Gunzip::TooLarge) => {
+                return refuse(
+                    Refusal::TooLarge,
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!(
+                        "request larger than {} bytes once unzipped; send smaller batches\n",
+                        collector.config.max_request_bytes
+                    ),
+                )
+            }
+            Err(Gunzip::Corrupt(e)) => {
+                return refuse(Refusal::Malformed, StatusCode::BAD_REQUEST, format!("malformed gzip body: {e}\n"))
+            }
+        },
+        Some(other) => {
+            return refuse(
+                Refusal::UnsupportedMediaType,
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                format!("content encoding {other:?}: send gzip or none\n"),
+            )
+        }
     };
     let request = match encoding {
         Encoding::Protobuf => Req::decode(body).map_err(|e| format!("malformed OTLP protobuf: {e}\n")),
