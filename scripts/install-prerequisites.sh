@@ -9,7 +9,8 @@
 # mark it externally managed, PEP 668), the OpenTelemetry Python SDK and protobuf bindings the
 # collector's real-peer test drives and kubernetes-validate for the chart's, and a wheelhouse with
 # pytest for the wheel's test (scripts/build-wheel.py packs the binaries; binutils reads them);
-# gpuprof's OpenTelemetry Collector, built from its Go modules once (scripts/build-otelcol.sh).
+# gpuprof's OpenTelemetry Collector and Jaeger v2, built from their Go modules once
+# (scripts/build-otelcol.sh, scripts/build-jaeger.sh).
 # Then it says which CPython versions the stack tests will read (3.8–3.13; under CI=true all of
 # them are required).
 # Every step that fails stops the script with what failed.
@@ -86,17 +87,21 @@ if [ ! -e /sys/kernel/tracing/uprobe_events ] && [ -d /sys/kernel/tracing ]; the
   mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null \
     || echo "gpuprof: cannot mount tracefs on /sys/kernel/tracing: the benchmarks' bpftrace baseline will not run (the tests do not need it)" >&2
 fi
-# gpuprof's OpenTelemetry Collector (deploy/otelcol), built once into a cache: the fleet test runs
-# it between the agents and the gpuprof-collector shards. Under CI=true it is required.
-if ! otelcol=$(bash "$(dirname "$0")/build-otelcol.sh"); then
-  if [[ ${CI:-} == true ]]; then
-    echo "gpuprof: CI requires the OpenTelemetry Collector (scripts/build-otelcol.sh failed above)" >&2
-    exit 1
+# gpuprof's OpenTelemetry Collector (deploy/otelcol) and Jaeger v2, built once into a cache: the
+# fleet test runs them between the agents, the gpuprof-collector shards and the trace store. Under
+# CI=true both are required.
+for piece in "OpenTelemetry Collector:build-otelcol.sh" "Jaeger:build-jaeger.sh"; do
+  name=${piece%%:*} script=${piece##*:}
+  if ! built=$(bash "$(dirname "$0")/$script"); then
+    if [[ ${CI:-} == true ]]; then
+      echo "gpuprof: CI requires $name (scripts/$script failed above)" >&2
+      exit 1
+    fi
+    echo "gpuprof: $name could not be built: the fleet test will fail until scripts/$script succeeds" >&2
+  else
+    echo "gpuprof: $name at $built"
   fi
-  echo "gpuprof: the OpenTelemetry Collector could not be built: the test through it will fail until scripts/build-otelcol.sh succeeds" >&2
-else
-  echo "gpuprof: OpenTelemetry Collector at $otelcol"
-fi
+done
 # The CPython versions the stack tests read, from pyenv (`pyenv root`/versions/3.X.*).
 pyenv_root=$( (pyenv root 2>/dev/null) || echo "${PYENV_ROOT:-$HOME/.pyenv}")
 covered=() absent=()

@@ -14,8 +14,8 @@ use gpuprof_model::{Event, Finding, Layer, Op, Source};
 use gpuprof_otlp::proto::collector::logs::v1::ExportLogsServiceRequest;
 use gpuprof_otlp::resource::ProcessIdentity;
 use gpuprof_testkit::collector::{
-    allocator_gauges, collector_bin, handed_over, logs_request, logs_request_of, nvml_gauge, otelcol_bin,
-    profile_record, records_request, synthetic, trainer, Collector,
+    allocator_gauges, collector_bin, free_port, handed_over, logs_request, logs_request_of, nvml_gauge, otelcol_bin,
+    profile_record, records_request, synthetic, trainer, Collector, Jaeger,
 };
 use gpuprof_testkit::*;
 use prost::Message;
@@ -690,22 +690,21 @@ fn grpc_refuses_oversized_and_unauthenticated_requests_and_keeps_serving() {
     collector.stop();
 }
 
-/// A port nothing listens on now.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 /// The fleet through a real OpenTelemetry Collector (deploy/otelcol, built from the Collector's
 /// modules): two nodes' agents send to it, its load_balancing exporter routes each node
 /// (`host.name`) to one of two gpuprof-collector shards, and each node's findings, processes
-/// and events are on exactly one shard — the agent's own findings, whole.
+/// and events are on exactly one shard — the agent's own findings, whole. Its traces go to
+/// Jaeger v2 as well: each finding's span is in its process's trace with its attributes.
 #[test]
 fn nodes_through_a_real_opentelemetry_collector_land_each_whole_on_one_shard() {
     let dir = scratch("collector_otelcol");
     let shards = [Collector::start(&dir.join("s0.redb"), &[]), Collector::start(&dir.join("s1.redb"), &[])];
+    let jaeger = Jaeger::start(&dir);
     let endpoint = |shard: &Collector| shard.grpc.trim_start_matches("http://").to_string();
     let (grpc, health) = (free_port(), free_port());
     let pipeline = "{receivers: [otlp], processors: [memory_limiter, batch], exporters: [load_balancing]}";
+    let traces =
+        "{receivers: [otlp], processors: [memory_limiter, batch], exporters: [load_balancing, otlp_grpc/jaeger]}";
     let config = format!(
         "extensions:
   health_check: {{endpoint: 127.0.0.1:{health}}}
@@ -724,16 +723,18 @@ exporters:
       otlp: {{timeout: 5s, tls: {{insecure: true}}}}
     resolver:
       static: {{hostnames: [{}, {}]}}
+  otlp_grpc/jaeger: {{endpoint: {}, tls: {{insecure: true}}}}
 service:
   extensions: [health_check]
   telemetry: {{metrics: {{level: none}}}}
   pipelines:
     logs: {pipeline}
-    traces: {pipeline}
+    traces: {traces}
     metrics: {pipeline}
 ",
         endpoint(&shards[0]),
         endpoint(&shards[1]),
+        jaeger.otlp,
     );
     let config_file = dir.join("otelcol.yaml");
     std::fs::write(&config_file, config).unwrap();
@@ -783,8 +784,79 @@ service:
         let (status, body) = other.get(&format!("/api/v1/processes?node={node}"));
         assert_eq!((status, body.trim()), (200, "[]"), "{node}");
     }
+    // node-a's finding is its worker's, which only opened an IPC handle (no allocation span);
+    // node-b's is the exporter's, whose trace holds the allocation it freed too early.
+    let beside: Vec<usize> = runs.iter().map(|(node, run)| assert_findings_in_jaeger(&jaeger, node, run)).collect();
+    assert_eq!(beside[0], 0);
+    assert!(beside[1] > 0, "{beside:?}");
     otelcol.kill().unwrap();
     otelcol.wait().unwrap();
+}
+
+/// Each of the run's findings is a span in Jaeger (service `gpuprof`), in its process's trace,
+/// with the finding's attributes and its node; how many allocation spans those traces hold.
+fn assert_findings_in_jaeger(jaeger: &Jaeger, node: &str, run: &AgentRun) -> usize {
+    let tag = |span: &Value, key: &str| -> Option<Value> {
+        span["tags"].as_array()?.iter().find(|t| t["key"] == key).map(|t| t["value"].clone())
+    };
+    let started = Instant::now();
+    loop {
+        let (status, body) = jaeger.get("/api/traces?service=gpuprof&limit=1000&lookback=1h");
+        let traces: Value = if status == 200 { serde_json::from_str(&body).unwrap() } else { Value::Null };
+        let mut found = Vec::new();
+        for trace in traces["data"].as_array().into_iter().flatten() {
+            let spans = trace["spans"].as_array().unwrap();
+            for span in spans {
+                let process = &trace["processes"][span["processID"].as_str().unwrap()];
+                let on_node =
+                    process["tags"].as_array().unwrap().iter().any(|t| t["key"] == "host.name" && t["value"] == node);
+                if on_node && span["operationName"].as_str().unwrap().starts_with("gpuprof.finding.") {
+                    found.push((span.clone(), spans.clone(), trace["processes"].clone()));
+                }
+            }
+        }
+        if found.len() >= run.findings.len() {
+            let mut allocations_beside = 0;
+            for finding in &run.findings {
+                let (span, trace, processes) = found
+                    .iter()
+                    .find(|(span, _, _)| {
+                        tag(span, "gpuprof.finding.id") == Some(Value::from(finding.finding_id.clone()))
+                    })
+                    .unwrap_or_else(|| panic!("{node}: no span for {finding:?}"));
+                assert_eq!(span["operationName"], format!("gpuprof.finding.{}", finding.kind.as_str()));
+                assert_eq!(tag(span, "gpuprof.finding.kind"), Some(Value::from(finding.kind.as_str())));
+                assert_eq!(tag(span, "gpuprof.finding.severity"), Some(Value::from(finding.severity.as_str())));
+                assert_eq!(tag(span, "process.pid"), Some(Value::from(finding.pid)));
+                assert_eq!(tag(span, "gpuprof.finding.diagnosis"), finding.diagnosis.map(|d| Value::from(d.as_str())));
+                if let Some(user) = &finding.user_frame {
+                    let line = format!("{}:{} in {}", user.file, user.line, user.function);
+                    assert_eq!(tag(span, "gpuprof.finding.user_frame"), Some(Value::from(line)));
+                }
+                // In its process's trace: every span there is that process's, within the bound
+                // a trace is held to.
+                assert!(trace.len() <= 2_000, "{node}: {} spans in one trace", trace.len());
+                // The pid is a span's own attribute on a finding, its resource's on an allocation.
+                let pid_of = |s: &Value| {
+                    tag(s, "process.pid").or_else(|| tag(&processes[s["processID"].as_str().unwrap()], "process.pid"))
+                };
+                let pids: Vec<Option<Value>> = trace.iter().map(pid_of).collect();
+                assert!(pids.iter().all(|pid| *pid == Some(Value::from(finding.pid))), "{node}: {pids:?}");
+                allocations_beside += trace
+                    .iter()
+                    .filter(|s| !s["operationName"].as_str().unwrap().starts_with("gpuprof.finding."))
+                    .count();
+            }
+            return allocations_beside;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "{node}: {} finding spans in Jaeger, {} findings",
+            found.len(),
+            run.findings.len()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 /// The configuration the chart and docs ship in front of several collectors is one the built

@@ -45,6 +45,107 @@ pub fn otelcol_bin() -> &'static Path {
     })
 }
 
+/// Jaeger v2, built once into its cache by scripts/build-jaeger.sh.
+pub fn jaeger_bin() -> &'static Path {
+    static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        let script = crate::workspace::root().join("scripts/build-jaeger.sh");
+        let output = Command::new("bash")
+            .arg(&script)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+        assert!(
+            output.status.success(),
+            "cannot build Jaeger ({}): {}",
+            script.display(),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        PathBuf::from(String::from_utf8(output.stdout).unwrap().trim())
+    })
+}
+
+/// A port nothing listens on now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Jaeger v2 with in-memory storage: OTLP/gRPC in at `otlp`, its query API at `query`.
+pub struct Jaeger {
+    child: Child,
+    pub otlp: String,
+    pub query: String,
+    agent: ureq::Agent,
+}
+
+impl Jaeger {
+    pub fn start(dir: &Path) -> Jaeger {
+        let (otlp, otlp_http, query, query_grpc) = (free_port(), free_port(), free_port(), free_port());
+        let config = format!(
+            "service:
+  extensions: [jaeger_storage, jaeger_query]
+  pipelines:
+    traces: {{receivers: [otlp], processors: [batch], exporters: [jaeger_storage_exporter]}}
+  telemetry:
+    metrics:
+      level: none
+extensions:
+  jaeger_storage:
+    backends:
+      mem: {{memory: {{max_traces: 100000}}}}
+  jaeger_query:
+    storage: {{traces: mem}}
+    http: {{endpoint: 127.0.0.1:{query}}}
+    grpc: {{endpoint: 127.0.0.1:{query_grpc}}}
+receivers:
+  otlp:
+    protocols:
+      grpc: {{endpoint: 127.0.0.1:{otlp}}}
+      http: {{endpoint: 127.0.0.1:{otlp_http}}}
+processors:
+  batch: {{timeout: 200ms}}
+exporters:
+  jaeger_storage_exporter: {{trace_storage: mem}}
+"
+        );
+        let config_file = dir.join("jaeger.yaml");
+        std::fs::write(&config_file, config).unwrap();
+        let log = std::fs::File::create(dir.join("jaeger.log")).unwrap();
+        let child = Command::new(jaeger_bin())
+            .arg("--config")
+            .arg(&config_file)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+        let mut jaeger =
+            Jaeger { child, otlp: format!("127.0.0.1:{otlp}"), query: format!("http://127.0.0.1:{query}"), agent };
+        let started = std::time::Instant::now();
+        while jaeger.get("/api/services").0 != 200 {
+            let log = std::fs::read_to_string(dir.join("jaeger.log")).unwrap_or_default();
+            assert!(jaeger.child.try_wait().unwrap().is_none(), "Jaeger exited: {log}");
+            assert!(started.elapsed() < Duration::from_secs(60), "Jaeger never answered: {log}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        jaeger
+    }
+
+    /// GET on the query API: status and body.
+    pub fn get(&self, path: &str) -> (u16, String) {
+        match self.agent.get(&format!("{}{path}", self.query)).call() {
+            Ok(mut response) => (response.status().as_u16(), response.body_mut().read_to_string().unwrap_or_default()),
+            Err(_) => (0, String::new()),
+        }
+    }
+}
+
+impl Drop for Jaeger {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 pub struct Collector {
     pub child: Child,
     pub grpc: String,
