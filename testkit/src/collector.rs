@@ -73,6 +73,8 @@ pub fn free_port() -> u16 {
 pub struct Jaeger {
     child: Child,
     pub otlp: String,
+    /// OTLP/HTTP in (what the gpuprof-collector forwards spans to).
+    pub otlp_http: String,
     pub query: String,
     agent: ureq::Agent,
 }
@@ -118,8 +120,13 @@ exporters:
             .spawn()
             .unwrap();
         let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
-        let mut jaeger =
-            Jaeger { child, otlp: format!("127.0.0.1:{otlp}"), query: format!("http://127.0.0.1:{query}"), agent };
+        let mut jaeger = Jaeger {
+            child,
+            otlp: format!("127.0.0.1:{otlp}"),
+            otlp_http: format!("http://127.0.0.1:{otlp_http}"),
+            query: format!("http://127.0.0.1:{query}"),
+            agent,
+        };
         let started = std::time::Instant::now();
         while jaeger.get("/api/services").0 != 200 {
             let log = std::fs::read_to_string(dir.join("jaeger.log")).unwrap_or_default();
