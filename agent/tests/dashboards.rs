@@ -224,7 +224,7 @@ fn every_dashboard_panel_answers_from_a_real_prometheus() {
     );
 
     // The panels the job fixes: its 12 MiB of segments, 4 MiB of them cached, the one leak.
-    let pid = holder.id();
+    let pid = holder.id().to_string();
     let value = |expr: &str| -> f64 {
         let series = prometheus.query(&as_grafana_sends(expr));
         assert_eq!(series.len(), 1, "{expr}: {series:?}");
@@ -235,7 +235,7 @@ fn every_dashboard_panel_answers_from_a_real_prometheus() {
     ));
     let held: Vec<(String, f64)> = by_process
         .iter()
-        .filter(|(labels, _)| labels["pid"] == pid.to_string())
+        .filter(|(labels, _)| labels["pid"] == pid.as_str())
         .map(|(labels, v)| (labels["node"].as_str().unwrap().to_string(), *v))
         .collect();
     assert_eq!(held, vec![("dash-node".to_string(), 12.0 * MIB)], "{by_process:?}");
