@@ -700,62 +700,9 @@ fn nodes_through_a_real_opentelemetry_collector_land_each_whole_on_one_shard() {
     let dir = scratch("collector_otelcol");
     let shards = [Collector::start(&dir.join("s0.redb"), &[]), Collector::start(&dir.join("s1.redb"), &[])];
     let jaeger = Jaeger::start(&dir);
-    let endpoint = |shard: &Collector| shard.grpc.trim_start_matches("http://").to_string();
-    let (grpc, health) = (free_port(), free_port());
-    let pipeline = "{receivers: [otlp], processors: [memory_limiter, batch], exporters: [load_balancing]}";
-    let traces =
-        "{receivers: [otlp], processors: [memory_limiter, batch], exporters: [load_balancing, otlp_grpc/jaeger]}";
-    let config = format!(
-        "extensions:
-  health_check: {{endpoint: 127.0.0.1:{health}}}
-receivers:
-  otlp:
-    protocols:
-      grpc: {{endpoint: 127.0.0.1:{grpc}}}
-processors:
-  memory_limiter: {{check_interval: 1s, limit_mib: 512, spike_limit_mib: 128}}
-  batch: {{timeout: 200ms}}
-exporters:
-  load_balancing:
-    routing_key: attributes
-    routing_attributes: [host.name]
-    protocol:
-      otlp: {{timeout: 5s, tls: {{insecure: true}}}}
-    resolver:
-      static: {{hostnames: [{}, {}]}}
-  otlp_grpc/jaeger: {{endpoint: {}, tls: {{insecure: true}}}}
-service:
-  extensions: [health_check]
-  telemetry: {{metrics: {{level: none}}}}
-  pipelines:
-    logs: {pipeline}
-    traces: {traces}
-    metrics: {pipeline}
-",
-        endpoint(&shards[0]),
-        endpoint(&shards[1]),
-        jaeger.otlp,
-    );
-    let config_file = dir.join("otelcol.yaml");
-    std::fs::write(&config_file, config).unwrap();
-    let log = std::fs::File::create(dir.join("otelcol.log")).unwrap();
-    let mut otelcol = Command::new(otelcol_bin())
-        .arg("--config")
-        .arg(&config_file)
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    let agent = ureq::Agent::config_builder().http_status_as_error(false).build().new_agent();
-    let started = Instant::now();
-    while agent.get(&format!("http://127.0.0.1:{health}/")).call().map(|r| r.status().as_u16()).unwrap_or(0) != 200 {
-        let log = std::fs::read_to_string(dir.join("otelcol.log")).unwrap_or_default();
-        assert!(otelcol.try_wait().unwrap().is_none(), "the OpenTelemetry Collector exited: {log}");
-        assert!(started.elapsed() < Duration::from_secs(30), "the OpenTelemetry Collector never got ready: {log}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let shard_endpoints = [endpoint(&shards[0]), endpoint(&shards[1])];
+    let (mut otelcol, through) = OpenTelemetryCollector::start(&dir, &shard_endpoints, Some(&jaeger.otlp));
 
-    let through = format!("http://127.0.0.1:{grpc}");
     let runs = [
         ("node-a", run_agent("otelcol_a", "ipc-left-open", &["--otlp-endpoint", &through, "--node-name", "node-a"])),
         ("node-b", run_agent("otelcol_b", "export-freed", &["--otlp-endpoint", &through, "--node-name", "node-b"])),
@@ -789,8 +736,152 @@ service:
     let beside: Vec<usize> = runs.iter().map(|(node, run)| assert_findings_in_jaeger(&jaeger, node, run)).collect();
     assert_eq!(beside[0], 0);
     assert!(beside[1] > 0, "{beside:?}");
-    otelcol.kill().unwrap();
-    otelcol.wait().unwrap();
+    otelcol.stop();
+}
+
+/// A shard's OTLP/gRPC address as the Collector's static resolver names it.
+fn endpoint(shard: &Collector) -> String {
+    shard.grpc.trim_start_matches("http://").to_string()
+}
+
+/// gpuprof's OpenTelemetry Collector routing each node (`host.name`) to one of `shards`, its
+/// traces also to Jaeger's OTLP/gRPC `jaeger` when given.
+struct OpenTelemetryCollector(std::process::Child);
+
+impl OpenTelemetryCollector {
+    /// Started and healthy; with the address agents send to.
+    fn start(dir: &Path, shards: &[String], jaeger: Option<&str>) -> (OpenTelemetryCollector, String) {
+        let (grpc, health) = (free_port(), free_port());
+        let pipeline = "{receivers: [otlp], processors: [memory_limiter, batch], exporters: [load_balancing]}";
+        let (jaeger_exporter, traces) = match jaeger {
+            Some(address) => (
+                format!("  otlp_grpc/jaeger: {{endpoint: {address}, tls: {{insecure: true}}}}\n"),
+                "{receivers: [otlp], processors: [memory_limiter, batch], exporters: [load_balancing, otlp_grpc/jaeger]}",
+            ),
+            None => (String::new(), pipeline),
+        };
+        let config = format!(
+            "extensions:
+  health_check: {{endpoint: 127.0.0.1:{health}}}
+receivers:
+  otlp:
+    protocols:
+      grpc: {{endpoint: 127.0.0.1:{grpc}}}
+processors:
+  memory_limiter: {{check_interval: 1s, limit_mib: 512, spike_limit_mib: 128}}
+  batch: {{timeout: 200ms}}
+exporters:
+  load_balancing:
+    routing_key: attributes
+    routing_attributes: [host.name]
+    protocol:
+      # The per-shard exporters' own queue and retry (on by default): what rides out a shard's
+      # restart.
+      otlp: {{timeout: 5s, tls: {{insecure: true}}, retry_on_failure: {{initial_interval: 500ms, max_interval: 2s}}}}
+    resolver:
+      static: {{hostnames: [{}]}}
+{jaeger_exporter}service:
+  extensions: [health_check]
+  telemetry: {{metrics: {{level: none}}}}
+  pipelines:
+    logs: {pipeline}
+    traces: {traces}
+    metrics: {pipeline}
+",
+            shards.join(", "),
+        );
+        let config_file = dir.join("otelcol.yaml");
+        std::fs::write(&config_file, config).unwrap();
+        let log_path = dir.join("otelcol.log");
+        let log = std::fs::File::create(&log_path).unwrap();
+        let mut child = Command::new(otelcol_bin())
+            .arg("--config")
+            .arg(&config_file)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let agent = ureq::Agent::config_builder().http_status_as_error(false).build().new_agent();
+        let started = Instant::now();
+        while agent.get(&format!("http://127.0.0.1:{health}/")).call().map(|r| r.status().as_u16()).unwrap_or(0) != 200
+        {
+            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+            assert!(child.try_wait().unwrap().is_none(), "the OpenTelemetry Collector exited: {log}");
+            assert!(started.elapsed() < Duration::from_secs(30), "the OpenTelemetry Collector never got ready: {log}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        (OpenTelemetryCollector(child), format!("http://127.0.0.1:{grpc}"))
+    }
+
+    fn stop(mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A shard restarted while a node sends: the Collector's per-shard queue and retry hold the
+/// node's data meanwhile and deliver it once the shard is back (its database kept what it had
+/// before). docs/collector.md says what is kept and what would be lost.
+#[test]
+fn a_shard_restarted_while_its_node_sends_gets_what_was_sent_meanwhile() {
+    let dir = scratch("collector_otelcol_restart");
+    let ports = [free_port(), free_port()];
+    let start_shard = |n: usize| {
+        let listen = format!("127.0.0.1:{}", ports[n]);
+        Collector::start(&dir.join(format!("s{n}.redb")), &["--grpc-listen", &listen])
+    };
+    let mut shards = vec![Some(start_shard(0)), Some(start_shard(1))];
+    let endpoints: Vec<String> = ports.iter().map(|port| format!("127.0.0.1:{port}")).collect();
+    let (otelcol, through) = OpenTelemetryCollector::start(&dir, &endpoints, None);
+    let send =
+        |name: &str, scenario: &str| run_agent(name, scenario, &["--otlp-endpoint", &through, "--node-name", "node-r"]);
+    let findings_on = |shard: &Option<Collector>| shard.as_ref().map_or(0, |s| s.findings("?node=node-r").len());
+
+    let before = send("otelcol_restart_1", "ipc-left-open");
+    let started = Instant::now();
+    while findings_on(&shards[0]) + findings_on(&shards[1]) < before.findings.len() {
+        assert!(started.elapsed() < Duration::from_secs(30), "the node's findings never reached a shard");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let holder = if findings_on(&shards[0]) > 0 { 0 } else { 1 };
+    shards[holder].take().unwrap().stop();
+
+    // The node sends while its shard is away: the agent's own delivery (to the Collector) loses
+    // nothing; the Collector holds the shard's part.
+    let during = send("otelcol_restart_2", "export-freed");
+    assert!(
+        during.stderr.contains("dropped 0 (queue full 0, delivery failed 0, too large 0); rejected by the collector 0"),
+        "{}",
+        during.stderr
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    shards[holder] = Some(start_shard(holder));
+    let expected: Vec<Finding> = before.findings.iter().chain(&during.findings).cloned().collect();
+    let started = Instant::now();
+    while findings_on(&shards[holder]) < expected.len() {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "{} of {} findings on the restarted shard: {}",
+            findings_on(&shards[holder]),
+            expected.len(),
+            std::fs::read_to_string(dir.join("otelcol.log"))
+                .unwrap_or_default()
+                .lines()
+                .rev()
+                .take(5)
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let mut got: Vec<Finding> =
+        shards[holder].as_ref().unwrap().findings("?node=node-r").iter().map(contract).collect();
+    let mut want = expected;
+    got.sort_by(|a, b| a.finding_id.cmp(&b.finding_id));
+    want.sort_by(|a, b| a.finding_id.cmp(&b.finding_id));
+    assert_eq!(got, want);
+    assert_eq!(findings_on(&shards[1 - holder]), 0, "the node moved to the other shard");
+    otelcol.stop();
 }
 
 /// Each of the run's findings is a span in Jaeger (service `gpuprof`), in its process's trace,
