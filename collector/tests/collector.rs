@@ -701,7 +701,7 @@ fn nodes_through_a_real_opentelemetry_collector_land_each_whole_on_one_shard() {
     let shards = [Collector::start(&dir.join("s0.redb"), &[]), Collector::start(&dir.join("s1.redb"), &[])];
     let jaeger = Jaeger::start(&dir);
     let shard_endpoints = [endpoint(&shards[0]), endpoint(&shards[1])];
-    let (mut otelcol, through) = OpenTelemetryCollector::start(&dir, &shard_endpoints, Some(&jaeger.otlp));
+    let (otelcol, through) = OpenTelemetryCollector::start(&dir, &shard_endpoints, Some(&jaeger.otlp));
 
     let runs = [
         ("node-a", run_agent("otelcol_a", "ipc-left-open", &["--otlp-endpoint", &through, "--node-name", "node-a"])),
@@ -830,7 +830,7 @@ fn a_shard_restarted_while_its_node_sends_gets_what_was_sent_meanwhile() {
         let listen = format!("127.0.0.1:{}", ports[n]);
         Collector::start(&dir.join(format!("s{n}.redb")), &["--grpc-listen", &listen])
     };
-    let mut shards = vec![Some(start_shard(0)), Some(start_shard(1))];
+    let mut shards = [Some(start_shard(0)), Some(start_shard(1))];
     let endpoints: Vec<String> = ports.iter().map(|port| format!("127.0.0.1:{port}")).collect();
     let (otelcol, through) = OpenTelemetryCollector::start(&dir, &endpoints, None);
     let send =
