@@ -69,7 +69,7 @@ fn a_daemon_raises_a_growing_job_to_its_tensors_and_lowers_it_again() {
     let levels: Value = serde_json::from_str(&levels).unwrap();
     assert_eq!((status, &levels[0]["pid"], &levels[0]["level"]), (200, &Value::from(pid), &Value::from("tensors")));
     assert_eq!(levels[0]["reason"], "growing");
-    let growth = daemon.wait_for_line("finding growth:", Duration::from_secs(10));
+    let growth = daemon.wait_for_line("finding growth:", Duration::from_secs(20));
     let keep =
         format!("allocated at {}:33 in keep in pid {pid} (python3) grew by ", workloads().join("growing.py").display());
     assert!(growth.contains(&format!("live tensor memory (allocator blocks) {keep}")), "{growth}");

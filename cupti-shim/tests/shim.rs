@@ -569,3 +569,31 @@ fn a_burst_of_500_000_reports_reaches_the_agent_whole() {
     assert_eq!(process["rows"][0]["where"], "shim_burst.py:17 burst");
     assert_eq!(summary["processes"].as_array().unwrap().len(), 1);
 }
+
+/// A driver call names no device; the shim gives each the device of the context it was made
+/// under (CUPTI's callback context, `cuCtxGetDevice`), so a sidecar's per-device views hold as
+/// the daemon's do.
+#[test]
+fn driver_calls_carry_the_device_of_their_context() {
+    let dir = scratch("shim_two_devices");
+    let (_, events, stderr) = shimmed_workload(&dir, &workloads().join("two_devices.py"), &[]);
+    assert_eq!(stderr, "");
+    let calls: Vec<(&str, u64, Option<i32>)> = driver_events(&events)
+        .iter()
+        .filter(|e| matches!(e.op, Op::Alloc | Op::Free))
+        .map(|e| (&*e.api, e.size, e.device))
+        .collect();
+    assert_eq!(
+        calls,
+        [
+            ("cuMemAlloc_v2", 1 << 20, Some(0)),
+            ("cuMemAlloc_v2", 2 << 20, Some(1)),
+            ("cuMemFree_v2", 0, Some(1)),
+            ("cuMemFree_v2", 0, Some(0)),
+        ]
+    );
+    // Context creations name theirs from their arguments.
+    let contexts: Vec<Option<i32>> =
+        driver_events(&events).iter().filter(|e| e.op == Op::CtxCreate).map(|e| e.device).collect();
+    assert_eq!(contexts, [Some(0), Some(1)]);
+}

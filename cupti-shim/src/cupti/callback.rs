@@ -135,6 +135,9 @@ unsafe fn handle(domain: u32, cbid: u32, data: *const CUpti_CallbackData) {
     let mut values = CallValues { result, duration_ns: now - started, ..CallValues::EMPTY };
     // SAFETY: functionParams is this entry point's argument struct.
     unsafe { super::params::read(entry.args, data.functionParams, &mut values) };
+    if values.device < 0 && !data.context.is_null() {
+        values.device = super::device::current().unwrap_or(-1);
+    }
     if let (0, Some((memory_kind, release))) = (result, counted_as(entry.kind, entry.op, values.addr)) {
         SEEN.add(memory_kind, release);
     }

@@ -14,6 +14,7 @@
 mod activity;
 mod callback;
 pub mod caller;
+mod device;
 mod library;
 mod params;
 mod tally;
