@@ -7,22 +7,13 @@
 #
 #   scripts/build-jaeger.sh          prints the binary's path (building it if needed)
 #
-# GPUPROF_CACHE: where builds are kept (default ~/.cache/gpuprof).
+# GPUPROF_CACHE: where builds are kept (default ~/.cache/gpuprof); GO: the go to use.
 set -euo pipefail
 version=v1.76.0
-cache="${GPUPROF_CACHE:-$HOME/.cache/gpuprof}/jaeger-$version"
-binary="$cache/jaeger"
-if [ -x "$binary" ]; then
-  echo "$binary"
-  exit 0
-fi
-go=""
-for candidate in "${GO:-}" /usr/local/go/bin/go "$(command -v go || true)"; do
-  [ -n "$candidate" ] && [ -x "$candidate" ] || continue
-  minor=$("$candidate" env GOVERSION | sed -n 's/^go1\.\([0-9]*\).*/\1/p')
-  if [ "${minor:-0}" -ge 24 ]; then go=$candidate; break; fi
-done
-[ -n "$go" ] || { echo "gpuprof: no Go 1.24 or later (GO, /usr/local/go/bin/go, PATH): install it from https://go.dev/dl to build Jaeger" >&2; exit 1; }
+source "$(dirname "$0")/go-tool.sh"
+binary="$cache_root/jaeger-$version/jaeger"
+cached "$binary"
+pick_go "Jaeger"
 work=$(mktemp -d)
 trap 'chmod -R u+w "$work"; rm -rf "$work"' EXIT
 started=$(date +%s)
@@ -33,8 +24,6 @@ cp -r "$source_dir" "$work/jaeger"
 chmod -R u+w "$work/jaeger"
 (cd "$work/jaeger" && "$go" build -o "$work/jaeger-bin" ./cmd/jaeger >&2) \
   || { echo "gpuprof: building Jaeger $version failed (see above)" >&2; exit 1; }
-mkdir -p "$cache"
-mv "$work/jaeger-bin" "$binary.partial"
-mv "$binary.partial" "$binary"
+keep "$work/jaeger-bin" "$binary"
 echo "gpuprof: built Jaeger $version in $(( $(date +%s) - started )) s: $binary" >&2
 echo "$binary"

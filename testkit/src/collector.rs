@@ -29,39 +29,27 @@ pub fn collector_bin() -> &'static Path {
 /// cache by scripts/build-otelcol.sh (minutes the first time; install-prerequisites builds it).
 pub fn otelcol_bin() -> &'static Path {
     static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    BIN.get_or_init(|| {
-        let script = crate::workspace::root().join("scripts/build-otelcol.sh");
-        let output = Command::new("bash")
-            .arg(&script)
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
-        assert!(
-            output.status.success(),
-            "cannot build the OpenTelemetry Collector ({}): {}",
-            script.display(),
-            String::from_utf8_lossy(&output.stderr)
-        );
-        PathBuf::from(String::from_utf8(output.stdout).unwrap().trim())
-    })
+    BIN.get_or_init(|| built_by("build-otelcol.sh", "the OpenTelemetry Collector"))
 }
 
 /// Jaeger v2, built once into its cache by scripts/build-jaeger.sh.
 pub fn jaeger_bin() -> &'static Path {
     static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    BIN.get_or_init(|| {
-        let script = crate::workspace::root().join("scripts/build-jaeger.sh");
-        let output = Command::new("bash")
-            .arg(&script)
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
-        assert!(
-            output.status.success(),
-            "cannot build Jaeger ({}): {}",
-            script.display(),
-            String::from_utf8_lossy(&output.stderr)
-        );
-        PathBuf::from(String::from_utf8(output.stdout).unwrap().trim())
-    })
+    BIN.get_or_init(|| built_by("build-jaeger.sh", "Jaeger"))
+}
+
+/// The binary a scripts/ build script prints the path of (building it when its cache has none).
+fn built_by(script: &str, what: &str) -> PathBuf {
+    let script = crate::workspace::root().join("scripts").join(script);
+    let output =
+        Command::new("bash").arg(&script).output().unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+    assert!(
+        output.status.success(),
+        "cannot build {what} ({}): {}",
+        script.display(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    PathBuf::from(String::from_utf8(output.stdout).unwrap().trim())
 }
 
 /// A port nothing listens on now.
