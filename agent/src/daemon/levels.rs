@@ -112,9 +112,7 @@ impl Levels {
         for pid in due {
             self.lower(session, pid)?;
         }
-        if let Ok(mut published) = self.published.lock() {
-            *published = self.raised.values().cloned().collect();
-        }
+        self.publish();
         Ok(())
     }
 
@@ -174,21 +172,28 @@ impl Levels {
         if !taken {
             return Ok(false);
         }
-        session.flow().notice(format!(
-            "pid {pid}: capturing {level} for {:.0} s ({})",
-            detail.as_secs_f64(),
-            reason.sentence()
-        ));
+        let said = format!("pid {pid}: capturing {level} for {:.0} s ({})", detail.as_secs_f64(), reason.sentence());
         let until = Instant::now() + detail;
         self.raised.insert(pid, Raised { pid, level, seconds_left: detail.as_secs_f64(), reason, until });
         self.raises_total += 1;
+        // Published before it is said: whoever reads the line finds it in GET /v1/levels.
+        self.publish();
+        session.flow().notice(said);
         Ok(true)
+    }
+
+    /// What is raised now, for `Control::raised` (the API's thread).
+    fn publish(&self) {
+        if let Ok(mut published) = self.published.lock() {
+            *published = self.raised.values().cloned().collect();
+        }
     }
 
     fn lower(&mut self, session: &mut Session<'_>, pid: u32) -> Result<()> {
         if self.raised.remove(&pid).is_none() {
             return Ok(());
         }
+        self.publish();
         // A process that exited meanwhile is simply not there any more.
         if session.set_level(pid, self.base).unwrap_or(false) {
             session.flow().notice(format!("pid {pid}: back to {}", self.base));
