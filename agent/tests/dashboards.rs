@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gpuprof_testkit::collector::{free_port, Collector, Jaeger};
+use gpuprof_testkit::collector::{free_port, wait_ready, Collector, Jaeger};
 use gpuprof_testkit::daemon::{one_daemon_at_a_time, Daemon};
 use gpuprof_testkit::*;
 use serde_json::Value;
@@ -71,24 +71,12 @@ impl Prometheus {
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start prometheus ({e}): run scripts/install-prerequisites.sh"));
         let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
-        let prometheus = Prometheus { child, url: format!("http://127.0.0.1:{port}"), agent };
-        let started = Instant::now();
-        while prometheus.get("/-/ready").0 != 200 {
-            assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "prometheus never got ready: {}",
-                std::fs::read_to_string(dir.join("prometheus.log")).unwrap_or_default()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        let mut prometheus = Prometheus { child, url: format!("http://127.0.0.1:{port}"), agent };
+        let (url, agent) = (prometheus.url.clone(), prometheus.agent.clone());
+        wait_ready("prometheus", &mut prometheus.child, &dir.join("prometheus.log"), Duration::from_secs(30), || {
+            agent.get(&format!("{url}/-/ready")).call().is_ok_and(|r| r.status().as_u16() == 200)
+        });
         prometheus
-    }
-
-    fn get(&self, path: &str) -> (u16, String) {
-        match self.agent.get(&format!("{}{path}", self.url)).call() {
-            Ok(mut response) => (response.status().as_u16(), response.body_mut().read_to_string().unwrap_or_default()),
-            Err(_) => (0, String::new()),
-        }
     }
 
     /// An instant query: each series' labels and value.

@@ -181,7 +181,7 @@ fn a_training_job_at_a_real_rate_reaches_the_collector_summarized_and_whole() {
 fn a_collector_that_comes_up_late_gets_what_was_queued() {
     let _alone = one_at_a_time();
     let dir = scratch("otlp_late");
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = gpuprof_testkit::collector::free_port();
     let endpoint = format!("http://127.0.0.1:{port}");
     let run = {
         let (dir, endpoint) = (dir.clone(), endpoint.clone());

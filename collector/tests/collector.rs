@@ -15,7 +15,7 @@ use gpuprof_otlp::proto::collector::logs::v1::ExportLogsServiceRequest;
 use gpuprof_otlp::resource::ProcessIdentity;
 use gpuprof_testkit::collector::{
     allocator_gauges, collector_bin, free_port, handed_over, logs_request, logs_request_of, nvml_gauge, otelcol_bin,
-    profile_record, records_request, synthetic, trainer, Collector, Jaeger,
+    profile_record, records_request, synthetic, trainer, wait_ready, Collector, Jaeger,
 };
 use gpuprof_testkit::*;
 use prost::Message;
@@ -624,7 +624,7 @@ fn the_python_sdk_is_accepted_and_forwarded_spans_decode_with_opentelemetry_prot
 #[test]
 fn a_collector_that_is_away_costs_counted_drops_not_a_stalled_capture() {
     // A port nobody listens on.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = free_port();
     // The agent is brought up to date before the clock starts: it times the capture, not a build.
     gpuprof();
     let started = Instant::now();
@@ -802,14 +802,9 @@ exporters:
             .spawn()
             .unwrap();
         let agent = ureq::Agent::config_builder().http_status_as_error(false).build().new_agent();
-        let started = Instant::now();
-        while agent.get(&format!("http://127.0.0.1:{health}/")).call().map(|r| r.status().as_u16()).unwrap_or(0) != 200
-        {
-            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
-            assert!(child.try_wait().unwrap().is_none(), "the OpenTelemetry Collector exited: {log}");
-            assert!(started.elapsed() < Duration::from_secs(30), "the OpenTelemetry Collector never got ready: {log}");
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        wait_ready("the OpenTelemetry Collector", &mut child, &log_path, Duration::from_secs(30), || {
+            agent.get(&format!("http://127.0.0.1:{health}/")).call().is_ok_and(|r| r.status().as_u16() == 200)
+        });
         (OpenTelemetryCollector(child), format!("http://127.0.0.1:{grpc}"))
     }
 

@@ -52,6 +52,18 @@ fn built_by(script: &str, what: &str) -> PathBuf {
     PathBuf::from(String::from_utf8(output.stdout).unwrap().trim())
 }
 
+/// Waits (100 ms apart) until `ready` holds for a server `child` started with its stderr in
+/// `log`; fails naming `what` with that log when it exits first or `limit` passes.
+pub fn wait_ready(what: &str, child: &mut Child, log: &Path, limit: Duration, mut ready: impl FnMut() -> bool) {
+    let started = std::time::Instant::now();
+    while !ready() {
+        let said = || std::fs::read_to_string(log).unwrap_or_default();
+        assert!(child.try_wait().unwrap().is_none(), "{what} exited: {}", said());
+        assert!(started.elapsed() < limit, "{what} never got ready: {}", said());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// A port nothing listens on now.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
@@ -115,13 +127,10 @@ exporters:
             query: format!("http://127.0.0.1:{query}"),
             agent,
         };
-        let started = std::time::Instant::now();
-        while jaeger.get("/api/services").0 != 200 {
-            let log = std::fs::read_to_string(dir.join("jaeger.log")).unwrap_or_default();
-            assert!(jaeger.child.try_wait().unwrap().is_none(), "Jaeger exited: {log}");
-            assert!(started.elapsed() < Duration::from_secs(60), "Jaeger never answered: {log}");
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        let (query, agent) = (jaeger.query.clone(), jaeger.agent.clone());
+        wait_ready("Jaeger", &mut jaeger.child, &dir.join("jaeger.log"), Duration::from_secs(60), || {
+            agent.get(&format!("{query}/api/services")).call().is_ok_and(|r| r.status().as_u16() == 200)
+        });
         jaeger
     }
 
