@@ -325,10 +325,12 @@ impl Collector {
         }
     }
 
-    /// Saves what changed and applies retention.
+    /// Saves what changed and applies retention. Nodes are serialized and saved a few at a
+    /// time: a checkpoint of every node at once held all their saved forms (and the database's
+    /// uncommitted pages) together, the shard's largest peak of memory.
     pub fn checkpoint(&self) -> anyhow::Result<()> {
         let horizon = gpuprof_model::event::wall_clock_ns().saturating_sub(self.config.retention.as_nanos() as u64);
-        let (nodes, dropped) = {
+        let (names, dropped) = {
             let mut state = self.state.lock().expect("state lock");
             let dropped = state.prune(horizon, self.config.max_findings);
             (state.take_dirty(), dropped)
@@ -339,7 +341,33 @@ impl Collector {
                 seen.clear();
             }
         }
-        self.store.checkpoint(&nodes, &dropped)
+        for (n, chunk) in names.chunks(NODES_PER_SAVE).enumerate() {
+            let nodes: Vec<(String, Vec<u8>)> = {
+                let state = self.state.lock().expect("state lock");
+                chunk.iter().filter_map(|name| Some((name.clone(), state.saved_form(name)?))).collect()
+            };
+            if let Err(error) = self.store.checkpoint(&nodes, &[]) {
+                self.state.lock().expect("state lock").mark_dirty(&names[n * NODES_PER_SAVE..]);
+                return Err(error);
+            }
+        }
+        self.store.checkpoint(&[], &dropped)?;
+        release_freed_memory();
+        Ok(())
+    }
+}
+
+/// Nodes serialized and committed together at a checkpoint.
+const NODES_PER_SAVE: usize = 16;
+
+/// Hands the allocator's freed pages back to the system: a checkpoint's and a large read's
+/// buffers are freed, but glibc keeps them in its arenas, and a shard's resident memory would
+/// stay at its highest peak.
+fn release_freed_memory() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim has no preconditions; it only returns free memory to the system.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 

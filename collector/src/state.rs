@@ -350,16 +350,30 @@ impl State {
         self.findings.iter().rev().take(n)
     }
 
-    /// Nodes changed since the last call, serialized for the store.
-    pub fn take_dirty(&mut self) -> Vec<(String, Vec<u8>)> {
+    /// Nodes changed since the last call (their names); `saved_form` serializes each.
+    pub fn take_dirty(&mut self) -> Vec<String> {
         self.nodes
             .iter_mut()
             .filter(|(_, n)| n.dirty)
             .map(|(name, n)| {
                 n.dirty = false;
-                (name.clone(), postcard::to_stdvec(&*n).expect("node state always serializes"))
+                name.clone()
             })
             .collect()
+    }
+
+    /// Marks nodes changed again (a checkpoint that could not save them).
+    pub fn mark_dirty(&mut self, names: &[String]) {
+        for name in names {
+            if let Some(node) = self.nodes.get_mut(name) {
+                node.dirty = true;
+            }
+        }
+    }
+
+    /// A node as the store keeps it; None once it is gone.
+    pub fn saved_form(&self, name: &str) -> Option<Vec<u8>> {
+        self.nodes.get(name).map(|n| postcard::to_stdvec(n).expect("node state always serializes"))
     }
 
     /// Forgets processes that ended before `horizon` (and summaries of pids no longer known),
@@ -567,10 +581,12 @@ mod tests {
         // Gauges alone change nothing to save: the live node sends them again after a restart.
         state.live_gauge("node-b", 20, 5, "driver", "device", 1 << 20);
         let dirty = state.take_dirty();
-        assert_eq!(dirty.iter().map(|(name, _)| name.as_str()).collect::<Vec<_>>(), ["node-a"]);
+        assert_eq!(dirty, ["node-a"]);
         assert!(state.take_dirty().is_empty());
+        state.mark_dirty(&dirty);
+        assert_eq!(state.take_dirty(), ["node-a"]);
         // What was saved is the node, whole.
-        let saved: Node = postcard::from_bytes(&dirty[0].1).unwrap();
+        let saved: Node = postcard::from_bytes(&state.saved_form("node-a").unwrap()).unwrap();
         let restored = State::new(vec![("node-a".to_string(), saved)], Vec::new());
         for state in [&state, &restored] {
             let processes = state.processes(Some("node-a"), true);
