@@ -6,7 +6,13 @@ clock and every node sends its OTLP stream in real time), each size against a fr
 gpuprof-collector, in one run. Reports per node items and bytes a second, summarized and in full;
 items lost; the collector's CPU, memory and finding latency.
 
+With --shards N the nodes send through gpuprof's OpenTelemetry Collector (scripts/build-otelcol.sh;
+memory_limiter, batch, load_balancing by host.name) to N gpuprof-collector shards, as
+docs/deploy.md deploys a fleet past one collector; the report adds each shard's memory, the
+nodes each serves (every node whole on one shard) and the Collector's CPU and memory.
+
     python3 bench/fleet.py [--recording bench/fixtures/torch_train.gpuprof] [--sizes 1,10,100,1000] [--seconds 60]
+    python3 bench/fleet.py --sizes 1000 --shards 4
 
 Needs a release build: cargo build --release -p gpuprof -p gpuprof-collector.
 """
@@ -16,6 +22,8 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,27 +36,92 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run_size(args, nodes, workdir):
-    grpc, http = free_port(), free_port()
+def start_collector(workdir, name, grpc, http):
     collector = subprocess.Popen(
-        [RELEASE / "gpuprof-collector", "--db", workdir / f"fleet-{nodes}.redb",
+        [RELEASE / "gpuprof-collector", "--db", workdir / f"{name}.redb",
          "--grpc-listen", f"127.0.0.1:{grpc}", "--http-listen", f"127.0.0.1:{http}", "--rate-limit", "100000"],
         stderr=subprocess.PIPE, text=True)
     collector.stderr.readline()
+    return collector
+
+
+# As a deployment runs it (docs/deploy.md): memory_limiter first, batch, then each node's data
+# routed whole to one shard by host.name; each shard's exporter keeps its own queue and retry.
+OTELCOL_CONFIG = """extensions:
+  health_check: {{endpoint: 127.0.0.1:{health}}}
+receivers:
+  otlp:
+    protocols:
+      grpc: {{endpoint: 127.0.0.1:{grpc}}}
+processors:
+  memory_limiter: {{check_interval: 1s, limit_mib: 1536, spike_limit_mib: 384}}
+  batch: {{timeout: 200ms}}
+exporters:
+  load_balancing:
+    routing_key: attributes
+    routing_attributes: [host.name]
+    protocol:
+      otlp: {{timeout: 10s, tls: {{insecure: true}}}}
+    resolver:
+      static: {{hostnames: [{shards}]}}
+service:
+  extensions: [health_check]
+  telemetry: {{metrics: {{level: none}}}}
+  pipelines:
+    logs: {{receivers: [otlp], processors: [memory_limiter, batch], exporters: [load_balancing]}}
+    traces: {{receivers: [otlp], processors: [memory_limiter, batch], exporters: [load_balancing]}}
+    metrics: {{receivers: [otlp], processors: [memory_limiter, batch], exporters: [load_balancing]}}
+"""
+
+
+def start_otelcol(workdir, shard_grpc):
+    binary = subprocess.run(["bash", ROOT / "scripts" / "build-otelcol.sh"], capture_output=True, text=True)
+    if binary.returncode != 0:
+        sys.exit(f"cannot build the OpenTelemetry Collector: {binary.stderr.strip()[-2000:]}")
+    grpc, health = free_port(), free_port()
+    config = workdir / "otelcol.yaml"
+    config.write_text(OTELCOL_CONFIG.format(
+        health=health, grpc=grpc, shards=", ".join(f"127.0.0.1:{p}" for p in shard_grpc)))
+    log = open(workdir / "otelcol.log", "w")
+    otelcol = subprocess.Popen([binary.stdout.strip(), "--config", config], stdout=subprocess.DEVNULL, stderr=log)
+    deadline = time.time() + 30
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{health}/", timeout=1) as r:
+                if r.status == 200:
+                    return otelcol, grpc
+        except OSError:
+            pass
+        if otelcol.poll() is not None or time.time() > deadline:
+            sys.exit(f"the OpenTelemetry Collector did not start: {(workdir / 'otelcol.log').read_text()[-2000:]}")
+        time.sleep(0.2)
+
+
+def run_size(args, nodes, workdir):
+    shards = max(args.shards, 1)
+    ports = [(free_port(), free_port()) for _ in range(shards)]
+    collectors = [start_collector(workdir, f"fleet-{nodes}-{n}", grpc, http) for n, (grpc, http) in enumerate(ports)]
+    otelcol = None
+    send_to = ports[0][0]
+    if args.shards:
+        otelcol, send_to = start_otelcol(workdir, [grpc for grpc, _ in ports])
     try:
-        sim = subprocess.run(
-            [RELEASE / "gpuprof-fleet-sim", "--input", args.recording, "--nodes", str(nodes),
-             "--processes", str(args.processes), "--rate", str(args.rate), "--seconds", str(args.seconds),
-             "--worker-every", str(args.worker_every), "--threads", str(args.threads),
-             "--collector-grpc", f"http://127.0.0.1:{grpc}", "--collector-http", f"http://127.0.0.1:{http}",
-             "--collector-pid", str(collector.pid), "--timeout", "300"],
-            capture_output=True, text=True)
+        command = [RELEASE / "gpuprof-fleet-sim", "--input", args.recording, "--nodes", str(nodes),
+                   "--processes", str(args.processes), "--rate", str(args.rate), "--seconds", str(args.seconds),
+                   "--worker-every", str(args.worker_every), "--threads", str(args.threads),
+                   "--collector-grpc", f"http://127.0.0.1:{send_to}",
+                   "--collector-http", ",".join(f"http://127.0.0.1:{http}" for _, http in ports),
+                   "--collector-pid", ",".join(str(c.pid) for c in collectors), "--timeout", "300"]
+        if otelcol:
+            command += ["--otelcol-pid", str(otelcol.pid)]
+        sim = subprocess.run(command, capture_output=True, text=True)
         if sim.returncode != 0:
             sys.exit(f"gpuprof-fleet-sim failed at {nodes} nodes: {sim.stderr.strip()[-3000:]}")
         return json.loads(sim.stdout)
     finally:
-        collector.terminate()
-        collector.wait(timeout=30)
+        for process in ([otelcol] if otelcol else []) + collectors:
+            process.terminate()
+            process.wait(timeout=30)
 
 
 def main():
@@ -60,6 +133,8 @@ def main():
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--worker-every", type=float, default=10)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--shards", type=int, default=0,
+                        help="send through gpuprof's OpenTelemetry Collector to this many gpuprof-collectors (0: straight to one)")
     args = parser.parse_args()
     for binary in ("gpuprof-collector", "gpuprof-fleet-sim"):
         if not (RELEASE / binary).exists():
@@ -85,6 +160,17 @@ def main():
         rss = r["collector"]["resident_bytes"] / 2**20
         print(f"| {r['nodes']} | {r['nodes'] * r['processes_per_node']} | {items:,.0f} | {r['otlp_items_lost']} | {cores:.3f} | {rss:.0f} "
               f"| {lat['p50']:.0f} / {lat['p99']:.0f} / {lat['max']:.0f} | {r['findings_served']} |")
+    if args.shards:
+        print("\n| nodes | shard | nodes served | shard cores | shard RSS (MiB) |")
+        print("|---:|---:|---:|---:|---:|")
+        for r in reports:
+            for n, (shard, served) in enumerate(zip(r["shards"], r["nodes_per_shard"])):
+                print(f"| {r['nodes']} | {n} | {served} | {shard['cpu_cores_used']:.3f} | {shard['resident_bytes'] / 2**20:.0f} |")
+        print("\n| nodes | Collector cores | Collector RSS (MiB) | nodes on several shards |")
+        print("|---:|---:|---:|---:|")
+        for r in reports:
+            o = r["otelcol"]
+            print(f"| {r['nodes']} | {o['cpu_cores_used']:.3f} | {o['resident_bytes'] / 2**20:.0f} | {r['nodes_on_several_shards']} |")
 
 
 if __name__ == "__main__":

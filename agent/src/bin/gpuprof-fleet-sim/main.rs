@@ -13,7 +13,12 @@
 //!   gpuprof-fleet-sim --input run.gpuprof --nodes 100 --processes 8 --rate 50000 --seconds 60 \
 //!       --collector-grpc http://127.0.0.1:4317 --collector-http http://127.0.0.1:4318
 //!
-//! Prints a JSON report; fails when the collector lacks anything a node sent.
+//! Behind an OpenTelemetry Collector that routes each node to one of several gpuprof-collector
+//! shards, `--collector-grpc` is the Collector's address and `--collector-http` (and
+//! `--collector-pid`) name every shard, comma-separated; `--otelcol-pid` the Collector itself.
+//!
+//! Prints a JSON report; fails when the collectors lack anything a node sent, or a node's data
+//! is on more than one shard.
 
 mod node;
 mod replay;
@@ -57,16 +62,20 @@ struct Args {
     /// Threads sending (nodes are spread over them).
     #[arg(long, default_value_t = 2)]
     threads: u32,
+    /// Where the nodes send: a gpuprof-collector, or an OpenTelemetry Collector in front of shards.
     #[arg(long)]
     collector_grpc: String,
-    /// The collector's HTTP address (API and /metrics).
-    #[arg(long)]
-    collector_http: String,
+    /// The gpuprof-collectors' HTTP addresses (API and /metrics), comma-separated: every shard.
+    #[arg(long, value_delimiter = ',', required = true)]
+    collector_http: Vec<String>,
     #[arg(long, env = "GPUPROF_OTLP_TOKEN", hide_env_values = true)]
     token: Option<String>,
-    /// The collector's pid, for its CPU and memory.
+    /// The gpuprof-collectors' pids, comma-separated, for their CPU and memory.
+    #[arg(long, value_delimiter = ',')]
+    collector_pid: Vec<u32>,
+    /// The OpenTelemetry Collector's pid, when the nodes send through one: its CPU and memory.
     #[arg(long)]
-    collector_pid: Option<u32>,
+    otelcol_pid: Option<u32>,
     /// Give up waiting for the collector after this many seconds past the end.
     #[arg(long, default_value_t = 60.0)]
     timeout: f64,
@@ -116,7 +125,8 @@ fn run(args: &Args) -> Result<String> {
         collector_grpc: args.collector_grpc.clone(),
         collector_http: args.collector_http.clone(),
         token: args.token.clone(),
-        collector_pid: args.collector_pid,
+        collector_pids: args.collector_pid.clone(),
+        otelcol_pid: args.otelcol_pid,
         timeout: Duration::from_secs_f64(args.timeout),
     };
     let result = replay::run(&fleet, &stream, start)?;
@@ -156,10 +166,11 @@ fn run(args: &Args) -> Result<String> {
         "received_twice": (got("log_records") + got("spans") + got("metric_points")).saturating_sub(n * items),
         "otlp_items_lost": result.delivery.lost(),
         "replay_max_lag_ms": result.max_lag_ms,
-        "collector": {
-            "cpu_cores_used": result.collector_cpu_seconds.map(|c| c / result.seconds),
-            "resident_bytes": result.collector_resident_bytes,
-        },
+        "collector": usage(result.collectors.iter().fold(None, |total, u| Some(total.unwrap_or_default() + *u)), result.seconds),
+        "shards": result.collectors.iter().map(|u| usage(Some(*u), result.seconds)).collect::<Vec<_>>(),
+        "nodes_per_shard": result.nodes_per_shard,
+        "nodes_on_several_shards": result.nodes_on_several_shards,
+        "otelcol": usage(result.otelcol, result.seconds),
         "findings_expected": n * stream.findings.len() as u64,
         "findings_served": result.latencies_ms.len(),
         "findings_missing": result.findings_missing,
@@ -171,11 +182,21 @@ fn run(args: &Args) -> Result<String> {
     if !complete
         || result.delivery.lost() > 0
         || result.findings_missing > 0
+        || result.nodes_on_several_shards > 0
         || result.latencies_ms.len() as u64 != n * stream.findings.len() as u64
     {
         bail!("the collector does not have everything the fleet sent: {report}");
     }
     Ok(report.to_string())
+}
+
+/// A process's CPU cores used over the replay and its largest resident set (summed over shards
+/// for the collectors as a whole).
+fn usage(usage: Option<replay::Usage>, seconds: f64) -> serde_json::Value {
+    match usage {
+        Some(u) => json!({"cpu_cores_used": u.cpu_seconds / seconds, "resident_bytes": u.peak_resident_bytes}),
+        None => serde_json::Value::Null,
+    }
 }
 
 fn read_recording(path: &Path) -> Result<Vec<Event>> {

@@ -1,9 +1,10 @@
 //! The fleet in real time: every simulated node sends the node stream, renamed to itself
 //! (`host.name`), through its own OTLP client and connection, each batch at its time; a poller
-//! notes when each finding is first served by the collector's API; the collector's CPU and
+//! notes when each finding is first served by a collector's API (every shard's asked) and
+//! which shards serve each node; the collectors' and the OpenTelemetry Collector's CPU and
 //! memory are sampled from /proc.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -23,9 +24,11 @@ pub struct Fleet {
     pub nodes: u32,
     pub threads: u32,
     pub collector_grpc: String,
-    pub collector_http: String,
+    /// Every shard's HTTP address.
+    pub collector_http: Vec<String>,
     pub token: Option<String>,
-    pub collector_pid: Option<u32>,
+    pub collector_pids: Vec<u32>,
+    pub otelcol_pid: Option<u32>,
     /// How long to wait for the collector to serve everything after the stream ends.
     pub timeout: Duration,
 }
@@ -43,9 +46,30 @@ pub struct Replay {
     /// The most any replay thread fell behind the stream's clock (ms).
     pub max_lag_ms: f64,
     pub seconds: f64,
-    /// The collector's CPU seconds over the replay, and its largest resident set.
-    pub collector_cpu_seconds: Option<f64>,
-    pub collector_resident_bytes: Option<u64>,
+    /// Each gpuprof-collector's use, in `collector_pids` order.
+    pub collectors: Vec<Usage>,
+    pub otelcol: Option<Usage>,
+    /// Nodes each shard served findings of, in `collector_http` order.
+    pub nodes_per_shard: Vec<usize>,
+    /// Nodes whose findings more than one shard served (routing that split a node).
+    pub nodes_on_several_shards: u64,
+}
+
+/// A process's CPU seconds over the replay and its largest resident set.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Usage {
+    pub cpu_seconds: f64,
+    pub peak_resident_bytes: u64,
+}
+
+impl std::ops::Add for Usage {
+    type Output = Usage;
+    fn add(self, other: Usage) -> Usage {
+        Usage {
+            cpu_seconds: self.cpu_seconds + other.cpu_seconds,
+            peak_resident_bytes: self.peak_resident_bytes + other.peak_resident_bytes,
+        }
+    }
 }
 
 /// (node, pid, kind) → when its batch was handed to the node's client, or when the collector
@@ -57,20 +81,25 @@ pub fn run(fleet: &Fleet, stream: &NodeStream, stream_start: u64) -> Result<Repl
     let started_ns = stream_start;
     let sent: Sent = Mutex::default();
     let seen: Arc<Sent> = Arc::default();
+    let shards_of_node: Arc<Mutex<HashMap<String, BTreeSet<usize>>>> = Arc::default();
     let done = Arc::new(AtomicBool::new(false));
     let http: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
     let poller = {
-        let (seen, done, base, http) = (seen.clone(), done.clone(), fleet.collector_http.clone(), http.clone());
+        let (seen, shards_of_node, done, bases, http) =
+            (seen.clone(), shards_of_node.clone(), done.clone(), fleet.collector_http.clone(), http.clone());
         std::thread::spawn(move || -> Result<()> {
             loop {
                 let stop = done.load(Ordering::Relaxed);
-                let found = findings_since(&http, &base, started_ns)?;
-                let now = wall_clock_ns();
-                let mut seen = seen.lock().expect("seen");
-                for key in found {
-                    seen.entry(key).or_insert(now);
+                for (shard, base) in bases.iter().enumerate() {
+                    let found = findings_since(&http, base, started_ns)?;
+                    let now = wall_clock_ns();
+                    let mut seen = seen.lock().expect("seen");
+                    let mut shards_of_node = shards_of_node.lock().expect("shards");
+                    for key in found {
+                        shards_of_node.entry(key.0.clone()).or_default().insert(shard);
+                        seen.entry(key).or_insert(now);
+                    }
                 }
-                drop(seen);
                 if stop {
                     return Ok(());
                 }
@@ -78,20 +107,23 @@ pub fn run(fleet: &Fleet, stream: &NodeStream, stream_start: u64) -> Result<Repl
             }
         })
     };
-    let cpu_before = fleet.collector_pid.and_then(cpu_seconds);
-    let peak_resident = Arc::new(Mutex::new(0u64));
-    let sampler = fleet.collector_pid.map(|pid| {
-        let (peak, done) = (peak_resident.clone(), done.clone());
+    let watched: Vec<u32> = fleet.collector_pids.iter().copied().chain(fleet.otelcol_pid).collect();
+    let cpu_before: Vec<Option<f64>> = watched.iter().map(|&pid| cpu_seconds(pid)).collect();
+    let peak_resident = Arc::new(Mutex::new(vec![0u64; watched.len()]));
+    let sampler = {
+        let (peak, done, watched) = (peak_resident.clone(), done.clone(), watched.clone());
         std::thread::spawn(move || {
             while !done.load(Ordering::Relaxed) {
-                if let Some(bytes) = resident_bytes(pid) {
-                    let mut peak = peak.lock().expect("peak");
-                    *peak = (*peak).max(bytes);
+                for (n, &pid) in watched.iter().enumerate() {
+                    if let Some(bytes) = resident_bytes(pid) {
+                        let mut peak = peak.lock().expect("peak");
+                        peak[n] = peak[n].max(bytes);
+                    }
                 }
                 std::thread::sleep(Duration::from_millis(200));
             }
         })
-    });
+    };
 
     let start = Instant::now();
     let mut delivery = Delivery::default();
@@ -121,10 +153,18 @@ pub fn run(fleet: &Fleet, stream: &NodeStream, stream_start: u64) -> Result<Repl
     let seconds = start.elapsed().as_secs_f64();
     done.store(true, Ordering::Relaxed);
     poller.join().map_err(|_| anyhow::anyhow!("the findings poller panicked"))??;
-    if let Some(sampler) = sampler {
-        let _ = sampler.join();
-    }
-    let cpu_after = fleet.collector_pid.and_then(cpu_seconds);
+    let _ = sampler.join();
+    let peak = peak_resident.lock().expect("peak").clone();
+    let mut usages: Vec<Usage> = watched
+        .iter()
+        .zip(cpu_before)
+        .zip(peak)
+        .map(|((&pid, before), peak_resident_bytes)| Usage {
+            cpu_seconds: before.zip(cpu_seconds(pid)).map_or(0.0, |(b, a)| a - b),
+            peak_resident_bytes,
+        })
+        .collect();
+    let otelcol = fleet.otelcol_pid.and_then(|_| usages.pop());
     let seen = seen.lock().expect("seen");
     let mut latencies_ms = Vec::new();
     let mut findings_missing = 0;
@@ -135,15 +175,20 @@ pub fn run(fleet: &Fleet, stream: &NodeStream, stream_start: u64) -> Result<Repl
         }
     }
     latencies_ms.sort_by(f64::total_cmp);
-    let peak = *peak_resident.lock().expect("peak");
+    let shards_of_node = shards_of_node.lock().expect("shards");
+    let nodes_per_shard = (0..fleet.collector_http.len())
+        .map(|shard| shards_of_node.values().filter(|shards| shards.contains(&shard)).count())
+        .collect();
     Ok(Replay {
         delivery,
         latencies_ms,
         findings_missing,
         max_lag_ms,
         seconds,
-        collector_cpu_seconds: cpu_before.zip(cpu_after).map(|(b, a)| a - b),
-        collector_resident_bytes: (peak > 0).then_some(peak),
+        collectors: usages,
+        otelcol,
+        nodes_per_shard,
+        nodes_on_several_shards: shards_of_node.values().filter(|shards| shards.len() > 1).count() as u64,
     })
 }
 
@@ -299,19 +344,29 @@ fn resident_bytes(pid: u32) -> Option<u64> {
     Some(pages * unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64)
 }
 
-/// Items the collector says it received, by signal, from its /metrics.
-pub fn received(base: &str) -> Result<BTreeMap<String, u64>> {
+/// Items the collectors say they received, by signal, from their /metrics, summed over shards.
+pub fn received(bases: &[String]) -> Result<BTreeMap<String, u64>> {
     let http: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
-    let mut response =
-        http.get(&format!("{base}/metrics")).call().with_context(|| format!("cannot reach the collector at {base}"))?;
-    let text =
-        response.body_mut().with_config().limit(1 << 30).read_to_string().context("reading the collector's metrics")?;
-    Ok(text
-        .lines()
-        .filter_map(|l| l.strip_prefix("gpuprof_collector_received_total{signal=\""))
-        .filter_map(|l| {
-            let (signal, value) = l.split_once("\"} ")?;
-            Some((signal.to_string(), value.trim().parse().ok()?))
-        })
-        .collect())
+    let mut total = BTreeMap::new();
+    for base in bases {
+        let mut response = http
+            .get(&format!("{base}/metrics"))
+            .call()
+            .with_context(|| format!("cannot reach the collector at {base}"))?;
+        let text = response
+            .body_mut()
+            .with_config()
+            .limit(1 << 30)
+            .read_to_string()
+            .context("reading the collector's metrics")?;
+        for (signal, value) in
+            text.lines().filter_map(|l| l.strip_prefix("gpuprof_collector_received_total{signal=\"")).filter_map(|l| {
+                let (signal, value) = l.split_once("\"} ")?;
+                Some((signal.to_string(), value.trim().parse::<u64>().ok()?))
+            })
+        {
+            *total.entry(signal).or_insert(0) += value;
+        }
+    }
+    Ok(total)
 }
