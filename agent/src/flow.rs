@@ -135,7 +135,7 @@ impl EventFlow {
         }
         self.forward_stacks.follow(&mut event);
         if self.pids_are_ours && self.ranks.first_call(&event) {
-            event.rank = crate::procfs::rank(event.pid);
+            event.rank = event.rank.or_else(|| crate::procfs::rank(event.pid));
         }
         self.ranks.observe(&event);
         if let Some(telemetry) = &mut self.telemetry {

@@ -24,10 +24,11 @@ pub fn rank(pid: u32) -> Option<u32> {
 }
 
 fn rank_in(environ: &[u8]) -> Option<u32> {
+    use gpuprof_model::rank::{parse, RANK_VARIABLE};
     environ
         .split(|&b| b == 0)
-        .find_map(|entry| entry.strip_prefix(b"RANK="))
-        .and_then(|value| std::str::from_utf8(value).ok()?.parse().ok())
+        .find_map(|entry| entry.strip_prefix(RANK_VARIABLE.as_bytes())?.strip_prefix(b"="))
+        .and_then(parse)
 }
 
 /// State and parent from /proc/PID/stat; `None` when the process is gone.

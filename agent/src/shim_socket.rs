@@ -197,7 +197,7 @@ fn read_connection(connection: u64, stream: UnixStream, messages: &SyncSender<Sh
     }
     let mut reader = BufReader::with_capacity(1 << 16, stream);
     let binary = matches!(reader.fill_buf(), Ok(bytes) if bytes.first() == wire::MAGIC.first());
-    let mut connection_reader = ConnectionReader { connection, speaker, messages };
+    let mut connection_reader = ConnectionReader { connection, speaker, messages, rank: None, rank_told: false };
     let _ = if binary { connection_reader.binary(&mut reader) } else { connection_reader.lines(reader) };
     let _ = messages.send(ShimMessage::Closed { connection });
 }
@@ -207,6 +207,10 @@ struct ConnectionReader<'m> {
     connection: u64,
     speaker: Speaker,
     messages: &'m SyncSender<ShimMessage>,
+    /// The rank the process said it has, put on its first call (where a capture reading /proc
+    /// puts the rank it reads).
+    rank: Option<u32>,
+    rank_told: bool,
 }
 
 /// The loop stopped listening: the reader ends.
@@ -219,6 +223,10 @@ impl ConnectionReader<'_> {
 
     /// An event for the loop, if the process may speak for the pid it names.
     fn event(&mut self, mut event: Event) -> std::result::Result<(), Gone> {
+        if !self.rank_told && event.layer != Layer::Process {
+            event.rank = event.rank.or(self.rank);
+            self.rank_told = true;
+        }
         let message = match self.speaker.admit(&mut event) {
             Ok(()) => ShimMessage::Event { connection: self.connection, event },
             Err(first) => {
@@ -274,7 +282,8 @@ impl ConnectionReader<'_> {
             };
             match message {
                 Message::Json(text) => self.json(&text)?,
-                Message::Process { pid, ppid: parent, comm: name } => {
+                Message::Process { pid, ppid: parent, comm: name, rank } => {
+                    self.rank = rank;
                     comm = Arc::from(name.as_ref());
                     ppid = Some(parent);
                     // Admitted as an event's pid would be: the agent's view of its own pid.
@@ -591,7 +600,7 @@ mod tests {
         };
         let frame = gpuprof_model::event::Frame { function: "<module>".into(), file: "train.py".into(), line: 34 };
         let mut stream = wire::MAGIC.to_vec();
-        Message::Process { pid, ppid: 1, comm: "python3".into() }.write(&mut stream);
+        Message::Process { pid, ppid: 1, comm: "python3".into(), rank: None }.write(&mut stream);
         Message::Stack { id: 1, frames: vec![frame.clone()] }.write(&mut stream);
         Message::Block(block).write(&mut stream);
         Message::Block(wire::Block { stack: 2, ptr: 0x7f00_0020_1000, ..block }).write(&mut stream);

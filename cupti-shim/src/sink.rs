@@ -240,7 +240,9 @@ impl Sender {
         if sender.binary() {
             sender.batch.extend_from_slice(wire::MAGIC);
             let comm = Cow::Owned(sender.comm.to_string());
-            Message::Process { pid: std::process::id(), ppid, comm }.write(&mut sender.batch);
+            let rank = std::env::var_os(gpuprof_model::rank::RANK_VARIABLE)
+                .and_then(|value| gpuprof_model::rank::parse(value.as_encoded_bytes()));
+            Message::Process { pid: std::process::id(), ppid, comm, rank }.write(&mut sender.batch);
         }
         sender
     }

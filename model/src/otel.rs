@@ -61,6 +61,8 @@ pub mod span {
     pub const FINDING_DIAGNOSIS: &str = "gpuprof.finding.diagnosis";
     /// `growth`: seconds until the device is full at the rate it grew.
     pub const FINDING_SECONDS_TO_FULL: &str = "gpuprof.finding.seconds_to_full";
+    /// The process's rank in a distributed job (`RANK` in its environment).
+    pub const RANK: &str = "gpuprof.rank";
 }
 
 /// Names of the span events on an allocation's span.

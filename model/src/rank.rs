@@ -9,6 +9,15 @@ use std::collections::HashMap;
 use crate::event::{Event, Layer, Op};
 use crate::findings::Finding;
 
+/// The environment variable a distributed launcher (torchrun, torch.distributed, DeepSpeed,
+/// Accelerate) gives each process its rank in.
+pub const RANK_VARIABLE: &str = "RANK";
+
+/// A `RANK` value as a rank: a non-negative integer, else none.
+pub fn parse(value: &[u8]) -> Option<u32> {
+    std::str::from_utf8(value).ok()?.parse().ok()
+}
+
 /// The rank of each process followed, learnt from its first call.
 #[derive(Debug, Default)]
 pub struct Ranks {

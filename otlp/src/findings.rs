@@ -35,6 +35,9 @@ pub fn span_of(finding: &Finding, host: &str, since: u64, n: u64) -> Span {
     if let Some(seconds) = finding.seconds_to_full {
         attributes.push(kv_int(attr::FINDING_SECONDS_TO_FULL, seconds.round() as i64));
     }
+    if let Some(rank) = finding.rank {
+        attributes.push(kv_int(attr::RANK, i64::from(rank)));
+    }
     if let Some(peer) = finding.peer_pid {
         attributes.push(kv_int(attr::PEER_PID, i64::from(peer)));
     }

@@ -22,6 +22,8 @@ pub const MAGIC: &[u8; 8] = b"GPWIRE1\n";
 pub const MAX_MESSAGE: usize = 1 << 20;
 
 const TAG_JSON: u8 = 1;
+/// `Message::Process` without a rank.
+const NO_RANK: u32 = u32::MAX;
 const TAG_PROCESS: u8 = 2;
 const TAG_STACK: u8 = 3;
 const TAG_NAME: u8 = 4;
@@ -82,11 +84,14 @@ impl Block {
 pub enum Message<'a> {
     /// An event or the counters line, as the jsonl path writes it.
     Json(Cow<'a, str>),
-    /// The process speaking (first, and again when its name changes).
+    /// The process speaking (first, and again when its name changes), and its rank in a
+    /// distributed job (`RANK` in its environment: an agent in another pid namespace, a pod's
+    /// sidecar, cannot read it from /proc).
     Process {
         pid: u32,
         ppid: u32,
         comm: Cow<'a, str>,
+        rank: Option<u32>,
     },
     /// A stack, numbered for the blocks that name it.
     Stack {
@@ -123,11 +128,12 @@ impl Message<'_> {
                 out.push(TAG_JSON);
                 out.extend_from_slice(text.as_bytes());
             }
-            Message::Process { pid, ppid, comm } => {
+            Message::Process { pid, ppid, comm, rank } => {
                 out.push(TAG_PROCESS);
                 out.extend_from_slice(&pid.to_le_bytes());
                 out.extend_from_slice(&ppid.to_le_bytes());
                 put_str(out, comm);
+                out.extend_from_slice(&rank.unwrap_or(NO_RANK).to_le_bytes());
             }
             Message::Stack { id, frames } => {
                 out.push(TAG_STACK);
@@ -161,7 +167,12 @@ impl Message<'_> {
         let mut r = Reader { bytes };
         Ok(match r.u8()? {
             TAG_JSON => Message::Json(Cow::Borrowed(std::str::from_utf8(r.bytes).map_err(|_| Undecodable("JSON"))?)),
-            TAG_PROCESS => Message::Process { pid: r.u32()?, ppid: r.u32()?, comm: r.str()? },
+            TAG_PROCESS => {
+                let (pid, ppid, comm) = (r.u32()?, r.u32()?, r.str()?);
+                // A shim from before ranks ends the message with the name.
+                let rank = if r.bytes.is_empty() { None } else { Some(r.u32()?).filter(|&rank| rank != NO_RANK) };
+                Message::Process { pid, ppid, comm, rank }
+            }
             TAG_STACK => {
                 let id = r.u32()?;
                 let count = r.u16()?;
@@ -297,7 +308,8 @@ mod tests {
         assert_eq!(round_trip(Message::Block(block)), 4 + 75);
         round_trip(Message::Block(Block { autograd: None, device: -1, ..block }));
         round_trip(Message::Json(Cow::Borrowed(r#"{"gpuprof_shim":{"pid":7}}"#)));
-        round_trip(Message::Process { pid: 7, ppid: 1, comm: Cow::Borrowed("python3") });
+        round_trip(Message::Process { pid: 7, ppid: 1, comm: Cow::Borrowed("python3"), rank: None });
+        round_trip(Message::Process { pid: 7, ppid: 1, comm: Cow::Borrowed("python3"), rank: Some(3) });
         round_trip(Message::Stack {
             id: 17,
             frames: vec![
