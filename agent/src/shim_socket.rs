@@ -582,7 +582,7 @@ mod tests {
     }
 
     #[test]
-    fn a_block_takes_the_stack_sent_under_its_number_and_an_unsent_number_is_counted() {
+    fn a_block_takes_the_stack_sent_under_its_number_an_unsent_number_is_counted_and_the_first_the_rank() {
         let path = gpuprof_testkit::scratch("shim-socket-numbers").join("shim.sock");
         let received = listen(&path, SocketAccess::PRIVATE).unwrap();
         let pid = std::process::id();
@@ -600,7 +600,7 @@ mod tests {
         };
         let frame = gpuprof_model::event::Frame { function: "<module>".into(), file: "train.py".into(), line: 34 };
         let mut stream = wire::MAGIC.to_vec();
-        Message::Process { pid, ppid: 1, comm: "python3".into(), rank: None }.write(&mut stream);
+        Message::Process { pid, ppid: 1, comm: "python3".into(), rank: Some(3) }.write(&mut stream);
         Message::Stack { id: 1, frames: vec![frame.clone()] }.write(&mut stream);
         Message::Block(block).write(&mut stream);
         Message::Block(wire::Block { stack: 2, ptr: 0x7f00_0020_1000, ..block }).write(&mut stream);
@@ -610,7 +610,7 @@ mod tests {
         while let Ok(message) = received.recv_timeout(Duration::from_secs(10)) {
             match message {
                 ShimMessage::Event { event, .. } => {
-                    seen.push(format!("{:#x} {:?}", event.addr.unwrap(), event.stack.frames()))
+                    seen.push(format!("{:#x} {:?} {:?}", event.addr.unwrap(), event.stack.frames(), event.rank))
                 }
                 ShimMessage::Undecodable => seen.push("undecodable".to_string()),
                 ShimMessage::Closed { .. } => break,
@@ -619,7 +619,12 @@ mod tests {
         }
         assert_eq!(
             seen,
-            [format!("0x7f0000200000 {:?}", [frame]), "undecodable".to_string(), "0x7f0000201000 []".to_string()]
+            // The rank the process said it has, on its first call only.
+            [
+                format!("0x7f0000200000 {:?} Some(3)", [frame]),
+                "undecodable".to_string(),
+                "0x7f0000201000 [] None".to_string()
+            ]
         );
     }
 }
