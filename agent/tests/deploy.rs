@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use gpuprof_testkit::{collector::collector_bin, gpuprof, scratch, test_tools, tools_python};
-use serde_json::Value;
+use serde_json::{json, Value};
 
 /// Sample names of the collector's /metrics, as Prometheus stores them (counters end in _total).
 const COLLECTOR_METRICS: &[&str] = &[
@@ -709,32 +709,56 @@ fn dashboards_use_every_documented_metric_and_no_other() {
 fn the_otel_collector_routes_each_node_to_one_collector() {
     let objects = yaml_documents(&render_with_token(&["--set", "otelCollector.enabled=true"]));
     let config = object(&objects, "ConfigMap", "gpuprof-otel-collector")["data"]["config.yaml"].as_str().unwrap();
-    let mut config = yaml_document(config);
-    let balancer = &config["exporters"]["loadbalancing"];
+    let config = yaml_document(config);
+    let balancer = &config["exporters"]["load_balancing"];
     assert_eq!(balancer["routing_key"], "attributes");
     assert_eq!(strings(&balancer["routing_attributes"]), ["host.name"]);
-    assert_eq!(strings(&balancer["resolver"]["static"]["hostnames"]), ["gpuprof-collector.gpuprof.svc:4317"]);
-    for signal in ["logs", "traces", "metrics"] {
-        assert_eq!(strings(&config["service"]["pipelines"][signal]["exporters"]), ["loadbalancing"], "{signal}");
-    }
-    // The daemons send to it, and it to the collectors with the token.
+    assert_eq!(balancer["resolver"]["static"]["hostnames"], "${env:GPUPROF_COLLECTOR_SHARDS}");
+    assert_eq!(strings(&config["service"]["pipelines"]["logs"]["exporters"]), ["load_balancing"]);
+    assert_eq!(strings(&config["service"]["pipelines"]["traces"]["exporters"]), ["load_balancing", "otlp_grpc/traces"]);
+    assert_eq!(strings(&config["service"]["pipelines"]["metrics"]["exporters"]), ["load_balancing", "prometheus"]);
+    // The daemons send to it, and it to the collectors with the token, the spans to this
+    // release's Jaeger; the collectors then forward none themselves.
     let daemon = object(&objects, "ConfigMap", "gpuprof-daemon-config")["data"]["daemon.toml"].as_str().unwrap();
     assert!(daemon.contains("otlp_endpoint = \"http://gpuprof-otel-collector.gpuprof.svc:4317\""), "{daemon}");
-    let env = &object(&objects, "Deployment", "gpuprof-otel-collector")["spec"]["template"]["spec"]["containers"][0]
-        ["env"][0];
-    assert_eq!(env["name"], "GPUPROF_COLLECTOR_TOKEN");
-    assert_eq!(env["valueFrom"]["secretKeyRef"]["name"], "gpuprof-token");
-
-    // The same configuration as the standalone file, but for the list of collectors.
-    let standalone = std::fs::read_to_string(repo().join("deploy/otel-collector/loadbalancing.yaml")).unwrap();
-    let mut standalone = yaml_document(&standalone);
-    for c in [&mut config, &mut standalone] {
-        c["exporters"]["loadbalancing"]["resolver"]["static"]["hostnames"] = Value::Null;
-    }
+    let env =
+        &object(&objects, "Deployment", "gpuprof-otel-collector")["spec"]["template"]["spec"]["containers"][0]["env"];
+    assert_eq!(env[0]["name"], "GPUPROF_COLLECTOR_TOKEN");
+    assert_eq!(env[0]["valueFrom"]["secretKeyRef"]["name"], "gpuprof-token");
     assert_eq!(
-        config, standalone,
+        (&env[1]["name"], &env[1]["value"]),
+        (&json!("GPUPROF_COLLECTOR_SHARDS"), &json!("[gpuprof-collector.gpuprof.svc:4317]"))
+    );
+    assert_eq!(
+        (&env[2]["name"], &env[2]["value"]),
+        (&json!("GPUPROF_TRACES_OTLP"), &json!("gpuprof-jaeger.gpuprof.svc:4317"))
+    );
+    let collector_args =
+        &object(&objects, "Deployment", "gpuprof-collector")["spec"]["template"]["spec"]["containers"][0]["args"];
+    assert!(!collector_args.to_string().contains("--forward-endpoint"), "{collector_args}");
+
+    // The same configuration as the standalone file, which the Collector's test runs as it is.
+    let standalone = std::fs::read_to_string(repo().join("deploy/otel-collector/loadbalancing.yaml")).unwrap();
+    assert_eq!(
+        config,
+        yaml_document(&standalone),
         "the chart's OpenTelemetry Collector configuration differs from deploy/otel-collector/loadbalancing.yaml"
     );
+    // Several shards, and a trace store of the user's own.
+    let objects = yaml_documents(&render_with_token(&[
+        "--set",
+        "otelCollector.enabled=true",
+        "--set",
+        "otelCollector.collectors={shard-0.gpuprof:4317,shard-1.gpuprof:4317}",
+        "--set",
+        "jaeger.enabled=false",
+        "--set",
+        "otelCollector.tracesEndpoint=tempo.tracing:4317",
+    ]));
+    let env =
+        &object(&objects, "Deployment", "gpuprof-otel-collector")["spec"]["template"]["spec"]["containers"][0]["env"];
+    assert_eq!(env[1]["value"], "[shard-0.gpuprof:4317, shard-1.gpuprof:4317]");
+    assert_eq!(env[2]["value"], "tempo.tracing:4317");
 }
 
 /// The metric names the dashboards may use are what a running collector and daemon serve: a

@@ -955,6 +955,8 @@ fn the_shipped_opentelemetry_collector_configuration_is_valid() {
         .arg("--config")
         .arg(&config)
         .env("GPUPROF_COLLECTOR_TOKEN", "s3cret")
+        .env("GPUPROF_COLLECTOR_SHARDS", "[shard-0:4317, shard-1:4317]")
+        .env("GPUPROF_TRACES_OTLP", "jaeger:4317")
         .output()
         .unwrap();
     assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
@@ -966,6 +968,8 @@ fn the_shipped_opentelemetry_collector_configuration_is_valid() {
         .arg("--config")
         .arg(&wrong)
         .env("GPUPROF_COLLECTOR_TOKEN", "s3cret")
+        .env("GPUPROF_COLLECTOR_SHARDS", "[shard-0:4317, shard-1:4317]")
+        .env("GPUPROF_TRACES_OTLP", "jaeger:4317")
         .output()
         .unwrap();
     assert_eq!(output.status.code(), Some(1));

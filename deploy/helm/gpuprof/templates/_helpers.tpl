@@ -87,7 +87,7 @@ on the port of the protocol they speak. (dict "root" . "endpoint" given "protoco
 {{- define "gpuprof.forwardEndpoint" -}}
 {{- if .Values.collector.forwardEndpoint -}}
 {{- .Values.collector.forwardEndpoint -}}
-{{- else if .Values.jaeger.enabled -}}
+{{- else if and .Values.jaeger.enabled (not .Values.otelCollector.enabled) -}}
 {{- printf "http://%s-jaeger.%s.svc:4318" (include "gpuprof.fullname" .) .Release.Namespace -}}
 {{- end -}}
 {{- end -}}
