@@ -18,6 +18,7 @@ Needs a release build: cargo build --release -p gpuprof -p gpuprof-collector.
 """
 import argparse
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -54,7 +55,7 @@ receivers:
     protocols:
       grpc: {{endpoint: 127.0.0.1:{grpc}}}
 processors:
-  memory_limiter: {{check_interval: 1s, limit_mib: 1536, spike_limit_mib: 384}}
+  memory_limiter: {{check_interval: 1s, limit_mib: {limit}, spike_limit_mib: {spike}}}
   batch: {{timeout: 200ms}}
 exporters:
   load_balancing:
@@ -74,16 +75,17 @@ service:
 """
 
 
-def start_otelcol(workdir, shard_grpc):
+def start_otelcol(workdir, shard_grpc, limit_mib, gomemlimit_mib):
     binary = subprocess.run(["bash", ROOT / "scripts" / "build-otelcol.sh"], capture_output=True, text=True)
     if binary.returncode != 0:
         sys.exit(f"cannot build the OpenTelemetry Collector: {binary.stderr.strip()[-2000:]}")
     grpc, health = free_port(), free_port()
     config = workdir / "otelcol.yaml"
     config.write_text(OTELCOL_CONFIG.format(
-        health=health, grpc=grpc, shards=", ".join(f"127.0.0.1:{p}" for p in shard_grpc)))
+        health=health, grpc=grpc, limit=limit_mib, spike=limit_mib // 4, shards=", ".join(f"127.0.0.1:{p}" for p in shard_grpc)))
     log = open(workdir / "otelcol.log", "w")
-    otelcol = subprocess.Popen([binary.stdout.strip(), "--config", config], stdout=subprocess.DEVNULL, stderr=log)
+    otelcol = subprocess.Popen([binary.stdout.strip(), "--config", config], stdout=subprocess.DEVNULL, stderr=log,
+                               env={**os.environ, **({"GOMEMLIMIT": f"{gomemlimit_mib}MiB"} if gomemlimit_mib else {})})
     deadline = time.time() + 30
     while True:
         try:
@@ -104,7 +106,8 @@ def run_size(args, nodes, workdir):
     otelcol = None
     send_to = ports[0][0]
     if args.shards:
-        otelcol, send_to = start_otelcol(workdir, [grpc for grpc, _ in ports])
+        otelcol, send_to = start_otelcol(workdir, [grpc for grpc, _ in ports], args.otelcol_limit_mib,
+                                      args.otelcol_gomemlimit_mib)
     try:
         command = [RELEASE / "gpuprof-fleet-sim", "--input", args.recording, "--nodes", str(nodes),
                    "--processes", str(args.processes), "--rate", str(args.rate), "--seconds", str(args.seconds),
@@ -135,6 +138,10 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--shards", type=int, default=0,
                         help="send through gpuprof's OpenTelemetry Collector to this many gpuprof-collectors (0: straight to one)")
+    parser.add_argument("--otelcol-limit-mib", type=int, default=1536,
+                        help="the Collector's memory_limiter limit (it refuses past it; the nodes retry)")
+    parser.add_argument("--otelcol-gomemlimit-mib", type=int, default=0,
+                        help="GOMEMLIMIT for the Collector, MiB (0: Go's default, none)")
     args = parser.parse_args()
     for binary in ("gpuprof-collector", "gpuprof-fleet-sim"):
         if not (RELEASE / binary).exists():
