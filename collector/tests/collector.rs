@@ -739,6 +739,35 @@ fn nodes_through_a_real_opentelemetry_collector_land_each_whole_on_one_shard() {
     otelcol.stop();
 }
 
+/// An agent straight to Jaeger, no collector between: its spans are there (each finding in its
+/// process's trace, the freed export's allocation beside it), and what Jaeger does not serve —
+/// logs, metrics — is said and counted as not taken by the endpoint, apart from what is lost.
+#[test]
+fn an_agent_sends_its_spans_straight_to_jaeger_and_says_what_jaeger_does_not_take() {
+    let dir = scratch("collector_jaeger_direct");
+    let jaeger = Jaeger::start(&dir);
+    for (protocol, endpoint) in [("grpc", format!("http://{}", jaeger.otlp)), ("http", jaeger.otlp_http.clone())] {
+        let node = format!("direct-{protocol}");
+        let run = run_agent(
+            &format!("jaeger_direct_{protocol}"),
+            "export-freed",
+            &["--otlp-endpoint", &endpoint, "--otlp-protocol", protocol, "--node-name", &node],
+        );
+        let (records, _, _, spans, points) = handed_over(&run.stderr);
+        assert!(
+            run.stderr.contains(&format!(
+                "sent 0 log records, {spans} spans, 0 metric points in 1 requests"
+            )) && run.stderr.contains(&format!(
+                "dropped 0 (queue full 0, delivery failed 0, too large 0); rejected by the collector 0; not taken by the endpoint {} (it serves no logs, metrics: a trace store? findings, gauges and memory profiles need a gpuprof-collector or an OpenTelemetry Collector)",
+                records + points
+            )),
+            "{protocol}: {}",
+            run.stderr
+        );
+        assert!(assert_findings_in_jaeger(&jaeger, &node, &run) > 0, "{protocol}");
+    }
+}
+
 /// A shard's OTLP/gRPC address as the Collector's static resolver names it.
 fn endpoint(shard: &Collector) -> String {
     shard.grpc.trim_start_matches("http://").to_string()

@@ -15,7 +15,7 @@ mod queue;
 mod split;
 pub mod transport;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -85,7 +85,21 @@ struct Counters {
     dropped_send_failed: AtomicU64,
     dropped_too_large: AtomicU64,
     rejected: AtomicU64,
+    /// Items of a signal the endpoint serves not (`SIGNALS` bits in `not_served`).
+    not_taken: AtomicU64,
+    not_served: AtomicU8,
     last_error: Mutex<Option<String>>,
+}
+
+/// The signals, in `Counters::not_served` bit order.
+const SIGNALS: [&str; 3] = ["logs", "traces", "metrics"];
+
+fn signal_bit(request: &Request) -> u8 {
+    match request {
+        Request::Logs(_) => 1,
+        Request::Traces(_) => 2,
+        Request::Metrics(_) => 4,
+    }
 }
 
 /// What a client has done so far.
@@ -101,6 +115,10 @@ pub struct Delivery {
     pub dropped_send_failed: u64,
     pub dropped_too_large: u64,
     pub rejected: u64,
+    /// Items of signals the endpoint does not serve (`signals_not_served`): not sent there, and
+    /// not lost either — a trace store takes the spans and nothing else.
+    pub not_taken: u64,
+    pub signals_not_served: Vec<&'static str>,
     /// Items in the queue or in flight (0 once the client has finished).
     pub pending: u64,
     pub last_error: Option<String>,
@@ -135,6 +153,14 @@ impl std::fmt::Display for Delivery {
             self.dropped_too_large,
             self.rejected,
         )?;
+        if self.not_taken > 0 {
+            write!(
+                f,
+                "; not taken by the endpoint {} (it serves no {}: a trace store? findings, gauges and memory profiles need a gpuprof-collector or an OpenTelemetry Collector)",
+                self.not_taken,
+                self.signals_not_served.join(", ")
+            )?;
+        }
         if let Some(error) = &self.last_error {
             write!(f, "; last error: {error}")?;
         }
@@ -247,10 +273,19 @@ impl Client {
             dropped_send_failed: load(&c.dropped_send_failed),
             dropped_too_large: load(&c.dropped_too_large),
             rejected: load(&c.rejected),
+            not_taken: load(&c.not_taken),
+            signals_not_served: {
+                let bits = c.not_served.load(Ordering::Relaxed);
+                SIGNALS.iter().enumerate().filter(|(n, _)| bits & (1 << n) != 0).map(|(_, s)| *s).collect()
+            },
             pending: 0,
             last_error: c.last_error.lock().ok().and_then(|e| e.clone()),
         };
-        let settled = delivery.sent() + delivery.dropped_queue_full + delivery.dropped_send_failed + delivery.rejected;
+        let settled = delivery.sent()
+            + delivery.dropped_queue_full
+            + delivery.dropped_send_failed
+            + delivery.rejected
+            + delivery.not_taken;
         delivery.pending = load(&c.enqueued).saturating_sub(settled);
         delivery
     }
@@ -295,7 +330,12 @@ fn deliver(mut transport: Transport, queue: &Queue, counters: &Counters, give_up
             Request::Metrics(_) => &counters.sent_points,
         };
         let mut backoff = BACKOFF_FIRST;
+        let bit = signal_bit(&batch.request);
         loop {
+            if counters.not_served.load(Ordering::Relaxed) & bit != 0 {
+                counters.not_taken.fetch_add(batch.items, Ordering::Relaxed);
+                break;
+            }
             if give_up.load(Ordering::Relaxed) {
                 counters.dropped_send_failed.fetch_add(batch.items, Ordering::Relaxed);
                 break;
@@ -307,6 +347,12 @@ fn deliver(mut transport: Transport, queue: &Queue, counters: &Counters, give_up
                     counters.requests.fetch_add(1, Ordering::Relaxed);
                     counters.bytes_sent.fetch_add(batch.bytes as u64, Ordering::Relaxed);
                     counters.largest_request.fetch_max(batch.bytes as u64, Ordering::Relaxed);
+                    break;
+                }
+                Err(SendError::NotServed(_)) => {
+                    // Said in the summary; the signal's later batches are not sent.
+                    counters.not_served.fetch_or(bit, Ordering::Relaxed);
+                    counters.not_taken.fetch_add(batch.items, Ordering::Relaxed);
                     break;
                 }
                 Err(error) => {

@@ -35,12 +35,15 @@ pub enum SendError {
     Retryable(String),
     /// Will never succeed as sent: refused (bad token, malformed, too large).
     Refused(String),
+    /// The endpoint serves no such signal (gRPC UNIMPLEMENTED, HTTP 404): a trace store such as
+    /// Jaeger takes spans and nothing else.
+    NotServed(String),
 }
 
 impl std::fmt::Display for SendError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            SendError::Retryable(why) | SendError::Refused(why) => f.write_str(why),
+            SendError::Retryable(why) | SendError::Refused(why) | SendError::NotServed(why) => f.write_str(why),
         }
     }
 }
@@ -143,6 +146,7 @@ async fn send_grpc(
         match status.code() {
             // OUT_OF_RANGE is a message over the receiver's size limit: retrying cannot help.
             Unavailable | ResourceExhausted | DeadlineExceeded | Aborted | Cancelled => SendError::Retryable(why),
+            Unimplemented => SendError::NotServed(why),
             _ => SendError::Refused(why),
         }
     })
@@ -165,6 +169,7 @@ fn send_http(agent: &ureq::Agent, base: &str, request: &Request, token: Option<&
     match status {
         200..=299 => Ok(rejected_of(request, &reply)),
         429 | 502 | 503 | 504 => Err(SendError::Retryable(format!("POST {url}: HTTP {status}"))),
+        404 => Err(SendError::NotServed(format!("POST {url}: HTTP 404"))),
         _ => Err(SendError::Refused(format!("POST {url}: HTTP {status} {}", String::from_utf8_lossy(&reply).trim()))),
     }
 }
