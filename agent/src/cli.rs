@@ -182,7 +182,7 @@ pub enum Command {
         #[arg(long, value_name = "PATH", env = "GPUPROF_SHIM")]
         shim: Option<PathBuf>,
         /// The command and its arguments (after `--`).
-        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "CMD")]
+        #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
         command: Vec<OsString>,
     },
 }

@@ -404,3 +404,27 @@ fn exports_take_the_peak_unless_told_otherwise() {
         (Some(dir.join("app.py").to_str().unwrap()), Some(9))
     );
 }
+
+/// A mistyped flag before the command is caught, with the flag it resembles; after the command's
+/// first word (or after `--`) everything is the command's own.
+#[test]
+fn a_mistyped_flag_is_an_error_not_the_command() {
+    let dir = scratch("first_run_mistyped");
+    let output = gpuprof_in(&dir, &["run", "--fromat", "table", "--", "true"]);
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = text(&output.stderr);
+    assert!(stderr.starts_with("error: unexpected argument '--fromat' found"), "{stderr}");
+    assert!(stderr.contains("tip: a similar argument exists: '--format'"), "{stderr}");
+    assert!(!dir.read_dir().unwrap().any(|e| e.unwrap().file_name().to_string_lossy().ends_with(".gpuprof")));
+    // The command's flags are its own: python3 gets `-c` and `--fromat`.
+    let output = gpuprof_in(
+        &dir,
+        &["run", "--via", "shim", "-o", "/dev/null", python3(), "-c", "import sys; print(sys.argv[1:])", "--fromat"],
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    assert_eq!(text(&output.stdout).lines().next(), Some("['--fromat']"));
+    // A program whose name looks like a flag comes after `--`.
+    let output = gpuprof_in(&dir, &["run", "--via", "shim", "-o", "/dev/null", "--", "--help"]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(text(&output.stderr).contains("gpuprof: error: cannot run `--help`: no such command in PATH"));
+}
