@@ -369,7 +369,7 @@ fn without_the_flag_the_markers_do_nothing() {
     assert!(said.failures.is_empty());
     // Nor is the bad marker looked at.
     let output = pytest(&dir, &["test_bad_marker.py"]);
-    assert_eq!((output.status.code(), session(&output).counts), (Some(0), "1 passed".to_string()));
+    assert_eq!((output.status.code(), session(&output).counts), (Some(0), "2 passed".to_string()));
 }
 
 /// A process that never reported an allocator block (no PyTorch) is judged on its driver
@@ -407,7 +407,7 @@ fn without_allocator_events_the_driver_allocations_count() {
 }
 
 #[test]
-fn a_marker_the_plugin_cannot_read_is_a_usage_error() {
+fn a_marker_the_plugin_cannot_read_is_a_usage_error_for_a_test_that_runs() {
     let dir = plugin_tests("wheel_pytest_bad_marker");
     let output = pytest(&dir, &["--gpuprof", "test_bad_marker.py"]);
     assert_eq!(output.status.code(), Some(4), "{}", text(&output.stdout));
@@ -415,4 +415,8 @@ fn a_marker_the_plugin_cannot_read_is_a_usage_error() {
         text(&output.stderr),
         "ERROR: test_bad_marker.py::test_misspelt_limit: @pytest.mark.limit_gpu_memory('1 GB2'): '1 GB2' is not a size: write a number and a unit, such as \"1 GiB\" (units B, KiB, MiB, GiB, KB, MB, GB), or an int of bytes\n\n"
     );
+    // Only the tests that run are read: with the bad one deselected, the run goes on.
+    let output = pytest(&dir, &["--gpuprof", "test_bad_marker.py", "-k", "healthy"]);
+    assert_eq!(output.status.code(), Some(0), "{}{}", text(&output.stdout), text(&output.stderr));
+    assert_eq!(session(&output).counts, "1 passed, 1 deselected");
 }

@@ -173,6 +173,8 @@ class GpuMemoryChecks:
         self.wanted = {}
         self.failures = {}
 
+    # Last, after `-k` and `-m` have deselected: a marker is read only on the tests that run.
+    @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, items):
         for item in items:
             wanted = _wanted(item)
