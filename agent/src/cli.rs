@@ -51,9 +51,9 @@ pub enum Command {
         /// The event file, as a flag.
         #[arg(short = 'i', long = "input", value_name = "FILE")]
         input_flag: Option<PathBuf>,
-        /// Output format.
-        #[arg(short, long, value_enum, default_value = "json")]
-        format: ReportFormat,
+        /// Output format (default: a table on a terminal, JSON into a file or a pipe).
+        #[arg(short, long, value_enum)]
+        format: Option<ReportFormat>,
         /// Write the output here instead of stdout.
         #[arg(short, long, value_name = "FILE")]
         output: Option<PathBuf>,
@@ -144,8 +144,9 @@ pub enum Command {
         /// Count tensors (allocator blocks), driver allocations, or pick per process.
         #[arg(long, value_enum, default_value = "auto")]
         layer: StackLayer,
-        #[arg(short, long, value_enum, default_value = "table")]
-        format: crate::export::summary::SummaryFormat,
+        /// Output format (default: a table on a terminal, JSON into a file or a pipe).
+        #[arg(short, long, value_enum)]
+        format: Option<crate::export::summary::SummaryFormat>,
         /// Write the output here instead of stdout.
         #[arg(short, long, value_name = "FILE")]
         output: Option<PathBuf>,
@@ -185,6 +186,12 @@ pub enum Command {
         #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
         command: Vec<OsString>,
     },
+}
+
+/// Whether what a view writes goes to a person: to stdout, and stdout a terminal. Views default
+/// to a table for a person and to JSON for a program (a file, a pipe).
+pub fn for_a_person(output: Option<&std::path::Path>) -> bool {
+    output.is_none() && std::io::IsTerminal::is_terminal(&std::io::stdout())
 }
 
 /// How `run` captures.

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use gpuprof::cli::{Cli, Command, Via};
-use gpuprof::{attach, daemon, export, report, run, top};
+use gpuprof::{attach, cli, daemon, export, report, run, top};
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
@@ -29,13 +29,22 @@ fn main() -> ExitCode {
                 pid,
                 layer,
                 top,
-                format,
+                format: format.unwrap_or(if cli::for_a_person(output.as_deref()) {
+                    export::summary::SummaryFormat::Table
+                } else {
+                    export::summary::SummaryFormat::Json
+                }),
             })
         }
         Command::Daemon { daemon: args } => daemon::run(&args),
         Command::Inject { inject } => gpuprof::inject::run(&inject),
         Command::Top { pid, interval } => top::run(&top::TopArgs { pid, interval }),
         Command::Report { input, input_flag, format, output, rules } => {
+            let format = format.unwrap_or(if cli::for_a_person(output.as_deref()) {
+                cli::ReportFormat::Table
+            } else {
+                cli::ReportFormat::Json
+            });
             report::run(&input.or(input_flag).expect("clap requires one of them"), format, output.as_deref(), &rules)
         }
         Command::Export {

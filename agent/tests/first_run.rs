@@ -103,7 +103,7 @@ fn run_with_no_flags_records_to_a_named_file_and_says_what_next() {
         next,
         [
             format!("gpuprof summary {name}"),
-            format!("gpuprof report {name} -f table"),
+            format!("gpuprof report {name}"),
             format!("gpuprof export {name} -f flamegraph -o peak.svg"),
             format!("gpuprof export {name} -f html -o report.html")
         ]
@@ -114,7 +114,7 @@ fn run_with_no_flags_records_to_a_named_file_and_says_what_next() {
     }
 
     // The commands it names work on the file.
-    let summary = gpuprof_in(&dir, &["summary", &name]);
+    let summary = gpuprof_in(&dir, &["summary", &name, "-f", "table"]);
     assert_eq!(summary.status.code(), Some(0), "{}", text(&summary.stderr));
     assert!(
         text(&summary.stdout).contains("app.py:9 load_weights < _CachingAllocator.malloc"),
@@ -295,7 +295,7 @@ fn summary_lists_the_lines_at_the_peak_at_the_end_and_in_all() {
         ]
     );
 
-    let output = gpuprof_in(&dir, &["summary", recording.to_str().unwrap(), "--top", "1"]);
+    let output = gpuprof_in(&dir, &["summary", recording.to_str().unwrap(), "--top", "1", "-f", "table"]);
     let table = text(&output.stdout);
     let lines: Vec<&str> = table.lines().collect();
     assert!(lines[0].ends_with(": peak 10.0 MiB live, ") || lines[0].contains(": peak 10.0 MiB live, "), "{table}");
@@ -322,7 +322,7 @@ fn summary_lists_the_lines_at_the_peak_at_the_end_and_in_all() {
     assert_eq!(lines[5], "  (2 more lines: --top N shows more)");
     assert!(lines.iter().all(|l| l.chars().count() <= 120), "{table}");
 
-    let missing = gpuprof_in(&dir, &["summary", recording.to_str().unwrap(), "-p", "1"]);
+    let missing = gpuprof_in(&dir, &["summary", recording.to_str().unwrap(), "-p", "1", "-f", "table"]);
     assert_eq!(missing.status.code(), Some(1));
     assert!(
         text(&missing.stderr).starts_with("gpuprof: error: pid 1 allocated no GPU memory in "),
@@ -427,4 +427,29 @@ fn a_mistyped_flag_is_an_error_not_the_command() {
     let output = gpuprof_in(&dir, &["run", "--via", "shim", "-o", "/dev/null", "--", "--help"]);
     assert_eq!(output.status.code(), Some(1));
     assert!(text(&output.stderr).contains("gpuprof: error: cannot run `--help`: no such command in PATH"));
+}
+
+/// `report` and `summary` speak to a person on a terminal (a table) and to a program through a
+/// pipe or into a file (JSON), unless told otherwise.
+#[test]
+fn report_and_summary_are_tables_on_a_terminal_and_json_through_a_pipe() {
+    let (dir, recording, _) = recorded_app("first_run_tty_defaults");
+    let recording = recording.to_str().unwrap();
+    for view in ["report", "summary"] {
+        let piped = gpuprof_in(&dir, &[view, recording]);
+        assert_eq!(piped.status.code(), Some(0), "{view}: {}", text(&piped.stderr));
+        serde_json::from_slice::<Value>(&piped.stdout).unwrap_or_else(|e| panic!("{view} through a pipe: {e}"));
+        let into_file = dir.join(format!("{view}.out"));
+        assert_eq!(gpuprof_in(&dir, &[view, recording, "-o", into_file.to_str().unwrap()]).status.code(), Some(0));
+        serde_json::from_slice::<Value>(&std::fs::read(&into_file).unwrap())
+            .unwrap_or_else(|e| panic!("{view} into a file: {e}"));
+        // On a terminal (script(1) gives the command a pseudo-terminal): the table.
+        let table = gpuprof_in(&dir, &[view, recording, "-f", "table"]);
+        let mut on_terminal = Command::new("script");
+        on_terminal.current_dir(&dir).args(["-qec", &format!("{} {view} {recording}", gpuprof()), "/dev/null"]);
+        workload_env(&mut on_terminal, &dir.join("expected.jsonl"));
+        let on_terminal = on_terminal.output().unwrap();
+        assert!(text(&table.stdout).lines().count() > 2, "{view}: {}", text(&table.stdout));
+        assert_eq!(text(&on_terminal.stdout).replace("\r\n", "\n"), text(&table.stdout), "{view}");
+    }
 }

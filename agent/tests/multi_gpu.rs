@@ -190,7 +190,7 @@ fn assert_file_names_ranks(file: &Path, ranks: [u32; 2], live: &[(u32, Option<u3
     let mut want = [(ranks[0] as u64, Some(0)), (ranks[1] as u64, Some(1))];
     want.sort_unstable();
     assert_eq!(by_pid, want, "summary of {}", file.display());
-    let table = gpuprof_of(&["summary"]);
+    let table = gpuprof_of(&["summary", "-f", "table"]);
     for (rank, pid) in ranks.iter().enumerate() {
         assert!(table.contains(&format!("\npid {pid} (rank {rank}) python3, driver allocations: ")), "{table}");
     }

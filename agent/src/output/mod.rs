@@ -129,7 +129,7 @@ pub fn write_next_steps(writer: &mut dyn Write, file: &Path, events: u64) -> io:
     writeln!(writer, "gpuprof: wrote {events} events to {name}; next:")?;
     let steps = [
         (format!("gpuprof summary {name}"), "the lines holding the most, per process"),
-        (format!("gpuprof report {name} -f table"), "leak findings with their stacks"),
+        (format!("gpuprof report {name}"), "leak findings with their stacks"),
         (format!("gpuprof export {name} -f flamegraph -o peak.svg"), "live memory by stack at the peak"),
         (format!("gpuprof export {name} -f html -o report.html"), "timelines, stacks at any instant, findings"),
     ];
