@@ -50,9 +50,9 @@ pub fn attach(pid: u32, wait: bool, args: &CaptureArgs) -> Result<u8> {
     }
     let followed = session.ebpf().map_or(1, |e| e.alive().len());
     eprintln!(
-        "gpuprof: capturing pid {pid} ({}) and {} descendant(s); probes attached in {} ms",
+        "gpuprof: capturing pid {pid} ({}) and {}; probes attached in {} ms",
         procfs::comm(pid),
-        followed - 1,
+        gpuprof_model::findings::wording::count(followed as u64 - 1, "descendant", "descendants"),
         started.elapsed().as_millis()
     );
 

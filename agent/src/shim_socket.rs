@@ -545,8 +545,8 @@ impl ShimProcesses {
 
     pub fn stats_line(&self, events: u64) -> String {
         format!(
-            "{events} events from {} processes via the shim; dropped {} (queue full in the process); waited for room {} times ({:.1} ms in all); stacks cut {}, unresolved {}; undecodable lines {}; refused (naming another process) {}; processes closed out by hanging up {}; CUPTI driver callbacks in {} (slot held by another subscriber {}, handed to a profiler {}, no libcupti {}, activity cross-check disagreed {})",
-            self.processes_seen,
+            "{events} events from {} via the shim; dropped {} (queue full in the process); waited for room {} times ({:.1} ms in all); stacks cut {}, unresolved {}; undecodable lines {}; refused (naming another process) {}; processes closed out by hanging up {}; CUPTI driver callbacks in {} (slot held by another subscriber {}, handed to a profiler {}, no libcupti {}, activity cross-check disagreed {})",
+            gpuprof_model::findings::wording::count(self.processes_seen, "process", "processes"),
             self.counters.dropped_queue_full,
             self.counters.waits,
             self.counters.wait_ns as f64 / 1e6,

@@ -495,7 +495,7 @@ fn without_ebpf_the_daemon_takes_the_shims_events() {
     assert_eq!(metrics["gpuprof_daemon_processes_retained"], 0);
     let said = daemon.stop();
     assert!(
-        said.contains(&format!("{} events from 1 processes via the shim; dropped 0", reports + driver_calls + 1)),
+        said.contains(&format!("{} events from 1 process via the shim; dropped 0", reports + driver_calls + 1)),
         "{said}"
     );
     assert!(said.contains("CUPTI driver callbacks in 1 (slot held by another subscriber 0, handed to a profiler 0, no libcupti 0, activity cross-check disagreed 0)"), "{said}");

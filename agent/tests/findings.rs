@@ -241,7 +241,7 @@ fn report_refuses_corrupt_files_and_reads_truncated_ones_up_to_their_cut() {
     let table = String::from_utf8(report(&clean, "table").stdout).unwrap();
     assert!(
         table.contains(&format!(
-            "Findings (1 leaks, 0 info):\n  exit_with_live_allocations [leak] pid 7: 4.0 KiB in 1 (id {})\n",
+            "Findings (1 leak, 0 info):\n  exit_with_live_allocations [leak] pid 7: 4.0 KiB in 1 (id {})\n",
             findings[0].finding_id
         )),
         "{table}"

@@ -18,7 +18,12 @@ pub fn write_table(writer: &mut dyn Write, findings: &[Finding]) -> io::Result<(
         return writeln!(writer, "Findings: none.");
     }
     let leaks = findings.iter().filter(|f| f.severity == Severity::Leak).count();
-    writeln!(writer, "Findings ({} leaks, {} info):", leaks, findings.len() - leaks)?;
+    writeln!(
+        writer,
+        "Findings ({}, {} info):",
+        gpuprof_model::findings::wording::count(leaks as u64, "leak", "leaks"),
+        findings.len() - leaks
+    )?;
     let ordered = findings
         .iter()
         .filter(|f| f.severity == Severity::Leak)

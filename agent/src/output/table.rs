@@ -102,6 +102,8 @@ fn result_text(code: i32) -> String {
 fn state_text(state: ProcessState) -> String {
     match state {
         ProcessState::Running => "running".to_string(),
+        // SIGINT: what Ctrl-C sends.
+        ProcessState::Exited { signal: Some(2), .. } => "stopped (Ctrl-C)".to_string(),
         ProcessState::Exited { code, signal: Some(signal), .. } => format!("killed({signal}) {code}"),
         ProcessState::Exited { code, .. } => format!("exited({code})"),
         ProcessState::Replaced { .. } => "exec'd".to_string(),
@@ -340,6 +342,14 @@ fn write_live_by_frame(writer: &mut dyn Write, processes: &[&LiveSummary]) -> io
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_process_stopped_with_ctrl_c_says_so() {
+        let exited = |code, signal| ProcessState::Exited { code, signal, ts: 0 };
+        assert_eq!(state_text(exited(130, Some(2))), "stopped (Ctrl-C)");
+        assert_eq!(state_text(exited(137, Some(9))), "killed(9) 137");
+        assert_eq!(state_text(exited(1, None)), "exited(1)");
+    }
 
     #[test]
     fn clock_text() {

@@ -365,10 +365,14 @@ impl<'c> EbpfSource<'c> {
         let seconds = self.started.elapsed().as_secs_f64();
         let cpu_seconds = crate::procfs::own_cpu_seconds();
         format!(
-            "{} events ({:.0}/s) from {} processes in {:.1} s; lost {} (ring buffer full {}, call table full {}); out-pointers unread {}, returns without entry {}, undecodable {}; Python stacks {} from {} interpreters, unresolved {} (unreadable in the kernel {}); allocator reports of other devices {}; agent CPU {:.2} s ({:.2} µs an event)",
+            "{} events ({:.0}/s) from {} in {:.1} s; lost {} (ring buffer full {}, call table full {}); out-pointers unread {}, returns without entry {}, undecodable {}; Python stacks {} from {} interpreters, unresolved {} (unreadable in the kernel {}); allocator reports of other devices {}; agent CPU {:.2} s ({:.2} µs an event)",
             flow.events(),
             flow.events() as f64 / seconds.max(1e-9),
-            flow.analyzer().tracker().processes().len(),
+            gpuprof_model::findings::wording::count(
+                flow.analyzer().tracker().processes().len() as u64,
+                "process",
+                "processes"
+            ),
             seconds,
             drops.lost_events(),
             drops.ring_buffer_full,
