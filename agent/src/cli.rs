@@ -212,7 +212,7 @@ pub enum Compression {
 #[derive(Debug, Args)]
 pub struct CaptureArgs {
     /// Stop after this many seconds.
-    #[arg(short, long, value_name = "SECS")]
+    #[arg(short, long, value_name = "SECS", allow_negative_numbers = true)]
     pub duration: Option<f64>,
     /// Output format [default: a recording to a file named after the job; with --output, a
     /// recording for *.gpuprof, else jsonl].

@@ -43,6 +43,30 @@ fn as_grafana_sends(expr: &str) -> String {
         .replace("$__rate_interval", "1m")
 }
 
+/// Every panel query of the shipped dashboards: (dashboard, panel title, expression).
+fn every_panel() -> Vec<(String, String, String)> {
+    ["fleet.json", "pipeline.json"]
+        .iter()
+        .flat_map(|dashboard| {
+            queries(dashboard).into_iter().map(move |(title, expr)| (dashboard.to_string(), title, expr))
+        })
+        .collect()
+}
+
+/// Every panel shows something once a few scrapes have come in (45 s at most).
+fn assert_every_panel_answers(prometheus: &Prometheus, panels: &[(String, String, String)]) {
+    let started = Instant::now();
+    let empty = loop {
+        let empty: Vec<&(String, String, String)> =
+            panels.iter().filter(|(_, _, expr)| prometheus.query(&as_grafana_sends(expr)).is_empty()).collect();
+        if empty.is_empty() || started.elapsed() > Duration::from_secs(45) {
+            break empty;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    assert!(empty.is_empty(), "panels that show nothing: {empty:#?}");
+}
+
 struct Prometheus {
     child: Child,
     url: String,
@@ -172,24 +196,9 @@ fn every_dashboard_panel_answers_from_a_real_prometheus() {
     BufReader::new(holder.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
     assert_eq!(line, "holding\n");
 
-    let panels: Vec<(String, String, String)> = ["fleet.json", "pipeline.json"]
-        .iter()
-        .flat_map(|dashboard| {
-            queries(dashboard).into_iter().map(move |(title, expr)| (dashboard.to_string(), title, expr))
-        })
-        .collect();
+    let panels = every_panel();
     assert!(panels.len() >= 40, "{}", panels.len());
-    // Every panel shows something once a few scrapes have come in.
-    let started = Instant::now();
-    let empty = loop {
-        let empty: Vec<&(String, String, String)> =
-            panels.iter().filter(|(_, _, expr)| prometheus.query(&as_grafana_sends(expr)).is_empty()).collect();
-        if empty.is_empty() || started.elapsed() > Duration::from_secs(45) {
-            break empty;
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    };
-    assert!(empty.is_empty(), "panels that show nothing: {empty:#?}");
+    assert_every_panel_answers(&prometheus, &panels);
     // Which work from the daemons' own metrics alone (docs/deploy.md); the rest need a
     // gpuprof-collector.
     let mut daemon_only: Vec<&str> = panels
@@ -538,25 +547,7 @@ fn two_nodes_and_a_sidecar_through_the_opentelemetry_collector_fill_shards_jaege
     }
 
     // Every panel shows something once a few scrapes have come in.
-    let panels: Vec<(String, String, String)> = ["fleet.json", "pipeline.json"]
-        .iter()
-        .flat_map(|dashboard| {
-            queries(dashboard).into_iter().map(move |(title, expr)| (dashboard.to_string(), title, expr))
-        })
-        .collect();
-    let started = Instant::now();
-    let empty = loop {
-        let empty: Vec<&(String, String, String)> =
-            panels.iter().filter(|(_, _, expr)| prometheus.query(&as_grafana_sends(expr)).is_empty()).collect();
-        if empty.is_empty() || started.elapsed() > Duration::from_secs(45) {
-            break empty;
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    };
-    if !empty.is_empty() {
-        eprintln!("otelcol's own metrics: {:?}", prometheus.query(r#"count by (__name__) ({job="otelcol"})"#));
-    }
-    assert!(empty.is_empty(), "panels that show nothing: {empty:#?}");
+    assert_every_panel_answers(&prometheus, &every_panel());
     // The values the jobs fix: each holder's 12 MiB on its node, 4 MiB cached by each, the two leaks.
     let by_process = prometheus.query(&as_grafana_sends(
         r#"sum by (node, pid, comm) (gpuprof_live_bytes{node=~"$node", namespace=~"$namespace", pod=~"$pod"})"#,

@@ -18,11 +18,11 @@ pub struct OtlpTuning {
     #[arg(long, value_enum, value_name = "WHICH", env = "GPUPROF_OTLP_EVENTS")]
     pub otlp_events: Option<EventStream>,
     /// Seconds between gauges of each process's allocated, reserved and live bytes (default 1).
-    #[arg(long, value_name = "SECS", env = "GPUPROF_OTLP_METRICS_INTERVAL")]
+    #[arg(long, value_name = "SECS", env = "GPUPROF_OTLP_METRICS_INTERVAL", allow_negative_numbers = true)]
     pub otlp_metrics_interval: Option<f64>,
     /// Seconds between memory profiles of each process (default 10); also sent at each
     /// finding, out-of-memory failure and exit.
-    #[arg(long, value_name = "SECS", env = "GPUPROF_OTLP_PROFILE_INTERVAL")]
+    #[arg(long, value_name = "SECS", env = "GPUPROF_OTLP_PROFILE_INTERVAL", allow_negative_numbers = true)]
     pub otlp_profile_interval: Option<f64>,
     /// Stacks a memory profile names per layer and device (default 50); the rest are summed.
     #[arg(long, value_name = "N", env = "GPUPROF_OTLP_PROFILE_STACKS")]
