@@ -207,6 +207,8 @@ fn the_daemons_api_switches_a_shimmed_process_and_its_events_follow_exactly() {
 /// At the driver's level the probes leave libc10 alone: the job's segments, none of its tensors.
 #[test]
 fn at_the_driver_level_run_records_the_driver_calls_and_no_tensor() {
+    // Its growing job would be one more process for the raise test's daemon to see and raise.
+    let _node = one_daemon_at_a_time();
     let dir = scratch("levels_driver");
     for (level, blocks) in [("driver", 0), ("tensors", 210)] {
         let events_path = dir.join(format!("{level}.jsonl"));
