@@ -393,7 +393,7 @@ fn run_via_shim_captures_without_privileges() {
     assert_eq!(
         stats,
         format!(
-            "gpuprof: {} events from 1 processes via the shim; dropped 0 (queue full in the process); waited for room 0 times (0.0 ms in all); stacks cut 0, unresolved 0; undecodable lines 0; refused (naming another process) 0; processes closed out by hanging up 0; CUPTI driver callbacks in 1 (slot held by another subscriber 0, handed to a profiler 0, no libcupti 0, activity cross-check disagreed 0)",
+            "gpuprof: {} events from 1 process via the shim; dropped 0 (queue full in the process); waited for room 0 times (0.0 ms in all); stacks cut 0, unresolved 0; undecodable lines 0; refused (naming another process) 0; processes closed out by hanging up 0; CUPTI driver callbacks in 1 (slot held by another subscriber 0, handed to a profiler 0, no libcupti 0, activity cross-check disagreed 0)",
             blocks.len() + segments.len() + 1
         )
     );
@@ -556,7 +556,7 @@ fn a_burst_of_500_000_reports_reaches_the_agent_whole() {
     let stats = stderr.lines().find(|l| l.contains("via the shim")).unwrap_or_else(|| panic!("{stderr}"));
     eprintln!("{stats}");
     assert!(
-        stats.starts_with("gpuprof: 500001 events from 1 processes via the shim; dropped 0 (queue full in the process); waited for room "),
+        stats.starts_with("gpuprof: 500001 events from 1 process via the shim; dropped 0 (queue full in the process); waited for room "),
         "{stats}"
     );
     assert!(stats.contains("; stacks cut 0, unresolved 0; undecodable lines 0;"), "{stats}");
