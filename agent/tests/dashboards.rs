@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gpuprof_testkit::collector::{free_port, wait_ready, Collector, Jaeger};
+use gpuprof_testkit::collector::{free_port, free_ports, wait_ready, Collector, Jaeger};
 use gpuprof_testkit::daemon::{one_daemon_at_a_time, Daemon};
 use gpuprof_testkit::*;
 use serde_json::Value;
@@ -261,7 +261,7 @@ struct ShippedCollector {
 impl ShippedCollector {
     fn start(dir: &Path, shards: &[String], traces: &str) -> ShippedCollector {
         let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/otel-collector/loadbalancing.yaml");
-        let [grpc, http, health, gauges, metrics] = [free_port(), free_port(), free_port(), free_port(), free_port()];
+        let [grpc, http, health, gauges, metrics] = free_ports();
         let log_path = dir.join("otelcol.log");
         let mut child = Command::new(gpuprof_testkit::collector::otelcol_bin())
             .arg("--config")
@@ -342,7 +342,7 @@ fn two_nodes_and_a_sidecar_through_the_opentelemetry_collector_fill_shards_jaege
     let shim = shim_library();
     let _ = libc10_cuda_standin();
     let jaeger = Jaeger::start(&dir);
-    let shard_ports = [free_port(), free_port()];
+    let shard_ports: [u16; 2] = free_ports();
     let start_shard = |n: usize| {
         let listen = format!("127.0.0.1:{}", shard_ports[n]);
         Collector::start(&dir.join(format!("shard-{n}.redb")), &["--grpc-listen", &listen, "--token", TOKEN])

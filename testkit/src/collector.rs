@@ -69,6 +69,14 @@ pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
+/// `N` distinct ports nothing listens on now (each held until all are chosen: ports asked for one
+/// at a time may repeat).
+pub fn free_ports<const N: usize>() -> [u16; N] {
+    let listeners: [std::net::TcpListener; N] =
+        std::array::from_fn(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap());
+    listeners.map(|l| l.local_addr().unwrap().port())
+}
+
 /// Jaeger v2 with in-memory storage: OTLP/gRPC in at `otlp`, its query API at `query`.
 pub struct Jaeger {
     child: Child,
@@ -81,7 +89,7 @@ pub struct Jaeger {
 
 impl Jaeger {
     pub fn start(dir: &Path) -> Jaeger {
-        let (otlp, otlp_http, query, query_grpc) = (free_port(), free_port(), free_port(), free_port());
+        let [otlp, otlp_http, query, query_grpc] = free_ports();
         let config = format!(
             "service:
   extensions: [jaeger_storage, jaeger_query]
