@@ -303,16 +303,7 @@ fn add(total: &mut Delivery, d: &Delivery) {
 }
 
 fn findings_since(http: &ureq::Agent, base: &str, since: u64) -> Result<Vec<(String, u32, String)>> {
-    let mut response = http
-        .get(&format!("{base}/api/v1/findings?since={since}"))
-        .call()
-        .with_context(|| format!("cannot reach the collector at {base}"))?;
-    let body = response
-        .body_mut()
-        .with_config()
-        .limit(1 << 30)
-        .read_to_string()
-        .context("reading the collector's findings")?;
+    let body = get_text(http, base, &format!("/api/v1/findings?since={since}"), "findings")?;
     let findings: Vec<serde_json::Value> =
         serde_json::from_str(&body).context("the collector's findings are not JSON")?;
     Ok(findings
@@ -325,6 +316,18 @@ fn findings_since(http: &ureq::Agent, base: &str, since: u64) -> Result<Vec<(Str
             )
         })
         .collect())
+}
+
+/// A collector's answer to GET `path`, as text (`what` names it in errors).
+fn get_text(http: &ureq::Agent, base: &str, path: &str, what: &str) -> Result<String> {
+    let mut response =
+        http.get(&format!("{base}{path}")).call().with_context(|| format!("cannot reach the collector at {base}"))?;
+    response
+        .body_mut()
+        .with_config()
+        .limit(1 << 30)
+        .read_to_string()
+        .with_context(|| format!("reading the collector's {what}"))
 }
 
 /// A process's CPU seconds (user + system), from /proc/PID/stat.
@@ -349,16 +352,7 @@ pub fn received(bases: &[String]) -> Result<BTreeMap<String, u64>> {
     let http: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
     let mut total = BTreeMap::new();
     for base in bases {
-        let mut response = http
-            .get(&format!("{base}/metrics"))
-            .call()
-            .with_context(|| format!("cannot reach the collector at {base}"))?;
-        let text = response
-            .body_mut()
-            .with_config()
-            .limit(1 << 30)
-            .read_to_string()
-            .context("reading the collector's metrics")?;
+        let text = get_text(&http, base, "/metrics", "metrics")?;
         for (signal, value) in
             text.lines().filter_map(|l| l.strip_prefix("gpuprof_collector_received_total{signal=\"")).filter_map(|l| {
                 let (signal, value) = l.split_once("\"} ")?;
