@@ -70,8 +70,9 @@ def measured(argv, env=None, stdout=subprocess.DEVNULL, may_fail=False):
 
 def capture(gpuprof, output, env, seconds):
     training = f"{sys.executable} {FIXTURES / 'workloads' / 'training.py'} --seconds {seconds} --depth 9 --rate 0"
-    _, _, stderr = measured([gpuprof, "run", "--output", output, "--", "sh", "-c", f"{training} & {training} & wait"], env=env)
-    line = next(l for l in stderr.splitlines() if " events (" in l and "lost" in l)
+    _, _, stderr = measured([gpuprof, "run", "--stats", "--output", output, "--", "sh", "-c", f"{training} & {training} & wait"], env=env)
+    # The counters at the end: the last of the lines --stats prints.
+    line = [l for l in stderr.splitlines() if " events (" in l and "lost" in l][-1]
     events = int(re.search(r"gpuprof: (\d+) events", line).group(1))
     rate = float(re.search(r"events \((\d+)/s\)", line).group(1))
     lost = int(re.search(r"lost (\d+)", line).group(1))

@@ -37,7 +37,8 @@ pub fn attach(pid: u32, wait: bool, args: &CaptureArgs) -> Result<u8> {
     tracing::debug!(elapsed_ms = started.elapsed().as_millis() as u64, "probes loaded");
     let mut ebpf = EbpfSource::new(&capture, args.ebpf_options(), Some(pid));
     ebpf.add_process(pid)?;
-    let mut session = Session::new(args.flow(&destination)?).with_ebpf(ebpf);
+    let session = Session::new(args.flow(&destination)?).with_ebpf(ebpf);
+    let mut session = args.watched(session, &destination);
     session.follow(Scope::Tree(pid));
     tracing::debug!(elapsed_ms = started.elapsed().as_millis() as u64, "processes tracked, interpreters found");
     if libraries.is_empty() {

@@ -229,7 +229,8 @@ pub struct CaptureArgs {
     /// Recordings: compress with zstd (`none` writes them plain, ~2x larger, a little cheaper).
     #[arg(long, value_enum, default_value = "zstd")]
     pub compress: Compression,
-    /// Print capture statistics (events/s, drops) to stderr every second.
+    /// Print the capture's counters (events/s, drops, stacks resolved, agent CPU) to stderr every
+    /// second and at the end (at the end they are printed anyway when events were lost).
     #[arg(long)]
     pub stats: bool,
     /// Probe this libcuda instead of the one found (attach: in the process's maps; run: where
@@ -343,6 +344,22 @@ impl CaptureArgs {
         let mut flow = crate::flow::EventFlow::new(options, self.sink(destination)?);
         flow.set_telemetry(self.otlp.start()?);
         Ok(flow)
+    }
+
+    /// How a person sees the capture go: the live line on a terminal (unless the events
+    /// themselves stream to stdout), the counters at the end with `--stats`.
+    pub fn watched<'c>(
+        &self,
+        session: crate::session::Session<'c>,
+        destination: &crate::output::Destination,
+    ) -> crate::session::Session<'c> {
+        let events_on_stdout = destination.file.is_none() && destination.format != Format::None;
+        let session = session.with_counters(self.stats);
+        if events_on_stdout {
+            session
+        } else {
+            session.with_live_line()
+        }
     }
 
     /// `--duration`, checked.

@@ -186,6 +186,7 @@ impl EventFlow {
     /// A line for the person at the terminal (quiet while a full-screen view owns it).
     pub fn notice(&self, text: String) {
         if self.notices {
+            output::live_line::clear();
             eprintln!("gpuprof: {text}");
         } else {
             tracing::info!("{text}");
@@ -241,9 +242,9 @@ impl EventFlow {
     }
 
     /// The end of the run: findings the rules give only now, the output's summary, findings on
-    /// stderr (and in `--findings`), then `stats` and the export's own account.
+    /// stderr (and in `--findings`), then the `closing` lines and the export's own account.
     /// `lost_events`: what the capture dropped (a recording keeps the count).
-    pub fn finish(mut self, stats: &str, lost_events: u64) -> Result<()> {
+    pub fn finish(mut self, closing: &[String], lost_events: u64) -> Result<()> {
         let mut ended = self.analyzer.finish();
         self.ranks.name(&mut ended);
         if let Some(telemetry) = &mut self.telemetry {
@@ -259,18 +260,22 @@ impl EventFlow {
         match to_file {
             // The events went to a file: the terminal gets what they add up to.
             Some(_) if self.format != Format::Table && self.keep_findings => {
-                output::write_end_of_run(&mut io::stderr(), &end).context("cannot write to stderr")?
+                output::write_end_of_run(&mut io::stderr(), &end, output::colour::on_stderr())
+                    .context("cannot write to stderr")?
             }
             // The event stream stays pure jsonl; people read the findings on stderr.
             None if self.format != Format::Table && self.keep_findings => {
-                output::findings::write_table(&mut io::stderr(), &self.findings).context("cannot write to stderr")?
+                output::findings::write_table(&mut io::stderr(), &self.findings, output::colour::on_stderr())
+                    .context("cannot write to stderr")?
             }
             _ => {}
         }
         if let Some(path) = &self.findings_file {
             output::findings::save_json(path, &self.findings)?;
         }
-        eprintln!("gpuprof: {stats}");
+        for line in closing {
+            eprintln!("gpuprof: {line}");
+        }
         if let Some(telemetry) = self.telemetry.take() {
             eprintln!("gpuprof: {}", telemetry.finish(self.analyzer.tracker()));
         }

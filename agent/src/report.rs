@@ -36,8 +36,11 @@ pub fn run(input: &Path, format: ReportFormat, output_path: Option<&Path>, rules
     let mut writer = output::open_writer(output_path)?;
     match format {
         ReportFormat::Json => findings::write_json(&mut writer, &found),
-        ReportFormat::Table => output::write_live_summary(&mut writer, &analyzer.tracker().summaries())
-            .and_then(|_| findings::write_table(&mut writer, &found)),
+        ReportFormat::Table => {
+            output::write_live_summary(&mut writer, &analyzer.tracker().summaries()).and_then(|_| {
+                findings::write_table(&mut writer, &found, output_path.is_none() && output::colour::on_stdout())
+            })
+        }
     }
     .and_then(|_| writer.flush())
     .context("cannot write the report")?;

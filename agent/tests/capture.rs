@@ -27,10 +27,11 @@ fn run_captures_every_entry_point_exactly() {
     let dir = scratch("every_entry_point");
     let (log, out) = (dir.join("expected.jsonl"), dir.join("events.jsonl"));
     let script = workloads().join("every_entry_point.py");
-    let output = gpuprof_run(&["--output", out.to_str().unwrap()], &[python3(), script.to_str().unwrap()], &log);
+    let output =
+        gpuprof_run(&["--stats", "--output", out.to_str().unwrap()], &[python3(), script.to_str().unwrap()], &log);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(0), "{stderr}");
-    assert!(stderr.contains("lost 0 (ring buffer full 0, call table full 0)"), "{stderr}");
+    assert!(counters_line(&stderr).contains("lost 0 (ring buffer full 0, call table full 0)"), "{stderr}");
 
     let expected = expected_calls(&read_expected(&log));
     let events = read_events(&out);

@@ -108,8 +108,13 @@ fn run_with_no_flags_records_to_a_named_file_and_says_what_next() {
             format!("gpuprof export {name} -f html -o report.html")
         ]
     );
-    // Every line but the capture's one-line account fits 120 columns.
-    for line in lines.iter().filter(|l| !l.contains(" events (") && !l.starts_with("gpuprof: probing")) {
+    // What was captured, in words; the capture's counters are --stats's (or said when events
+    // were lost).
+    let captured = format!("gpuprof: captured {} events from 1 process in ", event_count(&dir.join(&name)));
+    assert!(lines.iter().any(|l| l.starts_with(&captured) && l.ends_with(" s, none lost")), "{captured}…: {stderr}");
+    assert!(!stderr.contains("ring buffer full"), "{stderr}");
+    // Every line fits 120 columns.
+    for line in lines.iter().filter(|l| !l.starts_with("gpuprof: probing")) {
         assert!(line.chars().count() <= 120, "{} columns: {line}", line.chars().count());
     }
 
@@ -443,13 +448,63 @@ fn report_and_summary_are_tables_on_a_terminal_and_json_through_a_pipe() {
         assert_eq!(gpuprof_in(&dir, &[view, recording, "-o", into_file.to_str().unwrap()]).status.code(), Some(0));
         serde_json::from_slice::<Value>(&std::fs::read(&into_file).unwrap())
             .unwrap_or_else(|e| panic!("{view} into a file: {e}"));
-        // On a terminal (script(1) gives the command a pseudo-terminal): the table.
+        // On a terminal (script(1) gives the command a pseudo-terminal): the table, its
+        // findings' severity in colour unless NO_COLOR is set.
         let table = gpuprof_in(&dir, &[view, recording, "-f", "table"]);
-        let mut on_terminal = Command::new("script");
-        on_terminal.current_dir(&dir).args(["-qec", &format!("{} {view} {recording}", gpuprof()), "/dev/null"]);
-        workload_env(&mut on_terminal, &dir.join("expected.jsonl"));
-        let on_terminal = on_terminal.output().unwrap();
         assert!(text(&table.stdout).lines().count() > 2, "{view}: {}", text(&table.stdout));
-        assert_eq!(text(&on_terminal.stdout).replace("\r\n", "\n"), text(&table.stdout), "{view}");
+        let command = format!("{} {view} {recording}", gpuprof());
+        let plain = on_a_terminal(&dir, &command, &[("NO_COLOR", "1")]);
+        assert_eq!(plain, text(&table.stdout), "{view}");
+        let coloured = on_a_terminal(&dir, &command, &[]);
+        let info = "\x1b[36m[info]\x1b[0m";
+        match view {
+            // The app ends holding its allocator's cache: a fact, in cyan.
+            "report" => assert_eq!(coloured, plain.replace("[info]", info), "{view}"),
+            _ => assert_eq!(coloured, plain, "{view}: nothing to colour"),
+        }
     }
+}
+
+/// What a command prints on a pseudo-terminal (script(1)), stdout and stderr together, with
+/// `env` set.
+fn on_a_terminal(dir: &Path, command: &str, env: &[(&str, &str)]) -> String {
+    let mut on_terminal = Command::new("script");
+    on_terminal.current_dir(dir).args(["-qec", command, "/dev/null"]).env_remove("NO_COLOR").envs(env.iter().copied());
+    workload_env(&mut on_terminal, &dir.join("expected.jsonl"));
+    let output = on_terminal.output().unwrap();
+    assert_eq!(output.status.code(), Some(0), "{command}: {}", text(&output.stdout));
+    text(&output.stdout).replace("\r\n", "\n")
+}
+
+/// While a capture runs on a terminal, one line on stderr, redrawn in place each second, says
+/// what it has seen and how to stop it; through a pipe there is none.
+#[test]
+fn a_capture_on_a_terminal_keeps_a_live_line_and_a_pipe_gets_none() {
+    let dir = scratch("first_run_live_line");
+    let slow_app = dir.join("slow_app.py");
+    std::fs::write(&slow_app, APP.replace("print('done'", "import time; time.sleep(2.5)\nprint('done'")).unwrap();
+    let recording = dir.join("slow.gpuprof");
+    let (recording, slow_app) = (recording.to_str().unwrap(), slow_app.to_str().unwrap());
+    let command = format!("{} run -o {recording} -- {} {slow_app}", gpuprof(), python3());
+    let said = on_a_terminal(&dir, &command, &[("NO_COLOR", "1")]);
+    // Drawn over itself: erase the line, write it, back to its start.
+    let drawn: Vec<&str> = said
+        .split("\r\x1b[2K")
+        .skip(1)
+        .filter_map(|d| d.split_once(" · Ctrl-C to stop\r"))
+        .map(|(line, _)| line)
+        .collect();
+    assert!(drawn.len() >= 2, "{said:?}");
+    // While the job sleeps: all but its exit seen, one process, its two segments (10 MiB).
+    let events = event_count(Path::new(recording)) - 1;
+    let last = drawn.last().unwrap();
+    let expected = format!("gpuprof: {events} events · 1 process · 10.0 MiB live · ");
+    assert!(last.starts_with(&expected) && last.ends_with(" s"), "{last:?} is not {expected:?}… s");
+    // The line is gone before anything else is said.
+    assert!(said.contains("\r\x1b[2K\nLive GPU memory at end") || said.contains("\r\x1b[2K\ngpuprof: "), "{said:?}");
+
+    let piped = gpuprof_in(&dir, &["run", "-o", recording, "--", python3(), slow_app]);
+    assert_eq!(piped.status.code(), Some(0));
+    let piped = text(&piped.stderr);
+    assert!(!piped.contains("Ctrl-C to stop") && !piped.contains('\x1b'), "{piped:?}");
 }

@@ -33,7 +33,7 @@ fn run_training(dir: &Path, endpoint: &str, seconds: u32) -> (String, Vec<Value>
     );
     let mut command = Command::new(gpuprof());
     command
-        .args(["run", "--otlp-endpoint", endpoint, "--node-name", "rate-node", "--growth-window", "1"])
+        .args(["run", "--stats", "--otlp-endpoint", endpoint, "--node-name", "rate-node", "--growth-window", "1"])
         .args([
             "--otlp-max-request-bytes",
             &LIMIT_BYTES.to_string(),
@@ -54,7 +54,8 @@ fn run_training(dir: &Path, endpoint: &str, seconds: u32) -> (String, Vec<Value>
 /// What the collector must have of the run, exactly.
 fn check_the_collector_has_it_all(collector: &Collector, stderr: &str, workloads: &[Value], findings: &[Finding]) {
     // Lost nothing, anywhere.
-    assert!(stderr.contains("; lost 0 (ring buffer full 0, call table full 0);"), "{stderr}");
+    let counters = counters_line(stderr);
+    assert!(counters.contains("; lost 0 (ring buffer full 0, call table full 0);"), "{stderr}");
     assert!(
         stderr.contains("dropped 0 (queue full 0, delivery failed 0, too large 0); rejected by the collector 0"),
         "{stderr}"
@@ -74,8 +75,7 @@ fn check_the_collector_has_it_all(collector: &Collector, stderr: &str, workloads
         );
     }
     // Hundreds of events for each item sent.
-    let events: u64 =
-        stderr.split("gpuprof: ").filter_map(|l| l.split(" events (").next()?.parse().ok()).next().unwrap();
+    let events: u64 = counters["gpuprof: ".len()..].split(" events (").next().unwrap().parse().unwrap();
     assert!(events >= 100 * (records + spans + points), "{events} events, {} items", records + spans + points);
     assert_eq!(collector.metric("gpuprof_collector_refused_requests_total{reason=\"too_large\"}"), 0);
 

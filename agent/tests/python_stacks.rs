@@ -23,13 +23,16 @@ fn known_lines_on_every_cpython() {
         let (log, out) = (dir.join("expected.jsonl"), dir.join("events.jsonl"));
         let script = workloads().join("stacks.py");
         let output = gpuprof_run(
-            &["--output", out.to_str().unwrap()],
+            &["--stats", "--output", out.to_str().unwrap()],
             &[python.to_str().unwrap(), script.to_str().unwrap()],
             &log,
         );
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert_eq!(output.status.code(), Some(0), "CPython {label}: {stderr}");
-        assert!(stderr.contains("unresolved 0 (unreadable in the kernel 0)"), "CPython {label}: {stderr}");
+        assert!(
+            counters_line(&stderr).contains("unresolved 0 (unreadable in the kernel 0)"),
+            "CPython {label}: {stderr}"
+        );
 
         let expected = read_expected(&log);
         let calls = expected_calls(&expected);

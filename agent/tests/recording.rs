@@ -31,10 +31,9 @@ fn read_recorded(path: &Path) -> (Vec<Event>, Ending) {
     (events, file.ending().unwrap())
 }
 
-/// A number in the stats line (`gpuprof: N events (…/s) …; lost N …`), after `label`.
+/// A number in the counters at the end (`gpuprof: N events (…/s) …; lost N …`), after `label`.
 fn stat(stderr: &str, label: &str) -> u64 {
-    let line =
-        stderr.lines().find(|l| l.contains(" events (") && l.contains("lost")).unwrap_or_else(|| panic!("{stderr}"));
+    let line = counters_line(stderr);
     let after = line.split(label).nth(1).unwrap_or_else(|| panic!("{label} not in {line}"));
     after.split(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap()
 }
@@ -46,7 +45,7 @@ fn two_training_processes_at_a_real_rate_lose_nothing_and_the_recording_holds_ev
     let (log, recording) = (dir.join("expected.jsonl"), dir.join("run.gpuprof"));
     let training = format!("{} {} --seconds 6 --depth 10", python3(), workloads().join("training.py").display());
     let output = gpuprof_run(
-        &["--output", recording.to_str().unwrap()],
+        &["--stats", "--output", recording.to_str().unwrap()],
         &["sh", "-c", &format!("{training} & {training} & wait")],
         &log,
     );

@@ -367,6 +367,7 @@ fn run_via_shim_captures_without_privileges() {
         "run",
         "--via",
         "shim",
+        "--stats",
         "--output",
         events.to_str().unwrap(),
         "--findings",
@@ -543,7 +544,7 @@ fn a_burst_of_500_000_reports_reaches_the_agent_whole() {
     let dir = scratch("shim_burst");
     let recording = dir.join("burst.gpuprof");
     let mut command = Command::new(gpuprof());
-    command.args(["run", "--via", "shim", "--output", recording.to_str().unwrap(), "--"]);
+    command.args(["run", "--via", "shim", "--stats", "--output", recording.to_str().unwrap(), "--"]);
     command.arg(python3()).arg(workloads().join("shim_burst.py")).args(["500000", "30"]);
     command.env("GPUPROF_LIBC10", libc10_standin()).env("GPUPROF_LIBC10_CUDA", libc10_cuda_standin());
     let output = run(&mut command);

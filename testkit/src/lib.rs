@@ -331,6 +331,17 @@ pub fn gpuprof_run(args: &[&str], command: &[&str], log: &Path) -> Output {
     cmd.output().expect("gpuprof runs")
 }
 
+/// The capture's counters at the end of a run given `--stats` (`gpuprof: N events (…/s) from …;
+/// lost N (ring buffer full N, call table full N); …`): the last such line, after the ones
+/// printed each second.
+pub fn counters_line(stderr: &str) -> &str {
+    stderr
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("gpuprof: ") && l.contains(" events (") && l.contains("; lost "))
+        .unwrap_or_else(|| panic!("no counters line in {stderr}"))
+}
+
 /// Reads a jsonl event file; every line must be a contract event.
 pub fn read_events(path: &Path) -> Vec<Event> {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));

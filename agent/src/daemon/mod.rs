@@ -69,7 +69,8 @@ pub fn run(args: &DaemonArgs) -> Result<u8> {
     if let Some(escalation) = config.escalation {
         flow.escalate(escalation);
     }
-    let mut session = Session::new(flow);
+    // Its log keeps the counters: an operator reads them there.
+    let mut session = Session::new(flow).with_counters(true);
     if let Some(capture) = &capture {
         let options = EbpfOptions { print_stats: false, autograd: config.python_stacks, level: config.level };
         session = session.with_ebpf(EbpfSource::new(capture, options, None));
@@ -190,7 +191,7 @@ fn shim_sidecar(config: &DaemonConfig) -> bool {
 
 fn sink_of(config: &DaemonConfig) -> Result<Box<dyn output::EventSink>> {
     Ok(match &config.output {
-        Some(path) => output::sink(Format::resolve(None, Some(path))?, output::open_writer(Some(path))?, true)?,
+        Some(path) => output::sink(Format::resolve(None, Some(path))?, output::open_writer(Some(path))?, true, false)?,
         None => Box::new(NullSink),
     })
 }

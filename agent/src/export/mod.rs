@@ -135,7 +135,7 @@ pub fn run(request: &ExportRequest<'_>) -> Result<u8> {
 
 fn convert(request: &ExportRequest<'_>, format: output::Format) -> Result<u8> {
     let format = output::Format::resolve(Some(format), request.output.as_deref())?;
-    let mut sink = output::sink(format, output::open_writer(request.output.as_deref())?, request.compress)?;
+    let mut sink = output::sink(format, output::open_writer(request.output.as_deref())?, request.compress, false)?;
     let mut file = gpuprof_recording::EventFile::open(request.input)?;
     // A shim's own file has no forward lines yet: converted, it has.
     let mut forward_stacks = ForwardStacks::default();

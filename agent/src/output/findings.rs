@@ -11,8 +11,9 @@ use gpuprof_model::{Finding, Severity};
 
 use super::text::{fit, wrap, COLUMNS};
 
-/// The readable list: leaks first, then facts (`info`), each in the order they fired.
-pub fn write_table(writer: &mut dyn Write, findings: &[Finding]) -> io::Result<()> {
+/// The readable list: leaks first, then facts (`info`), each in the order they fired; `colour`
+/// paints each severity (for a terminal).
+pub fn write_table(writer: &mut dyn Write, findings: &[Finding], colour: bool) -> io::Result<()> {
     writeln!(writer)?;
     if findings.is_empty() {
         return writeln!(writer, "Findings: none.");
@@ -33,9 +34,9 @@ pub fn write_table(writer: &mut dyn Write, findings: &[Finding]) -> io::Result<(
         let rank = finding.rank.map(|r| format!(" (rank {r})")).unwrap_or_default();
         writeln!(
             writer,
-            "  {} [{}] pid {}{rank}{peer}: {} in {} (id {})",
+            "  {} {} pid {}{rank}{peer}: {} in {} (id {})",
             finding.kind.as_str(),
-            finding.severity.as_str(),
+            super::colour::severity(&format!("[{}]", finding.severity.as_str()), finding.severity, colour),
             finding.pid,
             human(finding.bytes),
             finding.count,

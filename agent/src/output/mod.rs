@@ -1,10 +1,12 @@
 //! Where captured events go: a compact recording, one JSON object per line, or a readable table
 //! with an end-of-run summary of live memory per process and kind.
 
+pub mod colour;
 mod cuda_only;
 mod destination;
 pub mod findings;
 mod jsonl;
+pub mod live_line;
 mod recording;
 mod table;
 pub mod text;
@@ -91,7 +93,8 @@ impl EventSink for NullSink {
 /// The sink of `attach` and `run`: jsonl keeps to the processes that touch CUDA unless
 /// `all_processes` (the table always does).
 pub fn capture_sink(destination: &Destination, compress: bool, all_processes: bool) -> Result<Box<dyn EventSink>> {
-    let inner = sink(destination.format, open_writer(destination.file.as_deref())?, compress)?;
+    let colour = destination.file.is_none() && colour::on_stdout();
+    let inner = sink(destination.format, open_writer(destination.file.as_deref())?, compress, colour)?;
     let inner: Box<dyn EventSink> = match &destination.file {
         Some(path) if destination.chosen => Box::new(ChosenFileSink::new(inner, path.clone())),
         _ => inner,
@@ -113,11 +116,11 @@ pub fn open_writer(output: Option<&Path>) -> Result<Box<dyn Write>> {
     })
 }
 
-/// `compress`: zstd, for recordings.
-pub fn sink(format: Format, writer: Box<dyn Write>, compress: bool) -> Result<Box<dyn EventSink>> {
+/// `compress`: zstd, for recordings; `colour`: a table's findings painted (for a terminal).
+pub fn sink(format: Format, writer: Box<dyn Write>, compress: bool, colour: bool) -> Result<Box<dyn EventSink>> {
     Ok(match format {
         Format::Jsonl => Box::new(JsonlSink::new(writer)),
-        Format::Table => Box::new(TableSink::new(writer)),
+        Format::Table => Box::new(TableSink::new(writer, colour)),
         Format::Recording => Box::new(RecordingSink::new(writer, compress).context("cannot start the recording")?),
         Format::None => Box::new(NullSink),
     })

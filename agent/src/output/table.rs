@@ -20,11 +20,13 @@ pub struct TableSink {
     writer: Box<dyn Write>,
     header_written: bool,
     cuda_processes: HashSet<u32>,
+    /// The findings at the end painted by severity (the writer is a terminal).
+    colour: bool,
 }
 
 impl TableSink {
-    pub fn new(writer: Box<dyn Write>) -> Self {
-        TableSink { writer, header_written: false, cuda_processes: HashSet::new() }
+    pub fn new(writer: Box<dyn Write>, colour: bool) -> Self {
+        TableSink { writer, header_written: false, cuda_processes: HashSet::new(), colour }
     }
 
     fn shows(&mut self, event: &Event) -> bool {
@@ -147,16 +149,16 @@ impl EventSink for TableSink {
     }
 
     fn finish(&mut self, end: &EndOfRun<'_>) -> io::Result<()> {
-        write_end_of_run(&mut self.writer, end)?;
+        write_end_of_run(&mut self.writer, end, self.colour)?;
         self.writer.flush()
     }
 }
 
-/// Live memory per process, what NVML saw beside it, and the findings.
-pub fn write_end_of_run(writer: &mut dyn Write, end: &EndOfRun<'_>) -> io::Result<()> {
+/// Live memory per process, what NVML saw beside it, and the findings (`colour`: for a terminal).
+pub fn write_end_of_run(writer: &mut dyn Write, end: &EndOfRun<'_>, colour: bool) -> io::Result<()> {
     write_live_summary(writer, end.processes)?;
     write_nvml(writer, end.processes, end.nvml)?;
-    super::findings::write_table(writer, end.findings)
+    super::findings::write_table(writer, end.findings, colour)
 }
 
 /// Live bytes per process and kind, plus mappings, IPC imports and contexts still open, for every

@@ -49,7 +49,8 @@ pub fn run(command: &[OsString], args: &CaptureArgs) -> Result<u8> {
     }
 
     let mut child = spawn_tracked(&capture, &program, program_args)?;
-    let mut session = Session::new(flow).with_ebpf(EbpfSource::new(&capture, args.ebpf_options(), Some(child.id())));
+    let session = Session::new(flow).with_ebpf(EbpfSource::new(&capture, args.ebpf_options(), Some(child.id())));
+    let mut session = args.watched(session, &destination);
     let deadline = duration.map(|d| Instant::now() + d);
     let ended = session.run(Until::CommandExits(&mut child), deadline, &mut [])?;
     if let Ended::CommandExited(_) = ended {

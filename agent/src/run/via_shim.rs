@@ -37,7 +37,8 @@ pub fn run(command: &[OsString], args: &CaptureArgs, shim: Option<&Path>) -> Res
     let received = shim_socket::listen(&socket, shim_socket::SocketAccess::PRIVATE)?;
 
     let destination = args.destination(&crate::output::name_of_command(command))?;
-    let mut session = Session::new(args.flow(&destination)?).with_shim(ShimSource::new(received, true));
+    let session = Session::new(args.flow(&destination)?).with_shim(ShimSource::new(received, true));
+    let mut session = args.watched(session, &destination);
     let mut child = Command::new(&program)
         .args(program_args)
         .env("LD_PRELOAD", preload_with(&shim))

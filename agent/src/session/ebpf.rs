@@ -249,6 +249,7 @@ impl<'c> EbpfSource<'c> {
         }
         if self.print_stats && self.last_stats.elapsed() >= Duration::from_secs(1) {
             self.last_stats = Instant::now();
+            crate::output::live_line::clear();
             eprintln!("gpuprof: {}", self.stats_line(flow));
         }
     }

@@ -68,8 +68,12 @@ pub fn run(args: &TopArgs) -> Result<u8> {
     let outcome = view_loop(&mut terminal, &mut session, scope, args);
     ratatui::restore();
     outcome?;
-    crate::output::findings::write_table(&mut io::stdout(), session.flow().findings())
-        .context("cannot write to stdout")?;
+    crate::output::findings::write_table(
+        &mut io::stdout(),
+        session.flow().findings(),
+        crate::output::colour::on_stdout(),
+    )
+    .context("cannot write to stdout")?;
     Ok(0)
 }
 
