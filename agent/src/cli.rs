@@ -46,8 +46,8 @@ pub enum Command {
     #[command(group = clap::ArgGroup::new("file").required(true).args(["input", "input_flag"]))]
     Report {
         /// The event file (a recording or jsonl).
-        #[arg(value_name = "FILE")]
-        input: Option<PathBuf>,
+        #[arg(value_name = "FILE", num_args = 1..)]
+        input: Vec<PathBuf>,
         /// The event file, as a flag.
         #[arg(short = 'i', long = "input", value_name = "FILE")]
         input_flag: Option<PathBuf>,
@@ -80,8 +80,8 @@ pub enum Command {
     #[command(group = clap::ArgGroup::new("file").required(true).args(["input", "input_flag"]))]
     Export {
         /// The event file (a recording or jsonl).
-        #[arg(value_name = "FILE")]
-        input: Option<PathBuf>,
+        #[arg(value_name = "FILE", num_args = 1..)]
+        input: Vec<PathBuf>,
         /// The event file, as a flag.
         #[arg(short = 'i', long = "input", value_name = "FILE")]
         input_flag: Option<PathBuf>,
@@ -130,8 +130,8 @@ pub enum Command {
     #[command(group = clap::ArgGroup::new("file").required(true).args(["input", "input_flag"]))]
     Summary {
         /// The event file (a recording or jsonl).
-        #[arg(value_name = "FILE")]
-        input: Option<PathBuf>,
+        #[arg(value_name = "FILE", num_args = 1..)]
+        input: Vec<PathBuf>,
         /// The event file, as a flag.
         #[arg(short = 'i', long = "input", value_name = "FILE")]
         input_flag: Option<PathBuf>,
@@ -186,6 +186,23 @@ pub enum Command {
         #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
         command: Vec<OsString>,
     },
+}
+
+/// The one event file a view reads. Several (a shell pattern that matched more than one) are
+/// refused with the newest named, rather than clap's "unexpected argument".
+pub fn one_input(verb: &str, positional: Vec<PathBuf>, flag: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    let mut given: Vec<PathBuf> = positional.into_iter().chain(flag).collect();
+    if given.len() == 1 {
+        return Ok(given.remove(0));
+    }
+    let modified = |p: &PathBuf| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    let newest = given.iter().max_by_key(|p| modified(p)).map(|p| p.display().to_string()).unwrap_or_default();
+    let names: Vec<String> = given.iter().map(|p| p.display().to_string()).collect();
+    anyhow::bail!(
+        "{verb} reads one event file, and {} were given ({}): name one, e.g. the newest: gpuprof {verb} {newest}",
+        given.len(),
+        names.join(", ")
+    )
 }
 
 /// Whether what a view writes goes to a person: to stdout, and stdout a terminal. Views default

@@ -12,8 +12,21 @@ fn main() -> ExitCode {
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
-    let outcome = match cli.command {
+    let outcome = dispatch(Cli::parse().command);
+    match outcome {
+        Ok(code) => ExitCode::from(code),
+        // The reader went away (`gpuprof export … | head`): what it wanted was written.
+        Err(error) if reader_went_away(&error) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("gpuprof: error: {error:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Runs the verb; its exit code.
+fn dispatch(command: Command) -> anyhow::Result<u8> {
+    match command {
         Command::Attach { pid, pid_flag, wait, capture } => {
             attach::attach(pid.or(pid_flag).expect("clap requires one of them"), wait, &capture)
         }
@@ -22,7 +35,7 @@ fn main() -> ExitCode {
             run::via_shim::run(&command, &capture, shim.as_deref())
         }
         Command::Summary { input, input_flag, pid, top, layer, format, output } => {
-            let input = input.or(input_flag).expect("clap requires one of them");
+            let input = cli::one_input("summary", input, input_flag)?;
             export::summary::run(&export::summary::SummaryRequest {
                 input: &input,
                 output: output.as_deref(),
@@ -45,7 +58,7 @@ fn main() -> ExitCode {
             } else {
                 cli::ReportFormat::Json
             });
-            report::run(&input.or(input_flag).expect("clap requires one of them"), format, output.as_deref(), &rules)
+            report::run(&cli::one_input("report", input, input_flag)?, format, output.as_deref(), &rules)
         }
         Command::Export {
             input,
@@ -63,7 +76,7 @@ fn main() -> ExitCode {
             max_entries,
             compress,
         } => {
-            let input = input.or(input_flag).expect("clap requires one of them");
+            let input = cli::one_input("export", input, input_flag)?;
             let moment = match (peak, end, at, oom) {
                 (true, ..) => export::Moment::Peak,
                 (_, true, ..) => export::Moment::End,
@@ -75,15 +88,6 @@ fn main() -> ExitCode {
             let window = export::TraceWindow { from, to, max_entries };
             let compress = compress == gpuprof::cli::Compression::Zstd;
             export::run(&export::ExportRequest { input: &input, format, output, pid, moment, layer, window, compress })
-        }
-    };
-    match outcome {
-        Ok(code) => ExitCode::from(code),
-        // The reader went away (`gpuprof export … | head`): what it wanted was written.
-        Err(error) if reader_went_away(&error) => ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("gpuprof: error: {error:#}");
-            ExitCode::from(1)
         }
     }
 }

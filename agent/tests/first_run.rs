@@ -508,3 +508,79 @@ fn a_capture_on_a_terminal_keeps_a_live_line_and_a_pipe_gets_none() {
     let piped = text(&piped.stderr);
     assert!(!piped.contains("Ctrl-C to stop") && !piped.contains('\x1b'), "{piped:?}");
 }
+
+/// Exports on a terminal go to files named after the input and the moment, never onto the
+/// terminal; down a pipe they stream as before; every file written is said with how to open it;
+/// a pattern that matched several inputs, an export given as input, and a name that says
+/// nothing of its format are each said in a line.
+#[test]
+fn exports_write_named_files_and_say_how_to_open_them() {
+    let (dir, recording, _) = recorded_app("first_run_export_files");
+    let input = recording.to_str().unwrap();
+    let export = |args: &str| on_a_terminal(&dir, &format!("{} export {input} {args}", gpuprof()), &[]);
+    for (args, file, how) in [
+        ("-f flamegraph", "app-peak.svg", "open it in a browser (click a frame to zoom)"),
+        ("-f html", "app-report.html", "open it in a browser (one file; it works offline)"),
+        ("-f speedscope --end", "app-end.speedscope.json", "open https://www.speedscope.app and drop the file in"),
+        ("-f memory-viz", "app-end.pickle", "open https://pytorch.org/memory_viz and drop the file in"),
+        ("-f folded --end", "app-end.folded", "one stack a line: draw it with inferno-flamegraph or flamegraph.pl"),
+        ("-f jsonl", "app.jsonl", "one event a line (docs/events.md)"),
+    ] {
+        let said = export(args);
+        let size = std::fs::metadata(dir.join(file)).unwrap_or_else(|e| panic!("{args}: {file}: {e}: {said}")).len();
+        let wrote = format!("gpuprof: wrote {file} ({}): {how}", gpuprof_model::bytes::human(size));
+        assert!(said.starts_with(&wrote), "{args}: {said:?} does not start {wrote:?}");
+        assert_eq!(said.lines().count(), 1, "{args}: only the line, nothing of the file: {said:?}");
+    }
+    // Down a pipe: the view itself, no file.
+    let piped = gpuprof_in(&dir, &["export", input, "-f", "folded"]);
+    assert_eq!(piped.status.code(), Some(0));
+    assert!(text(&piped.stdout).contains("load_weights (app.py:9)"), "{}", text(&piped.stdout));
+    assert!(!dir.join("app-peak.folded").exists());
+    // Named: said too.
+    let named = gpuprof_in(&dir, &["export", input, "-f", "flamegraph", "-o", "peak.svg"]);
+    assert!(text(&named.stderr).starts_with("gpuprof: wrote peak.svg ("), "{}", text(&named.stderr));
+    // Binary onto a terminal, even asked for: refused.
+    let refused = on_a_terminal_failing(&dir, &format!("{} export {input} -f recording -o -", gpuprof()));
+    assert_eq!(
+        refused,
+        "gpuprof: error: -f recording is binary: it does not go onto a terminal; give -o FILE (or redirect stdout)\n"
+    );
+
+    // A shell pattern that matched two recordings.
+    let second = dir.join("app2.gpuprof");
+    std::fs::copy(&recording, &second).unwrap();
+    let two = gpuprof_in(&dir, &["export", input, second.to_str().unwrap(), "-f", "html"]);
+    assert_eq!(two.status.code(), Some(1));
+    assert_eq!(
+        text(&two.stderr),
+        format!(
+            "gpuprof: error: export reads one event file, and 2 were given ({input}, {}): name one, e.g. the newest: gpuprof export {}\n",
+            second.display(),
+            second.display()
+        )
+    );
+    // An export where events are expected.
+    let html = gpuprof_in(&dir, &["summary", "app-report.html"]);
+    assert_eq!(html.status.code(), Some(1));
+    assert_eq!(
+        text(&html.stderr),
+        "gpuprof: error: app-report.html is an HTML page (open it in a browser), not an event file: give the recording (.gpuprof) or jsonl it was made from\n"
+    );
+
+    // memray's habit: a name that says nothing of the format gets a recording, said.
+    let app = dir.join("app.py");
+    let run = gpuprof_in(&dir, &["run", "-o", "run.bin", "--", python3(), app.to_str().unwrap()]);
+    let stderr = text(&run.stderr);
+    assert_eq!(run.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("gpuprof: writing a recording (gpuprof's compact format) to run.bin: name it *.jsonl or give -f jsonl for one event a line\n"), "{stderr}");
+    assert!(std::fs::read(dir.join("run.bin")).unwrap().starts_with(b"GPUPROF\0"));
+    assert!(stderr.contains(" events to run.bin; next:\n"), "{stderr}");
+}
+
+/// What a command that fails prints on a pseudo-terminal.
+fn on_a_terminal_failing(dir: &Path, command: &str) -> String {
+    let output = Command::new("script").current_dir(dir).args(["-qec", command, "/dev/null"]).output().unwrap();
+    assert_eq!(output.status.code(), Some(1), "{command}: {}", text(&output.stdout));
+    text(&output.stdout).replace("\r\n", "\n")
+}

@@ -46,6 +46,27 @@ pub enum FileError {
     Jsonl { path: PathBuf, line: u64, why: String },
     #[error("cannot read {path} at line {line}: {error}")]
     JsonlIo { path: PathBuf, line: u64, error: std::io::Error },
+    #[error("{path} is {what}, not an event file: give the recording (.gpuprof) or jsonl it was made from")]
+    NotEvents { path: PathBuf, what: &'static str },
+}
+
+/// What an export of gpuprof's (or another tool's) looks like by its first bytes, so that one
+/// given where events are expected is named rather than read as a corrupt jsonl.
+fn export_kind(head: &[u8]) -> Option<&'static str> {
+    let text = String::from_utf8_lossy(&head[..head.len().min(512)]).trim_start().to_ascii_lowercase();
+    if text.starts_with("<!doctype html") || text.starts_with("<html") {
+        Some("an HTML page (open it in a browser)")
+    } else if text.starts_with("<?xml") || text.starts_with("<svg") {
+        Some("an SVG image (a flame graph: open it in a browser)")
+    } else if text.starts_with('{') && text.contains("speedscope") {
+        Some("a speedscope profile (open it at https://www.speedscope.app)")
+    } else if head.first() == Some(&0x80) && head.get(1).is_some_and(|v| (2..=5).contains(v)) {
+        Some("a Python pickle (a memory_viz snapshot: open it at https://pytorch.org/memory_viz)")
+    } else if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
+        Some("zstd-compressed data (decompress it with `zstd -d` first)")
+    } else {
+        None
+    }
 }
 
 /// What kind of file an event file is.
@@ -59,6 +80,9 @@ impl EventFile {
     pub fn open(path: &Path) -> Result<EventFile, FileError> {
         let open_error = |error| FileError::Open { path: path.to_path_buf(), error };
         let mut input = BufReader::with_capacity(1 << 16, File::open(path).map_err(open_error)?);
+        if let Some(what) = export_kind(input.fill_buf().map_err(open_error)?) {
+            return Err(FileError::NotEvents { path: path.to_path_buf(), what });
+        }
         let source = if is_recording(&mut input).map_err(open_error)? {
             let reader =
                 Reader::new(input).map_err(|error| FileError::Recording { path: path.to_path_buf(), error })?;

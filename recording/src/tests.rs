@@ -413,3 +413,20 @@ fn a_training_loop_costs_a_few_bytes_an_event() {
         per_event(&jsonl)
     );
 }
+
+#[test]
+fn an_export_given_for_events_is_named() {
+    assert_eq!(export_kind(b"<!DOCTYPE html>\n<html>"), Some("an HTML page (open it in a browser)"));
+    assert_eq!(export_kind(b"<?xml version=\"1.0\"?><svg"), Some("an SVG image (a flame graph: open it in a browser)"));
+    assert_eq!(
+        export_kind(b"{\"$schema\": \"https://www.speedscope.app/file-format-schema.json\""),
+        Some("a speedscope profile (open it at https://www.speedscope.app)")
+    );
+    assert_eq!(
+        export_kind(&[0x80, 0x04, 0x95]),
+        Some("a Python pickle (a memory_viz snapshot: open it at https://pytorch.org/memory_viz)")
+    );
+    // Events are not exports.
+    assert_eq!(export_kind(b"{\"ts\":1,\"pid\":2}"), None);
+    assert_eq!(export_kind(MAGIC), None);
+}

@@ -6,6 +6,7 @@
 //! Every view streams the file: memory is what was live at the moment taken (and, for
 //! memory_viz, at most `--max-entries` trace entries), however long the recording.
 
+mod destination;
 mod folded;
 pub mod html;
 mod memory_viz;
@@ -124,6 +125,16 @@ pub struct ExportRequest<'a> {
 
 /// Returns gpuprof's exit code.
 pub fn run(request: &ExportRequest<'_>) -> Result<u8> {
+    let output = destination::resolve(request.input, request.format, request.output.as_deref(), request.moment)?;
+    let request = ExportRequest { output: output.clone(), ..*request };
+    let code = write(&request)?;
+    if let Some(file) = output.filter(|f| f.is_file()) {
+        destination::say_written(&file, request.format);
+    }
+    Ok(code)
+}
+
+fn write(request: &ExportRequest<'_>) -> Result<u8> {
     match request.format {
         ExportFormat::Jsonl => convert(request, output::Format::Jsonl),
         ExportFormat::Recording => convert(request, output::Format::Recording),

@@ -76,6 +76,14 @@ impl Destination {
         }
         // `-o -` is stdout; the rest is what --format and --output always meant.
         let file = output.filter(|path| *path != Path::new("-"));
+        if let (None, Some(path)) = (given, file) {
+            if Format::by_name(path).1 {
+                eprintln!(
+                    "gpuprof: writing a recording (gpuprof's compact format) to {}: name it *.jsonl or give -f jsonl for one event a line",
+                    path.display()
+                );
+            }
+        }
         Ok(Destination { format: Format::resolve(given, file)?, file: file.map(Path::to_path_buf), chosen: false })
     }
 }
@@ -174,6 +182,13 @@ mod tests {
         assert_eq!(d, Destination { format: Format::Jsonl, file: Some(PathBuf::from("ev.jsonl")), chosen: false });
         let d = Destination::resolve(None, Some(Path::new("-")), "x").unwrap();
         assert_eq!(d, Destination { format: Format::Jsonl, file: None, chosen: false });
+        // memray's habit: a name that says nothing gets the compact recording, and says so.
+        let d = Destination::resolve(None, Some(Path::new("run.bin")), "x").unwrap();
+        assert_eq!(d, Destination { format: Format::Recording, file: Some(PathBuf::from("run.bin")), chosen: false });
+        assert_eq!(Format::by_name(Path::new("run.bin")), (Format::Recording, true));
+        assert_eq!(Format::by_name(Path::new("Events.NDJSON")), (Format::Jsonl, false));
+        // Not a plain file: a stream.
+        assert_eq!(Format::by_name(Path::new("/dev/null")), (Format::Jsonl, false));
         let d = Destination::resolve(Some(Format::Table), None, "x").unwrap();
         assert_eq!(d, Destination { format: Format::Table, file: None, chosen: false });
         let d = Destination::resolve(None, None, "train").unwrap();

@@ -40,16 +40,29 @@ pub enum Format {
 }
 
 impl Format {
-    /// `--format` when given; else a recording for an `--output` named `*.gpuprof`, jsonl otherwise.
+    /// `--format` when given; else what the `--output` name says (see `by_name`), jsonl for stdout.
     pub fn resolve(given: Option<Format>, output: Option<&Path>) -> Result<Format> {
-        let format = given.unwrap_or(match output.and_then(|p| p.extension()) {
-            Some(extension) if extension == RECORDING_EXTENSION => Format::Recording,
-            _ => Format::Jsonl,
-        });
+        let format = given.unwrap_or_else(|| output.map_or(Format::Jsonl, |path| Format::by_name(path).0));
         if format == Format::Recording && output.is_none() && std::io::IsTerminal::is_terminal(&io::stdout()) {
             anyhow::bail!("--format recording is binary: give --output FILE.gpuprof (or redirect stdout)");
         }
         Ok(format)
+    }
+}
+
+impl Format {
+    /// What an output file's name asks for: a recording for `*.gpuprof`; jsonl for a text
+    /// extension (`.jsonl`, `.ndjson`, `.json`, `.txt`, `.log`) and for what is not a plain file
+    /// (`/dev/null`, a pipe); otherwise (`run.bin`, `events`) a recording, the compact default,
+    /// with `true`: the name did not say, and the choice is worth saying.
+    pub fn by_name(path: &Path) -> (Format, bool) {
+        let extension = path.extension().map(|e| e.to_string_lossy().to_ascii_lowercase());
+        match extension.as_deref() {
+            Some(RECORDING_EXTENSION) => (Format::Recording, false),
+            Some("jsonl" | "ndjson" | "json" | "txt" | "log") => (Format::Jsonl, false),
+            _ if std::fs::metadata(path).is_ok_and(|m| !m.is_file()) => (Format::Jsonl, false),
+            _ => (Format::Recording, true),
+        }
     }
 }
 
