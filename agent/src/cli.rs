@@ -75,7 +75,7 @@ pub enum Command {
     /// Views of a recorded event file: an HTML report, folded stacks, a flame graph, speedscope,
     /// a PyTorch memory_viz snapshot, or the events themselves as jsonl (or jsonl as a recording).
     #[command(
-        after_help = "Examples:\n  gpuprof export run.gpuprof -f html -o report.html\n  gpuprof export run.gpuprof -f flamegraph -o peak.svg\n  gpuprof export run.gpuprof -f speedscope -o peak.speedscope.json\n  gpuprof export run.gpuprof -f memory-viz -o snap.pickle --from 60 --to 90\n  gpuprof export run.gpuprof -f folded --oom 1\n  gpuprof export run.gpuprof -f jsonl -o run.jsonl"
+        after_help = "Examples:\n  gpuprof export run.gpuprof -f html                # writes run-report.html\n  gpuprof export run.gpuprof -f flamegraph          # writes run-peak.svg\n  gpuprof export run.gpuprof -f folded | flamegraph.pl > peak.svg\n  gpuprof export run.gpuprof -f speedscope -o peak.speedscope.json\n  gpuprof export run.gpuprof -f memory-viz -o snap.pickle --from 60 --to 90\n  gpuprof export run.gpuprof -f folded --oom 1\n  gpuprof export run.gpuprof -f jsonl -o run.jsonl"
     )]
     #[command(group = clap::ArgGroup::new("file").required(true).args(["input", "input_flag"]))]
     Export {
@@ -85,9 +85,11 @@ pub enum Command {
         /// The event file, as a flag.
         #[arg(short = 'i', long = "input", value_name = "FILE")]
         input_flag: Option<PathBuf>,
+        /// What to write.
         #[arg(short, long, value_enum)]
         format: ExportFormat,
-        /// Write the output here instead of stdout.
+        /// Write the view here (`-`: stdout) [default: on a terminal, a file named after the input
+        /// and the moment, e.g. run-peak.svg; through a pipe, stdout].
         #[arg(short, long, value_name = "FILE")]
         output: Option<PathBuf>,
         /// memory-viz: the process to snapshot (default: the one with the most tensor events);
@@ -177,15 +179,34 @@ pub enum Command {
         /// How to capture: eBPF probes (root or CAP_BPF/CAP_PERFMON/CAP_SYS_PTRACE), or gpuprof's
         /// shim preloaded into the command (no privileges: PyTorch's allocator, and the driver's
         /// memory calls through CUPTI; docs/shim.md).
-        #[arg(long, value_enum, default_value = "ebpf")]
+        #[arg(help_heading = "Capture", display_order = 0, long, value_enum, default_value = "ebpf")]
         via: Via,
         /// The shim library (default: libgpuprof_shim.so next to gpuprof, or $GPUPROF_SHIM).
-        #[arg(long, value_name = "PATH", env = "GPUPROF_SHIM")]
+        #[arg(help_heading = "Advanced", long, value_name = "PATH", env = "GPUPROF_SHIM")]
         shim: Option<PathBuf>,
         /// The command and its arguments (after `--`).
-        #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
+        #[arg(required = true, trailing_var_arg = true, value_name = "CMD", help_heading = None::<&str>)]
         command: Vec<OsString>,
     },
+}
+
+/// The command line's definition, its help showing an environment variable's value only where
+/// the variable is set (clap shows `[env: NAME=]` for one that is not, which reads as set empty).
+pub fn command() -> clap::Command {
+    env_shown_where_set(<Cli as clap::CommandFactory>::command())
+}
+
+fn env_shown_where_set(command: clap::Command) -> clap::Command {
+    command
+        .mut_args(|arg| {
+            let unset = arg.get_env().is_some_and(|name| std::env::var_os(name).is_none());
+            if unset {
+                arg.hide_env(true)
+            } else {
+                arg
+            }
+        })
+        .mut_subcommands(env_shown_where_set)
 }
 
 /// The one event file a view reads. Several (a shell pattern that matched more than one) are
@@ -229,44 +250,31 @@ pub enum Compression {
 #[derive(Debug, Args)]
 pub struct CaptureArgs {
     /// Stop after this many seconds.
-    #[arg(short, long, value_name = "SECS", allow_negative_numbers = true)]
+    #[arg(help_heading = "Capture", short, long, value_name = "SECS", allow_negative_numbers = true)]
     pub duration: Option<f64>,
-    /// Output format [default: a recording to a file named after the job; with --output, a
-    /// recording for *.gpuprof, else jsonl].
-    #[arg(short, long, value_enum)]
+    /// Output format [default: a recording to a file named after the job; with --output, what
+    /// its name says: jsonl for *.jsonl, a recording for *.gpuprof or a name that says nothing].
+    #[arg(help_heading = "Output", short, long, value_enum)]
     pub format: Option<Format>,
     /// Write the output here (`-`: stdout) [default: gpuprof-NAME-YYYYMMDD-HHMMSS.gpuprof in
     /// the current directory; stdout when only --format is given].
-    #[arg(short, long, value_name = "FILE")]
+    #[arg(help_heading = "Output", short, long, value_name = "FILE")]
     pub output: Option<PathBuf>,
     /// jsonl: also write the fork, exec and exit of processes that never make a CUDA call
     /// (shells, launchers), which are left out otherwise.
-    #[arg(long)]
+    #[arg(help_heading = "Output", long)]
     pub all_processes: bool,
     /// Recordings: compress with zstd (`none` writes them plain, ~2x larger, a little cheaper).
-    #[arg(long, value_enum, default_value = "zstd")]
+    #[arg(help_heading = "Output", long, value_enum, default_value = "zstd")]
     pub compress: Compression,
     /// Print the capture's counters (events/s, drops, stacks resolved, agent CPU) to stderr every
     /// second and at the end (at the end they are printed anyway when events were lost).
-    #[arg(long)]
+    #[arg(help_heading = "Capture", long)]
     pub stats: bool,
-    /// Probe this libcuda instead of the one found (attach: in the process's maps; run: where
-    /// the dynamic loader would find libcuda.so.1).
-    #[arg(long, value_name = "PATH")]
-    pub libcuda: Option<PathBuf>,
-    /// Ring buffer size in MiB (a power of two); a full buffer drops events, which are counted.
-    #[arg(long, value_name = "MIB", default_value_t = 16)]
-    pub buffer_mib: u32,
-    /// Do not walk Python stacks (events get an empty `stack`).
-    #[arg(long)]
-    pub no_stacks: bool,
-    /// Do not read PyTorch's autograd state: backward-pass blocks keep no forward line.
-    #[arg(long)]
-    pub no_autograd: bool,
     /// What to record (docs/levels.md): `tensors`, every tensor block of PyTorch's allocator with
     /// its Python stack and the driver's calls; `driver`, only the driver's memory calls
     /// (segments, VMM, IPC, contexts, failed calls), which a warm training step does not make.
-    #[arg(long, value_name = "LEVEL", default_value = "tensors", value_parser = capture_level)]
+    #[arg(help_heading = "Capture", long, value_name = "LEVEL", default_value = "tensors", value_parser = capture_level)]
     pub level: gpuprof_model::Level,
     /// Benchmarks only: where probes go on a function (`entry`: its first instruction, as a
     /// naive uprobe; docs/benchmarks.md).
@@ -279,16 +287,29 @@ pub struct CaptureArgs {
     #[arg(long, hide = true)]
     pub profile_probes: bool,
     /// Also write the leak findings, as a JSON array, to this file.
-    #[arg(long, value_name = "FILE")]
+    #[arg(help_heading = "Output", long, value_name = "FILE")]
     pub findings: Option<PathBuf>,
     /// When the capture ends, also write its HTML report here (as `export --format html`):
     /// timelines, the stacks behind any instant, the findings; one file that opens offline.
-    #[arg(long, value_name = "FILE")]
+    #[arg(help_heading = "Output", long, value_name = "FILE")]
     pub html: Option<PathBuf>,
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = "Findings")]
     pub rules: RuleArgs,
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = "Fleet (OTLP)")]
     pub otlp: OtlpArgs,
+    /// Probe this libcuda instead of the one found (attach: in the process's maps; run: where
+    /// the dynamic loader would find libcuda.so.1).
+    #[arg(help_heading = "Advanced", long, value_name = "PATH")]
+    pub libcuda: Option<PathBuf>,
+    /// Ring buffer size in MiB (a power of two); a full buffer drops events, which are counted.
+    #[arg(help_heading = "Advanced", long, value_name = "MIB", default_value_t = 16)]
+    pub buffer_mib: u32,
+    /// Do not walk Python stacks (events get an empty `stack`).
+    #[arg(help_heading = "Advanced", long)]
+    pub no_stacks: bool,
+    /// Do not read PyTorch's autograd state: backward-pass blocks keep no forward line.
+    #[arg(help_heading = "Advanced", long)]
+    pub no_autograd: bool,
 }
 
 /// Where to send the capture over OpenTelemetry's protocol (docs/otlp.md).
@@ -307,7 +328,7 @@ pub struct OtlpArgs {
     /// The node's name in `host.name` (default: $K8S_NODE_NAME, else the host name).
     #[arg(long, value_name = "NAME")]
     pub node_name: Option<String>,
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = "Fleet (OTLP)")]
     pub tuning: crate::telemetry::OtlpTuning,
 }
 

@@ -3,7 +3,7 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::FromArgMatches;
 use gpuprof::cli::{Cli, Command, Via};
 use gpuprof::{attach, cli, daemon, export, report, run, top};
 
@@ -12,7 +12,8 @@ fn main() -> ExitCode {
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)
         .init();
-    let outcome = dispatch(Cli::parse().command);
+    let cli = Cli::from_arg_matches(&cli::command().get_matches()).unwrap_or_else(|error| error.exit());
+    let outcome = dispatch(cli.command);
     match outcome {
         Ok(code) => ExitCode::from(code),
         // The reader went away (`gpuprof export … | head`): what it wanted was written.

@@ -584,3 +584,33 @@ fn on_a_terminal_failing(dir: &Path, command: &str) -> String {
     assert_eq!(output.status.code(), Some(1), "{command}: {}", text(&output.stdout));
     text(&output.stdout).replace("\r\n", "\n")
 }
+
+/// `run --help` groups its flags under headings, the common ones first, and shows an
+/// environment variable's value only where it is set.
+#[test]
+fn run_help_has_headings_and_shows_environment_values_only_where_set() {
+    let help = |env: &[(&str, &str)]| {
+        let output = Command::new(gpuprof())
+            .args(["run", "--help"])
+            .env_remove("GPUPROF_OTLP_EVENTS")
+            .env_remove("GPUPROF_SHIM")
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(0));
+        text(&output.stdout)
+    };
+    let plain = help(&[]);
+    let headings: Vec<&str> =
+        plain.lines().filter(|l| !l.starts_with(' ') && l.ends_with(':') && !l.contains(". ")).collect();
+    assert_eq!(
+        headings,
+        ["Arguments:", "Options:", "Capture:", "Output:", "Findings:", "Fleet (OTLP):", "Advanced:", "Example:"]
+    );
+    let capture = plain.split("\nCapture:\n").nth(1).unwrap();
+    let first: Vec<&str> =
+        capture.lines().filter(|l| l.starts_with("  -") || l.starts_with("      --")).take(2).map(str::trim).collect();
+    assert!(first[0].starts_with("-d, --duration <SECS>") && first[1].starts_with("--via <VIA>"), "{first:?}");
+    assert!(!plain.contains("=]") && !plain.contains("[env: GPUPROF_OTLP_EVENTS"), "{plain}");
+    assert!(help(&[("GPUPROF_OTLP_EVENTS", "all")]).contains("[env: GPUPROF_OTLP_EVENTS=all]"));
+}
