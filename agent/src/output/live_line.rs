@@ -49,13 +49,13 @@ impl LiveLine {
     }
 }
 
-/// "gpuprof: 12,345 events · 3 processes · 1.2 GiB live · 8 s · Ctrl-C to stop"
+/// "gpuprof: 12345 events · 3 CUDA processes · 1.2 GiB live · 8 s · Ctrl-C to stop"
 pub fn describe(progress: &Progress, elapsed: Duration) -> String {
     let lost = if progress.lost > 0 { format!(" · {} lost", progress.lost) } else { String::new() };
     format!(
         "gpuprof: {} · {} · {} live{lost} · {} s · Ctrl-C to stop",
         count(progress.events, "event", "events"),
-        count(progress.processes, "process", "processes"),
+        count(progress.processes, "CUDA process", "CUDA processes"),
         human(progress.live_bytes),
         elapsed.as_secs()
     )

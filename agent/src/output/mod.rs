@@ -146,8 +146,8 @@ pub fn write_next_steps(writer: &mut dyn Write, file: &Path, events: u64) -> io:
     let steps = [
         (format!("gpuprof summary {name}"), "the lines holding the most, per process"),
         (format!("gpuprof report {name}"), "leak findings with their stacks"),
-        (format!("gpuprof export {name} -f flamegraph -o peak.svg"), "live memory by stack at the peak"),
-        (format!("gpuprof export {name} -f html -o report.html"), "timelines, stacks at any instant, findings"),
+        (format!("gpuprof export {name} -f flamegraph"), "live memory by stack at the peak, as an SVG"),
+        (format!("gpuprof export {name} -f html"), "one page: timelines, stacks at any instant, findings"),
     ];
     let width = steps.iter().map(|(command, _)| command.len()).max().unwrap_or(0);
     let fits = steps.iter().all(|(_, what)| 2 + width + 4 + what.len() <= text::COLUMNS);

@@ -234,7 +234,8 @@ impl<'c> Session<'c> {
         let lost = self.lost_events();
         let (Some(line), flow) = (&mut self.live_line, &self.flow) else { return };
         line.tick(|| {
-            let live = flow.analyzer().tracker().live_processes();
+            let mut live = flow.analyzer().tracker().live_processes();
+            live.retain(|p| p.uses_cuda());
             Progress {
                 events: flow.events(),
                 processes: live.len() as u64,
@@ -322,14 +323,14 @@ impl<'c> Session<'c> {
         }
     }
 
-    /// What the capture took in, in words: "captured 140 events from 3 processes in 0.2 s,
+    /// What the capture took in, in words: "captured 140 events from 3 CUDA processes in 0.2 s,
     /// none lost".
     fn account(&self, lost: u64) -> String {
-        let processes = self.flow.analyzer().tracker().processes().len() as u64;
+        let processes = self.flow.analyzer().tracker().processes().into_iter().filter(|p| p.uses_cuda()).count();
         format!(
             "captured {} from {} in {:.1} s, {}",
             gpuprof_model::findings::wording::count(self.flow.events(), "event", "events"),
-            gpuprof_model::findings::wording::count(processes, "process", "processes"),
+            gpuprof_model::findings::wording::count(processes as u64, "CUDA process", "CUDA processes"),
             self.started.elapsed().as_secs_f64(),
             if lost == 0 { "none lost".to_string() } else { format!("{lost} lost (the counters follow)") }
         )

@@ -344,6 +344,12 @@ impl ProcessMemory {
         self.driver_calls
     }
 
+    /// Whether this instance touched CUDA: a driver call, or a report of PyTorch's allocator
+    /// (shells, launchers and helpers of a job do neither).
+    pub fn uses_cuda(&self) -> bool {
+        self.driver_calls > 0 || !self.allocator_totals.is_empty()
+    }
+
     /// The live allocation at this address, if any.
     pub fn allocation(&self, space: Space, addr: u64) -> Option<&Allocation> {
         self.allocations.get(&(space, addr))
