@@ -5,7 +5,7 @@
 //! is lost and the daemon's memory stays flat. Bad settings are one-line errors.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufReader, Write};
 use std::net::TcpListener;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -83,8 +83,8 @@ fn the_daemon_follows_every_cuda_process_of_the_node_through_churn() {
     command.arg(workloads().join("late_caller.py"));
     workload_env(&mut command, &log);
     let mut late = command.stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
-    let mut line = String::new();
-    BufReader::new(late.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+    let line =
+        line_within(&mut BufReader::new(late.stdout.as_mut().unwrap()), READY_LIMIT, "the workload's \"mapped\"");
     assert_eq!(line, "mapped\n");
     let mapped = Instant::now();
     while daemon.metric("gpuprof_daemon_processes_discovered_total") == 0 {

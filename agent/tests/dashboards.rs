@@ -6,7 +6,7 @@
 //! queries. The second test runs the whole fleet path: nodes and a sidecar through the
 //! OpenTelemetry Collector to shards, Jaeger and Prometheus.
 
-use std::io::{BufRead, BufReader};
+use std::io::BufReader;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -192,8 +192,8 @@ fn every_dashboard_panel_answers_from_a_real_prometheus() {
     workload_env(&mut holder, &dir.join("holder.log"));
     holder.env("GPUPROF_STANDIN_NVML_DIR", &nvml);
     let mut holder = holder.stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
-    let mut line = String::new();
-    BufReader::new(holder.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+    let line =
+        line_within(&mut BufReader::new(holder.stdout.as_mut().unwrap()), READY_LIMIT, "the holder's \"holding\"");
     assert_eq!(line, "holding\n");
 
     let panels = every_panel();
@@ -435,8 +435,8 @@ fn two_nodes_and_a_sidecar_through_the_opentelemetry_collector_fill_shards_jaege
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();
-        let mut line = String::new();
-        BufReader::new(holder.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+        let line =
+            line_within(&mut BufReader::new(holder.stdout.as_mut().unwrap()), READY_LIMIT, "the holder's \"holding\"");
         assert_eq!(line, "holding\n");
         holder
     };

@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use gpuprof_testkit::{collector::collector_bin, gpuprof, scratch, test_tools, tools_python};
+use gpuprof_testkit::{collector::collector_bin, gpuprof, line_within, scratch, test_tools, tools_python, READY_LIMIT};
 use serde_json::{json, Value};
 
 /// Sample names of the collector's /metrics, as Prometheus stores them (counters end in _total).
@@ -846,8 +846,7 @@ fn the_dashboards_metrics_are_served_by_a_running_collector_and_daemon() {
         .unwrap();
     let mut stderr = std::io::BufReader::new(daemon.stderr.take().unwrap());
     let address = loop {
-        let mut line = String::new();
-        assert!(std::io::BufRead::read_line(&mut stderr, &mut line).unwrap() > 0, "the daemon did not start");
+        let line = line_within(&mut stderr, READY_LIMIT, "the daemon to say where /metrics is");
         if let Some(rest) = line.split("/metrics on ").nth(1) {
             break rest.split(';').next().unwrap().to_string();
         }

@@ -193,7 +193,7 @@ fn the_picture_at_an_out_of_memory_failure() {
 /// exits quietly (0, nothing on stderr), as a Unix filter does.
 #[test]
 fn a_reader_that_leaves_early_ends_the_export_quietly() {
-    use std::io::{BufRead, Write};
+    use std::io::Write;
     let dir = scratch("export_closed_pipe");
     let input = dir.join("many.jsonl");
     let mut file = std::io::BufWriter::new(std::fs::File::create(&input).unwrap());
@@ -220,8 +220,7 @@ fn a_reader_that_leaves_early_ends_the_export_quietly() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let mut first = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut first).unwrap();
+    let first = line_within(&mut std::io::BufReader::new(child.stdout.take().unwrap()), READY_LIMIT, "the first event");
     assert!(first.contains("\"addr\":\"0x7f0000000000\""), "{first}");
     let output = child.wait_with_output().unwrap();
     assert_eq!((output.status.code(), String::from_utf8_lossy(&output.stderr).into_owned()), (Some(0), String::new()));

@@ -4,7 +4,7 @@
 //! shimmed process is switched between off and tensors and its events stop and resume exactly at
 //! the switch; `run --level driver` records the driver's calls and no tensor event.
 
-use std::io::{BufRead, BufReader};
+use std::io::BufReader;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -32,8 +32,7 @@ fn start(
     }
     let mut child = command.stdout(Stdio::piped()).spawn().unwrap();
     let mut stdout = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    stdout.read_line(&mut line).unwrap();
+    let line = line_within(&mut stdout, READY_LIMIT, "the workload's \"ready PID\"");
     let pid = line.strip_prefix("ready ").and_then(|p| p.trim().parse().ok()).unwrap_or_else(|| panic!("{line:?}"));
     (child, pid, stdout)
 }
@@ -74,8 +73,7 @@ fn a_daemon_raises_a_growing_job_to_its_tensors_and_lowers_it_again() {
         format!("allocated at {}:33 in keep in pid {pid} (python3) grew by ", workloads().join("growing.py").display());
     assert!(growth.contains(&format!("live tensor memory (allocator blocks) {keep}")), "{growth}");
     daemon.wait_for_line(&format!("pid {pid}: back to driver"), Duration::from_secs(10));
-    let mut done = String::new();
-    stdout.read_line(&mut done).unwrap();
+    let done = line_within(&mut stdout, READY_LIMIT, "the workload's \"done\"");
     assert_eq!(done.trim(), "done");
     assert_eq!(wait_with_limit(&mut job, Duration::from_secs(30)).code(), Some(0));
     assert!(daemon.metric("gpuprof_daemon_raises_total") >= 1);

@@ -113,8 +113,7 @@ fn cpython_313_publishes_the_same_offsets() {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.as_mut().unwrap()), &mut line).unwrap();
+    line_within(&mut std::io::BufReader::new(child.stdout.as_mut().unwrap()), READY_LIMIT, "the workload's first line");
     let interpreter = gpuprof_pystack::find_interpreter(child.id()).unwrap().expect("an interpreter");
     child.kill().unwrap();
     child.wait().unwrap();

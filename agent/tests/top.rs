@@ -1,7 +1,7 @@
 //! `gpuprof top` driven under tmux like a person would: start it, start a workload that holds
 //! device memory, read the screen, quit with `q`.
 
-use std::io::{BufRead, BufReader};
+use std::io::BufReader;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -51,8 +51,8 @@ fn top_shows_a_cuda_process_and_quits_on_q() {
     cmd.args(["-c", script]).stdout(Stdio::piped());
     workload_env(&mut cmd, &log);
     let mut workload = cmd.spawn().unwrap();
-    let mut line = String::new();
-    BufReader::new(workload.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+    let line =
+        line_within(&mut BufReader::new(workload.stdout.as_mut().unwrap()), READY_LIMIT, "the workload's \"holding\"");
     assert_eq!(line.trim(), "holding");
     let pid = workload.id().to_string();
 

@@ -5,7 +5,7 @@
 //! promtool accepts /metrics.
 
 use std::borrow::Cow;
-use std::io::{BufRead, BufReader};
+use std::io::BufReader;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -553,8 +553,8 @@ fn the_python_sdk_is_accepted_and_forwarded_spans_decode_with_opentelemetry_prot
             .spawn()
             .unwrap(),
     );
-    let mut ready = String::new();
-    BufReader::new(sink.0.stdout.take().unwrap()).read_line(&mut ready).unwrap();
+    let ready =
+        line_within(&mut BufReader::new(sink.0.stdout.take().unwrap()), READY_LIMIT, "the sink's \"listening PORT\"");
     let port = ready.trim().strip_prefix("listening ").unwrap_or_else(|| panic!("sink said {ready:?}"));
     let collector = Collector::start(&dir.join("c.redb"), &["--forward-endpoint", &format!("http://127.0.0.1:{port}")]);
 

@@ -1,7 +1,7 @@
 //! A gpuprof-collector started for a test on loopback ports it picks itself, with helpers for
 //! its HTTP API and metrics.
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -174,8 +174,7 @@ impl Collector {
         }
         let mut child = command.args(args).stderr(Stdio::piped()).spawn().unwrap();
         let mut stderr = BufReader::new(child.stderr.take().unwrap());
-        let mut line = String::new();
-        stderr.read_line(&mut line).unwrap();
+        let line = crate::line_within(&mut stderr, crate::READY_LIMIT, "gpuprof-collector to say where it listens");
         // "gpuprof-collector: OTLP/gRPC on A, OTLP/HTTP + API + /metrics on B, state in C"
         let addr = |after: &str| {
             line.split(after).nth(1).unwrap_or_else(|| panic!("{line}")).split(',').next().unwrap().to_string()

@@ -7,7 +7,8 @@ pub mod collector;
 pub mod daemon;
 mod workspace;
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read};
+use std::os::fd::{AsFd, AsRawFd};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStderr, Command, Output, Stdio};
 use std::sync::OnceLock;
@@ -420,30 +421,89 @@ pub fn browse_report(page: &Path, steps: Value) -> Value {
     report
 }
 
+/// How long a workload or a service may take to say it is ready.
+pub const READY_LIMIT: Duration = Duration::from_secs(60);
+
 /// Starts a workload that prints "ready" when it may be attached to; returns it with stdin open.
 pub fn start_ready_workload(mut command: Command) -> Child {
     command.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::inherit());
     let mut child = command.spawn().expect("workload starts");
-    let mut line = String::new();
-    BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+    let line =
+        line_within(&mut BufReader::new(child.stdout.as_mut().unwrap()), READY_LIMIT, "the workload's \"ready\"");
     assert_eq!(line.trim(), "ready", "workload did not get ready");
     child
 }
 
-/// Waits until gpuprof's stderr has a line containing `text`; returns the lines read.
+/// Waits until gpuprof's stderr has a line containing `text` (30 s at most); returns the lines
+/// read.
 pub fn wait_for_stderr(stderr: &mut BufReader<ChildStderr>, text: &str) -> Vec<String> {
     let mut lines = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let mut line = String::new();
-        let n = stderr.read_line(&mut line).unwrap();
-        assert!(n > 0 && Instant::now() < deadline, "gpuprof never said {text:?}; it said {lines:?}");
+        let line = match read_line_before(stderr, deadline) {
+            Ok(line) => line,
+            Err(waited) => panic!("gpuprof never said {text:?} ({waited}); it said {lines:?}"),
+        };
         let found = line.contains(text);
         lines.push(line);
         if found {
             return lines;
         }
     }
+}
+
+/// Why a line did not come.
+#[derive(Debug)]
+pub enum NoLine {
+    /// The deadline passed; what had come of the line.
+    TimedOut(String),
+    /// The stream ended (the process exited); what had come of the line.
+    Ended(String),
+}
+
+impl std::fmt::Display for NoLine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NoLine::TimedOut(partial) => write!(f, "nothing more came in time; the line so far: {partial:?}"),
+            NoLine::Ended(partial) => write!(f, "the stream ended; the line so far: {partial:?}"),
+        }
+    }
+}
+
+/// One line from `reader`, waiting no later than `deadline` whether or not anything arrives: a
+/// silent process fails the test, saying what it waited for, instead of hanging it.
+pub fn read_line_before<R: Read + AsFd>(reader: &mut BufReader<R>, deadline: Instant) -> Result<String, NoLine> {
+    let mut line = Vec::new();
+    loop {
+        let buffered = reader.buffer();
+        if let Some(end) = buffered.iter().position(|&b| b == b'\n') {
+            line.extend_from_slice(&buffered[..=end]);
+            reader.consume(end + 1);
+            return Ok(String::from_utf8_lossy(&line).into_owned());
+        }
+        let taken = buffered.len();
+        line.extend_from_slice(buffered);
+        reader.consume(taken);
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(NoLine::TimedOut(String::from_utf8_lossy(&line).into_owned()));
+        }
+        let mut ready = libc::pollfd { fd: reader.get_ref().as_fd().as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        let millis = left.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
+        // SAFETY: one pollfd of ours, for the length of the call.
+        if unsafe { libc::poll(&mut ready, 1, millis) } <= 0 {
+            // Nothing yet (or a signal): the deadline is checked again above.
+            continue;
+        }
+        if reader.fill_buf().unwrap().is_empty() {
+            return Err(NoLine::Ended(String::from_utf8_lossy(&line).into_owned()));
+        }
+    }
+}
+
+/// One line within `limit`, or the test fails naming `what` it waited for.
+pub fn line_within<R: Read + AsFd>(reader: &mut BufReader<R>, limit: Duration, what: &str) -> String {
+    read_line_before(reader, Instant::now() + limit).unwrap_or_else(|no| panic!("waited {limit:?} for {what}: {no}"))
 }
 
 /// Waits for a child with a time limit, killing it if it overstays.
@@ -566,4 +626,37 @@ pub fn assert_nccl_callers(captured: &[Event], pid: u32) {
         context.caller_module.as_deref().is_some_and(|m| m.starts_with("libffi.so") || m.starts_with("_ctypes")),
         "{context:?}"
     );
+}
+
+#[cfg(test)]
+mod bounded_reads {
+    use super::*;
+
+    fn stdout_of(script: &str) -> (Child, BufReader<std::process::ChildStdout>) {
+        let mut child = Command::new("sh").args(["-c", script]).stdout(Stdio::piped()).spawn().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        (child, stdout)
+    }
+
+    #[test]
+    fn a_silent_process_times_out_at_the_deadline_and_an_ended_one_says_so() {
+        let (mut child, mut stdout) = stdout_of("printf 'one\\npart'; sleep 5");
+        let soon = Instant::now() + Duration::from_millis(300);
+        assert_eq!(read_line_before(&mut stdout, soon).unwrap(), "one\n");
+        let began = Instant::now();
+        match read_line_before(&mut stdout, soon) {
+            Err(NoLine::TimedOut(partial)) => assert_eq!(partial, "part"),
+            other => panic!("{other:?}"),
+        }
+        assert!(began.elapsed() < Duration::from_secs(2), "{:?}", began.elapsed());
+        child.kill().unwrap();
+        child.wait().unwrap();
+
+        let (mut child, mut stdout) = stdout_of("printf 'last'");
+        match read_line_before(&mut stdout, Instant::now() + Duration::from_secs(10)) {
+            Err(NoLine::Ended(partial)) => assert_eq!(partial, "last"),
+            other => panic!("{other:?}"),
+        }
+        child.wait().unwrap();
+    }
 }
