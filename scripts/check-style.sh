@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The style gates CI enforces before the tests: rustfmt (rustfmt.toml), clippy with every warning an
-# error, and clang-format (.clang-format) for the BPF C. Each names what to run to fix it.
+# error, clang-format (.clang-format) for the BPF C, and no import circle among the files of any
+# crate (scripts/check-import-circles.py). Each names what to run to fix it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for tool in "cargo fmt" "cargo clippy" clang-format; do
@@ -15,4 +16,5 @@ clang-format --dry-run --Werror "${bpf_sources[@]}" 2>/dev/null || {
   echo "gpuprof: BPF C differs from .clang-format: run \`clang-format -i ${bpf_sources[*]}\`" >&2
   exit 1
 }
+python3 scripts/check-import-circles.py
 cargo clippy --workspace --all-targets --quiet -- -D warnings

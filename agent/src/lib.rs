@@ -28,6 +28,7 @@ pub(crate) mod python;
 pub mod report;
 pub mod run;
 pub(crate) mod session;
+pub(crate) mod shim_library;
 pub(crate) mod shim_socket;
 pub(crate) mod signals;
 pub mod telemetry;

@@ -15,34 +15,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
-
-use crate::event::{Event, Frame, Layer, Op};
-use crate::stack::Stack;
-
-/// How the Python stack of an event was found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum StackOrigin {
-    /// The forward call that made the event's autograd node.
-    Forward,
-    /// The node's forward op allocated nothing and its neighbours differ: the forward line just
-    /// before the node was made.
-    ForwardNear,
-}
-
-impl StackOrigin {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            StackOrigin::Forward => "forward",
-            StackOrigin::ForwardNear => "forward_near",
-        }
-    }
-}
-
-/// The file of the frame that marks a backward block's stack: its innermost frame names the
-/// node ("AddmmBackward0"), the frames outside it are the node's forward stack.
-pub const AUTOGRAD_FILE: &str = "<autograd>";
+use crate::event::{Event, Layer, Op};
+use crate::stack::{Frame, Stack};
+pub use crate::stack::{StackOrigin, AUTOGRAD_FILE};
 
 /// Sequence numbers remembered per forward thread: a backward pass follows its forward within a
 /// few thousand nodes; a graph kept for a later backward (`retain_graph`) that much older gets

@@ -7,9 +7,9 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::autograd::StackOrigin;
 use crate::hex::{serde_addr, serde_bytes};
-use crate::stack::Stack;
+// A frame and a stack's origin are the stack's; events name them as `event::…` too.
+pub use crate::stack::{Frame, Stack, StackOrigin};
 
 /// Where an event was captured: by the agent's eBPF probes, or inside the process by gpuprof's
 /// shim (its allocator hook, its CUPTI callbacks, its fork and exit records).
@@ -113,42 +113,6 @@ impl Op {
             Op::Exec => "exec",
             Op::Exit => "exit",
         }
-    }
-}
-
-/// One Python frame.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct Frame {
-    pub function: String,
-    pub file: String,
-    pub line: u32,
-}
-
-/// "train.py:42 in step"; the frame standing for a module with no Python stack
-/// (`Stack::of_module`) as "[libnccl.so.2]"; the frame naming a backward block's autograd node
-/// as "AddmmBackward0 (backward)".
-impl std::fmt::Display for Frame {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.native_module().is_some() {
-            write!(f, "{}", self.function)
-        } else if self.autograd_node().is_some() {
-            write!(f, "{} (backward)", self.function)
-        } else {
-            write!(f, "{}:{} in {}", self.file, self.line, self.function)
-        }
-    }
-}
-
-impl Frame {
-    /// The module, when this frame stands for native code with no Python stack
-    /// (`Stack::of_module`): "libnccl.so.2" of "[libnccl.so.2]".
-    pub fn native_module(&self) -> Option<&str> {
-        (self.file == crate::stack::NATIVE_FILE).then(|| self.function.trim_start_matches('[').trim_end_matches(']'))
-    }
-
-    /// The node, when this frame marks a backward block's forward stack (`autograd`).
-    pub fn autograd_node(&self) -> Option<&str> {
-        (self.file == crate::autograd::AUTOGRAD_FILE).then_some(self.function.as_str())
     }
 }
 

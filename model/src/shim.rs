@@ -10,6 +10,10 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+/// The shim library's file name (built by the gpuprof-shim package; preloaded by `run --via shim`
+/// and shared by a sidecar with its pod).
+pub const LIBRARY_FILE: &str = "libgpuprof_shim.so";
+
 /// The agent's Unix socket a shim sends its events to (`gpuprof run --via shim` sets it; the
 /// daemon listens where `--shim-socket` or this variable says).
 pub const SOCKET_VAR: &str = "GPUPROF_SHIM_SOCKET";

@@ -3,6 +3,9 @@
 //! 30–40 frames deep; an event, an allocation, a rule's series and an output all point at the
 //! one copy of a stack, and its hash is computed once, when it is made, so that keying maps by
 //! stack costs the same for a 40-frame stack as for an empty one.
+//!
+//! Its frames, the frames that stand for something else (a native module, a backward block's
+//! autograd node), and how a stack was found (`StackOrigin`) are defined here too.
 
 use std::collections::HashSet;
 use std::hash::{Hash, Hasher};
@@ -10,8 +13,6 @@ use std::ops::Deref;
 use std::sync::{Arc, LazyLock};
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
-
-use crate::event::Frame;
 
 /// Python frames, innermost first; empty when the thread had none.
 #[derive(Clone)]
@@ -227,3 +228,63 @@ mod tests {
         assert!(Stack::default().same(&Stack::empty()));
     }
 }
+
+/// One Python frame.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Frame {
+    pub function: String,
+    pub file: String,
+    pub line: u32,
+}
+
+/// "train.py:42 in step"; the frame standing for a module with no Python stack
+/// (`Stack::of_module`) as "[libnccl.so.2]"; the frame naming a backward block's autograd node
+/// as "AddmmBackward0 (backward)".
+impl std::fmt::Display for Frame {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.native_module().is_some() {
+            write!(f, "{}", self.function)
+        } else if self.autograd_node().is_some() {
+            write!(f, "{} (backward)", self.function)
+        } else {
+            write!(f, "{}:{} in {}", self.file, self.line, self.function)
+        }
+    }
+}
+
+impl Frame {
+    /// The module, when this frame stands for native code with no Python stack
+    /// (`Stack::of_module`): "libnccl.so.2" of "[libnccl.so.2]".
+    pub fn native_module(&self) -> Option<&str> {
+        (self.file == NATIVE_FILE).then(|| self.function.trim_start_matches('[').trim_end_matches(']'))
+    }
+
+    /// The node, when this frame marks a backward block's forward stack (`autograd`).
+    pub fn autograd_node(&self) -> Option<&str> {
+        (self.file == AUTOGRAD_FILE).then_some(self.function.as_str())
+    }
+}
+
+/// How the Python stack of an event was found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StackOrigin {
+    /// The forward call that made the event's autograd node.
+    Forward,
+    /// The node's forward op allocated nothing and its neighbours differ: the forward line just
+    /// before the node was made.
+    ForwardNear,
+}
+
+impl StackOrigin {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StackOrigin::Forward => "forward",
+            StackOrigin::ForwardNear => "forward_near",
+        }
+    }
+}
+
+/// The file of the frame that marks a backward block's stack: its innermost frame names the
+/// node ("AddmmBackward0"), the frames outside it are the node's forward stack.
+pub const AUTOGRAD_FILE: &str = "<autograd>";

@@ -293,7 +293,7 @@ pub fn libtorch_cpu_standin() -> &'static Path {
 /// gpuprof's in-process shim (`libgpuprof_shim.so`), brought up to date first.
 pub fn shim_library() -> &'static Path {
     static LIBRARY: OnceLock<PathBuf> = OnceLock::new();
-    LIBRARY.get_or_init(|| workspace::build("gpuprof-shim", &["--lib"], "libgpuprof_shim.so"))
+    LIBRARY.get_or_init(|| workspace::build("gpuprof-shim", &["--lib"], gpuprof_model::shim::LIBRARY_FILE))
 }
 
 /// Calls and allocator blocks (every event but process transitions), in capture order.

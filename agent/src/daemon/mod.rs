@@ -148,9 +148,9 @@ fn share_the_shim(dir: &std::path::Path) -> Result<()> {
     if !dir.is_dir() {
         anyhow::bail!("the sidecar's directory {} does not exist: mount the volume the pod's containers share there (gpuprof inject does)", dir.display());
     }
-    let shim = crate::run::via_shim::shim_library(None)?;
-    let target = dir.join(crate::run::via_shim::SHIM_FILE);
-    let partial = dir.join(format!(".{}.partial", crate::run::via_shim::SHIM_FILE));
+    let shim = crate::shim_library::find(None)?;
+    let target = dir.join(crate::shim_library::LIBRARY_FILE);
+    let partial = dir.join(format!(".{}.partial", crate::shim_library::LIBRARY_FILE));
     std::fs::copy(&shim, &partial)
         .with_context(|| format!("cannot copy the shim {} into {}", shim.display(), dir.display()))?;
     std::fs::set_permissions(&partial, std::os::unix::fs::PermissionsExt::from_mode(0o644))

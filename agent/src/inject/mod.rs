@@ -133,9 +133,9 @@ pub fn inject(text: &str, settings: &SidecarSettings) -> Result<(String, Report)
             .dump(&document)
             .map_err(|e| anyhow::anyhow!("{what}: cannot write it back: {e}"))?;
         match outcome {
-            workloads::Outcome::Injected => report.injected.push(what),
-            workloads::Outcome::Already => report.already.push(what),
-            workloads::Outcome::NoPodTemplate => report.passed.push(what),
+            pod::Outcome::Injected => report.injected.push(what),
+            pod::Outcome::Already => report.already.push(what),
+            pod::Outcome::NoPodTemplate => report.passed.push(what),
         }
         out.push_str(&emitted);
         out.push('\n');

@@ -8,7 +8,16 @@ use yaml_rust2::Yaml;
 use gpuprof_model::shim;
 
 use super::key;
-use super::workloads::Outcome;
+
+/// What became of a document (or a pod template).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Injected,
+    /// The sidecar was there already: left as it was.
+    Already,
+    /// Nothing that runs pods (a Service, a ConfigMap…): passed through.
+    NoPodTemplate,
+}
 
 /// The sidecar's container name and the shared volume's.
 pub const SIDECAR_NAME: &str = "gpuprof";
@@ -91,7 +100,7 @@ impl SidecarSettings {
     }
 
     fn shim_path(&self) -> String {
-        format!("{MOUNT}/{}", crate::run::via_shim::SHIM_FILE)
+        format!("{MOUNT}/{}", crate::shim_library::LIBRARY_FILE)
     }
 }
 

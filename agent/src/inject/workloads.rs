@@ -6,17 +6,7 @@ use anyhow::{bail, Result};
 use yaml_rust2::Yaml;
 
 use super::key;
-use super::pod::{self, SidecarSettings};
-
-/// What became of a document (or a pod template).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    Injected,
-    /// The sidecar was there already: left as it was.
-    Already,
-    /// Nothing that runs pods (a Service, a ConfigMap…): passed through.
-    NoPodTemplate,
-}
+use super::pod::{self, Outcome, SidecarSettings};
 
 /// Kinds whose pods are at `spec.template.spec`.
 const TEMPLATED: &[&str] = &["Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job", "ReplicationController"];

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, Context, Result};
 use gpuprof_model::shim;
 
 use super::{exit_code, find_program};
@@ -19,7 +19,6 @@ use crate::session::{Session, ShimSource, Until};
 use crate::{shim_socket, signals};
 
 /// The shim's file name, looked for next to the gpuprof executable.
-pub const SHIM_FILE: &str = "libgpuprof_shim.so";
 /// How long the end of the run waits for the command's processes to hang up.
 const LAST_WORDS: Duration = Duration::from_secs(3);
 const LAST_WORDS_POLL: Duration = Duration::from_millis(50);
@@ -27,7 +26,7 @@ const LAST_WORDS_POLL: Duration = Duration::from_millis(50);
 /// Returns CMD's exit code.
 pub fn run(command: &[OsString], args: &CaptureArgs, shim: Option<&Path>) -> Result<u8> {
     let duration = args.duration()?;
-    let shim = shim_library(shim)?;
+    let shim = crate::shim_library::find(shim)?;
     let (program, program_args) = command.split_first().ok_or_else(|| anyhow!("no command given after `--`"))?;
     let program = find_program(program)?;
     signals::install();
@@ -66,30 +65,6 @@ pub fn run(command: &[OsString], args: &CaptureArgs, shim: Option<&Path>) -> Res
 
 /// `--shim`, else next to the gpuprof executable (a cargo build), else in `../lib/gpuprof/` from
 /// it (where the wheel installs it: `<prefix>/bin/gpuprof`, `<prefix>/lib/gpuprof/`; docs/install.md).
-pub(crate) fn shim_library(given: Option<&Path>) -> Result<PathBuf> {
-    let path = match given {
-        Some(path) => path.to_path_buf(),
-        None => {
-            let exe = std::env::current_exe().context("cannot find gpuprof's own path")?;
-            let dir = exe.parent().unwrap_or(Path::new("/"));
-            let (beside, installed) = (dir.join(SHIM_FILE), dir.join("../lib/gpuprof").join(SHIM_FILE));
-            if beside.is_file() || !installed.is_file() {
-                beside
-            } else {
-                installed
-            }
-        }
-    };
-    if !path.is_file() {
-        bail!(
-            "the shim library {} does not exist: build it with `cargo build -p gpuprof-shim` (it is installed next to gpuprof, or in ../lib/gpuprof/ by the wheel), or name it with --shim PATH",
-            path.display()
-        );
-    }
-    // The dynamic loader resolves a relative LD_PRELOAD against each process's own directory.
-    path.canonicalize().with_context(|| format!("cannot resolve {}", path.display()))
-}
-
 /// LD_PRELOAD with the shim first and what the environment already preloads after it.
 fn preload_with(shim: &Path) -> OsString {
     let mut preload = shim.as_os_str().to_os_string();
