@@ -214,6 +214,7 @@ fn c_string(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::capture::HANDLE_LEN;
 
     fn record(kind: gp_record_kind) -> Record {
         let mut record = Record::default();
@@ -233,9 +234,9 @@ mod tests {
         let mut raw = record(gp_record_kind::GP_RECORD_DRIVER);
         raw.header.api = id;
         raw.header.addr = 0x7f00_0040_0000;
-        raw.header.handle_len = 64;
+        raw.header.handle_len = HANDLE_LEN as u16;
         raw.header.flags = flags::HANDLE;
-        let mut handle = [0u8; 64];
+        let mut handle = [0u8; HANDLE_LEN];
         handle[0] = 0xab;
         raw.handle = Some(handle);
         raw.header.device = -1;
@@ -255,7 +256,7 @@ mod tests {
         assert_eq!(event.addr, Some(0x7f00_0040_0000));
         assert_eq!(event.device, None);
         let handle = event.handle.unwrap();
-        assert_eq!(handle.len(), 64);
+        assert_eq!(handle.len(), HANDLE_LEN);
         assert_eq!(handle[0], 0xab);
     }
 

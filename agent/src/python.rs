@@ -19,7 +19,7 @@ use crate::capture::{flags, Capture, Record};
 
 /// How long a new program is looked at for an interpreter before it counts as not Python.
 const DISCOVERY_WINDOW: Duration = Duration::from_secs(3);
-const NO_OFFSET: u16 = 0xffff;
+const NO_OFFSET: u16 = gpuprof_ebpf::header::GP_NO_OFFSET as u16;
 
 struct PythonProcess {
     interpreter: Interpreter,

@@ -22,3 +22,8 @@ pub mod process {
 
 /// The record and cookie types shared with the BPF programs (generated from `gpuprof.h`).
 pub use driver::types;
+
+/// The numeric `#define GP_*` of `gpuprof.h` (record flags, lengths, limits), as constants.
+pub mod header {
+    include!(concat!(env!("OUT_DIR"), "/header.rs"));
+}

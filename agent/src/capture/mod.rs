@@ -9,7 +9,7 @@ mod placement;
 mod probes;
 mod record;
 
-pub use record::{flags, Record};
+pub use record::{flags, Record, HANDLE_LEN};
 
 use std::cell::RefCell;
 use std::mem::MaybeUninit;

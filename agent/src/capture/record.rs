@@ -4,19 +4,21 @@
 
 use gpuprof_ebpf::types::{gp_allocator, gp_code, gp_frame, gp_record, gp_record_kind};
 
-/// `GP_FLAG_*` of gpuprof.h (macros do not reach the generated types).
+/// `GP_FLAG_*` of gpuprof.h, as the header's `flags` byte holds them.
 pub mod flags {
-    pub const OUT_UNREAD: u8 = 1;
-    pub const EXIT_SIGNALED: u8 = 2;
-    pub const HANDLE: u8 = 4;
-    pub const STACK_TRUNCATED: u8 = 8;
-    pub const STACK_LOST: u8 = 16;
-    pub const AUTOGRAD: u8 = 32;
-    pub const STACK_KNOWN: u8 = 64;
+    use gpuprof_ebpf::header as h;
+
+    pub const OUT_UNREAD: u8 = h::GP_FLAG_OUT_UNREAD as u8;
+    pub const EXIT_SIGNALED: u8 = h::GP_FLAG_EXIT_SIGNALED as u8;
+    pub const HANDLE: u8 = h::GP_FLAG_HANDLE as u8;
+    pub const STACK_TRUNCATED: u8 = h::GP_FLAG_STACK_TRUNCATED as u8;
+    pub const STACK_LOST: u8 = h::GP_FLAG_STACK_LOST as u8;
+    pub const AUTOGRAD: u8 = h::GP_FLAG_AUTOGRAD as u8;
+    pub const STACK_KNOWN: u8 = h::GP_FLAG_STACK_KNOWN as u8;
 }
 
-const HANDLE_LEN: usize = 64;
-const FILENAME_LEN: usize = 128;
+pub const HANDLE_LEN: usize = gpuprof_ebpf::header::GP_HANDLE_LEN as usize;
+const FILENAME_LEN: usize = gpuprof_ebpf::header::GP_FILENAME_LEN as usize;
 const HEADER_LEN: usize = std::mem::size_of::<gp_record>();
 const FRAME_LEN: usize = std::mem::size_of::<gp_frame>();
 
@@ -122,7 +124,7 @@ mod tests {
         let header = gp_record {
             kind: gp_record_kind::GP_RECORD_DRIVER.0,
             flags: flags::HANDLE,
-            handle_len: 64,
+            handle_len: HANDLE_LEN as u16,
             stack_depth: 2,
             ..gp_record::default()
         };
@@ -133,7 +135,7 @@ mod tests {
             bytes.extend(instr.to_ne_bytes());
         }
         let record = Record::parse(&bytes).unwrap();
-        assert_eq!(record.handle_bytes(), Some(&[0xab; 64][..]));
+        assert_eq!(record.handle_bytes(), Some(&[0xab; HANDLE_LEN][..]));
         assert_eq!(record.frames, vec![(0x1000, 0x1010), (0x2000, 0x2020)]);
         // Cut short: the record says two frames, one came.
         assert!(Record::parse(&bytes[..bytes.len() - 16]).is_none());
