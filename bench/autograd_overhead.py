@@ -8,19 +8,19 @@ of the capture's own added time per report (both measured in the same rounds).
 
     sudo python3 bench/autograd_overhead.py [--gpuprof target/release/gpuprof] [--via ebpf|shim] [--nodes 20000] [--rounds 3]
 """
+
 import argparse
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 root = Path(__file__).resolve().parent.parent
 fixtures = root / "testkit" / "fixtures"
 
-WORKLOAD = r'''
+WORKLOAD = r"""
 import ctypes, os, sys, time
 torch = ctypes.CDLL(os.environ["LIBTORCH_CPU"])
 torch.gpuprof_standin_forward.argtypes = [ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64]
@@ -45,14 +45,40 @@ def deep(n):
     print(busy + time.perf_counter() - start)
 
 deep(20)
-'''
+"""
 
 
 def build(out):
-    subprocess.run(["cc", "-O1", "-shared", "-fPIC", "-fvisibility=hidden", "-o", out / "libc10.so",
-                    fixtures / "libc10_standin.c"], check=True)
-    subprocess.run(["cc", "-O1", "-shared", "-fPIC", "-fvisibility=hidden", "-o", out / "libtorch_cpu.so",
-                    fixtures / "libtorch_cpu_standin.c", f"-L{out}", "-lc10", "-Wl,-rpath,$ORIGIN", "-lpthread"], check=True)
+    subprocess.run(
+        [
+            "cc",
+            "-O1",
+            "-shared",
+            "-fPIC",
+            "-fvisibility=hidden",
+            "-o",
+            out / "libc10.so",
+            fixtures / "libc10_standin.c",
+        ],
+        check=True,
+    )
+    subprocess.run(
+        [
+            "cc",
+            "-O1",
+            "-shared",
+            "-fPIC",
+            "-fvisibility=hidden",
+            "-o",
+            out / "libtorch_cpu.so",
+            fixtures / "libtorch_cpu_standin.c",
+            f"-L{out}",
+            "-lc10",
+            "-Wl,-rpath,$ORIGIN",
+            "-lpthread",
+        ],
+        check=True,
+    )
 
 
 def main():
@@ -71,7 +97,16 @@ def main():
         command = [sys.executable, str(tmp / "workload.py"), str(args.nodes), str(args.pause_ms)]
         modes = {
             "plain": [],
-            "gpuprof --no-autograd": [args.gpuprof, "run", "--via", args.via, "--no-autograd", "--output", "/dev/null", "--"],
+            "gpuprof --no-autograd": [
+                args.gpuprof,
+                "run",
+                "--via",
+                args.via,
+                "--no-autograd",
+                "--output",
+                "/dev/null",
+                "--",
+            ],
             "gpuprof": [args.gpuprof, "run", "--via", args.via, "--output", "/dev/null", "--"],
         }
         seconds = {name: [] for name in modes}
@@ -81,14 +116,18 @@ def main():
                 seconds[name].append(float(out.strip().splitlines()[-1]))
     reports = 3 * args.nodes
     us = {name: statistics.median(v) * 1e6 / reports for name, v in seconds.items()}
-    print(f"{reports} allocator reports a run ({args.nodes} nodes, 20-frame stacks, {args.pause_ms} ms pause every 300 reports), "
-          f"capture {args.via}, {args.rounds} rounds, medians")
+    print(
+        f"{reports} allocator reports a run ({args.nodes} nodes, 20-frame stacks, {args.pause_ms} ms pause every 300 reports), "
+        f"capture {args.via}, {args.rounds} rounds, medians"
+    )
     for name in modes:
         print(f"{name:<24} {us[name]:8.2f} µs a report")
     capture = us["gpuprof --no-autograd"] - us["plain"]
     attribution = us["gpuprof"] - us["gpuprof --no-autograd"]
-    print(f"capture added {capture:.2f} µs a report; attribution added {attribution:.2f} µs "
-          f"({attribution / capture * 100:.1f}% of the capture's)")
+    print(
+        f"capture added {capture:.2f} µs a report; attribution added {attribution:.2f} µs "
+        f"({attribution / capture * 100:.1f}% of the capture's)"
+    )
     print("raw: " + str(seconds))
 
 

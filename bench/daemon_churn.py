@@ -9,8 +9,8 @@ and its resident memory as processes go by (bounded: exited processes are forgot
 
 Needs cc and a release build (cargo build --release -p gpuprof).
 """
+
 import argparse
-import re
 import subprocess
 import sys
 import tempfile
@@ -26,17 +26,34 @@ WAVE = 10
 
 def build(workdir):
     (workdir / "standin").mkdir()
-    subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-fno-ipa-icf", "-fvisibility=hidden", "-o", workdir / "standin" / "libcuda.so.1",
-                    FIXTURES / "libcuda_standin.c", "-lpthread"], check=True)
-    subprocess.run(["cc", "-O1", "-o", workdir / "churn_worker", FIXTURES / "workloads" / "churn_worker.c", "-ldl"], check=True)
+    subprocess.run(
+        [
+            "cc",
+            "-shared",
+            "-fPIC",
+            "-O1",
+            "-fno-ipa-icf",
+            "-fvisibility=hidden",
+            "-o",
+            workdir / "standin" / "libcuda.so.1",
+            FIXTURES / "libcuda_standin.c",
+            "-lpthread",
+        ],
+        check=True,
+    )
+    subprocess.run(
+        ["cc", "-O1", "-o", workdir / "churn_worker", FIXTURES / "workloads" / "churn_worker.c", "-ldl"], check=True
+    )
 
 
 def churn(workdir, count, on_hundred=None):
     env = {"LD_LIBRARY_PATH": str(workdir / "standin")}
     started = time.perf_counter()
     for first in range(0, count, WAVE):
-        workers = [subprocess.Popen([workdir / "churn_worker", "0", "4096"], stdout=subprocess.DEVNULL, env=env)
-                   for _ in range(min(WAVE, count - first))]
+        workers = [
+            subprocess.Popen([workdir / "churn_worker", "0", "4096"], stdout=subprocess.DEVNULL, env=env)
+            for _ in range(min(WAVE, count - first))
+        ]
         for w in workers:
             if w.wait() != 0:
                 sys.exit("a churn worker failed")
@@ -47,7 +64,9 @@ def churn(workdir, count, on_hundred=None):
 
 def metrics(port):
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
-    return {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines() if line and not line.startswith("#")}
+    return {
+        line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines() if line and not line.startswith("#")
+    }
 
 
 def cpu_seconds(pid):
@@ -58,7 +77,9 @@ def cpu_seconds(pid):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--processes", type=int, default=2000)
-    parser.add_argument("--gpuprof", type=Path, default=GPUPROF, help="the gpuprof to run as the daemon (another build, to compare)")
+    parser.add_argument(
+        "--gpuprof", type=Path, default=GPUPROF, help="the gpuprof to run as the daemon (another build, to compare)"
+    )
     args = parser.parse_args()
     if not args.gpuprof.exists():
         sys.exit(f"{args.gpuprof} is missing: cargo build --release -p gpuprof")
@@ -69,23 +90,44 @@ def main():
         plain = churn(workdir, args.processes)
         port = 19465
         log = workdir / "daemon.log"
-        daemon = subprocess.Popen([args.gpuprof, "daemon", "--output", "/dev/null", "--libcuda", workdir / "standin" / "libcuda.so.1",
-                                   "--listen", f"127.0.0.1:{port}", "--retain-exited", "1"], stderr=log.open("w"))
+        daemon = subprocess.Popen(
+            [
+                args.gpuprof,
+                "daemon",
+                "--output",
+                "/dev/null",
+                "--libcuda",
+                workdir / "standin" / "libcuda.so.1",
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--retain-exited",
+                "1",
+            ],
+            stderr=log.open("w"),
+        )
         while "/metrics on" not in log.read_text():
             time.sleep(0.05)
         rss = []
         cpu_before = cpu_seconds(daemon.pid)
-        followed = churn(workdir, args.processes, lambda n: rss.append((n, metrics(port)["gpuprof_daemon_resident_bytes"] / 2**20)))
+        followed = churn(
+            workdir, args.processes, lambda n: rss.append((n, metrics(port)["gpuprof_daemon_resident_bytes"] / 2**20))
+        )
         cpu = cpu_seconds(daemon.pid) - cpu_before
         time.sleep(2.5)
         m = metrics(port)
         daemon.terminate()
         daemon.wait(timeout=30)
-    print(f"{args.processes} processes, {WAVE} at a time, on {Path('/proc/cpuinfo').read_text().count('processor')} CPUs")
-    print(f"wall time per process: plain {plain * 1e3:.2f} ms, under the daemon {followed * 1e3:.2f} ms ({followed / plain:.2f}x)")
-    print(f"daemon CPU per process: {cpu / args.processes * 1e3:.2f} ms; events {int(m['gpuprof_daemon_events_total'])}, "
-          f"lost {int(m['gpuprof_daemon_events_lost_total'])}; processes discovered {int(m['gpuprof_daemon_processes_discovered_total'])}, "
-          f"retained at the end {int(m['gpuprof_daemon_processes_retained'])}")
+    print(
+        f"{args.processes} processes, {WAVE} at a time, on {Path('/proc/cpuinfo').read_text().count('processor')} CPUs"
+    )
+    print(
+        f"wall time per process: plain {plain * 1e3:.2f} ms, under the daemon {followed * 1e3:.2f} ms ({followed / plain:.2f}x)"
+    )
+    print(
+        f"daemon CPU per process: {cpu / args.processes * 1e3:.2f} ms; events {int(m['gpuprof_daemon_events_total'])}, "
+        f"lost {int(m['gpuprof_daemon_events_lost_total'])}; processes discovered {int(m['gpuprof_daemon_processes_discovered_total'])}, "
+        f"retained at the end {int(m['gpuprof_daemon_processes_retained'])}"
+    )
     print("daemon resident memory (MiB) after N processes: " + ", ".join(f"{n}: {mib:.1f}" for n, mib in rss))
 
 

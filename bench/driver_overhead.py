@@ -7,6 +7,7 @@ uprobes (empty bpftrace uprobe + uretprobe on the same two functions), measured 
 Needs: cc, bpftrace, a built gpuprof (target/release/gpuprof; `cargo build --release`).
 Rounds interleave the three modes so drift on the machine hits them alike; medians are reported.
 """
+
 import argparse
 import json
 import os
@@ -26,8 +27,21 @@ def build(workdir):
     standin_dir = workdir / "standin"
     standin_dir.mkdir()
     lib = standin_dir / "libcuda.so.1"
-    subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-fno-ipa-icf", "-fvisibility=hidden", "-o", lib,
-                    FIXTURES / "libcuda_standin.c", "-lpthread"], check=True)
+    subprocess.run(
+        [
+            "cc",
+            "-shared",
+            "-fPIC",
+            "-O1",
+            "-fno-ipa-icf",
+            "-fvisibility=hidden",
+            "-o",
+            lib,
+            FIXTURES / "libcuda_standin.c",
+            "-lpthread",
+        ],
+        check=True,
+    )
     program = workdir / "ipc_fork"
     subprocess.run(["cc", "-O1", "-o", program, FIXTURES / "workloads" / "ipc_fork.c", "-ldl"], check=True)
     return lib, program
@@ -36,8 +50,9 @@ def build(workdir):
 def start_workload(program, lib, pairs):
     env = dict(os.environ, LD_LIBRARY_PATH=str(lib.parent))
     env.pop("GPUPROF_WORKLOAD_LOG", None)
-    proc = subprocess.Popen([program, "loop", str(pairs)], env=env, stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [program, "loop", str(pairs)], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout.readline().strip() == "ready"
     return proc
 
@@ -79,8 +94,9 @@ def run_bpftrace(program, lib, pairs):
 
 def run_gpuprof(gpuprof, program, lib, pairs):
     proc = start_workload(program, lib, pairs)
-    agent = subprocess.Popen([gpuprof, "attach", str(proc.pid), "--output", "/dev/null"],
-                             stderr=subprocess.PIPE, text=True)
+    agent = subprocess.Popen(
+        [gpuprof, "attach", str(proc.pid), "--output", "/dev/null"], stderr=subprocess.PIPE, text=True
+    )
     wait_for(agent.stderr, r"capturing pid")
     ns = finish_workload(proc)
     tail = agent.stderr.read()
@@ -119,10 +135,10 @@ def main():
     print(f"{'bare uprobes (empty bpftrace, 2 fn x 2)':<42} {median['bpftrace']:>10.0f} {floor:>14.0f}")
     print(f"{'gpuprof attach (capture + decode + jsonl)':<42} {median['gpuprof']:>10.0f} {added:>14.0f}")
     print(f"gpuprof added cost / bare uprobe cost: {added / floor:.2f}x")
-    print("gpuprof events per round (driver + exit), lost: " + ", ".join(f"{e}/{l}" for e, l in captured))
+    print("gpuprof events per round (driver + exit), lost: " + ", ".join(f"{e}/{lost}" for e, lost in captured))
     print("raw ns/pair: " + json.dumps(results))
     expected = 2 * args.pairs + 1
-    if any(e != expected or l != 0 for e, l in captured):
+    if any(e != expected or lost != 0 for e, lost in captured):
         sys.exit(f"expected {expected} events and none lost in every round")
 
 

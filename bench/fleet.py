@@ -16,6 +16,7 @@ nodes each serves (every node whole on one shard) and the Collector's CPU and me
 
 Needs a release build: cargo build --release -p gpuprof -p gpuprof-collector.
 """
+
 import argparse
 import json
 import os
@@ -39,9 +40,20 @@ def free_port():
 
 def start_collector(workdir, name, grpc, http):
     collector = subprocess.Popen(
-        [RELEASE / "gpuprof-collector", "--db", workdir / f"{name}.redb",
-         "--grpc-listen", f"127.0.0.1:{grpc}", "--http-listen", f"127.0.0.1:{http}", "--rate-limit", "100000"],
-        stderr=subprocess.PIPE, text=True)
+        [
+            RELEASE / "gpuprof-collector",
+            "--db",
+            workdir / f"{name}.redb",
+            "--grpc-listen",
+            f"127.0.0.1:{grpc}",
+            "--http-listen",
+            f"127.0.0.1:{http}",
+            "--rate-limit",
+            "100000",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     collector.stderr.readline()
     return collector
 
@@ -81,11 +93,22 @@ def start_otelcol(workdir, shard_grpc, limit_mib, gomemlimit_mib):
         sys.exit(f"cannot build the OpenTelemetry Collector: {binary.stderr.strip()[-2000:]}")
     grpc, health = free_port(), free_port()
     config = workdir / "otelcol.yaml"
-    config.write_text(OTELCOL_CONFIG.format(
-        health=health, grpc=grpc, limit=limit_mib, spike=limit_mib // 4, shards=", ".join(f"127.0.0.1:{p}" for p in shard_grpc)))
+    config.write_text(
+        OTELCOL_CONFIG.format(
+            health=health,
+            grpc=grpc,
+            limit=limit_mib,
+            spike=limit_mib // 4,
+            shards=", ".join(f"127.0.0.1:{p}" for p in shard_grpc),
+        )
+    )
     log = open(workdir / "otelcol.log", "w")
-    otelcol = subprocess.Popen([binary.stdout.strip(), "--config", config], stdout=subprocess.DEVNULL, stderr=log,
-                               env={**os.environ, **({"GOMEMLIMIT": f"{gomemlimit_mib}MiB"} if gomemlimit_mib else {})})
+    otelcol = subprocess.Popen(
+        [binary.stdout.strip(), "--config", config],
+        stdout=subprocess.DEVNULL,
+        stderr=log,
+        env={**os.environ, **({"GOMEMLIMIT": f"{gomemlimit_mib}MiB"} if gomemlimit_mib else {})},
+    )
     deadline = time.time() + 30
     while True:
         try:
@@ -106,15 +129,35 @@ def run_size(args, nodes, workdir):
     otelcol = None
     send_to = ports[0][0]
     if args.shards:
-        otelcol, send_to = start_otelcol(workdir, [grpc for grpc, _ in ports], args.otelcol_limit_mib,
-                                      args.otelcol_gomemlimit_mib)
+        otelcol, send_to = start_otelcol(
+            workdir, [grpc for grpc, _ in ports], args.otelcol_limit_mib, args.otelcol_gomemlimit_mib
+        )
     try:
-        command = [RELEASE / "gpuprof-fleet-sim", "--input", args.recording, "--nodes", str(nodes),
-                   "--processes", str(args.processes), "--rate", str(args.rate), "--seconds", str(args.seconds),
-                   "--worker-every", str(args.worker_every), "--threads", str(args.threads),
-                   "--collector-grpc", f"http://127.0.0.1:{send_to}",
-                   "--collector-http", ",".join(f"http://127.0.0.1:{http}" for _, http in ports),
-                   "--collector-pid", ",".join(str(c.pid) for c in collectors), "--timeout", "300"]
+        command = [
+            RELEASE / "gpuprof-fleet-sim",
+            "--input",
+            args.recording,
+            "--nodes",
+            str(nodes),
+            "--processes",
+            str(args.processes),
+            "--rate",
+            str(args.rate),
+            "--seconds",
+            str(args.seconds),
+            "--worker-every",
+            str(args.worker_every),
+            "--threads",
+            str(args.threads),
+            "--collector-grpc",
+            f"http://127.0.0.1:{send_to}",
+            "--collector-http",
+            ",".join(f"http://127.0.0.1:{http}" for _, http in ports),
+            "--collector-pid",
+            ",".join(str(c.pid) for c in collectors),
+            "--timeout",
+            "300",
+        ]
         if otelcol:
             command += ["--otelcol-pid", str(otelcol.pid)]
         sim = subprocess.run(command, capture_output=True, text=True)
@@ -136,12 +179,24 @@ def main():
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--worker-every", type=float, default=10)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--shards", type=int, default=0,
-                        help="send through gpuprof's OpenTelemetry Collector to this many gpuprof-collectors (0: straight to one)")
-    parser.add_argument("--otelcol-limit-mib", type=int, default=1536,
-                        help="the Collector's memory_limiter limit (it refuses past it; the nodes retry)")
-    parser.add_argument("--otelcol-gomemlimit-mib", type=int, default=0,
-                        help="GOMEMLIMIT for the Collector, MiB (0: Go's default, none)")
+    parser.add_argument(
+        "--shards",
+        type=int,
+        default=0,
+        help="send through gpuprof's OpenTelemetry Collector to this many gpuprof-collectors (0: straight to one)",
+    )
+    parser.add_argument(
+        "--otelcol-limit-mib",
+        type=int,
+        default=1536,
+        help="the Collector's memory_limiter limit (it refuses past it; the nodes retry)",
+    )
+    parser.add_argument(
+        "--otelcol-gomemlimit-mib",
+        type=int,
+        default=0,
+        help="GOMEMLIMIT for the Collector, MiB (0: Go's default, none)",
+    )
     args = parser.parse_args()
     for binary in ("gpuprof-collector", "gpuprof-fleet-sim"):
         if not (RELEASE / binary).exists():
@@ -154,30 +209,40 @@ def main():
             reports.append(report)
     node = reports[0]["node"]
     full = node["full_stream"]
-    print(f"\nper node: {node['events_per_s']:,.0f} events/s; summarized {node['items_per_s']:.1f} items/s, "
-          f"{node['bytes_per_s'] / 1024:.1f} KiB/s; full stream {full['items_per_s']:,.0f} items/s, "
-          f"{full['bytes_per_s'] / 2**20:.1f} MiB/s ({full['items_per_s'] / node['items_per_s']:,.0f}x the items); "
-          f"{node['events_per_item']:,.0f} events an item; the agent path {node['agent_cpu_s_per_s']:.2f} cores\n")
-    print("| nodes | processes | items/s in | lost | collector cores | collector RSS (MiB) | finding latency p50 / p99 / max (ms) | findings |")
+    print(
+        f"\nper node: {node['events_per_s']:,.0f} events/s; summarized {node['items_per_s']:.1f} items/s, "
+        f"{node['bytes_per_s'] / 1024:.1f} KiB/s; full stream {full['items_per_s']:,.0f} items/s, "
+        f"{full['bytes_per_s'] / 2**20:.1f} MiB/s ({full['items_per_s'] / node['items_per_s']:,.0f}x the items); "
+        f"{node['events_per_item']:,.0f} events an item; the agent path {node['agent_cpu_s_per_s']:.2f} cores\n"
+    )
+    print(
+        "| nodes | processes | items/s in | lost | collector cores | collector RSS (MiB) | finding latency p50 / p99 / max (ms) | findings |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---|---:|")
     for r in reports:
         lat = r["finding_latency_ms"]
         items = (r["received"]["log_records"] + r["received"]["spans"] + r["received"]["metric_points"]) / r["seconds"]
         cores = r["collector"]["cpu_cores_used"]
         rss = r["collector"]["resident_bytes"] / 2**20
-        print(f"| {r['nodes']} | {r['nodes'] * r['processes_per_node']} | {items:,.0f} | {r['otlp_items_lost']} | {cores:.3f} | {rss:.0f} "
-              f"| {lat['p50']:.0f} / {lat['p99']:.0f} / {lat['max']:.0f} | {r['findings_served']} |")
+        print(
+            f"| {r['nodes']} | {r['nodes'] * r['processes_per_node']} | {items:,.0f} | {r['otlp_items_lost']} | {cores:.3f} | {rss:.0f} "
+            f"| {lat['p50']:.0f} / {lat['p99']:.0f} / {lat['max']:.0f} | {r['findings_served']} |"
+        )
     if args.shards:
         print("\n| nodes | shard | nodes served | shard cores | shard RSS (MiB) |")
         print("|---:|---:|---:|---:|---:|")
         for r in reports:
             for n, (shard, served) in enumerate(zip(r["shards"], r["nodes_per_shard"])):
-                print(f"| {r['nodes']} | {n} | {served} | {shard['cpu_cores_used']:.3f} | {shard['resident_bytes'] / 2**20:.0f} |")
+                print(
+                    f"| {r['nodes']} | {n} | {served} | {shard['cpu_cores_used']:.3f} | {shard['resident_bytes'] / 2**20:.0f} |"
+                )
         print("\n| nodes | Collector cores | Collector RSS (MiB) | nodes on several shards |")
         print("|---:|---:|---:|---:|")
         for r in reports:
             o = r["otelcol"]
-            print(f"| {r['nodes']} | {o['cpu_cores_used']:.3f} | {o['resident_bytes'] / 2**20:.0f} | {r['nodes_on_several_shards']} |")
+            print(
+                f"| {r['nodes']} | {o['cpu_cores_used']:.3f} | {o['resident_bytes'] / 2**20:.0f} | {r['nodes_on_several_shards']} |"
+            )
 
 
 if __name__ == "__main__":

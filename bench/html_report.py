@@ -14,6 +14,7 @@ and for each:
 
 Needs: cc, chromium, a release build (cargo build --release -p gpuprof).
 """
+
 import argparse
 import json
 import subprocess
@@ -47,7 +48,11 @@ def page_figures(page, steps_file):
     report = json.loads(out.stdout)
     if report["errors"]:
         sys.exit(f"{page}: the page threw {report['errors']}")
-    return {"ready_ms": round(report["ready_ms"]), "ready_wall_ms": round(report["ready_wall_ms"]), **report["results"][0]}
+    return {
+        "ready_ms": round(report["ready_ms"]),
+        "ready_wall_ms": round(report["ready_wall_ms"]),
+        **report["results"][0],
+    }
 
 
 def main():
@@ -65,8 +70,12 @@ def main():
         captured = recording.capture(GPUPROF, run, env, seconds)
         events = captured["events"]
         page = work / f"run-{seconds}s.html"
-        html_s, html_mib, _ = recording.measured([GPUPROF, "export", "--input", run, "--format", "html", "--output", page])
-        flame_s, flame_mib, _ = recording.measured([GPUPROF, "export", "--input", run, "--format", "flamegraph", "--output", work / "f.svg"])
+        html_s, html_mib, _ = recording.measured(
+            [GPUPROF, "export", "--input", run, "--format", "html", "--output", page]
+        )
+        flame_s, flame_mib, _ = recording.measured(
+            [GPUPROF, "export", "--input", run, "--format", "flamegraph", "--output", work / "f.svg"]
+        )
         row = {
             "seconds": seconds,
             "events": events,

@@ -42,6 +42,7 @@ for the shim its counters (drops, waits) and its own timing of each report's pha
 (GPUPROF_SHIM_TIMING). --json FILE keeps it all. --collector BIN runs a gpuprof-collector the
 daemons send to, as on a fleet's node (else they write jsonl to /dev/null).
 """
+
 import argparse
 import json
 import os
@@ -59,11 +60,24 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 # Captures started and stopped as processes, in one plain job.
-PROCESS_MODES = {"none", "attach", "attach-entry", "attach-nostacks", "attach-phases", "ebpf-driver", "floor-entry",
-                 "floor", "daemon"}
+PROCESS_MODES = {
+    "none",
+    "attach",
+    "attach-entry",
+    "attach-nostacks",
+    "attach-phases",
+    "ebpf-driver",
+    "floor-entry",
+    "floor",
+    "daemon",
+}
 # Captures switched through a daemon's level API ((off, on) levels), in a job of their family.
-LEVELS = {"ebpf": ("driver", "tensors"), "shim": ("off", "tensors"), "shim-driver": ("off", "driver"),
-          "shim-timed": ("off", "tensors")}
+LEVELS = {
+    "ebpf": ("driver", "tensors"),
+    "shim": ("off", "tensors"),
+    "shim-driver": ("off", "driver"),
+    "shim-timed": ("off", "tensors"),
+}
 FAMILY = {"ebpf": "ebpf", "shim": "shim", "shim-driver": "shim", "shim-timed": "shim-timed"}
 # Modes whose programs' run times are read.
 BPF_MODES = PROCESS_MODES | {"ebpf"}
@@ -83,8 +97,9 @@ class Process:
 
     def __init__(self, argv, ready_text, env=None, ready_url=None):
         self.argv = argv
-        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                     env={**os.environ, **(env or {})})
+        self.proc = subprocess.Popen(
+            argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})}
+        )
         self.lines = []
         self.ready = threading.Event()
         self.ready_text = ready_text
@@ -161,6 +176,7 @@ def program_name(pid, fd):
     """A BPF program's name, asked of the kernel through a copy of the process's descriptor (no
     bpftool needed): pidfd_open, pidfd_getfd, then BPF_OBJ_GET_INFO_BY_FD."""
     import ctypes
+
     libc = ctypes.CDLL(None, use_errno=True)
     pidfd = libc.syscall(434, pid, 0)
     if pidfd < 0:
@@ -186,8 +202,14 @@ class Job:
     def __init__(self, args, env, out):
         argv = [args.python, str(HERE / "overhead_job.py"), args.workload, "--depth", str(args.depth), "--out", out]
         self.stderr_path = out + ".stderr"
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                     stderr=open(self.stderr_path, "w"), env={**os.environ, **env})
+        self.proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            stderr=open(self.stderr_path, "w"),
+            env={**os.environ, **env},
+        )
         line = self.proc.stdout.readline().split()
         if not line or line[0] != "ready":
             raise SystemExit(f"the job did not start: {line}")
@@ -232,8 +254,11 @@ class Capture:
             self.process = Process([gpuprof, "attach", pid, *attach[self.mode], *output], "capturing pid")
         elif self.mode == "daemon":
             port = free_port()
-            self.process = Process([gpuprof, "daemon", "--listen", f"127.0.0.1:{port}", *sink(self.args)],
-                                   None, ready_url=f"http://127.0.0.1:{port}/readyz")
+            self.process = Process(
+                [gpuprof, "daemon", "--listen", f"127.0.0.1:{port}", *sink(self.args)],
+                None,
+                ready_url=f"http://127.0.0.1:{port}/readyz",
+            )
         elif self.mode in LEVELS:
             self.daemon.set(self.job.pid, LEVELS[self.mode][1])
         if self.process:
@@ -260,8 +285,11 @@ class LevelDaemon:
         if family.startswith("shim"):
             self.socket = os.path.join(tempfile.mkdtemp(prefix="gpuprof-shim-"), "shim.sock")
             capture = ["--capture", "shim", "--shim-socket", self.socket, "--level", "off"]
-        self.process = Process([args.gpuprof, "daemon", "--listen", f"127.0.0.1:{port}", "--no-auto-raise",
-                                *capture, *sink(args)], None, ready_url=f"{self.url}/readyz")
+        self.process = Process(
+            [args.gpuprof, "daemon", "--listen", f"127.0.0.1:{port}", "--no-auto-raise", *capture, *sink(args)],
+            None,
+            ready_url=f"{self.url}/readyz",
+        )
 
     def set(self, pid, level):
         """Asks for `level`, waiting for the daemon to follow the job first (its scan)."""
@@ -298,8 +326,12 @@ def measure(args, modes, family):
     env = {}
     if family.startswith("shim"):
         shim = args.shim or str(Path(args.gpuprof).resolve().parent / "libgpuprof_shim.so")
-        env = {"LD_PRELOAD": shim, "GPUPROF_SHIM_SOCKET": daemon.socket, "GPUPROF_SHIM_LEVEL": "off",
-               "GPUPROF_SHIM_REPORT": "1"}
+        env = {
+            "LD_PRELOAD": shim,
+            "GPUPROF_SHIM_SOCKET": daemon.socket,
+            "GPUPROF_SHIM_LEVEL": "off",
+            "GPUPROF_SHIM_REPORT": "1",
+        }
         if family == "shim-timed":
             env["GPUPROF_SHIM_TIMING"] = "1"
     try:
@@ -327,8 +359,10 @@ def measure_in(args, modes, job, daemon):
         agent_cpu = {k: v - agent_cpu.get(k, 0) for k, v in cpu_ns(agent_pid).items()} if agent_pid else {}
         if bpf:
             before = {name: (n, t) for name, n, t in bpf}
-            bpf = [(name, n - before.get(name, (0, 0))[0], t - before.get(name, (0, 0))[1])
-                   for name, n, t in bpf_program_stats(agent_pid)]
+            bpf = [
+                (name, n - before.get(name, (0, 0))[0], t - before.get(name, (0, 0))[1])
+                for name, n, t in bpf_program_stats(agent_pid)
+            ]
         if capture:
             capture.off()
         windows.append((mode, start, end, job_cpu, agent_cpu, bpf, SETTLE_S[daemon is not None]))
@@ -382,15 +416,20 @@ def summarize(args, modes, windows, steps, reports_per_step, texts):
                     entry[1] += ns
         low, high = median_interval(ratios)
         results[mode] = {
-            "plain_ms": statistics.median(plain), "captured_ms": statistics.median(captured),
-            "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
-            "ratio_90": [low, high], "pairs": [[off, on] for off, on in zip(plain, captured)],
+            "plain_ms": statistics.median(plain),
+            "captured_ms": statistics.median(captured),
+            "ratio": statistics.median(ratios),
+            "ratio_min": min(ratios),
+            "ratio_max": max(ratios),
+            "ratio_90": [low, high],
+            "pairs": [[off, on] for off, on in zip(plain, captured)],
             "added_ns_per_report": statistics.median(added),
             "training_thread_added_ns_per_report": statistics.median(thread_added),
             "agent_cpu_ns_per_report": statistics.median(capture_cpu),
             "sender_cpu_ns_per_report": statistics.median(sender_cpu),
             "bpf_programs": {str(k): {"runs": n, "ns_per_run": t / n} for k, (n, t) in programs.items()},
-            "windows": len(ratios), "reports_per_step": reports_per_step,
+            "windows": len(ratios),
+            "reports_per_step": reports_per_step,
             "stderr_tail": texts.get(mode, "")[-900:],
         }
     return results
@@ -400,6 +439,7 @@ def median_interval(values, draws=2000):
     """A 90% interval of the median, by resampling the windows (bootstrap; seeded: the same data
     gives the same interval)."""
     import random
+
     rng = random.Random(7)
     medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(draws))
     return medians[int(0.05 * draws)], medians[int(0.95 * draws) - 1]
@@ -425,9 +465,19 @@ def main():
     if args.collector:
         grpc, http = free_port(), free_port()
         store = tempfile.mkdtemp(prefix="gpuprof-collector-")
-        collector = Process([args.collector, "--grpc-listen", f"127.0.0.1:{grpc}", "--http-listen",
-                             f"127.0.0.1:{http}", "--db", os.path.join(store, "collector.redb")], None,
-                            ready_url=f"http://127.0.0.1:{http}/healthz")
+        collector = Process(
+            [
+                args.collector,
+                "--grpc-listen",
+                f"127.0.0.1:{grpc}",
+                "--http-listen",
+                f"127.0.0.1:{http}",
+                "--db",
+                os.path.join(store, "collector.redb"),
+            ],
+            None,
+            ready_url=f"http://127.0.0.1:{http}/healthz",
+        )
         args.collector_endpoint = f"http://127.0.0.1:{grpc}"
     modes = args.capture.split(",")
     unknown = set(modes) - PROCESS_MODES - set(LEVELS)
@@ -439,17 +489,23 @@ def main():
         chosen = [m for m in modes if FAMILY.get(m, "process") == family]
         if chosen:
             results.update(measure(args, chosen, family))
-    print(f"{args.workload}: {args.windows} windows of {args.window:.1f} s per capture started as a process, "
-          f"{args.switches} of {args.switch_window:.1f} s per capture switched through a daemon, each family in a "
-          f"process of its own; {next(iter(results.values()))['reports_per_step']:.0f} allocator reports a step")
-    print(f"{'capture':<13} {'plain ms':>9} {'with ms':>9} {'ratio':>7} {'90% interval':>13} {'ns/report':>10} "
-          f"{'thread ns/r':>11} {'agent ns/r':>10} {'sender ns/r':>11}  bpf ns/run (runs)")
+    print(
+        f"{args.workload}: {args.windows} windows of {args.window:.1f} s per capture started as a process, "
+        f"{args.switches} of {args.switch_window:.1f} s per capture switched through a daemon, each family in a "
+        f"process of its own; {next(iter(results.values()))['reports_per_step']:.0f} allocator reports a step"
+    )
+    print(
+        f"{'capture':<13} {'plain ms':>9} {'with ms':>9} {'ratio':>7} {'90% interval':>13} {'ns/report':>10} "
+        f"{'thread ns/r':>11} {'agent ns/r':>10} {'sender ns/r':>11}  bpf ns/run (runs)"
+    )
     for mode, r in results.items():
         programs = " ".join(f"{name} {p['ns_per_run']:.0f} ({p['runs']})" for name, p in r["bpf_programs"].items())
-        print(f"{mode:<13} {r['plain_ms']:>9.3f} {r['captured_ms']:>9.3f} {r['ratio']:>6.3f}x "
-              f"{r['ratio_90'][0]:>6.3f}-{r['ratio_90'][1]:.3f} {r['added_ns_per_report']:>10.0f} "
-              f"{r['training_thread_added_ns_per_report']:>11.0f} {r['agent_cpu_ns_per_report']:>10.0f} "
-              f"{r['sender_cpu_ns_per_report']:>11.0f}  {programs}")
+        print(
+            f"{mode:<13} {r['plain_ms']:>9.3f} {r['captured_ms']:>9.3f} {r['ratio']:>6.3f}x "
+            f"{r['ratio_90'][0]:>6.3f}-{r['ratio_90'][1]:.3f} {r['added_ns_per_report']:>10.0f} "
+            f"{r['training_thread_added_ns_per_report']:>11.0f} {r['agent_cpu_ns_per_report']:>10.0f} "
+            f"{r['sender_cpu_ns_per_report']:>11.0f}  {programs}"
+        )
     for mode, r in results.items():
         phases = [line for line in r["stderr_tail"].splitlines() if "by phase" in line]
         if phases:
@@ -458,12 +514,15 @@ def main():
         shim = r.get("shim_counters")
         if not shim or mode == "shim-driver":
             continue
-        line = (f"{mode}: sent {shim['sent']}, dropped {shim['dropped_queue_full']}, waited {shim.get('waits', 0)} "
-                f"times ({shim.get('wait_ns', 0) / 1e6:.1f} ms)")
+        line = (
+            f"{mode}: sent {shim['sent']}, dropped {shim['dropped_queue_full']}, waited {shim.get('waits', 0)} "
+            f"times ({shim.get('wait_ns', 0) / 1e6:.1f} ms)"
+        )
         timing = shim.get("timing")
         if timing:
             line += "; per recorded report on the calling thread (self-timed, the timing included): " + ", ".join(
-                f"{k[:-3]} {v:.0f} ns" for k, v in timing.items() if k != "reports")
+                f"{k[:-3]} {v:.0f} ns" for k, v in timing.items() if k != "reports"
+            )
         print(line)
     if collector:
         collector.stop(signal.SIGTERM)

@@ -19,6 +19,7 @@ WORKLOAD:
 Prints "ready PID REPORTS_PER_STEP" once warm, then runs until a line "stop" (or end of input);
 then writes FILE: {"steps": [[start_ns, end_ns, thread_cpu_ns], …], …} with CLOCK_MONOTONIC times.
 """
+
 import array
 import json
 import os
@@ -193,8 +194,14 @@ def main():
 
     framework(DEPTH, run)
     with open(OUT, "w") as out:
-        json.dump({"workload": WORKLOAD, "reports_per_step": reports_per_step,
-                   "steps": [[s, e, c] for s, e, c in zip(starts, ends, cpus)]}, out)
+        json.dump(
+            {
+                "workload": WORKLOAD,
+                "reports_per_step": reports_per_step,
+                "steps": [[s, e, c] for s, e, c in zip(starts, ends, cpus)],
+            },
+            out,
+        )
 
 
 main()

@@ -16,6 +16,7 @@
 
 Needs: cc, a release build (cargo build --release -p gpuprof).
 """
+
 import argparse
 import json
 import os
@@ -24,7 +25,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,11 +34,37 @@ GPUPROF = ROOT / "target" / "release" / "gpuprof"
 
 def build(workdir):
     lib = workdir / "libcuda.so.1"
-    subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-fno-ipa-icf", "-fvisibility=hidden", "-o", lib,
-                    FIXTURES / "libcuda_standin.c", "-lpthread", "-ldl"], check=True)
+    subprocess.run(
+        [
+            "cc",
+            "-shared",
+            "-fPIC",
+            "-O1",
+            "-fno-ipa-icf",
+            "-fvisibility=hidden",
+            "-o",
+            lib,
+            FIXTURES / "libcuda_standin.c",
+            "-lpthread",
+            "-ldl",
+        ],
+        check=True,
+    )
     c10 = workdir / "libc10.so"
-    subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-fno-ipa-icf", "-fvisibility=hidden", "-o", c10,
-                    FIXTURES / "libc10_standin.c"], check=True)
+    subprocess.run(
+        [
+            "cc",
+            "-shared",
+            "-fPIC",
+            "-O1",
+            "-fno-ipa-icf",
+            "-fvisibility=hidden",
+            "-o",
+            c10,
+            FIXTURES / "libc10_standin.c",
+        ],
+        check=True,
+    )
     return dict(os.environ, LD_LIBRARY_PATH=str(workdir), GPUPROF_LIBC10=str(c10))
 
 
@@ -70,9 +96,11 @@ def measured(argv, env=None, stdout=subprocess.DEVNULL, may_fail=False):
 
 def capture(gpuprof, output, env, seconds):
     training = f"{sys.executable} {FIXTURES / 'workloads' / 'training.py'} --seconds {seconds} --depth 9 --rate 0"
-    _, _, stderr = measured([gpuprof, "run", "--stats", "--output", output, "--", "sh", "-c", f"{training} & {training} & wait"], env=env)
+    _, _, stderr = measured(
+        [gpuprof, "run", "--stats", "--output", output, "--", "sh", "-c", f"{training} & {training} & wait"], env=env
+    )
     # The counters at the end: the last of the lines --stats prints.
-    line = [l for l in stderr.splitlines() if " events (" in l and "lost" in l][-1]
+    line = [s for s in stderr.splitlines() if " events (" in s and "lost" in s][-1]
     events = int(re.search(r"gpuprof: (\d+) events", line).group(1))
     rate = float(re.search(r"events \((\d+)/s\)", line).group(1))
     lost = int(re.search(r"lost (\d+)", line).group(1))
@@ -83,7 +111,9 @@ def capture(gpuprof, output, env, seconds):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=int, default=10)
-    parser.add_argument("--copies", type=int, default=4, help="the capture repeated this many times for the export figures")
+    parser.add_argument(
+        "--copies", type=int, default=4, help="the capture repeated this many times for the export figures"
+    )
     parser.add_argument("--baseline", help="the landed build's gpuprof, to compare its jsonl capture and exports")
     args = parser.parse_args()
     # Gigabytes of jsonl go here: removed at the end, whatever happens.
@@ -108,8 +138,23 @@ def run_all(args, work):
 
     # 2. The same events in each format.
     measured([GPUPROF, "export", "--input", work / "run.gpuprof", "--format", "jsonl", "--output", work / "same.jsonl"])
-    measured([GPUPROF, "export", "--input", work / "run.gpuprof", "--format", "recording", "--compress", "none", "--output", work / "plain.gpuprof"])
-    measured([GPUPROF, "export", "--input", work / "same.jsonl", "--format", "recording", "--output", work / "again.gpuprof"])
+    measured(
+        [
+            GPUPROF,
+            "export",
+            "--input",
+            work / "run.gpuprof",
+            "--format",
+            "recording",
+            "--compress",
+            "none",
+            "--output",
+            work / "plain.gpuprof",
+        ]
+    )
+    measured(
+        [GPUPROF, "export", "--input", work / "same.jsonl", "--format", "recording", "--output", work / "again.gpuprof"]
+    )
     events = results["recording"]["events"]
     sizes = {
         "recording (zstd)": (work / "run.gpuprof").stat().st_size,
@@ -159,21 +204,30 @@ def run_all(args, work):
                         if i >= long_events // 10:
                             break
                         dst.write(line)
-            seconds, peak, _ = measured(["prlimit", "--as=12884901888", args.baseline, *base_argv, "--input", tenth], may_fail=True)
+            seconds, peak, _ = measured(
+                ["prlimit", "--as=12884901888", args.baseline, *base_argv, "--input", tenth], may_fail=True
+            )
             n = long_events // 10
             timings[name]["landed_build_on_jsonl"] = (
                 {"s_per_million": seconds * 1e6 / n, "peak_mib_per_million": peak * 1e6 / n, "events": n}
-                if seconds is not None else {"failed": f"out of its 12 GiB after {peak:.0f} MiB", "events": n})
+                if seconds is not None
+                else {"failed": f"out of its 12 GiB after {peak:.0f} MiB", "events": n}
+            )
         print(f"export {name}: {timings[name]}", flush=True)
 
-    print(json.dumps({
-        "capture": results,
-        "bytes_per_event": {k: v / events for k, v in sizes.items()},
-        "events": events,
-        "long_events": long_events,
-        "long_recording_bytes": long_recording.stat().st_size,
-        "exports": timings,
-    }, indent=1))
+    print(
+        json.dumps(
+            {
+                "capture": results,
+                "bytes_per_event": {k: v / events for k, v in sizes.items()},
+                "events": events,
+                "long_events": long_events,
+                "long_recording_bytes": long_recording.stat().st_size,
+                "exports": timings,
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

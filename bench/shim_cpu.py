@@ -9,6 +9,7 @@ Same run, interleaved rounds, medians of the processes' user+system CPU and wall
 The stand-ins are built by the tests (`cargo test -p gpuprof-shim --test shim` leaves them in
 target/tmp/fixtures/torch_lib).
 """
+
 import argparse
 import os
 import resource
@@ -42,7 +43,9 @@ WORKLOAD = textwrap.dedent("""
 
 
 def measure(shim, bursts):
-    env = dict(os.environ, GPUPROF_LIBC10=str(STANDINS / "libc10.so"), GPUPROF_LIBC10_CUDA=str(STANDINS / "libc10_cuda.so"))
+    env = dict(
+        os.environ, GPUPROF_LIBC10=str(STANDINS / "libc10.so"), GPUPROF_LIBC10_CUDA=str(STANDINS / "libc10_cuda.so")
+    )
     if shim:
         env.update(LD_PRELOAD=shim, GPUPROF_SHIM_OUTPUT="/dev/null")
     before = resource.getrusage(resource.RUSAGE_CHILDREN)

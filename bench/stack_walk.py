@@ -7,6 +7,7 @@ rounds, medians.
 
     sudo python3 bench/stack_walk.py [--pairs 20000] [--rounds 5] [--python PATH]
 """
+
 import argparse
 import json
 import os
@@ -58,7 +59,9 @@ WORKLOAD = textwrap.dedent(f"""
 
 def start(python, lib_dir, script, pairs):
     env = dict(os.environ, LD_LIBRARY_PATH=str(lib_dir))
-    proc = subprocess.Popen([python, script, str(pairs)], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [python, script, str(pairs)], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout.readline().strip() == "ready"
     return proc
 
@@ -86,7 +89,9 @@ def run(mode, gpuprof, python, lib, script, pairs):
     tracer = None
     if mode == "bpftrace":
         probes = " ".join(f"uprobe:{lib}:{f} {{}} uretprobe:{lib}:{f} {{}}" for f in ("cuMemAlloc_v2", "cuMemFree_v2"))
-        tracer = subprocess.Popen(["bpftrace", "-e", probes], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        tracer = subprocess.Popen(
+            ["bpftrace", "-e", probes], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
         wait_for(tracer.stdout, r"Attaching 4 probes")
         time.sleep(1.0)
     elif mode.startswith("gpuprof"):
@@ -120,8 +125,21 @@ def main():
         tmp = Path(tmp)
         (tmp / "standin").mkdir()
         lib = tmp / "standin" / "libcuda.so.1"
-        subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-fno-ipa-icf", "-fvisibility=hidden", "-o", lib,
-                        ROOT / "testkit" / "fixtures" / "libcuda_standin.c", "-lpthread"], check=True)
+        subprocess.run(
+            [
+                "cc",
+                "-shared",
+                "-fPIC",
+                "-O1",
+                "-fno-ipa-icf",
+                "-fvisibility=hidden",
+                "-o",
+                lib,
+                ROOT / "testkit" / "fixtures" / "libcuda_standin.c",
+                "-lpthread",
+            ],
+            check=True,
+        )
         script = tmp / "workload.py"
         script.write_text(WORKLOAD)
         results = {mode: [] for mode in modes}
@@ -135,8 +153,12 @@ def main():
     median = {mode: statistics.median(v) for mode, v in results.items()}
     base = median["no probes"]
     added = {mode: median[mode] - base for mode in modes}
-    version = subprocess.run([args.python, "-c", "import sys; print(sys.version.split()[0])"], capture_output=True, text=True).stdout.strip()
-    print(f"CPython {version}, {DEPTH} Python frames at each call, {args.pairs} alloc+free pairs per round, {args.rounds} rounds, medians")
+    version = subprocess.run(
+        [args.python, "-c", "import sys; print(sys.version.split()[0])"], capture_output=True, text=True
+    ).stdout.strip()
+    print(
+        f"CPython {version}, {DEPTH} Python frames at each call, {args.pairs} alloc+free pairs per round, {args.rounds} rounds, medians"
+    )
     print(f"{'mode':<28} {'ns/pair':>10} {'added ns/pair':>14}")
     for mode in modes:
         print(f"{mode:<28} {median[mode]:>10.0f} {added[mode]:>14.0f}")

@@ -44,16 +44,41 @@ SHIM = "libgpuprof_shim.so"
 # Libraries a manylinux wheel may take from the system (auditwheel's lib_whitelist, the same in
 # every manylinux policy), and the dynamic loader itself.
 SYSTEM_LIBRARIES = {
-    "libatomic.so.1", "libgcc_s.so.1", "libstdc++.so.6", "libm.so.6", "libanl.so.1", "libdl.so.2", "librt.so.1",
-    "libc.so.6", "libnsl.so.1", "libutil.so.1", "libpthread.so.0", "libX11.so.6", "libXext.so.6", "libXrender.so.1",
-    "libICE.so.6", "libSM.so.6", "libGL.so.1", "libgobject-2.0.so.0", "libgthread-2.0.so.0", "libglib-2.0.so.0",
-    "libresolv.so.2", "libexpat.so.1", "libz.so.1", "ld-linux-x86-64.so.2", "ld-linux-aarch64.so.1",
+    "libatomic.so.1",
+    "libgcc_s.so.1",
+    "libstdc++.so.6",
+    "libm.so.6",
+    "libanl.so.1",
+    "libdl.so.2",
+    "librt.so.1",
+    "libc.so.6",
+    "libnsl.so.1",
+    "libutil.so.1",
+    "libpthread.so.0",
+    "libX11.so.6",
+    "libXext.so.6",
+    "libXrender.so.1",
+    "libICE.so.6",
+    "libSM.so.6",
+    "libGL.so.1",
+    "libgobject-2.0.so.0",
+    "libgthread-2.0.so.0",
+    "libglib-2.0.so.0",
+    "libresolv.so.2",
+    "libexpat.so.1",
+    "libz.so.1",
+    "ld-linux-x86-64.so.2",
+    "ld-linux-aarch64.so.1",
 }
 # glibc symbols the policy forbids whatever the version (auditwheel's blacklist): a strong
 # reference is refused; a weak one (Rust's std looks __cxa_thread_atexit_impl up that way) is not.
 FORBIDDEN_SYMBOLS = {
-    "__cxa_thread_atexit_impl", "__issignaling", "__issignalingf", "__issignalingl",
-    "pthread_getattr_default_np", "pthread_setattr_default_np",
+    "__cxa_thread_atexit_impl",
+    "__issignaling",
+    "__issignalingf",
+    "__issignalingl",
+    "pthread_getattr_default_np",
+    "pthread_setattr_default_np",
 }
 # libgcc_s versions every manylinux policy allows, on x86_64 and aarch64 alike.
 GCC_NEWEST = (4, 2, 0)
@@ -84,7 +109,9 @@ def audit(path):
     machine = re.search(r"Machine:\s+(.+)", header)
     arch = MACHINES.get(machine.group(1).strip()) if machine else None
     if arch is None:
-        raise Refused(f"{path}: machine {machine.group(1).strip() if machine else '?'} is not one gpuprof builds wheels for (x86_64, aarch64)")
+        raise Refused(
+            f"{path}: machine {machine.group(1).strip() if machine else '?'} is not one gpuprof builds wheels for (x86_64, aarch64)"
+        )
     needed = re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", readelf(["-d"], path))
     outside = sorted(set(needed) - SYSTEM_LIBRARIES)
     if outside:
@@ -109,12 +136,14 @@ def audit(path):
             continue
         version = name.group(1)
         if version.startswith("GLIBC_") and re.fullmatch(r"GLIBC_\d+(\.\d+)+", version):
-            glibc.append(version_tuple(version[len("GLIBC_"):]))
+            glibc.append(version_tuple(version[len("GLIBC_") :]))
         elif re.fullmatch(r"GCC_\d+(\.\d+)+", version) and library == "libgcc_s.so.1":
-            if version_tuple(version[len("GCC_"):]) > GCC_NEWEST:
+            if version_tuple(version[len("GCC_") :]) > GCC_NEWEST:
                 raise Refused(f"{path.name} needs {version} of libgcc_s.so.1, newer than every manylinux policy allows")
         else:
-            raise Refused(f"{path.name} needs {version} of {library}, which this builder does not check: audit the wheel with auditwheel")
+            raise Refused(
+                f"{path.name} needs {version} of {library}, which this builder does not check: audit the wheel with auditwheel"
+            )
     for line in readelf(["--dyn-syms"], path).splitlines():
         fields = line.split()
         if len(fields) >= 8 and fields[6] == "UND" and fields[4] == "GLOBAL":
@@ -122,7 +151,9 @@ def audit(path):
             if symbol in FORBIDDEN_SYMBOLS:
                 raise Refused(f"{path.name} references {symbol}, which the manylinux policy forbids")
     if not glibc:
-        raise Refused(f"{path.name} needs no glibc symbol version: a static (musl) build is not what this builder packs")
+        raise Refused(
+            f"{path.name} needs no glibc symbol version: a static (musl) build is not what this builder packs"
+        )
     return arch, max(glibc)
 
 
@@ -155,7 +186,9 @@ def strip_debug(path, into):
     """A copy of the binary without debug sections (the symbol table stays, for backtraces)."""
     copy = Path(into) / path.name
     try:
-        subprocess.run(["strip", "--strip-debug", "-o", str(copy), str(path)], check=True, capture_output=True, text=True)
+        subprocess.run(
+            ["strip", "--strip-debug", "-o", str(copy), str(path)], check=True, capture_output=True, text=True
+        )
     except FileNotFoundError:
         raise Refused("strip (binutils) is needed to strip debug info (or pass --keep-debug)") from None
     except subprocess.CalledProcessError as error:
@@ -166,7 +199,9 @@ def strip_debug(path, into):
 def build(gpuprof, collector, shim, out_dir, keep_debug, python_dir):
     for path in (gpuprof, collector, shim):
         if not path.is_file():
-            raise Refused(f"{path} does not exist: cargo build --release -p gpuprof -p gpuprof-collector -p gpuprof-shim")
+            raise Refused(
+                f"{path} does not exist: cargo build --release -p gpuprof -p gpuprof-collector -p gpuprof-shim"
+            )
     version = binary_version(gpuprof, "gpuprof")
     collector_version = binary_version(collector, "gpuprof-collector")
     if collector_version != version:
@@ -197,22 +232,24 @@ def build(gpuprof, collector, shim, out_dir, keep_debug, python_dir):
             (f"{data}/scripts/gpuprof-collector", collector.read_bytes(), 0o755),
             (f"{data}/data/lib/gpuprof/{SHIM}", shim.read_bytes(), 0o755),
         ]
-    metadata = "\n".join([
-        "Metadata-Version: 2.1",
-        f"Name: {NAME}",
-        f"Version: {version}",
-        f"Summary: {SUMMARY}",
-        "License: Apache-2.0",
-        "Requires-Python: >=3.8",
-        "Classifier: Framework :: Pytest",
-        "Classifier: Operating System :: POSIX :: Linux",
-        "Classifier: Programming Language :: Rust",
-        "Description-Content-Type: text/markdown",
-        "",
-        "`gpuprof` and `gpuprof-collector` on PATH, gpuprof's in-process shim, and a pytest plugin "
-        "(`pytest --gpuprof`, markers `limit_gpu_memory` and `gpu_leak_free`). See docs/install.md and docs/pytest.md.",
-        "",
-    ])
+    metadata = "\n".join(
+        [
+            "Metadata-Version: 2.1",
+            f"Name: {NAME}",
+            f"Version: {version}",
+            f"Summary: {SUMMARY}",
+            "License: Apache-2.0",
+            "Requires-Python: >=3.8",
+            "Classifier: Framework :: Pytest",
+            "Classifier: Operating System :: POSIX :: Linux",
+            "Classifier: Programming Language :: Rust",
+            "Description-Content-Type: text/markdown",
+            "",
+            "`gpuprof` and `gpuprof-collector` on PATH, gpuprof's in-process shim, and a pytest plugin "
+            "(`pytest --gpuprof`, markers `limit_gpu_memory` and `gpu_leak_free`). See docs/install.md and docs/pytest.md.",
+            "",
+        ]
+    )
     wheel = f"Wheel-Version: 1.0\nGenerator: gpuprof scripts/build-wheel.py\nRoot-Is-Purelib: false\nTag: {tag}\n"
     entry_points = "[pytest11]\ngpuprof = gpuprof.pytest_plugin\n"
     entries += [
@@ -244,12 +281,20 @@ def build(gpuprof, collector, shim, out_dir, keep_debug, python_dir):
 def main():
     parser = argparse.ArgumentParser(description="Packs built gpuprof binaries into a manylinux wheel.")
     release = ROOT / "target" / "release"
-    parser.add_argument("--gpuprof", type=Path, default=release / "gpuprof", help="the gpuprof binary [target/release/gpuprof]")
-    parser.add_argument("--collector", type=Path, default=release / "gpuprof-collector", help="the gpuprof-collector binary")
+    parser.add_argument(
+        "--gpuprof", type=Path, default=release / "gpuprof", help="the gpuprof binary [target/release/gpuprof]"
+    )
+    parser.add_argument(
+        "--collector", type=Path, default=release / "gpuprof-collector", help="the gpuprof-collector binary"
+    )
     parser.add_argument("--shim", type=Path, default=release / SHIM, help=f"the shim library [target/release/{SHIM}]")
     parser.add_argument("--out", type=Path, default=ROOT / "dist", help="where the wheel goes [dist/]")
-    parser.add_argument("--python", type=Path, default=ROOT / "python", help="the folder holding the gpuprof Python package")
-    parser.add_argument("--keep-debug", action="store_true", help="pack the binaries as built (by default debug info is stripped)")
+    parser.add_argument(
+        "--python", type=Path, default=ROOT / "python", help="the folder holding the gpuprof Python package"
+    )
+    parser.add_argument(
+        "--keep-debug", action="store_true", help="pack the binaries as built (by default debug info is stripped)"
+    )
     args = parser.parse_args()
     try:
         print(build(args.gpuprof, args.collector, args.shim, args.out, args.keep_debug, args.python))

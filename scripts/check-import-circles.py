@@ -32,7 +32,7 @@ def code_only(text):
         elif text.startswith("/*", i):
             end = text.find("*/", i + 2)
             i = n if end < 0 else end + 2
-        elif (raw := re.match(r'b?r(#*)"', text[i:i + 8])) is not None:
+        elif (raw := re.match(r'b?r(#*)"', text[i : i + 8])) is not None:
             close = '"' + raw.group(1)
             end = text.find(close, i + raw.end())
             i = n if end < 0 else end + len(close)
@@ -43,7 +43,7 @@ def code_only(text):
                 i += 2 if text[i] == "\\" else 1
             i += 1
             out.append('""')
-        elif (char := re.match(r"'(?:\\.[^']*|[^'\\])'", text[i:i + 12])) is not None:
+        elif (char := re.match(r"'(?:\\.[^']*|[^'\\])'", text[i : i + 12])) is not None:
             i += char.end()
             out.append("' '")
         else:
@@ -144,8 +144,11 @@ def main():
             for module in circle:
                 for target, names in sorted(graph[module].items()):
                     if target in circle:
-                        print(f"  {files[module].relative_to(ROOT)} -> {files[target].relative_to(ROOT)}: "
-                              f"{', '.join(sorted(names))}", file=sys.stderr)
+                        print(
+                            f"  {files[module].relative_to(ROOT)} -> {files[target].relative_to(ROOT)}: "
+                            f"{', '.join(sorted(names))}",
+                            file=sys.stderr,
+                        )
     if failed:
         print("gpuprof: move what both sides need below them (docs/architecture.md)", file=sys.stderr)
     return 1 if failed else 0

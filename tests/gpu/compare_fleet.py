@@ -31,7 +31,7 @@ processes = json.load(open(f"{work}/fleet.processes.json"))
 at_end = json.load(open(f"{work}/fleet.processes.end.json"))
 nvml = {int(row[0]): int(row[1]) for row in csv.reader(open(f"{work}/fleet.nvml.csv")) if row}
 stderr = open(f"{work}/fleet-daemon.stderr").read()
-otlp_line = [l for l in stderr.splitlines() if "otlp to " in l][-1]
+otlp_line = [s for s in stderr.splitlines() if "otlp to " in s][-1]
 print(otlp_line)
 
 for i in range(4):

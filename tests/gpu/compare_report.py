@@ -132,9 +132,9 @@ if nvml:
               all(0 <= g < 1024 for g in gaps))
 
 # The out-of-memory run.
-lines = [json.loads(l) for l in (out / "oom.facts.jsonl").read_text().splitlines() if l.startswith("{")]
-evaluator = next(l for l in lines if l["role"] == "evaluator")
-neighbour = next(l for l in lines if l["role"] == "neighbour")
+lines = [json.loads(s) for s in (out / "oom.facts.jsonl").read_text().splitlines() if s.startswith("{")]
+evaluator = next(f for f in lines if f["role"] == "evaluator")
+neighbour = next(f for f in lines if f["role"] == "neighbour")
 message = evaluator["oom"]
 print(f"     PyTorch said: {message[:400]}")
 results = browse(out / "oom.html", [

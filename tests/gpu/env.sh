@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2034 # what is set here is read by the scripts that source it
 # Sourced by the validate_*.sh scripts: where gpuprof, the results and python are.
 set -u
 here=$(cd "$(dirname "${BASH_SOURCE[1]}")" && pwd)

@@ -12,8 +12,8 @@ struct c10_device {
 	int8_t index;
 };
 
-void report_memory_usage(void *ptr, int64_t size, uint64_t allocated, uint64_t reserved, struct c10_device device)
-	__asm__("_ZN3c1027reportMemoryUsageToProfilerEPvlmmNS_6DeviceE");
+void report_memory_usage(void *ptr, int64_t size, uint64_t allocated, uint64_t reserved,
+			 struct c10_device device) __asm__("_ZN3c1027reportMemoryUsageToProfilerEPvlmmNS_6DeviceE");
 
 /* `count` reports: a 4 KiB block handed out and taken back, at 64 addresses, device 0. */
 void burst(uint64_t count)

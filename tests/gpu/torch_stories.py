@@ -44,7 +44,7 @@ def neighbour(ready, done, cache_gib):
 def evaluate(model, batch):
     total = 0
     with torch.autocast("cuda", enabled=False):
-        for step in range(10_000):
+        for _step in range(10_000):
             x = torch.randn(batch, 4096, device="cuda")
             loss = model(x).square().mean()  # line:eval-forward
             total = total + loss  # the graph of every step stays alive through `total`

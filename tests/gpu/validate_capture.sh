@@ -28,7 +28,7 @@ log="$out/capture.log"
   kill "$LOOP_PID" 2>/dev/null; wait
   echo "# overhead on the real driver: cuMemAlloc_v2 + cuMemFree_v2 of 1 MiB, plain vs under attach"
   loop=${GPUPROF_LOOP_BIN:-$(dirname "$bin")/ipc_fork}
-  for round in 1 2 3; do
+  for _ in 1 2 3; do
     echo "plain: $(echo go | "$loop" loop 3000 | tail -1)"
     coproc ALLOC { exec "$loop" loop 3000; }
     read -r ready <&"${ALLOC[0]}"

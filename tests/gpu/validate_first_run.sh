@@ -17,7 +17,7 @@ chmod 755 "$(dirname "$venv")"
 "$venv/bin/gpuprof" --version > "$out/first_run.txt"
 
 # 1. run with no flags, through the shim: a named recording, the summary and findings, next steps.
-work=$(mktemp -d); chmod 777 "$work"; cd "$work"
+work=$(mktemp -d); chmod 777 "$work"; cd "$work" || exit 1
 "$venv/bin/gpuprof" run --via shim -- "$venv/bin/python3" "$here/torch_first_run.py" > "$out/torch_figures.json" 2> "$out/run.stderr"
 recording=$(ls gpuprof-torch_first_run-*.gpuprof)
 echo "recording $recording $(stat -c %s "$recording") bytes" >> "$out/first_run.txt"

@@ -56,4 +56,5 @@ mkdir -p "$work"
 } > "$work/fleet.log" 2>&1
 cat "$work/fleet.log"
 cp "$work/fleet.profile.pb" "$out/" 2>/dev/null
-tar czf "$out/fleet.tgz" -C "$work" --exclude='*.redb' --exclude='*.gpuprof' $(cd "$work" && ls | grep '^fleet')
+fleet=(); for file in "$work"/fleet*; do fleet+=("${file##*/}"); done
+tar czf "$out/fleet.tgz" -C "$work" --exclude='*.redb' --exclude='*.gpuprof' "${fleet[@]}"

@@ -40,7 +40,7 @@ PY
   echo "== 2. a leak under the daemon's defaults"
   "$bin" daemon --listen 127.0.0.1:9464 --output "$out/daemon.jsonl" --growth-window 2 2> "$out/daemon.err" &
   daemon=$!
-  for i in $(seq 100); do curl -sf 127.0.0.1:9464/readyz >/dev/null && break; sleep 0.1; done
+  for _ in $(seq 100); do curl -sf 127.0.0.1:9464/readyz >/dev/null && break; sleep 0.1; done
   "$py" "$here/torch_leak_job.py" 40 > "$out/leak.json" &
   job=$!
   sleep 20

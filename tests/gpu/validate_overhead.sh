@@ -38,7 +38,7 @@ root=$(cd "$here/../.." && pwd)
     local address
     address=$(nm -D --defined-only "$1" 2>/dev/null | awk -v s="$2" '$3 == s {print $1; exit}')
     [[ -n $address ]] || { echo "$2: not exported"; return; }
-    objdump -d --start-address=0x$address --stop-address=$((0x$address + 24)) "$1" \
+    objdump -d --start-address="0x$address" --stop-address=$((0x$address + 24)) "$1" \
       | awk -v s="$2" '/^ +[0-9a-f]+:/ {sub(/^ +/, ""); printf "%s | %s\n", s, $0; if (++n == 4) exit}'
   }
   first "$libc10" _ZN3c1027reportMemoryUsageToProfilerEPvlmmNS_6DeviceE

@@ -31,30 +31,32 @@ PY
 case "${1:?start or finish}" in
 start)
   rm -f "$work"/run10.*
-  setsid nohup $bin run --output "$work/run10.gpuprof" -- $train --seconds "$seconds" --stats "$work/run10.stats.json" --keep-every 200 \
+  # shellcheck disable=SC2086 # $train is a command line
+  setsid nohup "$bin" run --output "$work/run10.gpuprof" -- $train --seconds "$seconds" --stats "$work/run10.stats.json" --keep-every 200 \
     > "$work/run10.stderr" 2>&1 < /dev/null &
   echo "recording started: $seconds s"
   ;;
 finish)
   {
     # A short recording of the same loop for the fleet simulation, while the long one runs.
-    $bin run --output "$work/fleet_template.gpuprof" -- $train --seconds 8 --stats "$work/template.stats.json" > "$work/template.stderr" 2>&1
+    # shellcheck disable=SC2086 # $train is a command line
+    "$bin" run --output "$work/fleet_template.gpuprof" -- $train --seconds 8 --stats "$work/template.stats.json" > "$work/template.stderr" 2>&1
     tail -1 "$work/template.stderr"
     while pgrep -f "run10.gpuprof" > /dev/null; do sleep 1; done
     tail -2 "$work/run10.stderr"
     cat "$work/run10.stats.json"; echo
     ls -l "$work/run10.gpuprof"
-    cd "$work"
-    measured report $bin report --input run10.gpuprof --format json --output run10.findings.json
-    measured folded $bin export --input run10.gpuprof --format folded --output run10.folded
-    measured flamegraph $bin export --input run10.gpuprof --format flamegraph --output run10.svg
-    measured memory-viz $bin export --input run10.gpuprof --format memory-viz --output run10.pickle
-    measured jsonl $bin export --input run10.gpuprof --format jsonl --output /dev/null
+    cd "$work" || exit 1
+    measured report "$bin" report --input run10.gpuprof --format json --output run10.findings.json
+    measured folded "$bin" export --input run10.gpuprof --format folded --output run10.folded
+    measured flamegraph "$bin" export --input run10.gpuprof --format flamegraph --output run10.svg
+    measured memory-viz "$bin" export --input run10.gpuprof --format memory-viz --output run10.pickle
+    measured jsonl "$bin" export --input run10.gpuprof --format jsonl --output /dev/null
     ls -l run10.pickle run10.svg run10.folded
-    measured torch-memory-viz-stats $py -m torch.cuda._memory_viz stats run10.pickle
-    $py -m torch.cuda._memory_viz stats run10.pickle | head -20
-    measured torch-memory-viz-trace-plot $py -m torch.cuda._memory_viz trace_plot run10.pickle -o run10.trace.html
-    measured torch-memory-viz-segment-plot $py -m torch.cuda._memory_viz segment_plot run10.pickle -o run10.segments.html
+    measured torch-memory-viz-stats "$py" -m torch.cuda._memory_viz stats run10.pickle
+    "$py" -m torch.cuda._memory_viz stats run10.pickle | head -20
+    measured torch-memory-viz-trace-plot "$py" -m torch.cuda._memory_viz trace_plot run10.pickle -o run10.trace.html
+    measured torch-memory-viz-segment-plot "$py" -m torch.cuda._memory_viz segment_plot run10.pickle -o run10.segments.html
     ls -l run10.trace.html run10.segments.html
     python3 -c "import json; f=json.load(open('run10.findings.json')); print([(x['kind'], x['pid'], x['bytes']) for x in f])"
   } > "$work/recording.log" 2>&1

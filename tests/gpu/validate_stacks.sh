@@ -13,7 +13,7 @@ source "$(dirname "$0")/env.sh"
   echo "compare exit $?"
   echo "# attach: the innermost frames of a running loop"
   coproc LOOP { exec "$py" "$here/torch_loop.py" 20; }
-  read -r ready <&"${LOOP[0]}"
+  read -r _ <&"${LOOP[0]}"
   "$bin" attach "$LOOP_PID" --duration 3 --format table --output "$out/attach.txt"
   kill "$LOOP_PID" 2>/dev/null; wait
   sed -n '/by innermost Python frame/,/^$/p' "$out/attach.txt"

@@ -62,6 +62,7 @@ reports() {
   else
     echo "why_ddp: skipped: nvidia-smi lists $gpus GPU (torch.cuda.device_count() < 2); the DDP job needs 2"
   fi
+  # shellcheck disable=SC2086 # a list of pids
   wait $running
   ( for name in $names; do reports "$name"; done ) &
   reporting=$!
@@ -83,7 +84,7 @@ reports() {
     grep '^gpuprof' "$work/$name.stderr" | cut -c1-300 | head -15
     echo "-- the job's stderr (last lines before gpuprof's findings)"
     grep -v '^gpuprof' "$work/$name.stderr" | sed -n '/^Findings/q;p' | grep -v '^$' | tail -15 | cut -c1-300
-    cat "$work/$name.report.err" 2> /dev/null | head -5
+    head -5 "$work/$name.report.err" 2> /dev/null
     "$py" "$here/why_check.py" show "$name" "$work" > "$work/$name.shown" 2>&1
     cat "$work/$name.shown"
     echo "-- jsonl: $(wc -l < "$out/$name.jsonl" 2> /dev/null) events, $(du -h "$out/$name.jsonl" 2> /dev/null | cut -f1)"
@@ -96,6 +97,7 @@ reports() {
   timeout 30 "$bin" export -f html -o "$work/why_eval.html" "$out/why_eval.jsonl" 2>&1 | tail -1
   grep -o '"diagnosis":"[a-z_]*"' "$work/why_eval.html" | sort | uniq -c
 
+  # shellcheck disable=SC2086 # a list of names
   "$py" "$here/why_check.py" collect "$work" "$out" $names
   echo
   echo "== summary"

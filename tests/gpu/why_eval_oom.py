@@ -129,7 +129,7 @@ def main():
     except RuntimeError as error:  # an OOM raised as another error (cuBLAS's, say): said as it is
         stats, kept, oom = memory_stats(), allocated() - base, f"{type(error).__name__}: {error}"
     elapsed = time.monotonic() - started
-    outputs = None
+    outputs = None  # noqa: F841 -- drops the evaluation's outputs before the facts are taken
     facts("evaluator", stats=stats, oom=(oom or "").split("\n")[0][:800] or None, oom_error=oom is not None,
           seconds_to_oom=round(elapsed, 2), batches=progress["batches"], kept_bytes=kept,
           kept_bytes_per_second=round(kept / elapsed), allocated_after=allocated(), neighbour_pid=neighbour.pid,
