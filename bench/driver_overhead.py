@@ -95,14 +95,16 @@ def run_bpftrace(program, lib, pairs):
 def run_gpuprof(gpuprof, program, lib, pairs):
     proc = start_workload(program, lib, pairs)
     agent = subprocess.Popen(
-        [gpuprof, "attach", str(proc.pid), "--output", "/dev/null"], stderr=subprocess.PIPE, text=True
+        [gpuprof, "attach", str(proc.pid), "--stats", "--output", "/dev/null"], stderr=subprocess.PIPE, text=True
     )
     wait_for(agent.stderr, r"capturing pid")
     ns = finish_workload(proc)
     tail = agent.stderr.read()
     assert agent.wait() == 0, tail
-    events = int(re.search(r"(\d+) events", tail).group(1))
-    lost = int(re.search(r"lost (\d+)", tail).group(1))
+    # The counters at the end (--stats): the last of the lines it prints.
+    counters = [line for line in tail.splitlines() if " events (" in line and "; lost " in line][-1]
+    events = int(re.search(r"(\d+) events", counters).group(1))
+    lost = int(re.search(r"lost (\d+)", counters).group(1))
     return ns, (events, lost)
 
 

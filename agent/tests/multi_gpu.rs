@@ -160,7 +160,7 @@ fn run_ranks(hold: &Path, log: &Path, collector: &Collector, node: &str, args: &
     let output = agent.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
     assert_eq!(output.status.code(), Some(0), "{stderr}");
-    assert!(stderr.contains("lost 0 "), "{stderr}");
+    assert!(stderr.contains(", none lost\n"), "{stderr}");
     stderr
 }
 

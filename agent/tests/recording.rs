@@ -277,9 +277,10 @@ fn every_export_of_a_two_million_event_recording_stays_within_its_memory_bound()
             "memory-viz" => {
                 // Per step 50 allocs and 50 frees (requested, completed): 150 entries; the segment; the kept blocks.
                 let entries = 1 + STEPS * 3 * STACKS + kept;
+                let size = gpuprof_model::bytes::human(std::fs::metadata(&snapshot).unwrap().len());
                 assert_eq!(
                     stderr.trim_end(),
-                    format!("gpuprof: memory_viz: kept the last 100000 trace entries of pid 103, left out {} older ones (--max-entries, --from, --to choose)", entries - 100_000)
+                    format!("gpuprof: memory_viz: kept the last 100000 trace entries of pid 103, left out {} older ones (--max-entries, --from, --to choose)\ngpuprof: wrote {} ({size}): open https://pytorch.org/memory_viz and drop the file in", entries - 100_000, snapshot.display())
                 );
             }
             "report" => {

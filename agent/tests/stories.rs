@@ -76,7 +76,7 @@ fn run_script(dir: &Path, script: &Path, name: &str, env: &[(&str, String)], arg
     }
     let output = command.output().unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr).to_string();
-    assert!(stderr.contains("lost 0 "), "{stderr}");
+    assert!(stderr.contains(", none lost\n"), "{stderr}");
     let findings =
         serde_json::from_str(&std::fs::read_to_string(&findings).unwrap_or_else(|e| panic!("{e}: {stderr}"))).unwrap();
     Story { output, stderr, findings, events, expected: read_expected(&log) }
