@@ -12,7 +12,7 @@
 //! PyTorch is loaded simply carry none.
 
 use std::collections::HashMap;
-use std::ffi::{c_int, c_void, CStr};
+use std::ffi::c_void;
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -135,25 +135,17 @@ pub fn unconfigured() -> bool {
 
 /// The loaded libtorch_cpu.so's path and TLS module id.
 fn loaded_library() -> Option<(PathBuf, u64)> {
-    unsafe extern "C" fn each(info: *mut libc::dl_phdr_info, _size: usize, data: *mut c_void) -> c_int {
-        // SAFETY: the loader passes a valid info; data is our Option.
-        let (info, found) = unsafe { (&*info, &mut *(data as *mut Option<(PathBuf, u64)>)) };
-        if info.dlpi_name.is_null() || info.dlpi_tls_modid == 0 {
-            return 0;
+    crate::loaded::find_map(|info| {
+        if info.dlpi_tls_modid == 0 {
+            return None;
         }
-        // SAFETY: the object's NUL-terminated name.
-        let name = unsafe { CStr::from_ptr(info.dlpi_name) };
-        let path = PathBuf::from(std::ffi::OsStr::from_bytes(name.to_bytes()));
+        let path = PathBuf::from(std::ffi::OsStr::from_bytes(crate::loaded::name(info)?.to_bytes()));
         if path.file_name().is_some_and(|n| n == LIBRARY) {
-            *found = Some((path, info.dlpi_tls_modid as u64));
-            return 1;
+            Some((path, info.dlpi_tls_modid as u64))
+        } else {
+            None
         }
-        0
-    }
-    let mut found: Option<(PathBuf, u64)> = None;
-    // SAFETY: the callback only reads the loader's descriptions.
-    unsafe { libc::dl_iterate_phdr(Some(each), &mut found as *mut _ as *mut c_void) };
-    found
+    })
 }
 
 /// Node class names by vtable, read once each from the RTTI (by the sender, through

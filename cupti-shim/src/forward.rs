@@ -2,7 +2,7 @@
 //! profiler records memory through it). libc10.so is loaded by Python with `RTLD_LOCAL`, so
 //! `dlsym(RTLD_NEXT)` does not see it: the loaded objects are searched for it by name instead.
 
-use std::ffi::{c_char, c_int, c_void, CStr};
+use std::ffi::{c_char, c_void, CStr};
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 
 /// `gpuprof_model::shim::ALLOCATOR_SYMBOL`, NUL-terminated for the loader.
@@ -30,36 +30,19 @@ pub fn real(ours: *const c_void) -> Option<ReportFn> {
 }
 
 fn search(ours: *const c_void) -> *mut c_void {
-    struct Search {
-        ours: *const c_void,
-        found: *mut c_void,
-    }
-    unsafe extern "C" fn each(info: *mut libc::dl_phdr_info, _size: usize, data: *mut c_void) -> c_int {
-        // SAFETY: the loader passes a valid info, and data is our Search.
-        let (info, search) = unsafe { (&*info, &mut *(data as *mut Search)) };
-        if info.dlpi_name.is_null() {
-            return 0;
-        }
-        // SAFETY: dlpi_name is a NUL-terminated path owned by the loader.
-        let name = unsafe { CStr::from_ptr(info.dlpi_name) };
+    crate::loaded::find_map(|info| {
+        let name = crate::loaded::name(info)?;
         if !name.to_bytes().ends_with(b"/libc10.so") {
-            return 0;
+            return None;
         }
         // SAFETY: RTLD_NOLOAD only takes a handle to an object already loaded.
         let handle = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY) };
         if handle.is_null() {
-            return 0;
+            return None;
         }
         // SAFETY: handle is valid; SYMBOL is NUL-terminated.
         let address = unsafe { libc::dlsym(handle, SYMBOL.as_ptr() as *const c_char) };
-        if !address.is_null() && !std::ptr::eq(address, search.ours) {
-            search.found = address;
-            return 1;
-        }
-        0
-    }
-    let mut search = Search { ours, found: std::ptr::null_mut() };
-    // SAFETY: the callback only reads what the loader gives it.
-    unsafe { libc::dl_iterate_phdr(Some(each), &mut search as *mut Search as *mut c_void) };
-    search.found
+        (!address.is_null() && !std::ptr::eq(address, ours)).then_some(address)
+    })
+    .unwrap_or(std::ptr::null_mut())
 }

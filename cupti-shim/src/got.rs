@@ -4,7 +4,7 @@
 //! to it: each loaded object that imports the symbol gets its GOT slot pointed at the shim's
 //! definition instead (made writable for the write when RELRO protects it).
 
-use std::ffi::{c_int, c_void, CStr};
+use std::ffi::{c_void, CStr};
 
 /// x86-64 relocation types that bind an imported function's address into a GOT slot.
 const R_X86_64_GLOB_DAT: u32 = 6;
@@ -36,22 +36,13 @@ struct Sym {
 
 /// Points every loaded import of `symbol` at `target`; returns how many slots were changed.
 pub fn redirect(symbol: &CStr, target: *const c_void) -> usize {
-    struct Redirect<'a> {
-        symbol: &'a CStr,
-        target: *const c_void,
-        changed: usize,
-    }
-    unsafe extern "C" fn each(info: *mut libc::dl_phdr_info, _size: usize, data: *mut c_void) -> c_int {
-        // SAFETY: the loader passes a valid info; data is our Redirect.
-        let (info, redirect) = unsafe { (&*info, &mut *(data as *mut Redirect)) };
-        // SAFETY: the object is loaded and its dynamic section mapped while we iterate.
-        redirect.changed += unsafe { redirect_in(info, redirect.symbol, redirect.target) };
-        0
-    }
-    let mut redirect = Redirect { symbol, target, changed: 0 };
-    // SAFETY: the callback only reads the loaded objects' dynamic sections and writes GOT slots.
-    unsafe { libc::dl_iterate_phdr(Some(each), &mut redirect as *mut Redirect as *mut c_void) };
-    redirect.changed
+    let mut changed = 0;
+    crate::loaded::find_map(|info| {
+        // SAFETY: the object is loaded and its dynamic section mapped while the loader iterates.
+        changed += unsafe { redirect_in(info, symbol, target) };
+        None::<()>
+    });
+    changed
 }
 
 /// SAFETY: `info` describes a loaded object.

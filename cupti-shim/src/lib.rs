@@ -14,9 +14,9 @@
 //!
 //! The modules, in layers; each imports only from the modules listed before it (a unit test
 //! below holds them to it):
-//! 1. `ring`, `queue`, `level`, `timing`: the bounded ring and queue between the calling threads
-//!    and the sender, and the records they carry; the capture level the hot path reads; the
-//!    hot path's own timing, when asked for.
+//! 1. `ring`, `queue`, `level`, `timing`, `loaded`: the bounded ring and queue between the
+//!    calling threads and the sender, and the records they carry; the capture level the hot path
+//!    reads; the hot path's own timing, when asked for; the walk over the loaded objects.
 //! 2. `python`, `autograd`: what a calling thread reads about itself — its Python stack (code
 //!    objects described on first sight, into the queue), autograd's thread-locals.
 //! 3. `recorder`: one call recorded by the thread that made it, its stack walked into the slot.
@@ -35,6 +35,7 @@ mod cupti;
 mod forward;
 mod got;
 mod level;
+mod loaded;
 mod python;
 mod queue;
 mod recorder;
@@ -99,11 +100,12 @@ mod tests {
     use std::path::{Path, PathBuf};
 
     /// The modules in the order of the layers above.
-    const LAYERED: [&str; 13] = [
+    const LAYERED: [&str; 14] = [
         "ring",
         "queue",
         "level",
         "timing",
+        "loaded",
         "python",
         "autograd",
         "recorder",

@@ -8,7 +8,7 @@
 //! `GPUPROF_CUPTI`; beside the loaded CUDA runtime (the nvidia wheels put both in one folder); the
 //! CUDA toolkit (`$CUDA_HOME`, `/usr/local/cuda`); the dynamic loader's own search.
 
-use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::ffi::{c_char, c_void, CStr, CString};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -154,26 +154,8 @@ fn symbol(handle: *mut c_void, name: &CStr) -> Option<*const c_void> {
 
 /// The path of the first loaded object whose path passes `wanted`.
 fn loaded_path(wanted: impl Fn(&str) -> bool) -> Option<String> {
-    struct Search<'a> {
-        wanted: &'a dyn Fn(&str) -> bool,
-        found: Option<String>,
-    }
-    unsafe extern "C" fn each(info: *mut libc::dl_phdr_info, _size: usize, data: *mut c_void) -> c_int {
-        // SAFETY: the loader passes a valid info; data is our Search.
-        let (info, search) = unsafe { (&*info, &mut *(data as *mut Search)) };
-        if info.dlpi_name.is_null() {
-            return 0;
-        }
-        // SAFETY: a NUL-terminated path owned by the loader.
-        let name = unsafe { CStr::from_ptr(info.dlpi_name as *const c_char) }.to_string_lossy();
-        if (search.wanted)(&name) {
-            search.found = Some(name.into_owned());
-            return 1;
-        }
-        0
-    }
-    let mut search = Search { wanted: &wanted, found: None };
-    // SAFETY: the callback only reads what the loader gives it.
-    unsafe { libc::dl_iterate_phdr(Some(each), &mut search as *mut Search as *mut c_void) };
-    search.found
+    crate::loaded::find_map(|info| {
+        let name = crate::loaded::name(info)?.to_string_lossy();
+        wanted(&name).then(|| name.into_owned())
+    })
 }
