@@ -17,8 +17,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+import standins
+
 root = Path(__file__).resolve().parent.parent
-fixtures = root / "testkit" / "fixtures"
 
 WORKLOAD = r"""
 import ctypes, os, sys, time
@@ -49,35 +50,9 @@ deep(20)
 
 
 def build(out):
-    subprocess.run(
-        [
-            "cc",
-            "-O1",
-            "-shared",
-            "-fPIC",
-            "-fvisibility=hidden",
-            "-o",
-            out / "libc10.so",
-            fixtures / "libc10_standin.c",
-        ],
-        check=True,
-    )
-    subprocess.run(
-        [
-            "cc",
-            "-O1",
-            "-shared",
-            "-fPIC",
-            "-fvisibility=hidden",
-            "-o",
-            out / "libtorch_cpu.so",
-            fixtures / "libtorch_cpu_standin.c",
-            f"-L{out}",
-            "-lc10",
-            "-Wl,-rpath,$ORIGIN",
-            "-lpthread",
-        ],
-        check=True,
+    standins.shared("libc10_standin.c", out / "libc10.so")
+    standins.shared(
+        "libtorch_cpu_standin.c", out / "libtorch_cpu.so", f"-L{out}", "-lc10", "-Wl,-rpath,$ORIGIN", "-lpthread"
     )
 
 

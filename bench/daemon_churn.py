@@ -18,32 +18,16 @@ import time
 import urllib.request
 from pathlib import Path
 
+import standins
+
 ROOT = Path(__file__).resolve().parent.parent
-FIXTURES = ROOT / "testkit" / "fixtures"
 GPUPROF = ROOT / "target" / "release" / "gpuprof"
 WAVE = 10
 
 
 def build(workdir):
-    (workdir / "standin").mkdir()
-    subprocess.run(
-        [
-            "cc",
-            "-shared",
-            "-fPIC",
-            "-O1",
-            "-fno-ipa-icf",
-            "-fvisibility=hidden",
-            "-o",
-            workdir / "standin" / "libcuda.so.1",
-            FIXTURES / "libcuda_standin.c",
-            "-lpthread",
-        ],
-        check=True,
-    )
-    subprocess.run(
-        ["cc", "-O1", "-o", workdir / "churn_worker", FIXTURES / "workloads" / "churn_worker.c", "-ldl"], check=True
-    )
+    standins.libcuda(workdir / "standin")
+    standins.program("workloads/churn_worker.c", workdir / "churn_worker", "-ldl")
 
 
 def churn(workdir, count, on_hundred=None):

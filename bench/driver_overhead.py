@@ -19,31 +19,14 @@ import tempfile
 import time
 from pathlib import Path
 
+import standins
+
 ROOT = Path(__file__).resolve().parent.parent
-FIXTURES = ROOT / "testkit" / "fixtures"
 
 
 def build(workdir):
-    standin_dir = workdir / "standin"
-    standin_dir.mkdir()
-    lib = standin_dir / "libcuda.so.1"
-    subprocess.run(
-        [
-            "cc",
-            "-shared",
-            "-fPIC",
-            "-O1",
-            "-fno-ipa-icf",
-            "-fvisibility=hidden",
-            "-o",
-            lib,
-            FIXTURES / "libcuda_standin.c",
-            "-lpthread",
-        ],
-        check=True,
-    )
-    program = workdir / "ipc_fork"
-    subprocess.run(["cc", "-O1", "-o", program, FIXTURES / "workloads" / "ipc_fork.c", "-ldl"], check=True)
+    lib = standins.libcuda(workdir / "standin")
+    program = standins.program("workloads/ipc_fork.c", workdir / "ipc_fork", "-ldl")
     return lib, program
 
 

@@ -27,44 +27,16 @@ import sys
 import tempfile
 from pathlib import Path
 
+import standins
+
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "testkit" / "fixtures"
 GPUPROF = ROOT / "target" / "release" / "gpuprof"
 
 
 def build(workdir):
-    lib = workdir / "libcuda.so.1"
-    subprocess.run(
-        [
-            "cc",
-            "-shared",
-            "-fPIC",
-            "-O1",
-            "-fno-ipa-icf",
-            "-fvisibility=hidden",
-            "-o",
-            lib,
-            FIXTURES / "libcuda_standin.c",
-            "-lpthread",
-            "-ldl",
-        ],
-        check=True,
-    )
-    c10 = workdir / "libc10.so"
-    subprocess.run(
-        [
-            "cc",
-            "-shared",
-            "-fPIC",
-            "-O1",
-            "-fno-ipa-icf",
-            "-fvisibility=hidden",
-            "-o",
-            c10,
-            FIXTURES / "libc10_standin.c",
-        ],
-        check=True,
-    )
+    standins.libcuda(workdir)
+    c10 = standins.shared("libc10_standin.c", workdir / "libc10.so")
     return dict(os.environ, LD_LIBRARY_PATH=str(workdir), GPUPROF_LIBC10=str(c10))
 
 

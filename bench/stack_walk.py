@@ -20,6 +20,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import standins
+
 ROOT = Path(__file__).resolve().parent.parent
 DEPTH = 32
 
@@ -123,23 +125,7 @@ def main():
     modes = ["no probes", "bpftrace", "gpuprof --no-stacks", "gpuprof"]
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        (tmp / "standin").mkdir()
-        lib = tmp / "standin" / "libcuda.so.1"
-        subprocess.run(
-            [
-                "cc",
-                "-shared",
-                "-fPIC",
-                "-O1",
-                "-fno-ipa-icf",
-                "-fvisibility=hidden",
-                "-o",
-                lib,
-                ROOT / "testkit" / "fixtures" / "libcuda_standin.c",
-                "-lpthread",
-            ],
-            check=True,
-        )
+        lib = standins.libcuda(tmp / "standin")
         script = tmp / "workload.py"
         script.write_text(WORKLOAD)
         results = {mode: [] for mode in modes}
