@@ -1,6 +1,7 @@
-//! The tracker: folds an event stream into what each process holds right now — allocations by
-//! kind, mappings, IPC imports and the exports they came from, contexts — and closes a
-//! process's table when it exits or execs. Leak rules read this state; they never keep their own
+//! The tracker: routes each event to the table of the process instance it belongs to
+//! (`process.rs`, which owns everything one process holds) and keeps what spans processes —
+//! which instance each pid is now, the instances that ended, and the IPC exports still standing,
+//! by which an import finds its exporter. Leak rules read this state; they never keep their own
 //! copy of it.
 //!
 //! Addresses are per process (two processes may hold the same device address), and a process is
@@ -9,6 +10,7 @@
 mod ipc;
 mod process;
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 
 pub use ipc::{Export, ExportKey, ProcessRef};
@@ -18,6 +20,7 @@ pub use process::{
 };
 
 use crate::event::{Event, Layer, Op};
+use process::Outcome;
 
 /// Every process seen, live and closed, and the IPC exports still standing.
 #[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
@@ -34,39 +37,32 @@ impl Tracker {
 
     /// Folds one event in. Failed calls change nothing; events must come in capture order.
     pub fn apply(&mut self, event: &Event) {
-        match (event.layer, event.op) {
-            (Layer::Process, Op::Fork | Op::Exec) => {
-                // A forked child inherits no CUDA state, and exec discards it: a fresh table.
-                // Exec keeps the parent: a spawned worker is still its launcher's child.
-                let parent = if event.op == Op::Exec { self.live.get(&event.pid).and_then(|p| p.ppid) } else { None };
-                self.close(event.pid, ProcessState::Replaced { ts: event.ts });
-                let mut process = ProcessMemory::new(event);
-                process.ppid = process.ppid.or(parent);
-                self.live.insert(event.pid, process);
-            }
-            (Layer::Process, Op::Exit) => {
-                self.process_mut(event);
-                let state =
-                    ProcessState::Exited { code: event.exit_code.unwrap_or(0), signal: event.signal, ts: event.ts };
-                self.close(event.pid, state);
-            }
-            (Layer::Allocator, _) => {
-                self.process_mut(event).apply_allocator(event);
-            }
-            _ => {
-                let import = self.import_of(event);
-                let process = self.process_mut(event);
-                process.count_driver_call();
-                if !event.succeeded() {
+        let import = self.import_of(event);
+        let process = match self.live.entry(event.pid) {
+            Entry::Occupied(known) => known.into_mut(),
+            Entry::Vacant(unseen) => {
+                let process = unseen.insert(ProcessMemory::new(event));
+                if event.layer == Layer::Process && matches!(event.op, Op::Fork | Op::Exec) {
+                    // No earlier instance of the pid to end: this event only begins one.
                     return;
                 }
-                let released = process.apply_driver(event, import);
-                let exporter = process.as_ref();
-                if let Some((space, addr)) = released {
-                    self.exports.retain(|_, e| !(e.exporter == exporter && e.space == space && e.addr == addr));
+                process
+            }
+        };
+        match process.apply(event, import) {
+            Outcome::Kept => {}
+            Outcome::Released { exporter, space, addr } => {
+                self.exports.retain(|_, e| !(e.exporter == exporter && e.space == space && e.addr == addr));
+            }
+            Outcome::Exported(export) => {
+                if let Some(key) = ExportKey::of(event) {
+                    self.exports.insert(key, export);
                 }
-                if event.op == Op::IpcExport {
-                    self.record_export(event);
+            }
+            Outcome::Ended { instance, next } => {
+                self.close(instance);
+                if let Some(next) = next {
+                    self.live.insert(event.pid, *next);
                 }
             }
         }
@@ -107,25 +103,11 @@ impl Tracker {
         Some((key, export))
     }
 
-    fn record_export(&mut self, event: &Event) {
-        let (Some(key), Some(addr)) = (ExportKey::of(event), event.addr) else { return };
-        let Some(process) = self.live.get(&event.pid) else { return };
-        let space = if event.kind == Some(crate::event::Kind::Vmm) { Space::VmmHandle } else { Space::Pointer };
-        let size = process.allocation(space, addr).map(|a| a.size).unwrap_or(0);
-        self.exports.insert(key, Export { exporter: process.as_ref(), space, addr, size, ts: event.ts });
-    }
-
-    fn process_mut(&mut self, event: &Event) -> &mut ProcessMemory {
-        let process = self.live.entry(event.pid).or_insert_with(|| ProcessMemory::new(event));
-        process.touch(event);
-        process
-    }
-
-    fn close(&mut self, pid: u32, state: ProcessState) {
-        if let Some(mut process) = self.live.remove(&pid) {
-            let gone = process.as_ref();
-            self.exports.retain(|_, e| e.exporter != gone);
-            process.state = state;
+    /// Moves an ended instance (its state already says how it ended) to the closed ones; its
+    /// exports lead nowhere any more.
+    fn close(&mut self, instance: ProcessRef) {
+        if let Some(process) = self.live.remove(&instance.pid) {
+            self.exports.retain(|_, e| e.exporter != instance);
             self.closed.push(process);
         }
     }
@@ -162,10 +144,7 @@ impl Tracker {
     /// them fired when they ended; an IPC import of theirs that outlives this loses its peer.
     pub fn forget_closed_before(&mut self, ts: u64) -> usize {
         let before = self.closed.len();
-        self.closed.retain(|p| match p.state {
-            ProcessState::Exited { ts: ended, .. } | ProcessState::Replaced { ts: ended } => ended >= ts,
-            ProcessState::Running => true,
-        });
+        self.closed.retain(|p| p.ended_at().is_none_or(|ended| ended >= ts));
         before - self.closed.len()
     }
 

@@ -1,11 +1,16 @@
-//! One process instance's table: allocations, mappings, IPC imports, contexts.
+//! One process instance's table — driver allocations and the segments they make, the
+//! allocator's blocks (tensors) and totals, mappings, reservations, IPC imports, contexts, call
+//! counts — and every change to it. The tracker hands each event of the instance to
+//! `ProcessMemory::apply` once; what the event means beyond this table (an export made or
+//! released, the instance's end) comes back as an `Outcome` for the tracker to act on, so no
+//! rule about one process's memory lives anywhere else.
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use super::ipc::{Export, ExportKey, ProcessRef};
-use crate::event::{Event, Frame, Kind, Op};
+use crate::event::{Event, Frame, Kind, Layer, Op};
 
 pub use crate::stack::Stack;
 
@@ -135,31 +140,6 @@ pub struct AllocatorTotals {
 }
 
 impl ProcessMemory {
-    pub(super) fn new(event: &Event) -> Self {
-        ProcessMemory {
-            pid: event.pid,
-            ppid: event.ppid,
-            comm: event.comm.clone(),
-            first_ts: event.ts,
-            last_ts: event.ts,
-            state: ProcessState::Running,
-            allocations: HashMap::new(),
-            mappings: HashMap::new(),
-            imports: HashMap::new(),
-            reservations: HashMap::new(),
-            segments: BTreeMap::new(),
-            blocks: HashMap::new(),
-            allocator_totals: BTreeMap::new(),
-            allocator_segments: HashMap::new(),
-            contexts: 0,
-            driver_calls: 0,
-            allocation_bytes: 0,
-            block_bytes: 0,
-            device_memory: BTreeMap::new(),
-            before_capture: None,
-        }
-    }
-
     /// Live bytes of the allocator's blocks (`tensors`) or of driver allocations, every kind.
     pub fn live_bytes(&self, tensors: bool) -> u64 {
         if tensors {
@@ -186,16 +166,6 @@ impl ProcessMemory {
     pub fn segment_of(&self, addr: u64) -> Option<u64> {
         let (&start, &size) = self.segments.range(..=addr).next_back()?;
         (addr < start.saturating_add(size)).then_some(start)
-    }
-
-    /// A segment went back to the driver: if it was the allocator's, it is no longer reserved.
-    fn segment_returned(&mut self, start: u64, size: u64, ts: u64) {
-        if let Some(device) = self.allocator_segments.remove(&start) {
-            if let Some(totals) = self.allocator_totals.get_mut(&device) {
-                totals.reserved = totals.reserved.saturating_sub(size);
-                totals.ts = ts;
-            }
-        }
     }
 
     /// Where device memory lies now (start, size), by address: driver allocations and VMM
@@ -278,65 +248,8 @@ impl ProcessMemory {
         &self.allocator_totals
     }
 
-    /// Applies a framework allocator's block event.
-    pub(super) fn apply_allocator(&mut self, event: &Event) {
-        let Some(addr) = event.addr else { return };
-        match event.op {
-            Op::Alloc => {
-                if let Some(segment) = self.segment_of(addr) {
-                    self.allocator_segments.insert(segment, event.device.unwrap_or(0));
-                }
-                let stack = event.attributed_stack();
-                self.block_bytes += event.size;
-                if let Some(replaced) = self.blocks.insert(addr, allocation_of(event, addr, Kind::Device, stack)) {
-                    self.block_bytes -= replaced.size;
-                }
-            }
-            Op::Free => {
-                if let Some(freed) = self.blocks.remove(&addr) {
-                    self.block_bytes -= freed.size;
-                }
-            }
-            _ => {}
-        }
-        if let (Some(allocated), Some(reserved)) = (event.allocated, event.reserved) {
-            if self.before_capture.is_none() {
-                // The report's totals already count this event's block; segments gpuprof saw
-                // allocated are not from before.
-                let allocated_before = match event.op {
-                    Op::Alloc => allocated.saturating_sub(event.size),
-                    Op::Free => allocated + event.size,
-                    _ => allocated,
-                };
-                let seen_segments: u64 =
-                    self.allocations.values().filter(|a| a.is_device_memory()).map(|a| a.size).sum();
-                self.before_capture = Some(AllocatorTotals {
-                    allocated: allocated_before,
-                    reserved: reserved.saturating_sub(seen_segments),
-                    ts: event.ts,
-                });
-            }
-            let device = event.device.unwrap_or(0);
-            self.allocator_totals.insert(device, AllocatorTotals { allocated, reserved, ts: event.ts });
-        }
-    }
-
     pub fn as_ref(&self) -> ProcessRef {
         ProcessRef { pid: self.pid, since: self.first_ts }
-    }
-
-    pub(super) fn touch(&mut self, event: &Event) {
-        self.last_ts = event.ts;
-        if !event.comm.is_empty() && self.comm != event.comm {
-            self.comm = event.comm.clone();
-        }
-        if self.ppid.is_none() {
-            self.ppid = event.ppid;
-        }
-    }
-
-    pub(super) fn count_driver_call(&mut self) {
-        self.driver_calls += 1;
     }
 
     /// Driver calls made by this process instance, failed ones included.
@@ -451,29 +364,146 @@ impl ProcessMemory {
             driver_calls: self.driver_calls,
         }
     }
+}
 
-    fn count_device_memory(&mut self, allocation: &Allocation, live: bool) {
-        if !allocation.is_device_memory() {
-            return;
+/// What an event means beyond the table of the process it belongs to: the tracker keeps the
+/// exports between processes and which instance a pid is now.
+pub(super) enum Outcome {
+    /// Nothing outside this table changed.
+    Kept,
+    /// An allocation went back to the driver: exports of it no longer lead anywhere.
+    Released { exporter: ProcessRef, space: Space, addr: u64 },
+    /// Memory was made available to other processes (the event names the key).
+    Exported(Export),
+    /// This instance is over (its state says how): its table closes, its exports go with it,
+    /// and `next` (after fork or exec) holds the pid from now on.
+    Ended { instance: ProcessRef, next: Option<Box<ProcessMemory>> },
+}
+
+impl ProcessMemory {
+    pub(super) fn new(event: &Event) -> Self {
+        ProcessMemory {
+            pid: event.pid,
+            ppid: event.ppid,
+            comm: event.comm.clone(),
+            first_ts: event.ts,
+            last_ts: event.ts,
+            state: ProcessState::Running,
+            allocations: HashMap::new(),
+            mappings: HashMap::new(),
+            imports: HashMap::new(),
+            reservations: HashMap::new(),
+            segments: BTreeMap::new(),
+            blocks: HashMap::new(),
+            allocator_totals: BTreeMap::new(),
+            allocator_segments: HashMap::new(),
+            contexts: 0,
+            driver_calls: 0,
+            allocation_bytes: 0,
+            block_bytes: 0,
+            device_memory: BTreeMap::new(),
+            before_capture: None,
         }
-        let bytes = self.device_memory.entry(allocation.device).or_default();
-        if live {
-            *bytes += allocation.size;
-        } else {
-            *bytes -= allocation.size;
-            if *bytes == 0 {
-                self.device_memory.remove(&allocation.device);
+    }
+
+    /// Folds in one event of this instance; events must come in capture order. Failed calls
+    /// are counted and change nothing else.
+    pub(super) fn apply(&mut self, event: &Event, import: Option<(ExportKey, Option<Export>)>) -> Outcome {
+        match (event.layer, event.op) {
+            (Layer::Process, Op::Fork | Op::Exec) => {
+                // A forked child inherits no CUDA state, and exec discards it: a fresh table.
+                // Exec keeps the parent: a spawned worker is still its launcher's child.
+                self.state = ProcessState::Replaced { ts: event.ts };
+                let mut next = ProcessMemory::new(event);
+                if event.op == Op::Exec {
+                    next.ppid = next.ppid.or(self.ppid);
+                }
+                Outcome::Ended { instance: self.as_ref(), next: Some(Box::new(next)) }
+            }
+            (Layer::Process, Op::Exit) => {
+                self.touch(event);
+                self.state =
+                    ProcessState::Exited { code: event.exit_code.unwrap_or(0), signal: event.signal, ts: event.ts };
+                Outcome::Ended { instance: self.as_ref(), next: None }
+            }
+            (Layer::Allocator, _) => {
+                self.touch(event);
+                self.apply_allocator(event);
+                Outcome::Kept
+            }
+            _ => {
+                self.touch(event);
+                self.driver_calls += 1;
+                if !event.succeeded() {
+                    return Outcome::Kept;
+                }
+                self.apply_driver(event, import)
             }
         }
     }
 
-    /// Applies a successful driver call; returns the allocation it released, if any.
-    pub(super) fn apply_driver(
-        &mut self,
-        event: &Event,
-        import: Option<(ExportKey, Option<Export>)>,
-    ) -> Option<(Space, u64)> {
-        let addr = event.addr?;
+    /// When this instance ended, if it has.
+    pub(super) fn ended_at(&self) -> Option<u64> {
+        match self.state {
+            ProcessState::Exited { ts, .. } | ProcessState::Replaced { ts } => Some(ts),
+            ProcessState::Running => None,
+        }
+    }
+
+    fn touch(&mut self, event: &Event) {
+        self.last_ts = event.ts;
+        if !event.comm.is_empty() && self.comm != event.comm {
+            self.comm = event.comm.clone();
+        }
+        if self.ppid.is_none() {
+            self.ppid = event.ppid;
+        }
+    }
+
+    fn apply_allocator(&mut self, event: &Event) {
+        let Some(addr) = event.addr else { return };
+        match event.op {
+            Op::Alloc => {
+                if let Some(segment) = self.segment_of(addr) {
+                    self.allocator_segments.insert(segment, event.device.unwrap_or(0));
+                }
+                let stack = event.attributed_stack();
+                self.block_bytes += event.size;
+                if let Some(replaced) = self.blocks.insert(addr, allocation_of(event, addr, Kind::Device, stack)) {
+                    self.block_bytes -= replaced.size;
+                }
+            }
+            Op::Free => {
+                if let Some(freed) = self.blocks.remove(&addr) {
+                    self.block_bytes -= freed.size;
+                }
+            }
+            _ => {}
+        }
+        if let (Some(allocated), Some(reserved)) = (event.allocated, event.reserved) {
+            if self.before_capture.is_none() {
+                // The report's totals already count this event's block; segments gpuprof saw
+                // allocated are not from before.
+                let allocated_before = match event.op {
+                    Op::Alloc => allocated.saturating_sub(event.size),
+                    Op::Free => allocated + event.size,
+                    _ => allocated,
+                };
+                let seen_segments: u64 =
+                    self.allocations.values().filter(|a| a.is_device_memory()).map(|a| a.size).sum();
+                self.before_capture = Some(AllocatorTotals {
+                    allocated: allocated_before,
+                    reserved: reserved.saturating_sub(seen_segments),
+                    ts: event.ts,
+                });
+            }
+            let device = event.device.unwrap_or(0);
+            self.allocator_totals.insert(device, AllocatorTotals { allocated, reserved, ts: event.ts });
+        }
+    }
+
+    fn apply_driver(&mut self, event: &Event, import: Option<(ExportKey, Option<Export>)>) -> Outcome {
+        let Some(addr) = event.addr else { return Outcome::Kept };
         let kind = event.kind.unwrap_or(Kind::Device);
         let space = Space::of(kind);
         match event.op {
@@ -498,7 +528,7 @@ impl ProcessMemory {
                         self.segments.remove(&addr);
                     }
                     self.segment_returned(addr, freed.size, event.ts);
-                    return Some((space, addr));
+                    return Outcome::Released { exporter: self.as_ref(), space, addr };
                 }
                 // Imported pool pointers are released with cuMemFree(Async), imported VMM
                 // handles with cuMemRelease.
@@ -537,9 +567,40 @@ impl ProcessMemory {
             }
             Op::CtxCreate => self.contexts += 1,
             Op::CtxDestroy => self.contexts = self.contexts.saturating_sub(1),
-            Op::IpcExport | Op::MemInfo | Op::Fork | Op::Exec | Op::Exit => {}
+            Op::IpcExport => {
+                // An export of memory the capture never saw allocated still ties its importers
+                // to this process; its size is just unknown.
+                let size = self.allocation(space, addr).map(|a| a.size).unwrap_or(0);
+                return Outcome::Exported(Export { exporter: self.as_ref(), space, addr, size, ts: event.ts });
+            }
+            Op::MemInfo | Op::Fork | Op::Exec | Op::Exit => {}
         }
-        None
+        Outcome::Kept
+    }
+
+    fn count_device_memory(&mut self, allocation: &Allocation, live: bool) {
+        if !allocation.is_device_memory() {
+            return;
+        }
+        let bytes = self.device_memory.entry(allocation.device).or_default();
+        if live {
+            *bytes += allocation.size;
+        } else {
+            *bytes -= allocation.size;
+            if *bytes == 0 {
+                self.device_memory.remove(&allocation.device);
+            }
+        }
+    }
+
+    /// A segment went back to the driver: if it was the allocator's, it is no longer reserved.
+    fn segment_returned(&mut self, start: u64, size: u64, ts: u64) {
+        if let Some(device) = self.allocator_segments.remove(&start) {
+            if let Some(totals) = self.allocator_totals.get_mut(&device) {
+                totals.reserved = totals.reserved.saturating_sub(size);
+                totals.ts = ts;
+            }
+        }
     }
 }
 

@@ -1,3 +1,6 @@
+//! The tracker through its public face: synthetic event streams in, each process's table out —
+//! per-process addresses, pid reuse, IPC exports and imports, both layers' live bytes.
+
 use std::borrow::Cow;
 
 use super::*;
