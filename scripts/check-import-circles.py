@@ -133,14 +133,14 @@ def circles(graph):
 
 def main():
     failed = False
-    for manifest in sorted(ROOT.glob("*/Cargo.toml")):
+    for manifest in sorted(ROOT.glob("**/Cargo.toml")):
         src = manifest.parent / "src"
-        if not src.is_dir():
+        if "target" in manifest.relative_to(ROOT).parts or not src.is_dir():
             continue
         files, graph = edges(src)
         for circle in circles(graph):
             failed = True
-            print(f"gpuprof: an import circle in {manifest.parent.name}/src:", file=sys.stderr)
+            print(f"gpuprof: an import circle in {src.relative_to(ROOT)}:", file=sys.stderr)
             for module in circle:
                 for target, names in sorted(graph[module].items()):
                     if target in circle:

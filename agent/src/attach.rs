@@ -6,11 +6,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
-use crate::capture::Capture;
 use crate::cli::CaptureArgs;
-use crate::libcuda::{self, LibraryFile};
-use crate::session::{EbpfSource, Scope, Session, Until};
-use crate::{preflight, procfs, signals};
+use gpuprof_capture::kernel::Capture;
+use gpuprof_capture::libcuda::{self, LibraryFile};
+use gpuprof_capture::session::{EbpfSource, Scope, Session, Until};
+use gpuprof_capture::{preflight, signals};
+use gpuprof_procfs::process;
 
 const WAIT_INTERVAL: Duration = Duration::from_millis(20);
 
@@ -19,7 +20,7 @@ pub fn attach(pid: u32, wait: bool, args: &CaptureArgs) -> Result<u8> {
     let started = Instant::now();
     let duration = args.duration()?;
     args.rules.config()?;
-    if !procfs::is_running(pid) {
+    if !process::is_running(pid) {
         bail!("no process with pid {pid}: check the pid with `ps -p {pid}` (it may have exited)");
     }
     preflight::check_ebpf_capture()?;
@@ -29,10 +30,10 @@ pub fn attach(pid: u32, wait: bool, args: &CaptureArgs) -> Result<u8> {
     if libraries.is_empty() && !wait {
         bail!(
             "process {pid} ({}) has not loaded libcuda.so: it has not initialised CUDA yet; use --wait to wait until it does, or --libcuda PATH to probe a library it will load",
-            procfs::comm(pid)
+            process::comm(pid)
         );
     }
-    let destination = args.destination(&format!("{}-{pid}", procfs::comm(pid)))?;
+    let destination = args.destination(&format!("{}-{pid}", process::comm(pid)))?;
     let capture = Capture::load(args.capture_options()?)?;
     tracing::debug!(elapsed_ms = started.elapsed().as_millis() as u64, "probes loaded");
     let mut ebpf = EbpfSource::new(&capture, args.ebpf_options(), Some(pid));
@@ -42,7 +43,7 @@ pub fn attach(pid: u32, wait: bool, args: &CaptureArgs) -> Result<u8> {
     session.follow(Scope::Tree(pid));
     tracing::debug!(elapsed_ms = started.elapsed().as_millis() as u64, "processes tracked, interpreters found");
     if libraries.is_empty() {
-        eprintln!("gpuprof: waiting for process {pid} ({}) to load libcuda.so", procfs::comm(pid));
+        eprintln!("gpuprof: waiting for process {pid} ({}) to load libcuda.so", process::comm(pid));
         // --duration bounds the wait too (then the capture, from when it starts).
         libraries = wait_for_libcuda(pid, duration.map(|d| (started + d, d)))?;
     }
@@ -52,14 +53,14 @@ pub fn attach(pid: u32, wait: bool, args: &CaptureArgs) -> Result<u8> {
     let followed = session.ebpf().map_or(1, |e| e.alive().len());
     eprintln!(
         "gpuprof: capturing pid {pid} ({}) and {}; probes attached in {} ms",
-        procfs::comm(pid),
+        process::comm(pid),
         gpuprof_model::findings::wording::count(followed as u64 - 1, "descendant", "descendants"),
         started.elapsed().as_millis()
     );
 
     let deadline = duration.map(|d| Instant::now() + d);
-    if session.run(Until::RootExits, deadline, &mut [])? == crate::session::Ended::RootExited {
-        crate::session::leftovers::follow(&mut session, deadline, "process")?;
+    if session.run(Until::RootExits, deadline, &mut [])? == gpuprof_capture::session::Ended::RootExited {
+        gpuprof_capture::session::leftovers::follow(&mut session, deadline, "process")?;
     }
     session.finish()?;
     args.write_html(&destination)?;
@@ -78,7 +79,7 @@ fn target_libraries(pid: u32, args: &CaptureArgs) -> Result<Vec<LibraryFile>> {
 /// Waits for `pid` to map libcuda, until `limit` (its deadline and the --duration it came from).
 fn wait_for_libcuda(pid: u32, limit: Option<(Instant, Duration)>) -> Result<Vec<LibraryFile>> {
     loop {
-        if !procfs::is_running(pid) {
+        if !process::is_running(pid) {
             bail!("process {pid} exited before it loaded libcuda.so");
         }
         if let Some((_, duration)) = limit.filter(|(deadline, _)| Instant::now() >= *deadline) {

@@ -1,13 +1,15 @@
 //! The command line: verbs that work on a pid or a command, with the same flags meaning the
-//! same thing everywhere.
+//! same thing everywhere. Only the flags live here (clap's types and value parsers); what they
+//! set up is `setup`'s.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::export::{ExportFormat, StackLayer};
-use crate::output::Format;
+use gpuprof_views::export::{ExportFormat, StackLayer};
+use gpuprof_views::output::Format;
+use gpuprof_views::report::ReportFormat;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -148,7 +150,7 @@ pub enum Command {
         layer: StackLayer,
         /// Output format (default: a table on a terminal, JSON into a file or a pipe).
         #[arg(short, long, value_enum)]
-        format: Option<crate::export::summary::SummaryFormat>,
+        format: Option<gpuprof_views::export::summary::SummaryFormat>,
         /// Write the output here instead of stdout.
         #[arg(short, long, value_name = "FILE")]
         output: Option<PathBuf>,
@@ -160,7 +162,7 @@ pub enum Command {
     )]
     Daemon {
         #[command(flatten)]
-        daemon: crate::daemon::DaemonArgs,
+        daemon: gpuprof_fleet::daemon::DaemonArgs,
     },
     /// Add gpuprof's sidecar to Kubernetes manifests (Pod, Job, Deployment, StatefulSet,
     /// CronJob, PyTorchJob…): the profiled containers preload the shim from a volume it shares.
@@ -169,7 +171,7 @@ pub enum Command {
     )]
     Inject {
         #[command(flatten)]
-        inject: crate::inject::InjectArgs,
+        inject: gpuprof_fleet::inject::InjectArgs,
     },
     /// Start a command and capture it and every descendant from its first CUDA call.
     #[command(after_help = "Example:\n  sudo gpuprof run --format table -- python3 train.py --epochs 1")]
@@ -207,29 +209,6 @@ fn env_shown_where_set(command: clap::Command) -> clap::Command {
             }
         })
         .mut_subcommands(env_shown_where_set)
-}
-
-/// The one event file a view reads. Several (a shell pattern that matched more than one) are
-/// refused with the newest named, rather than clap's "unexpected argument".
-pub fn one_input(verb: &str, positional: Vec<PathBuf>, flag: Option<PathBuf>) -> anyhow::Result<PathBuf> {
-    let mut given: Vec<PathBuf> = positional.into_iter().chain(flag).collect();
-    if given.len() == 1 {
-        return Ok(given.remove(0));
-    }
-    let modified = |p: &PathBuf| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-    let newest = given.iter().max_by_key(|p| modified(p)).map(|p| p.display().to_string()).unwrap_or_default();
-    let names: Vec<String> = given.iter().map(|p| p.display().to_string()).collect();
-    anyhow::bail!(
-        "{verb} reads one event file, and {} were given ({}): name one, e.g. the newest: gpuprof {verb} {newest}",
-        given.len(),
-        names.join(", ")
-    )
-}
-
-/// Whether what a view writes goes to a person: to stdout, and stdout a terminal. Views default
-/// to a table for a person and to JSON for a program (a file, a pipe).
-pub fn for_a_person(output: Option<&std::path::Path>) -> bool {
-    output.is_none() && std::io::IsTerminal::is_terminal(&std::io::stdout())
 }
 
 /// How `run` captures.
@@ -279,7 +258,7 @@ pub struct CaptureArgs {
     /// Benchmarks only: where probes go on a function (`entry`: its first instruction, as a
     /// naive uprobe; docs/benchmarks.md).
     #[arg(long, value_enum, default_value = "placed", hide = true)]
-    pub probe_at: crate::capture::Placement,
+    pub probe_at: gpuprof_capture::kernel::Placement,
     /// Benchmarks only: the allocator probe runs an empty program (the trap's own cost).
     #[arg(long, hide = true)]
     pub empty_probes: bool,
@@ -321,7 +300,7 @@ pub struct OtlpArgs {
     #[arg(long, value_name = "URL")]
     pub otlp_endpoint: Option<String>,
     #[arg(long, value_enum, default_value = "grpc", requires = "otlp_endpoint")]
-    pub otlp_protocol: crate::telemetry::Protocol,
+    pub otlp_protocol: gpuprof_fleet::telemetry::Protocol,
     /// Bearer token the collector asks for.
     #[arg(long, value_name = "TOKEN", env = "GPUPROF_OTLP_TOKEN", hide_env_values = true)]
     pub otlp_token: Option<String>,
@@ -329,123 +308,7 @@ pub struct OtlpArgs {
     #[arg(long, value_name = "NAME")]
     pub node_name: Option<String>,
     #[command(flatten, next_help_heading = "Fleet (OTLP)")]
-    pub tuning: crate::telemetry::OtlpTuning,
-}
-
-impl CaptureArgs {
-    /// Where the capture goes; `name` names the file when gpuprof chooses it.
-    pub fn destination(&self, name: &str) -> anyhow::Result<crate::output::Destination> {
-        let destination = crate::output::Destination::resolve(self.format, self.output.as_deref(), name)?;
-        let readable = matches!(destination.format, Format::Recording | Format::Jsonl) && destination.file.is_some();
-        if let Some(html) = self.html.as_deref().filter(|_| !readable) {
-            anyhow::bail!(
-                "--html {} reads the events from the file the capture writes: leave --output and --format out (a recording named after the job) or give --output FILE.gpuprof or FILE.jsonl",
-                html.display()
-            );
-        }
-        Ok(destination)
-    }
-
-    /// `--html`: the report of the file the capture wrote (none when it kept no file).
-    pub fn write_html(&self, destination: &crate::output::Destination) -> anyhow::Result<()> {
-        let (Some(html), Some(events)) = (self.html.as_deref(), destination.file.as_deref()) else { return Ok(()) };
-        if !events.is_file() {
-            return Ok(());
-        }
-        // The capture is done and kept: a report that fails is said, not the run's outcome.
-        match crate::export::html::write_file(events, html) {
-            Ok(()) => eprintln!("gpuprof: wrote the report to {}; open it in a browser", html.display()),
-            Err(error) => eprintln!(
-                "gpuprof: warning: no report written to {}: {error:#}; the events are in {}",
-                html.display(),
-                events.display()
-            ),
-        }
-        Ok(())
-    }
-
-    pub fn sink(&self, destination: &crate::output::Destination) -> anyhow::Result<Box<dyn crate::output::EventSink>> {
-        crate::output::capture_sink(destination, self.compress == Compression::Zstd, self.all_processes)
-    }
-
-    /// The flow the capture's events go through: rules, output, findings, OTLP.
-    pub fn flow(&self, destination: &crate::output::Destination) -> anyhow::Result<crate::flow::EventFlow> {
-        let options = crate::flow::FlowOptions {
-            rules: self.rules.config()?,
-            format: destination.format,
-            output_file: destination.file.clone(),
-            findings_file: self.findings.clone(),
-            notices: true,
-            keep_findings: true,
-            pids_are_ours: true,
-        };
-        let mut flow = crate::flow::EventFlow::new(options, self.sink(destination)?);
-        flow.set_telemetry(self.otlp.start()?);
-        Ok(flow)
-    }
-
-    /// How a person sees the capture go: the live line on a terminal (unless the events
-    /// themselves stream to stdout), the counters at the end with `--stats`.
-    pub fn watched<'c>(
-        &self,
-        session: crate::session::Session<'c>,
-        destination: &crate::output::Destination,
-    ) -> crate::session::Session<'c> {
-        let events_on_stdout = destination.file.is_none() && destination.format != Format::None;
-        let session = session.with_counters(self.stats);
-        if events_on_stdout {
-            session
-        } else {
-            session.with_live_line()
-        }
-    }
-
-    /// `--duration`, checked.
-    pub fn duration(&self) -> anyhow::Result<Option<std::time::Duration>> {
-        self.duration
-            .map(|secs| {
-                if secs.is_finite() && secs > 0.0 {
-                    Ok(std::time::Duration::from_secs_f64(secs))
-                } else {
-                    Err(anyhow::anyhow!("--duration {secs}: give a positive number of seconds"))
-                }
-            })
-            .transpose()
-    }
-
-    /// The kernel side of an eBPF capture.
-    pub fn capture_options(&self) -> anyhow::Result<crate::capture::CaptureOptions> {
-        let mib = self.buffer_mib;
-        if !mib.is_power_of_two() || mib > 1024 {
-            anyhow::bail!("--buffer-mib {mib}: give a power of two from 1 to 1024");
-        }
-        Ok(crate::capture::CaptureOptions {
-            ring_buffer_bytes: mib << 20,
-            python_stacks: !self.no_stacks,
-            placement: self.probe_at,
-            empty_allocator_probe: self.empty_probes,
-            profile_phases: self.profile_probes,
-            ..crate::capture::CaptureOptions::default()
-        })
-    }
-
-    /// The user-space side of an eBPF capture.
-    pub fn ebpf_options(&self) -> crate::session::EbpfOptions {
-        crate::session::EbpfOptions {
-            print_stats: self.stats,
-            autograd: !self.no_stacks && !self.no_autograd,
-            level: self.level,
-        }
-    }
-}
-
-impl OtlpArgs {
-    pub fn start(&self) -> anyhow::Result<Option<crate::telemetry::Telemetry>> {
-        let Some(endpoint) = &self.otlp_endpoint else { return Ok(None) };
-        let options =
-            self.tuning.options(endpoint, self.otlp_protocol, self.otlp_token.clone(), self.node_name.clone())?;
-        crate::telemetry::Telemetry::start(options).map(Some)
-    }
+    pub tuning: gpuprof_fleet::telemetry::OtlpTuning,
 }
 
 /// Thresholds of the leak rules, the same for live capture and `report`.
@@ -461,34 +324,6 @@ pub struct RuleArgs {
     /// before they are orphans holding memory.
     #[arg(long, value_name = "SECS", default_value_t = 5.0)]
     pub orphan_grace: f64,
-}
-
-impl RuleArgs {
-    pub fn config(&self) -> anyhow::Result<gpuprof_model::RuleConfig> {
-        if !(self.growth_window.is_finite() && self.growth_window > 0.0) {
-            anyhow::bail!("--growth-window {}: give a positive number of seconds", self.growth_window);
-        }
-        if self.growth_rises == 0 {
-            anyhow::bail!("--growth-rises 0: give at least 1");
-        }
-        if !(self.orphan_grace.is_finite() && self.orphan_grace >= 0.0) {
-            anyhow::bail!("--orphan-grace {}: give a number of seconds, 0 or more", self.orphan_grace);
-        }
-        Ok(gpuprof_model::RuleConfig {
-            growth_window_ns: (self.growth_window * 1e9) as u64,
-            growth_rises: self.growth_rises,
-            orphan_grace_ns: (self.orphan_grace * 1e9) as u64,
-        })
-    }
-}
-
-/// Output formats of `report`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum ReportFormat {
-    /// A JSON array of findings (docs/findings.md).
-    Json,
-    /// A readable list of findings.
-    Table,
 }
 
 /// A capture level a capture can start at: driver or tensors (off would record nothing).

@@ -1,11 +1,20 @@
 //! `gpuprof`: parse the command line, run the verb, turn any error into one line and a non-zero
-//! exit code.
+//! exit code. The verbs that capture (`attach`, `run`, `top`) are configurations of
+//! `gpuprof_capture::session::Session`; `daemon` and `inject` are `gpuprof_fleet`'s; `report`,
+//! `summary` and `export` are `gpuprof_views`'.
 
 use std::process::ExitCode;
 
+mod attach;
+mod cli;
+mod run;
+mod setup;
+mod top;
+
 use clap::FromArgMatches;
-use gpuprof::cli::{Cli, Command, Via};
-use gpuprof::{attach, cli, daemon, export, report, run, top};
+use cli::{Cli, Command, Via};
+use gpuprof_fleet::{daemon, inject};
+use gpuprof_views::{export, report};
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
@@ -36,14 +45,14 @@ fn dispatch(command: Command) -> anyhow::Result<u8> {
             run::via_shim::run(&command, &capture, shim.as_deref())
         }
         Command::Summary { input, input_flag, pid, top, layer, format, output } => {
-            let input = cli::one_input("summary", input, input_flag)?;
+            let input = setup::one_input("summary", input, input_flag)?;
             export::summary::run(&export::summary::SummaryRequest {
                 input: &input,
                 output: output.as_deref(),
                 pid,
                 layer,
                 top,
-                format: format.unwrap_or(if cli::for_a_person(output.as_deref()) {
+                format: format.unwrap_or(if gpuprof_views::output::for_a_person(output.as_deref()) {
                     export::summary::SummaryFormat::Table
                 } else {
                     export::summary::SummaryFormat::Json
@@ -51,15 +60,15 @@ fn dispatch(command: Command) -> anyhow::Result<u8> {
             })
         }
         Command::Daemon { daemon: args } => daemon::run(&args),
-        Command::Inject { inject } => gpuprof::inject::run(&inject),
+        Command::Inject { inject: args } => inject::run(&args),
         Command::Top { pid, interval } => top::run(&top::TopArgs { pid, interval }),
         Command::Report { input, input_flag, format, output, rules } => {
-            let format = format.unwrap_or(if cli::for_a_person(output.as_deref()) {
-                cli::ReportFormat::Table
+            let format = format.unwrap_or(if gpuprof_views::output::for_a_person(output.as_deref()) {
+                report::ReportFormat::Table
             } else {
-                cli::ReportFormat::Json
+                report::ReportFormat::Json
             });
-            report::run(&cli::one_input("report", input, input_flag)?, format, output.as_deref(), &rules)
+            report::run(&setup::one_input("report", input, input_flag)?, format, output.as_deref(), rules.config()?)
         }
         Command::Export {
             input,
@@ -77,17 +86,10 @@ fn dispatch(command: Command) -> anyhow::Result<u8> {
             max_entries,
             compress,
         } => {
-            let input = cli::one_input("export", input, input_flag)?;
-            let moment = match (peak, end, at, oom) {
-                (true, ..) => export::Moment::Peak,
-                (_, true, ..) => export::Moment::End,
-                (_, _, Some(secs), _) => export::Moment::At(secs),
-                (_, _, None, Some(n)) => export::Moment::Oom(n as usize),
-                _ if format == export::ExportFormat::MemoryViz => export::Moment::End,
-                _ => export::Moment::Peak,
-            };
+            let input = setup::one_input("export", input, input_flag)?;
+            let moment = export::Moment::chosen(format, peak, end, at, oom);
             let window = export::TraceWindow { from, to, max_entries };
-            let compress = compress == gpuprof::cli::Compression::Zstd;
+            let compress = compress == cli::Compression::Zstd;
             export::run(&export::ExportRequest { input: &input, format, output, pid, moment, layer, window, compress })
         }
     }

@@ -2,14 +2,14 @@
 //! events → tracker → leak rules → jsonl bytes, per stage, against copying the records alone (the floor any
 //! consumer pays) in the same run.
 //!
-//!     cargo bench -p gpuprof --bench decode
+//!     cargo bench -p gpuprof-capture --bench decode
 
 use std::hint::black_box;
 use std::time::Instant;
 
-use gpuprof::capture::Record;
-use gpuprof::clock::Clock;
-use gpuprof::decode::Decoder;
+use gpuprof_capture::clock::Clock;
+use gpuprof_capture::decode::Decoder;
+use gpuprof_capture::kernel::Record;
 use gpuprof_ebpf::types::gp_record_kind;
 use gpuprof_model::driver_api;
 use gpuprof_model::track::Tracker;
@@ -75,14 +75,14 @@ fn main() {
         input.len()
     });
     let decode = best_of(ROUNDS, || {
-        let mut decoder = Decoder::offline(clock);
+        let mut decoder = Decoder::new(clock);
         for r in &input {
             black_box(decoder.decode(r).unwrap());
         }
         input.len()
     });
     let track = best_of(ROUNDS, || {
-        let mut decoder = Decoder::offline(clock);
+        let mut decoder = Decoder::new(clock);
         let mut tracker = Tracker::new();
         for r in &input {
             tracker.apply(&decoder.decode(r).unwrap());
@@ -91,7 +91,7 @@ fn main() {
         input.len()
     });
     let rules = best_of(ROUNDS, || {
-        let mut decoder = Decoder::offline(clock);
+        let mut decoder = Decoder::new(clock);
         let mut analyzer = Analyzer::new(RuleConfig::default());
         let mut fired = 0;
         for r in &input {
@@ -101,7 +101,7 @@ fn main() {
         input.len()
     });
     let jsonl = best_of(ROUNDS, || {
-        let mut decoder = Decoder::offline(clock);
+        let mut decoder = Decoder::new(clock);
         let mut analyzer = Analyzer::new(RuleConfig::default());
         let mut out = Vec::with_capacity(400 * input.len());
         for r in &input {

@@ -1,6 +1,7 @@
 //! Turns ring-buffer records into contract events: names from the driver table, wall-clock
-//! time, namespace pids, hex handles. The hot path of the agent: no syscalls per record except
-//! one /proc read the first time a pid is seen.
+//! time, parents from the processes' fork and exec records, handles, exit statuses. Pure: it
+//! reads the record and what earlier records said, nothing else (no /proc, no other process's
+//! memory); what the record only points at is `enrich`'s. The hot path of the agent.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -10,29 +11,22 @@ use gpuprof_ebpf::types::{gp_record, gp_record_kind};
 use gpuprof_model::driver_api::{self, CallValues};
 use gpuprof_model::event::{Event, Kind, Layer, Op, Source, PYTORCH_ALLOCATOR_API};
 
-use crate::autograd::NodeNames;
-use crate::callers::CallerModules;
-use crate::capture::{flags, Record};
 use crate::clock::Clock;
-use crate::procfs;
+use crate::kernel::{flags, Record};
+
+/// A backward block's node until `enrich` reads its class (or for good, when the process is gone
+/// before its records are read: still a backward block).
+pub const UNNAMED_NODE: &str = "Node";
 
 pub struct Decoder {
     clock: Clock,
-    /// What driver records do not carry, learned once per process: from its fork/exec records,
-    /// else from /proc the first time it is seen.
-    processes: HashMap<u32, ProcessInfo>,
+    /// Each process's parent, as its fork or exec record said: driver records do not carry it.
+    parents: HashMap<u32, u32>,
+    /// `UNNAMED_NODE`, shared: a backward pass makes thousands of blocks a second.
+    unnamed_node: Arc<str>,
     /// Each thread's name as its records carry it, and the shared copy events get: a record
     /// names its thread on every call, an event must not allocate a name each time.
     names: HashMap<u32, ([u8; 16], Arc<str>)>,
-    read_procfs: bool,
-    callers: CallerModules,
-    nodes: NodeNames,
-}
-
-#[derive(Debug, Clone, Copy, Default)]
-struct ProcessInfo {
-    ppid: Option<u32>,
-    ns_pid: Option<u32>,
 }
 
 /// Why a record could not become an event.
@@ -53,26 +47,7 @@ impl std::fmt::Display for DecodeError {
 
 impl Decoder {
     pub fn new(clock: Clock) -> Self {
-        Decoder {
-            clock,
-            processes: HashMap::new(),
-            names: HashMap::new(),
-            read_procfs: true,
-            callers: CallerModules::default(),
-            nodes: NodeNames::default(),
-        }
-    }
-
-    /// A decoder that never reads /proc (benchmarks, replay of recorded records).
-    pub fn offline(clock: Clock) -> Self {
-        Decoder {
-            clock,
-            processes: HashMap::new(),
-            names: HashMap::new(),
-            read_procfs: false,
-            callers: CallerModules::default(),
-            nodes: NodeNames::default(),
-        }
+        Decoder { clock, parents: HashMap::new(), names: HashMap::new(), unnamed_node: Arc::from(UNNAMED_NODE) }
     }
 
     pub fn decode(&mut self, record: &Record) -> Result<Event, DecodeError> {
@@ -95,20 +70,14 @@ impl Decoder {
         let mut event =
             Event::new(self.clock.wall_ns(record.ts_ns), record.pid, record.tid, Source::Ebpf, layer, op, api);
         event.comm = self.name_of(record);
-        let info = self.process_info(record, op);
-        event.ppid = info.ppid;
-        event.ns_pid = info.ns_pid;
+        event.ppid = self.parent_of(record, op);
         match layer {
-            Layer::Driver => self.fill_driver(full, &mut event),
-            Layer::Allocator => self.fill_allocator(full, &mut event),
+            Layer::Driver => fill_driver(full, &mut event),
+            Layer::Allocator => fill_allocator(full, &mut event, &self.unnamed_node),
             Layer::Process => fill_process(full, &mut event),
         }
-        if matches!(op, Op::Exit | Op::Exec) {
-            self.callers.forget(record.pid);
-            self.nodes.forget(record.pid);
-        }
         if op == Op::Exit {
-            self.processes.remove(&record.pid);
+            self.parents.remove(&record.pid);
             self.names.remove(&record.pid);
         }
         Ok(event)
@@ -125,65 +94,55 @@ impl Decoder {
         }
     }
 
-    fn process_info(&mut self, record: &gp_record, op: Op) -> ProcessInfo {
-        let read_procfs = self.read_procfs;
+    /// The record's parent, else the one its process's fork or exec record named.
+    fn parent_of(&mut self, record: &gp_record, op: Op) -> Option<u32> {
         let pid = record.pid;
-        let reported_ppid = (record.ppid != 0).then_some(record.ppid);
         if matches!(op, Op::Fork | Op::Exec) {
-            // A new process, or a new program in a (possibly new) namespace: learn again.
-            self.processes.remove(&pid);
+            // A new process, or a new program: what was learned of the pid before is another's.
+            self.parents.remove(&pid);
         }
-        let info = self.processes.entry(pid).or_insert_with(|| ProcessInfo {
-            ppid: reported_ppid.or_else(|| read_procfs.then(|| procfs::stat(pid).map(|(_, ppid)| ppid)).flatten()),
-            ns_pid: if read_procfs { procfs::ns_pid(pid) } else { None },
-        });
-        if reported_ppid.is_some() {
-            info.ppid = reported_ppid;
+        if record.ppid != 0 {
+            self.parents.insert(pid, record.ppid);
         }
-        *info
+        self.parents.get(&pid).copied()
     }
+}
 
-    fn fill_driver(&mut self, full: &Record, event: &mut Event) {
-        let record = &full.header;
-        if self.read_procfs {
-            event.caller_module = self.callers.module_of(record.pid, record.caller);
-        }
-        let api = driver_api::by_id(record.api).expect("checked by decode");
-        let mut call = CallValues {
-            result: record.result,
-            addr: record.addr,
-            size: record.size,
-            aux: record.aux,
-            device: record.device,
-            duration_ns: record.duration_ns,
-            handle_type: record.handle_type,
-            ..CallValues::EMPTY
-        };
-        if let Some(handle) = full.handle_bytes() {
-            call.set_handle(handle);
-        }
-        api.fill_event(event, &call);
+fn fill_driver(full: &Record, event: &mut Event) {
+    let record = &full.header;
+    let api = driver_api::by_id(record.api).expect("checked by decode");
+    let mut call = CallValues {
+        result: record.result,
+        addr: record.addr,
+        size: record.size,
+        aux: record.aux,
+        device: record.device,
+        duration_ns: record.duration_ns,
+        handle_type: record.handle_type,
+        ..CallValues::EMPTY
+    };
+    if let Some(handle) = full.handle_bytes() {
+        call.set_handle(handle);
     }
+    api.fill_event(event, &call);
+}
 
-    fn fill_allocator(&mut self, full: &Record, event: &mut Event) {
-        let record = &full.header;
-        event.kind = Some(Kind::Device);
-        event.device = Some(record.device);
-        event.addr = Some(record.addr);
-        event.size = record.size;
-        let Some(totals) = full.totals else { return };
-        event.allocated = Some(totals.allocated);
-        event.reserved = Some(totals.reserved);
-        if record.flags & flags::AUTOGRAD == 0 {
-            return;
-        }
-        event.autograd_seq = Some(totals.autograd_seq);
-        event.autograd_thread = Some(totals.autograd_thread);
-        if totals.autograd_node != 0 {
-            let name = if self.read_procfs { self.nodes.name_of(record.pid, totals.autograd_node) } else { None };
-            // A process gone before its records are read: still a backward block.
-            event.autograd_node = Some(name.unwrap_or_else(|| Arc::from("Node")));
-        }
+fn fill_allocator(full: &Record, event: &mut Event, unnamed_node: &Arc<str>) {
+    let record = &full.header;
+    event.kind = Some(Kind::Device);
+    event.device = Some(record.device);
+    event.addr = Some(record.addr);
+    event.size = record.size;
+    let Some(totals) = full.totals else { return };
+    event.allocated = Some(totals.allocated);
+    event.reserved = Some(totals.reserved);
+    if record.flags & flags::AUTOGRAD == 0 {
+        return;
+    }
+    event.autograd_seq = Some(totals.autograd_seq);
+    event.autograd_thread = Some(totals.autograd_thread);
+    if totals.autograd_node != 0 {
+        event.autograd_node = Some(unnamed_node.clone());
     }
 }
 
@@ -214,7 +173,7 @@ fn c_string(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::capture::HANDLE_LEN;
+    use crate::kernel::HANDLE_LEN;
 
     fn record(kind: gp_record_kind) -> Record {
         let mut record = Record::default();
@@ -240,11 +199,11 @@ mod tests {
         handle[0] = 0xab;
         raw.handle = Some(handle);
         raw.header.device = -1;
-        let event = Decoder::offline(Clock::with_offset(1_000_000)).decode(&raw).unwrap();
+        let event = Decoder::new(Clock::with_offset(1_000_000)).decode(&raw).unwrap();
         assert_eq!(event.ts, 1_005_000);
         assert_eq!((event.pid, event.tid, event.ppid), (42, 43, Some(7)));
         // Driver records carry no parent: it comes from the process's fork or exec record.
-        let mut decoder = Decoder::offline(Clock::with_offset(0));
+        let mut decoder = Decoder::new(Clock::with_offset(0));
         let mut fork = record(gp_record_kind::GP_RECORD_FORK);
         fork.header.ppid = 9;
         decoder.decode(&fork).unwrap();
@@ -264,10 +223,10 @@ mod tests {
     fn exit_status_and_signal() {
         let mut raw = record(gp_record_kind::GP_RECORD_EXIT);
         raw.header.result = 3 << 8;
-        let event = Decoder::offline(Clock::with_offset(0)).decode(&raw).unwrap();
+        let event = Decoder::new(Clock::with_offset(0)).decode(&raw).unwrap();
         assert_eq!((event.exit_code, event.signal), (Some(3), None));
         raw.header.result = 9;
-        let event = Decoder::offline(Clock::with_offset(0)).decode(&raw).unwrap();
+        let event = Decoder::new(Clock::with_offset(0)).decode(&raw).unwrap();
         assert_eq!((event.exit_code, event.signal), (Some(137), Some(9)));
     }
 
@@ -275,8 +234,8 @@ mod tests {
     fn unknown_ids_are_errors_not_panics() {
         let mut raw = record(gp_record_kind::GP_RECORD_DRIVER);
         raw.header.api = 60_000;
-        assert_eq!(Decoder::offline(Clock::with_offset(0)).decode(&raw), Err(DecodeError::UnknownApi(60_000)));
+        assert_eq!(Decoder::new(Clock::with_offset(0)).decode(&raw), Err(DecodeError::UnknownApi(60_000)));
         raw.header.kind = 99;
-        assert_eq!(Decoder::offline(Clock::with_offset(0)).decode(&raw), Err(DecodeError::UnknownKind(99)));
+        assert_eq!(Decoder::new(Clock::with_offset(0)).decode(&raw), Err(DecodeError::UnknownKind(99)));
     }
 }

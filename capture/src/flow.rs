@@ -1,7 +1,9 @@
 //! What happens to every event, whichever capture made it (eBPF or the in-process shim): one
-//! event per call where both capture it, the forward line of a backward-pass block, OTLP export, the tracker and leak rules, the output; and the end of a run: the last
-//! findings, the summaries, the findings table or file, the counters.
+//! event per call where both capture it, the forward line of a backward-pass block, the exporter
+//! (OTLP), the tracker and leak rules, the output; and the end of a run: the last findings, the
+//! summaries, the findings table or file, the counters.
 
+use std::collections::BTreeMap;
 use std::io;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -11,11 +13,40 @@ use gpuprof_model::autograd::ForwardStacks;
 use gpuprof_model::dedup::Dedup;
 use gpuprof_model::escalation::{Escalation, EscalationConfig, Raise};
 use gpuprof_model::rank::Ranks;
-use gpuprof_model::{Analyzer, Event, Finding, RuleConfig};
+use gpuprof_model::{Analyzer, Event, Finding, RuleConfig, Tracker};
+
+use gpuprof_views::output::{self, EndOfRun, EventSink, Format};
 
 use crate::nvml::NvmlView;
-use crate::output::{self, EndOfRun, EventSink, Format};
-use crate::telemetry::Telemetry;
+
+/// Where the flow also sends what it sees, besides its output: the fleet's OTLP export
+/// (`gpuprof_fleet::telemetry`). Each call gets the tracker as it stands, for what the export
+/// summarizes.
+pub trait Exporter {
+    /// An event, before the tracker takes it.
+    fn before(&mut self, event: &Event, tracker: &Tracker);
+    /// The same event once tracked, with the findings it fired.
+    fn after(&mut self, event: &Event, fired: &[Finding], tracker: &Tracker);
+    /// Findings that fired without an event (time passed, the run ended).
+    fn findings(&mut self, fired: &[Finding], tracker: &Tracker);
+    /// Device memory each followed process uses as the driver accounts it (NVML), by pid.
+    fn device_used(&mut self, used: BTreeMap<u32, u64>);
+    /// Hands what is batched to the transport (`now`: wall-clock ns).
+    fn flush(&mut self, tracker: &Tracker, now: u64);
+    /// Sends what is left; what was delivered, in words.
+    fn finish(self: Box<Self>, tracker: &Tracker) -> String;
+    /// Delivered, lost and waiting so far (the daemon's health).
+    fn health(&self) -> ExportHealth;
+}
+
+/// What an exporter has delivered so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ExportHealth {
+    pub sent: u64,
+    pub lost: u64,
+    /// Encoded bytes waiting to be sent.
+    pub queued_bytes: u64,
+}
 
 /// What a run does with its events besides tracking them.
 pub struct FlowOptions {
@@ -41,7 +72,7 @@ pub struct EventFlow {
     findings_fired: u64,
     sink: Box<dyn EventSink>,
     /// OTLP export, when `--otlp-endpoint` names a collector.
-    telemetry: Option<Telemetry>,
+    exporter: Option<Box<dyn Exporter>>,
     format: Format,
     output_file: Option<PathBuf>,
     findings_file: Option<PathBuf>,
@@ -70,7 +101,7 @@ impl EventFlow {
             keep_findings: options.keep_findings,
             findings_fired: 0,
             sink,
-            telemetry: None,
+            exporter: None,
             format: options.format,
             output_file: options.output_file,
             findings_file: options.findings_file,
@@ -124,8 +155,8 @@ impl EventFlow {
         self.escalation.as_mut()
     }
 
-    pub fn set_telemetry(&mut self, telemetry: Option<Telemetry>) {
-        self.telemetry = telemetry;
+    pub fn set_exporter(&mut self, exporter: Option<Box<dyn Exporter>>) {
+        self.exporter = exporter;
     }
 
     /// One event through backward attribution, export, tracker, rules and output.
@@ -135,19 +166,19 @@ impl EventFlow {
         }
         self.forward_stacks.follow(&mut event);
         if self.pids_are_ours && self.ranks.first_call(&event) {
-            event.rank = event.rank.or_else(|| crate::procfs::rank(event.pid));
+            event.rank = event.rank.or_else(|| gpuprof_procfs::process::rank(event.pid));
         }
         self.ranks.observe(&event);
-        if let Some(telemetry) = &mut self.telemetry {
-            telemetry.before(&event, self.analyzer.tracker());
+        if let Some(exporter) = &mut self.exporter {
+            exporter.before(&event, self.analyzer.tracker());
         }
         if let Some(raise) = self.escalation.as_mut().and_then(|rules| rules.observe(&event)) {
             self.decided(raise, event.ts);
         }
         let mut fired = self.analyzer.observe(&mut event);
         self.ranks.name(&mut fired);
-        if let Some(telemetry) = &mut self.telemetry {
-            telemetry.after(&event, &fired, self.analyzer.tracker());
+        if let Some(exporter) = &mut self.exporter {
+            exporter.after(&event, &fired, self.analyzer.tracker());
         }
         self.found(fired);
         self.events += 1;
@@ -161,8 +192,8 @@ impl EventFlow {
         let mut due = self.analyzer.tick(now);
         self.ranks.name(&mut due);
         if !due.is_empty() {
-            if let Some(telemetry) = &mut self.telemetry {
-                telemetry.findings(&due, self.analyzer.tracker());
+            if let Some(exporter) = &mut self.exporter {
+                exporter.findings(&due, self.analyzer.tracker());
             }
             self.found(due);
         }
@@ -176,9 +207,9 @@ impl EventFlow {
                 self.decided(raise, now);
             }
         }
-        if let Some(telemetry) = &mut self.telemetry {
-            telemetry.nvml_used(self.nvml.now().iter().map(|(pid, r)| (*pid, r.nvml_used)).collect());
-            telemetry.flush(self.analyzer.tracker(), now);
+        if let Some(exporter) = &mut self.exporter {
+            exporter.device_used(self.nvml.now().iter().map(|(pid, r)| (*pid, r.nvml_used)).collect());
+            exporter.flush(self.analyzer.tracker(), now);
         }
         self.sink.flush().context("cannot write the output")
     }
@@ -224,8 +255,9 @@ impl EventFlow {
         &self.nvml
     }
 
-    pub fn telemetry(&self) -> Option<&Telemetry> {
-        self.telemetry.as_ref()
+    /// What the exporter has delivered so far (none without one).
+    pub fn export_health(&self) -> Option<ExportHealth> {
+        self.exporter.as_ref().map(|exporter| exporter.health())
     }
 
     /// Findings so far, in the order they fired (none kept without `keep_findings`).
@@ -247,8 +279,8 @@ impl EventFlow {
     pub fn finish(mut self, closing: &[String], lost_events: u64) -> Result<()> {
         let mut ended = self.analyzer.finish();
         self.ranks.name(&mut ended);
-        if let Some(telemetry) = &mut self.telemetry {
-            telemetry.findings(&ended, self.analyzer.tracker());
+        if let Some(exporter) = &mut self.exporter {
+            exporter.findings(&ended, self.analyzer.tracker());
         }
         self.found(ended);
         let summaries = self.analyzer.tracker().summaries();
@@ -276,8 +308,8 @@ impl EventFlow {
         for line in closing {
             eprintln!("gpuprof: {line}");
         }
-        if let Some(telemetry) = self.telemetry.take() {
-            eprintln!("gpuprof: {}", telemetry.finish(self.analyzer.tracker()));
+        if let Some(exporter) = self.exporter.take() {
+            eprintln!("gpuprof: {}", exporter.finish(self.analyzer.tracker()));
         }
         // For files `summary`, `report` and `export` read; not for /dev/null and the like.
         let readable = matches!(self.format, Format::Recording | Format::Jsonl);

@@ -11,7 +11,7 @@ use anyhow::{Context, Result};
 
 use gpuprof_procfs::maps;
 
-use crate::procfs;
+use gpuprof_procfs::process;
 
 /// The soname applications (and the CUDA runtime) load.
 pub const SONAME: &str = "libcuda.so.1";
@@ -47,7 +47,7 @@ pub fn is_libc10(path: &str) -> bool {
 /// the CUDA processes a node-wide view (`top`, the daemon) has not picked up yet.
 pub fn cuda_processes_on_node(skip: &std::collections::HashSet<u32>) -> Vec<u32> {
     let me = std::process::id();
-    procfs::all_pids()
+    process::all_pids()
         .into_iter()
         .filter(|pid| *pid != me && !skip.contains(pid))
         .filter(|pid| {

@@ -5,6 +5,7 @@
 //!
 //! NVML is opened at run time: a machine without an NVIDIA driver simply has no such figures.
 
+pub use gpuprof_model::nvml::{Reconciled, READING_API};
 use std::collections::BTreeMap;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::time::{Duration, Instant};
@@ -12,8 +13,6 @@ use std::time::{Duration, Instant};
 use gpuprof_model::Tracker;
 
 pub const LIBRARY: &str = "libnvidia-ml.so.1";
-/// The entry point named on the `mem_info` events of the device readings (`take_readings`).
-pub const READING_API: &str = "nvmlDeviceGetMemoryInfo";
 
 /// How often the driver is asked (each ask walks every device).
 const SAMPLE_INTERVAL: Duration = Duration::from_secs(1);
@@ -193,24 +192,6 @@ impl Nvml {
 
 // SAFETY: NVML's calls are thread-safe (nvml.h); the handles it returns are process-wide.
 unsafe impl Send for Nvml {}
-
-/// What NVML said of a process, and what gpuprof had seen it allocate at that moment.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Reconciled {
-    /// Used device memory as the driver accounts it (nvidia-smi's figure).
-    pub nvml_used: u64,
-    /// Device memory the probed calls hold (driver allocations, pinned host memory left out).
-    pub probed: u64,
-    /// Wall-clock ns of the sample.
-    pub ts: u64,
-}
-
-impl Reconciled {
-    /// Memory no probed call made: the context, modules, what was there before the capture.
-    pub fn not_probed(&self) -> i64 {
-        self.nvml_used as i64 - self.probed as i64
-    }
-}
 
 /// NVML's figures for the processes gpuprof follows, sampled every second.
 pub struct NvmlView {

@@ -506,7 +506,7 @@ impl ShimProcesses {
                                 "exit".into(),
                             );
                             if self.pids_are_ours {
-                                exit.comm = crate::procfs::comm(pid).into();
+                                exit.comm = gpuprof_procfs::process::comm(pid).into();
                             }
                             observe(exit)?;
                         }
@@ -541,26 +541,6 @@ impl ShimProcesses {
     /// Processes connected now.
     pub fn open(&self) -> usize {
         self.connections.len()
-    }
-
-    pub fn stats_line(&self, events: u64) -> String {
-        format!(
-            "{events} events from {} via the shim; dropped {} (queue full in the process); waited for room {} times ({:.1} ms in all); stacks cut {}, unresolved {}; undecodable lines {}; refused (naming another process) {}; processes closed out by hanging up {}; CUPTI driver callbacks in {} (slot held by another subscriber {}, handed to a profiler {}, no libcupti {}, activity cross-check disagreed {})",
-            gpuprof_model::findings::wording::count(self.processes_seen, "process", "processes"),
-            self.counters.dropped_queue_full,
-            self.counters.waits,
-            self.counters.wait_ns as f64 / 1e6,
-            self.counters.stacks_cut,
-            self.counters.stacks_unresolved,
-            self.undecodable,
-            self.refused,
-            self.closed_without_exit,
-            self.counters.cupti.subscribed,
-            self.counters.cupti.slot_taken,
-            self.counters.cupti.handed_over,
-            self.counters.cupti.no_libcupti,
-            self.counters.cross_check_disagreed
-        )
     }
 }
 

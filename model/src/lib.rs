@@ -15,6 +15,7 @@ pub mod event;
 pub mod findings;
 pub mod hex;
 pub mod level;
+pub mod nvml;
 pub mod otel;
 pub mod rank;
 pub mod shim;

@@ -1,6 +1,6 @@
-//! What gpuprof reads about processes from /proc: existence, names, parents, namespaces, the
-//! rank a launcher gave them, and this process's own costs. Their memory maps and the symbols of
-//! the files mapped are read by `gpuprof_procfs`, which pystack shares.
+//! What gpuprof reads about processes themselves from /proc: existence, names, parents,
+//! namespaces, the rank a launcher gave them, and this process's own costs (their maps and the
+//! files mapped are `maps` and `elf`).
 
 use std::collections::HashMap;
 use std::fs;

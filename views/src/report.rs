@@ -7,15 +7,23 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use gpuprof_model::autograd::ForwardStacks;
 use gpuprof_model::rank::Ranks;
-use gpuprof_model::{Analyzer, Finding};
+use gpuprof_model::{Analyzer, Finding, RuleConfig};
 
-use crate::cli::{ReportFormat, RuleArgs};
 use crate::input;
 use crate::output::{self, findings};
 
+/// Output formats of `report`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ReportFormat {
+    /// A JSON array of findings (docs/findings.md).
+    Json,
+    /// A readable list of findings.
+    Table,
+}
+
 /// Returns gpuprof's exit code: 0 whenever the report ran, whatever it found.
-pub fn run(input: &Path, format: ReportFormat, output_path: Option<&Path>, rules: &RuleArgs) -> Result<u8> {
-    let mut analyzer = Analyzer::new(rules.config()?);
+pub fn run(input: &Path, format: ReportFormat, output_path: Option<&Path>, rules: RuleConfig) -> Result<u8> {
+    let mut analyzer = Analyzer::new(rules);
     // A shim's own file has no forward lines yet.
     let mut forward_stacks = ForwardStacks::default();
     // Findings name ranks as the live capture did: the file has each on its process's first call.

@@ -15,11 +15,11 @@ use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
 
-use crate::capture::Capture;
 use crate::cli::CaptureArgs;
-use crate::libcuda::{self, LibraryFile};
-use crate::session::{EbpfSource, Ended, Session, Until};
-use crate::{preflight, signals};
+use gpuprof_capture::kernel::Capture;
+use gpuprof_capture::libcuda::{self, LibraryFile};
+use gpuprof_capture::session::{EbpfSource, Ended, Session, Until};
+use gpuprof_capture::{preflight, signals};
 
 /// `gpuprof run -- CMD…` with eBPF: returns CMD's exit code.
 pub fn run(command: &[OsString], args: &CaptureArgs) -> Result<u8> {
@@ -34,7 +34,7 @@ pub fn run(command: &[OsString], args: &CaptureArgs) -> Result<u8> {
         Some(path) => Some(LibraryFile::open(path.clone()).with_context(|| format!("--libcuda {}", path.display()))?),
         None => libcuda::resolve_for_loader().and_then(|path| LibraryFile::open(path).ok()),
     };
-    let destination = args.destination(&crate::output::name_of_command(command))?;
+    let destination = args.destination(&gpuprof_views::output::name_of_command(command))?;
     let capture = Capture::load(args.capture_options()?)?;
     let flow = args.flow(&destination)?;
     match &library {
@@ -54,7 +54,7 @@ pub fn run(command: &[OsString], args: &CaptureArgs) -> Result<u8> {
     let deadline = duration.map(|d| Instant::now() + d);
     let ended = session.run(Until::CommandExits(&mut child), deadline, &mut [])?;
     if let Ended::CommandExited(_) = ended {
-        crate::session::leftovers::follow(&mut session, deadline, "command")?;
+        gpuprof_capture::session::leftovers::follow(&mut session, deadline, "command")?;
     }
     session.finish()?;
     args.write_html(&destination)?;

@@ -15,8 +15,8 @@ use gpuprof_model::shim;
 
 use super::{exit_code, find_program};
 use crate::cli::CaptureArgs;
-use crate::session::{Session, ShimSource, Until};
-use crate::{shim_socket, signals};
+use gpuprof_capture::session::{Session, ShimSource, Until};
+use gpuprof_capture::{shim_socket, signals};
 
 /// The shim's file name, looked for next to the gpuprof executable.
 /// How long the end of the run waits for the command's processes to hang up.
@@ -26,7 +26,7 @@ const LAST_WORDS_POLL: Duration = Duration::from_millis(50);
 /// Returns CMD's exit code.
 pub fn run(command: &[OsString], args: &CaptureArgs, shim: Option<&Path>) -> Result<u8> {
     let duration = args.duration()?;
-    let shim = crate::shim_library::find(shim)?;
+    let shim = gpuprof_capture::shim_library::find(shim)?;
     let (program, program_args) = command.split_first().ok_or_else(|| anyhow!("no command given after `--`"))?;
     let program = find_program(program)?;
     signals::install();
@@ -35,7 +35,7 @@ pub fn run(command: &[OsString], args: &CaptureArgs, shim: Option<&Path>) -> Res
     let socket = dir.join("shim.sock");
     let received = shim_socket::listen(&socket, shim_socket::SocketAccess::PRIVATE)?;
 
-    let destination = args.destination(&crate::output::name_of_command(command))?;
+    let destination = args.destination(&gpuprof_views::output::name_of_command(command))?;
     let session = Session::new(args.flow(&destination)?).with_shim(ShimSource::new(received, true));
     let mut session = args.watched(session, &destination);
     let mut child = Command::new(&program)

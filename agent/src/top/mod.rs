@@ -13,13 +13,12 @@ use anyhow::{Context, Result};
 use crossterm::event::{self, Event as TermEvent, KeyCode, KeyEventKind, KeyModifiers};
 use gpuprof_model::RuleConfig;
 
-use crate::capture::{Capture, CaptureOptions};
-use crate::flow::{EventFlow, FlowOptions};
-use crate::output::{Format, NullSink};
-use crate::session::{EbpfOptions, EbpfSource, Every, Scope, Session, Until};
-use crate::{preflight, procfs, signals};
-
-pub use view::SortKey;
+use gpuprof_capture::flow::{EventFlow, FlowOptions};
+use gpuprof_capture::kernel::{Capture, CaptureOptions};
+use gpuprof_capture::session::{EbpfOptions, EbpfSource, Every, Scope, Session, Until};
+use gpuprof_capture::{preflight, signals};
+use gpuprof_procfs::process;
+use gpuprof_views::output::{Format, NullSink};
 
 const RESCAN: Duration = Duration::from_secs(1);
 const POLL: Duration = Duration::from_millis(50);
@@ -33,7 +32,7 @@ pub struct TopArgs {
 /// Returns gpuprof's exit code.
 pub fn run(args: &TopArgs) -> Result<u8> {
     if let Some(pid) = args.pid {
-        if !procfs::is_running(pid) {
+        if !process::is_running(pid) {
             anyhow::bail!("no process with pid {pid}: check the pid with `ps -p {pid}` (it may have exited)");
         }
     }
@@ -55,11 +54,7 @@ pub fn run(args: &TopArgs) -> Result<u8> {
         },
         Box::new(NullSink),
     );
-    let ebpf = EbpfSource::new(
-        &capture,
-        EbpfOptions { print_stats: false, autograd: true, level: gpuprof_model::Level::Tensors },
-        None,
-    );
+    let ebpf = EbpfSource::new(&capture, EbpfOptions { autograd: true, level: gpuprof_model::Level::Tensors }, None);
     let mut session = Session::new(flow).with_ebpf(ebpf).with_poll(POLL);
     let scope = args.pid.map_or(Scope::Node, Scope::Tree);
     session.follow(scope);
@@ -68,10 +63,10 @@ pub fn run(args: &TopArgs) -> Result<u8> {
     let outcome = view_loop(&mut terminal, &mut session, scope, args);
     ratatui::restore();
     outcome?;
-    crate::output::findings::write_table(
+    gpuprof_views::output::findings::write_table(
         &mut io::stdout(),
         session.flow().findings(),
-        crate::output::colour::on_stdout(),
+        gpuprof_views::output::colour::on_stdout(),
     )
     .context("cannot write to stdout")?;
     Ok(0)
@@ -114,7 +109,7 @@ fn view_loop(
             }
         }
         if last_draw.is_none_or(|t| t.elapsed() >= redraw) {
-            let model = view::Model::of(session.flow());
+            let model = view::Model::of(session);
             terminal.draw(|frame| view::draw(frame, &model, &mut state)).context("cannot draw")?;
             last_draw = Some(Instant::now());
         }

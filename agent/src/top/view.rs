@@ -11,8 +11,8 @@ use ratatui::text::Line;
 use ratatui::widgets::{Block, Borders, Cell, Paragraph, Row, Table, TableState, Wrap};
 use ratatui::Frame;
 
-use crate::flow::EventFlow;
-use crate::nvml::Reconciled;
+use gpuprof_capture::nvml::Reconciled;
+use gpuprof_capture::session::Session;
 
 /// The columns the process table can be sorted by.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -77,17 +77,21 @@ impl ViewState {
 /// How long an exited process stays in the table (dimmed), for its last figures and findings.
 pub const KEEP_EXITED_NS: u64 = 60_000_000_000;
 
-/// One redraw's worth of state, taken from the session's flow.
+/// One redraw's worth of state, taken from the session.
 pub struct Model {
     processes: Vec<LiveSummary>,
     findings: Vec<Finding>,
     events: u64,
+    /// Events the capture lost (the same count as `--stats` and the daemon's metrics).
+    lost: u64,
     /// NVML's latest figures, where the machine has NVML.
     nvml: BTreeMap<u32, Reconciled>,
 }
 
 impl Model {
-    pub fn of(flow: &EventFlow) -> Model {
+    pub fn of(session: &Session<'_>) -> Model {
+        let flow = session.flow();
+        let stats = session.stats();
         let since = gpuprof_model::event::wall_clock_ns().saturating_sub(KEEP_EXITED_NS);
         let processes = flow
             .analyzer()
@@ -103,7 +107,13 @@ impl Model {
             .map(|p| p.summary())
             .filter(|s| s.driver_calls > 0 || s.allocator.is_some())
             .collect();
-        Model { processes, findings: flow.findings().to_vec(), events: flow.events(), nvml: flow.nvml().now().clone() }
+        Model {
+            processes,
+            findings: flow.findings().to_vec(),
+            events: stats.events,
+            lost: stats.lost,
+            nvml: flow.nvml().now().clone(),
+        }
     }
 }
 
@@ -136,9 +146,10 @@ pub fn draw(frame: &mut Frame<'_>, model: &Model, state: &mut ViewState) {
         .constraints([Constraint::Length(1), Constraint::Percentage(50), Constraint::Min(6)])
         .split(frame.area());
     let header = format!(
-        "gpuprof top — {} CUDA processes, {} events, {} findings — sorted by {} — q quit, ↑/↓ select, s sort, PgUp/PgDn findings",
+        "gpuprof top — {} CUDA processes, {} events{}, {} findings — sorted by {} — q quit, ↑/↓ select, s sort, PgUp/PgDn findings",
         processes.iter().filter(|p| p.state == ProcessState::Running).count(),
         model.events,
+        if model.lost > 0 { format!(" ({} lost)", model.lost) } else { String::new() },
         model.findings.len(),
         state.sort.name()
     );

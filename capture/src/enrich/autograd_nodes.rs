@@ -13,7 +13,7 @@ use gpuprof_procfs::maps;
 use gpuprof_pystack::autograd::{node_class, AutogradLayout, LIBRARY, NODE_SEQUENCE_NR, NODE_THREAD_ID};
 use gpuprof_pystack::RemoteMemory;
 
-use crate::capture::Capture;
+use crate::kernel::Capture;
 use crate::libcuda::LibraryFile;
 
 /// What is known about the libtorch_cpu.so files seen and the processes configured.

@@ -15,7 +15,7 @@ use gpuprof_pystack::code::CodeInfo;
 use gpuprof_pystack::strings::decode;
 use gpuprof_pystack::{find_interpreter, Interpreter, RemoteMemory, Symbolizer};
 
-use crate::capture::{flags, Capture, Record};
+use crate::kernel::{flags, Capture, Record};
 
 /// How long a new program is looked at for an interpreter before it counts as not Python.
 const DISCOVERY_WINDOW: Duration = Duration::from_secs(3);
@@ -156,7 +156,7 @@ impl Pythons {
                 Err(error) => {
                     self.looking.remove(&pid);
                     // A process that already exited has no stacks left to walk: nothing to say.
-                    if crate::procfs::exists(pid) {
+                    if gpuprof_procfs::process::exists(pid) {
                         eprintln!("gpuprof: warning: no Python stacks for pid {pid}: {error}");
                     }
                 }

@@ -1,5 +1,6 @@
-//! The eBPF source of a capture session: records from the ring buffer are decoded and given
-//! their Python stacks, then handed to the session's flow; between polls, the processes followed
+//! The eBPF source of a capture session: records from the ring buffer are decoded (`decode`),
+//! enriched from their processes (`enrich`: callers, Python stacks, autograd nodes, /proc), then
+//! handed to the session's flow; between polls, the processes followed
 //! are searched for libraries to probe (libcuda, libc10) and interpreters to read.
 
 use std::collections::{HashMap, HashSet};
@@ -10,13 +11,14 @@ use anyhow::{Context, Result};
 use gpuprof_model::event::{Event, Op};
 use gpuprof_model::Level;
 
-use crate::autograd::{AutogradConfig, Configured};
-use crate::capture::{Capture, DropCounters, ProcessProbe, Record};
+use super::KernelStats;
 use crate::clock::Clock;
 use crate::decode::Decoder;
+use crate::enrich::autograd_nodes::{AutogradConfig, Configured};
+use crate::enrich::Enricher;
 use crate::flow::EventFlow;
+use crate::kernel::{Capture, DropCounters, ProcessProbe, Record};
 use crate::libcuda::{self, LibraryFile};
-use crate::python::Pythons;
 
 /// How often followed processes' maps are checked for a library not probed yet.
 const DISCOVERY_INTERVAL: Duration = Duration::from_millis(200);
@@ -26,8 +28,6 @@ const DISCOVERY_POLL: Duration = Duration::from_millis(2);
 
 /// What the eBPF source does besides capturing.
 pub struct EbpfOptions {
-    /// Print the counters each second (`--stats`).
-    pub print_stats: bool,
     /// Read PyTorch's autograd state at each allocator event: backward-pass blocks get the
     /// forward line of their node.
     pub autograd: bool,
@@ -51,12 +51,12 @@ impl Probed {
     }
 }
 
-/// The kernel's events: ring buffer → decode → Python stacks, and the discovery of libraries and
+/// The kernel's events: ring buffer → decode → enrich → flow, and the discovery of libraries and
 /// interpreters in the processes it follows.
 pub struct EbpfSource<'c> {
     capture: &'c Capture,
     decoder: Decoder,
-    pub(crate) python: Pythons,
+    enricher: Enricher,
     /// None when backward attribution is off.
     autograd: Option<AutogradConfig>,
     /// What every process gets recorded at.
@@ -76,9 +76,6 @@ pub struct EbpfSource<'c> {
     followed_total: u64,
     exited_total: u64,
     decode_errors: u64,
-    started: Instant,
-    print_stats: bool,
-    last_stats: Instant,
     last_discovery: Instant,
 }
 
@@ -90,7 +87,7 @@ impl<'c> EbpfSource<'c> {
         EbpfSource {
             capture,
             decoder: Decoder::new(Clock::new()),
-            python: Pythons::default(),
+            enricher: Enricher::default(),
             autograd: options.autograd.then(AutogradConfig::default),
             level: options.level,
             root,
@@ -101,16 +98,13 @@ impl<'c> EbpfSource<'c> {
             followed_total: root.map_or(0, |_| 1),
             exited_total: 0,
             decode_errors: 0,
-            started: now,
-            print_stats: options.print_stats,
-            last_stats: now,
             last_discovery: now,
         }
     }
 
     /// The root process (see `new`) exited: the kernel said so, or it is gone.
     pub fn root_exited(&self) -> bool {
-        self.root_exited || self.root.is_some_and(|pid| !crate::procfs::is_running(pid))
+        self.root_exited || self.root.is_some_and(|pid| !gpuprof_procfs::process::is_running(pid))
     }
 
     /// A process another capture (the shim) speaks for: followed from now on.
@@ -123,7 +117,7 @@ impl<'c> EbpfSource<'c> {
     /// Looks for the interpreters of processes just followed now, rather than at the next poll:
     /// a process found by a scan may make its first call at any moment.
     pub fn discover_interpreters(&mut self) {
-        self.python.discover(self.capture);
+        self.enricher.pythons.discover(self.capture);
     }
 
     /// Follows one more process (and, by fork, its future children).
@@ -137,22 +131,12 @@ impl<'c> EbpfSource<'c> {
         if self.alive.insert(pid) {
             self.followed_total += 1;
         }
-        self.python.look_for(pid);
-    }
-
-    /// Processes followed since the start, and those of them seen to exit.
-    pub fn process_counts(&self) -> (u64, u64) {
-        (self.followed_total, self.exited_total)
+        self.enricher.pythons.look_for(pid);
     }
 
     /// Processes followed and believed alive.
     pub fn alive(&self) -> &HashSet<u32> {
         &self.alive
-    }
-
-    /// libcuda and libc10 files with probes on them.
-    pub fn libraries_probed(&self) -> usize {
-        self.capture.attachments().len()
     }
 
     pub fn attach(&mut self, flow: &EventFlow, library: &LibraryFile) -> Result<()> {
@@ -168,7 +152,7 @@ impl<'c> EbpfSource<'c> {
     /// Reads what the ring buffer has (waiting up to `timeout`) into `flow`.
     pub fn pump(&mut self, flow: &mut EventFlow, timeout: Duration) -> Result<()> {
         let capture = self.capture;
-        let timeout = if self.python.is_looking() { timeout.min(DISCOVERY_POLL) } else { timeout };
+        let timeout = if self.enricher.pythons.is_looking() { timeout.min(DISCOVERY_POLL) } else { timeout };
         let mut failure: Option<io::Error> = None;
         capture.poll(timeout, &mut |record| {
             if failure.is_none() {
@@ -178,9 +162,9 @@ impl<'c> EbpfSource<'c> {
         if let Some(error) = failure {
             return Err(error).context("cannot write the output");
         }
-        self.python.refresh_epochs(capture);
-        if self.python.is_looking() {
-            self.python.discover(capture);
+        self.enricher.pythons.refresh_epochs(capture);
+        if self.enricher.pythons.is_looking() {
+            self.enricher.pythons.discover(capture);
             // A new program maps its libraries now: probe them before its first calls.
             self.discover_libraries(flow);
         }
@@ -189,7 +173,7 @@ impl<'c> EbpfSource<'c> {
 
     fn handle(&mut self, flow: &mut EventFlow, record: &Record) -> io::Result<()> {
         if record.code.is_some() {
-            self.python.remember(record);
+            self.enricher.pythons.remember(record);
             return Ok(());
         }
         let mut event = match self.decoder.decode(record) {
@@ -203,7 +187,7 @@ impl<'c> EbpfSource<'c> {
             }
         };
         self.follow_process_tree(&event);
-        self.python.symbolize(record, &mut event);
+        self.enricher.enrich(record, &mut event);
         flow.observe(event)
     }
 
@@ -214,14 +198,14 @@ impl<'c> EbpfSource<'c> {
                     self.followed_total += 1;
                 }
                 if let Some(parent) = event.ppid {
-                    self.python.forked(event.pid, parent);
+                    self.enricher.pythons.forked(event.pid, parent);
                 }
             }
             Op::Exec => {
                 self.probed.remove(&event.pid);
                 // The new program's libraries are others: raised again if still asked to.
                 self.raised.remove(&event.pid);
-                self.python.look_for(event.pid);
+                self.enricher.pythons.look_for(event.pid);
             }
             Op::Exit => {
                 if self.alive.remove(&event.pid) {
@@ -229,7 +213,7 @@ impl<'c> EbpfSource<'c> {
                 }
                 self.probed.remove(&event.pid);
                 self.raised.remove(&event.pid);
-                self.python.forget(event.pid);
+                self.enricher.pythons.forget(event.pid);
                 if Some(event.pid) == self.root {
                     self.root_exited = true;
                 }
@@ -241,16 +225,11 @@ impl<'c> EbpfSource<'c> {
         }
     }
 
-    /// Periodic work between polls: new libcuda files, statistics.
+    /// Periodic work between polls: new libcuda files.
     pub fn tick(&mut self, flow: &EventFlow) {
         if self.last_discovery.elapsed() >= DISCOVERY_INTERVAL {
             self.last_discovery = Instant::now();
             self.discover_libraries(flow);
-        }
-        if self.print_stats && self.last_stats.elapsed() >= Duration::from_secs(1) {
-            self.last_stats = Instant::now();
-            crate::output::live_line::clear();
-            eprintln!("gpuprof: {}", self.stats_line(flow));
         }
     }
 
@@ -352,7 +331,7 @@ impl<'c> EbpfSource<'c> {
     }
 
     /// Where the allocator probe's time went (`--profile-probes`).
-    pub fn phase_profile(&self) -> Option<crate::capture::PhaseProfile> {
+    pub fn phase_profile(&self) -> Option<crate::kernel::PhaseProfile> {
         self.capture.phase_profile()
     }
 
@@ -360,34 +339,16 @@ impl<'c> EbpfSource<'c> {
         self.capture.drop_counters().unwrap_or_default()
     }
 
-    /// The counters, for the end of the run and `--stats`.
-    pub fn stats_line(&self, flow: &EventFlow) -> String {
-        let drops = self.drops();
-        let seconds = self.started.elapsed().as_secs_f64();
-        let cpu_seconds = crate::procfs::own_cpu_seconds();
-        format!(
-            "{} events ({:.0}/s) from {} in {:.1} s; lost {} (ring buffer full {}, call table full {}); out-pointers unread {}, returns without entry {}, undecodable {}; Python stacks {} from {} interpreters, unresolved {} (unreadable in the kernel {}); allocator reports of other devices {}; agent CPU {:.2} s ({:.2} µs an event)",
-            flow.events(),
-            flow.events() as f64 / seconds.max(1e-9),
-            gpuprof_model::findings::wording::count(
-                flow.analyzer().tracker().processes().len() as u64,
-                "process",
-                "processes"
-            ),
-            seconds,
-            drops.lost_events(),
-            drops.ring_buffer_full,
-            drops.pending_full,
-            drops.read_failed,
-            drops.return_unmatched,
-            self.decode_errors,
-            self.python.counts.symbolized,
-            self.python.counts.interpreters,
-            self.python.counts.unresolved,
-            drops.stack_unreadable,
-            drops.allocator_other_device,
-            cpu_seconds,
-            cpu_seconds * 1e6 / flow.events().max(1) as f64
-        )
+    /// This source's part of the capture's statistics.
+    pub fn stats(&self) -> KernelStats {
+        KernelStats {
+            drops: self.drops(),
+            undecodable: self.decode_errors,
+            stacks: self.enricher.pythons.counts,
+            processes_followed: self.alive.len() as u64,
+            processes_followed_total: self.followed_total,
+            processes_exited_total: self.exited_total,
+            libraries_probed: self.capture.attachments().len() as u64,
+        }
     }
 }

@@ -7,7 +7,7 @@ use std::time::Instant;
 use anyhow::Result;
 
 use super::{Ended, Session, Until};
-use crate::procfs;
+use gpuprof_procfs::process;
 
 /// A live followed process holding device memory or a CUDA context.
 struct Holder {
@@ -53,7 +53,7 @@ fn holders(session: &Session<'_>) -> Vec<Holder> {
         .tracker()
         .live_processes()
         .into_iter()
-        .filter(|p| (p.device_bytes() > 0 || p.contexts() > 0) && procfs::is_running(p.pid))
+        .filter(|p| (p.device_bytes() > 0 || p.contexts() > 0) && process::is_running(p.pid))
         .map(|p| Holder { pid: p.pid, comm: p.comm.to_string(), bytes: p.device_bytes(), contexts: p.contexts() })
         .collect()
 }

@@ -4,9 +4,10 @@
 //! passes, running periodic hooks (`Every`) between polls. `attach`, `run`, `run --via shim`,
 //! `daemon` and `top` are configurations of it: which sources, which stop condition, which hooks.
 
-pub mod ebpf;
+mod ebpf_source;
 pub mod leftovers;
-pub mod shim;
+mod shim_source;
+mod stats;
 
 use std::ops::ControlFlow;
 use std::process::{Child, ExitStatus};
@@ -15,10 +16,12 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 
 use crate::flow::EventFlow;
-use crate::output::live_line::{self, LiveLine, Progress};
-use crate::{libcuda, procfs, signals};
-pub use ebpf::{EbpfOptions, EbpfSource};
-pub use shim::ShimSource;
+use crate::{libcuda, signals};
+pub use ebpf_source::{EbpfOptions, EbpfSource};
+use gpuprof_procfs::process;
+use gpuprof_views::output::live_line::{self, LiveLine, Progress};
+pub use shim_source::ShimSource;
+pub use stats::{CaptureStats, KernelStats, ShimStats, StackCounts};
 
 /// How long a turn waits for events unless the session is told otherwise.
 const POLL: Duration = Duration::from_millis(100);
@@ -84,11 +87,22 @@ pub struct Session<'c> {
     live_line: Option<LiveLine>,
     /// The capture's counters at the end (`--stats`); said anyway when events were lost.
     counters: bool,
+    /// The counters each second too (`--stats`), and when they were said last.
+    counters_each_second: Option<Instant>,
 }
 
 impl<'c> Session<'c> {
     pub fn new(flow: EventFlow) -> Self {
-        Session { flow, ebpf: None, shim: None, poll: POLL, started: Instant::now(), live_line: None, counters: false }
+        Session {
+            flow,
+            ebpf: None,
+            shim: None,
+            poll: POLL,
+            started: Instant::now(),
+            live_line: None,
+            counters: false,
+            counters_each_second: None,
+        }
     }
 
     /// A person watches (`attach`, `run`): a live line on stderr when it is a terminal.
@@ -100,6 +114,12 @@ impl<'c> Session<'c> {
     /// The counters at the end of the run, always (`--stats`, a daemon's log).
     pub fn with_counters(mut self, counters: bool) -> Self {
         self.counters = counters;
+        self
+    }
+
+    /// The counters each second on stderr as well (`--stats`).
+    pub fn with_counters_each_second(mut self) -> Self {
+        self.counters_each_second = Some(Instant::now());
         self
     }
 
@@ -245,10 +265,15 @@ impl<'c> Session<'c> {
         });
     }
 
-    /// Periodic work of the sources between polls: new libraries, statistics.
+    /// Periodic work between polls: the sources' (new libraries), the counters each second.
     fn tick(&mut self) {
         if let Some(ebpf) = &mut self.ebpf {
             ebpf.tick(&self.flow);
+        }
+        if self.counters_each_second.is_some_and(|last| last.elapsed() >= Duration::from_secs(1)) {
+            self.counters_each_second = Some(Instant::now());
+            live_line::clear();
+            eprintln!("gpuprof: {}", self.stats());
         }
     }
 
@@ -257,7 +282,7 @@ impl<'c> Session<'c> {
     pub fn follow(&mut self, scope: Scope) {
         let Some(ebpf) = &mut self.ebpf else { return };
         let candidates: Vec<u32> = match scope {
-            Scope::Tree(root) => std::iter::once(root).chain(procfs::descendants(root)).collect(),
+            Scope::Tree(root) => std::iter::once(root).chain(process::descendants(root)).collect(),
             Scope::Node => libcuda::cuda_processes_on_node(ebpf.alive()),
         };
         for pid in candidates {
@@ -302,9 +327,7 @@ impl<'c> Session<'c> {
         self.flow.forget_exited(age)
     }
 
-    /// Events lost on the way: in the kernel (ring buffer, call table) when eBPF captures, else
-    /// in the shims' queues. Beside eBPF a shim's drop loses nothing: the probes saw the call
-    /// (the shims' drops are counted apart).
+    /// Events lost on the way (see `CaptureStats::lost`).
     pub fn lost_events(&self) -> u64 {
         match (&self.ebpf, &self.shim) {
             (Some(ebpf), _) => ebpf.drops().lost_events(),
@@ -313,13 +336,19 @@ impl<'c> Session<'c> {
         }
     }
 
-    /// The counters of the capture, for the end of the run: the kernel's when eBPF captures
-    /// (the shim only adds second copies of its calls then), else the shims'.
-    pub fn stats_line(&self) -> String {
-        match (&self.ebpf, &self.shim) {
-            (Some(ebpf), _) => ebpf.stats_line(&self.flow),
-            (None, Some(shim)) => shim.processes().stats_line(shim.events()),
-            (None, None) => String::new(),
+    /// What the capture has taken in, followed, dropped and delivered so far.
+    pub fn stats(&self) -> CaptureStats {
+        CaptureStats {
+            seconds: self.started.elapsed().as_secs_f64(),
+            events: self.flow.events(),
+            processes_tracked: self.flow.analyzer().tracker().processes().len() as u64,
+            findings_fired: self.flow.findings_fired(),
+            duplicates_dropped: self.flow.duplicates_dropped(),
+            lost: self.lost_events(),
+            agent_cpu_seconds: process::own_cpu_seconds(),
+            kernel: self.ebpf.as_ref().map(EbpfSource::stats),
+            shim: self.shim.as_ref().map(ShimSource::stats),
+            export: self.flow.export_health(),
         }
     }
 
@@ -344,7 +373,7 @@ impl<'c> Session<'c> {
         let lost = self.lost_events();
         let mut closing = vec![self.account(lost)];
         if self.counters || lost > 0 {
-            closing.push(self.stats_line());
+            closing.push(self.stats().to_string());
         }
         let drops = self.ebpf.as_ref().map(EbpfSource::drops).unwrap_or_default();
         let phases = self.ebpf.as_ref().and_then(EbpfSource::phase_profile);

@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use gpuprof_model::event::Layer;
 
+use super::ShimStats;
 use crate::flow::EventFlow;
 use crate::shim_socket::{ShimMessage, ShimProcesses};
 
@@ -68,5 +69,20 @@ impl ShimSource {
 
     pub fn processes(&self) -> &ShimProcesses {
         &self.processes
+    }
+
+    /// This source's part of the capture's statistics.
+    pub fn stats(&self) -> ShimStats {
+        let processes = &self.processes;
+        ShimStats {
+            events: self.events,
+            processes_open: processes.open() as u64,
+            processes_seen: processes.processes_seen,
+            processes_closed: processes.processes_closed,
+            closed_without_exit: processes.closed_without_exit,
+            counters: processes.counters,
+            undecodable: processes.undecodable,
+            refused: processes.refused,
+        }
     }
 }

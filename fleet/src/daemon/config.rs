@@ -13,8 +13,8 @@ use gpuprof_model::escalation::EscalationConfig;
 use gpuprof_model::{Level, RuleConfig};
 use serde::Deserialize;
 
-use crate::shim_socket::SocketAccess;
 use crate::telemetry::{OtlpOptions, OtlpTuning, Protocol};
+use gpuprof_capture::shim_socket::SocketAccess;
 
 /// `gpuprof daemon` flags. Each is optional here so that the file can fill what is not given.
 #[derive(Debug, Default, Args)]

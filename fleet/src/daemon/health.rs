@@ -24,7 +24,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use super::levels::{Control, Reply};
-use crate::session::Session;
+use gpuprof_capture::session::Session;
 
 /// The capture loop is taken for stuck when it has not turned for this long.
 const STALL_LIMIT: Duration = Duration::from_secs(10);
@@ -63,44 +63,41 @@ impl Snapshot {
     /// What a session has followed, captured, dropped and delivered so far; `forgotten_total`:
     /// exited processes whose tables were dropped.
     pub fn of(session: &Session<'_>, forgotten_total: u64, levels: &super::levels::Levels) -> Snapshot {
-        let flow = session.flow();
-        let telemetry = flow.telemetry();
+        let stats = session.stats();
+        let export = stats.export.unwrap_or_default();
         let mut snapshot = Snapshot {
-            processes_retained: flow.analyzer().tracker().processes().len() as u64,
+            processes_retained: stats.processes_tracked,
             processes_forgotten_total: forgotten_total,
-            events_total: flow.events(),
-            events_lost_total: session.lost_events(),
-            findings_total: flow.findings_fired(),
-            otlp_sent_total: telemetry.map_or(0, |t| t.delivery().sent()),
-            otlp_lost_total: telemetry.map_or(0, |t| t.delivery().lost()),
-            otlp_queued_bytes: telemetry.map_or(0, |t| t.queued_bytes() as u64),
-            resident_bytes: crate::procfs::own_resident_bytes(),
-            duplicates_dropped_total: flow.duplicates_dropped(),
+            events_total: stats.events,
+            events_lost_total: stats.lost,
+            findings_total: stats.findings_fired,
+            otlp_sent_total: export.sent,
+            otlp_lost_total: export.lost,
+            otlp_queued_bytes: export.queued_bytes,
+            resident_bytes: gpuprof_procfs::process::own_resident_bytes(),
+            duplicates_dropped_total: stats.duplicates_dropped,
             processes_raised: levels.raised_now() as u64,
             raises_total: levels.raises_total,
             ..Snapshot::default()
         };
-        if let Some(shim) = session.shim() {
-            let processes = shim.processes();
-            snapshot.processes_followed = processes.open() as u64;
-            snapshot.processes_followed_total = processes.processes_seen;
-            snapshot.processes_exited_total = processes.processes_closed;
-            snapshot.stacks_unreadable_total = processes.counters.stacks_unresolved;
-            snapshot.shim_events_total = shim.events();
-            snapshot.shim_dropped_total = processes.counters.dropped_queue_full;
-            snapshot.shim_undecodable_total = processes.undecodable;
-            snapshot.shim_refused_total = processes.refused;
+        if let Some(shim) = &stats.shim {
+            snapshot.processes_followed = shim.processes_open;
+            snapshot.processes_followed_total = shim.processes_seen;
+            snapshot.processes_exited_total = shim.processes_closed;
+            snapshot.stacks_unreadable_total = shim.counters.stacks_unresolved;
+            snapshot.shim_events_total = shim.events;
+            snapshot.shim_dropped_total = shim.counters.dropped_queue_full;
+            snapshot.shim_undecodable_total = shim.undecodable;
+            snapshot.shim_refused_total = shim.refused;
         }
         // With eBPF, the kernel follows every process (the shim's too) and reads their stacks.
-        if let Some(ebpf) = session.ebpf() {
-            let drops = ebpf.drops();
-            let (followed_total, exited_total) = ebpf.process_counts();
-            snapshot.processes_followed = ebpf.alive().len() as u64;
-            snapshot.processes_followed_total = followed_total;
-            snapshot.processes_exited_total = exited_total;
-            snapshot.libraries_probed = ebpf.libraries_probed() as u64;
-            snapshot.callers_untracked_total = drops.tracked_full;
-            snapshot.stacks_unreadable_total = drops.stack_unreadable;
+        if let Some(kernel) = &stats.kernel {
+            snapshot.processes_followed = kernel.processes_followed;
+            snapshot.processes_followed_total = kernel.processes_followed_total;
+            snapshot.processes_exited_total = kernel.processes_exited_total;
+            snapshot.libraries_probed = kernel.libraries_probed;
+            snapshot.callers_untracked_total = kernel.drops.tracked_full;
+            snapshot.stacks_unreadable_total = kernel.drops.stack_unreadable;
         }
         snapshot
     }

@@ -14,7 +14,7 @@ use gpuprof_model::escalation::Reason;
 use gpuprof_model::Level;
 use serde::Serialize;
 
-use crate::session::Session;
+use gpuprof_capture::session::Session;
 
 /// A request from the API, answered on `reply`.
 pub struct Request {

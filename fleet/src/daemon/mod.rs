@@ -15,13 +15,13 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 
-use crate::capture::{Capture, CaptureOptions};
-use crate::flow::{EventFlow, FlowOptions};
-use crate::libcuda::{self, LibraryFile};
-use crate::output::{self, Format, NullSink};
-use crate::session::{EbpfOptions, EbpfSource, Every, Scope, Session, ShimSource, Until};
 use crate::telemetry::Telemetry;
-use crate::{preflight, shim_socket, signals};
+use gpuprof_capture::flow::{EventFlow, FlowOptions};
+use gpuprof_capture::kernel::{Capture, CaptureOptions};
+use gpuprof_capture::libcuda::{self, LibraryFile};
+use gpuprof_capture::session::{EbpfOptions, EbpfSource, Every, Scope, Session, ShimSource, Until};
+use gpuprof_capture::{preflight, shim_socket, signals};
+use gpuprof_views::output::{self, Format, NullSink};
 
 pub use config::{CaptureMode, DaemonArgs, DaemonConfig};
 
@@ -47,8 +47,12 @@ pub fn run(args: &DaemonArgs) -> Result<u8> {
         share_the_shim(dir)?;
     }
     // A pod's sidecar sees its own pid namespace only (the pod's, shared by its containers).
-    let pid_namespace =
-        config.sidecar.as_ref().filter(|_| with_ebpf).map(|_| crate::capture::PidNamespace::own()).transpose()?;
+    let pid_namespace = config
+        .sidecar
+        .as_ref()
+        .filter(|_| with_ebpf)
+        .map(|_| gpuprof_capture::kernel::PidNamespace::own())
+        .transpose()?;
     let capture = with_ebpf
         .then(|| {
             Capture::load(CaptureOptions {
@@ -65,14 +69,15 @@ pub fn run(args: &DaemonArgs) -> Result<u8> {
     // its own process): before the output is opened, so a socket that cannot be made leaves it be.
     let received = config.shim_socket.as_ref().map(|path| shim_socket::listen(path, config.shim_access)).transpose()?;
     let mut flow = EventFlow::new(flow_options(&config), sink_of(&config)?);
-    flow.set_telemetry(config.otlp.clone().map(Telemetry::start).transpose()?);
+    let telemetry = config.otlp.clone().map(Telemetry::start).transpose()?;
+    flow.set_exporter(telemetry.map(|t| Box::new(t) as Box<dyn gpuprof_capture::flow::Exporter>));
     if let Some(escalation) = config.escalation {
         flow.escalate(escalation);
     }
     // Its log keeps the counters: an operator reads them there.
     let mut session = Session::new(flow).with_counters(true);
     if let Some(capture) = &capture {
-        let options = EbpfOptions { print_stats: false, autograd: config.python_stacks, level: config.level };
+        let options = EbpfOptions { autograd: config.python_stacks, level: config.level };
         session = session.with_ebpf(EbpfSource::new(capture, options, None));
         if let Some(path) = &config.libcuda {
             let library = LibraryFile::open(path.clone()).with_context(|| format!("--libcuda {}", path.display()))?;
@@ -148,9 +153,9 @@ fn share_the_shim(dir: &std::path::Path) -> Result<()> {
     if !dir.is_dir() {
         anyhow::bail!("the sidecar's directory {} does not exist: mount the volume the pod's containers share there (gpuprof inject does)", dir.display());
     }
-    let shim = crate::shim_library::find(None)?;
-    let target = dir.join(crate::shim_library::LIBRARY_FILE);
-    let partial = dir.join(format!(".{}.partial", crate::shim_library::LIBRARY_FILE));
+    let shim = gpuprof_capture::shim_library::find(None)?;
+    let target = dir.join(gpuprof_capture::shim_library::LIBRARY_FILE);
+    let partial = dir.join(format!(".{}.partial", gpuprof_capture::shim_library::LIBRARY_FILE));
     std::fs::copy(&shim, &partial)
         .with_context(|| format!("cannot copy the shim {} into {}", shim.display(), dir.display()))?;
     std::fs::set_permissions(&partial, std::os::unix::fs::PermissionsExt::from_mode(0o644))

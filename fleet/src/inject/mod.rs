@@ -74,7 +74,7 @@ pub fn run(args: &InjectArgs) -> Result<u8> {
     let text = read_input(input)?;
     let name = input.map_or_else(|| "stdin".to_string(), |p| p.display().to_string());
     let (output, report) = inject(&text, &settings).map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
-    let mut writer = crate::output::open_writer(args.output.as_deref())?;
+    let mut writer = gpuprof_views::output::open_writer(args.output.as_deref())?;
     writer.write_all(output.as_bytes()).and_then(|_| writer.flush()).context("cannot write the manifests")?;
     eprintln!("gpuprof: {report}");
     Ok(0)

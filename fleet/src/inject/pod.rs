@@ -100,7 +100,7 @@ impl SidecarSettings {
     }
 
     fn shim_path(&self) -> String {
-        format!("{MOUNT}/{}", crate::shim_library::LIBRARY_FILE)
+        format!("{MOUNT}/{}", gpuprof_capture::shim_library::LIBRARY_FILE)
     }
 }
 

@@ -355,7 +355,7 @@ impl Telemetry {
     /// Over the cap, the full stream's allocator records are shed until it is back under.
     fn check_memory(&mut self) {
         let Some(cap) = self.options.memory_cap else { return };
-        let resident = crate::procfs::own_resident_bytes();
+        let resident = gpuprof_procfs::process::own_resident_bytes();
         let over = resident > cap;
         if over && !self.over_memory_cap {
             tracing::warn!(
@@ -509,5 +509,41 @@ fn spans_of(identity: ProcessIdentity, spans: Vec<Span>) -> ResourceSpans {
         resource: Some(identity.resource()),
         scope_spans: vec![ScopeSpans { scope: Some(gpuprof_otlp::scope()), spans, ..Default::default() }],
         ..Default::default()
+    }
+}
+
+/// The flow's exporter: each event, finding and device reading of the capture goes through here.
+impl gpuprof_capture::flow::Exporter for Telemetry {
+    fn before(&mut self, event: &Event, tracker: &Tracker) {
+        Telemetry::before(self, event, tracker);
+    }
+
+    fn after(&mut self, event: &Event, fired: &[Finding], tracker: &Tracker) {
+        Telemetry::after(self, event, fired, tracker);
+    }
+
+    fn findings(&mut self, fired: &[Finding], tracker: &Tracker) {
+        Telemetry::findings(self, fired, tracker);
+    }
+
+    fn device_used(&mut self, used: BTreeMap<u32, u64>) {
+        self.nvml_used(used);
+    }
+
+    fn flush(&mut self, tracker: &Tracker, now: u64) {
+        Telemetry::flush(self, tracker, now);
+    }
+
+    fn finish(self: Box<Self>, tracker: &Tracker) -> String {
+        Telemetry::finish(*self, tracker).to_string()
+    }
+
+    fn health(&self) -> gpuprof_capture::flow::ExportHealth {
+        let delivery = self.delivery();
+        gpuprof_capture::flow::ExportHealth {
+            sent: delivery.sent(),
+            lost: delivery.lost(),
+            queued_bytes: self.queued_bytes() as u64,
+        }
     }
 }

@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Result};
 use clap::Parser;
-use gpuprof::telemetry::EventStream;
+use gpuprof_fleet::telemetry::EventStream;
 use gpuprof_model::event::wall_clock_ns;
 use gpuprof_model::Event;
 use gpuprof_recording::EventFile;

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use gpuprof::telemetry::{EventStream, OtlpOptions, OtlpTuning, Outbox, Protocol, Telemetry};
+use gpuprof_fleet::telemetry::{EventStream, OtlpOptions, OtlpTuning, Outbox, Protocol, Telemetry};
 use gpuprof_model::{Analyzer, Event, Kind, Layer, Op, RuleConfig, Source};
 use gpuprof_otlp::client::Delivery;
 use gpuprof_otlp::proto::logs::v1::ResourceLogs;
@@ -287,7 +287,7 @@ pub fn build(template: &Template, shape: NodeShape, events: EventStream, start: 
     let options: OtlpOptions = tuning
         .options("http://recorded", Protocol::Grpc, None, Some("sim-node".into()))
         .expect("default settings are valid");
-    let cpu_before = gpuprof::procfs::own_cpu_seconds();
+    let cpu_before = gpuprof_procfs::process::own_cpu_seconds();
     let mut telemetry = Telemetry::with_outbox(options, Box::new(recorder.clone()), start);
     let mut analyzer = Analyzer::new(RuleConfig::default());
     let mut stream = NodeStream { batches: Vec::new(), events: 0, findings: Vec::new(), cpu_seconds: 0.0 };
@@ -331,7 +331,7 @@ pub fn build(template: &Template, shape: NodeShape, events: EventStream, start: 
     }
     recorder.now.store(end, Ordering::Relaxed);
     telemetry.flush(analyzer.tracker(), end);
-    stream.cpu_seconds = gpuprof::procfs::own_cpu_seconds() - cpu_before;
+    stream.cpu_seconds = gpuprof_procfs::process::own_cpu_seconds() - cpu_before;
     drop(telemetry);
     stream.batches = std::mem::take(&mut *recorder.batches.lock().expect("recorder"));
     for (ts, _) in &mut stream.batches {

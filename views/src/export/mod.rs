@@ -82,6 +82,21 @@ pub enum Moment {
     AfterEvents(u64),
 }
 
+impl Moment {
+    /// The moment `export`'s flags name (`--peak`, `--end`, `--at`, `--oom`), else the format's
+    /// own default: the end for memory_viz (its trace leads up to it), the peak for the rest.
+    pub fn chosen(format: ExportFormat, peak: bool, end: bool, at: Option<f64>, oom: Option<u64>) -> Moment {
+        match (peak, end, at, oom) {
+            (true, ..) => Moment::Peak,
+            (_, true, ..) => Moment::End,
+            (_, _, Some(secs), _) => Moment::At(secs),
+            (_, _, None, Some(n)) => Moment::Oom(n as usize),
+            _ if format == ExportFormat::MemoryViz => Moment::End,
+            _ => Moment::Peak,
+        }
+    }
+}
+
 /// A moment made concrete: the peak found, and how titles and errors name it.
 pub(crate) struct Resolved {
     pub moment: Moment,

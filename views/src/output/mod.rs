@@ -76,7 +76,7 @@ pub struct EndOfRun<'a> {
     /// Events the capture lost (a recording keeps the count).
     pub lost_events: u64,
     /// NVML's used memory per process, last seen while it ran, beside what the probes saw.
-    pub nvml: &'a std::collections::BTreeMap<u32, crate::nvml::Reconciled>,
+    pub nvml: &'a std::collections::BTreeMap<u32, gpuprof_model::nvml::Reconciled>,
 }
 
 pub trait EventSink {
@@ -168,4 +168,10 @@ fn shell_word(text: &str) -> String {
     } else {
         format!("'{}'", text.replace('\'', "'\\''"))
     }
+}
+
+/// Whether what a view writes goes to a person: to stdout, and stdout a terminal. Views default
+/// to a table for a person and to JSON for a program (a file, a pipe).
+pub fn for_a_person(output: Option<&std::path::Path>) -> bool {
+    output.is_none() && std::io::IsTerminal::is_terminal(&std::io::stdout())
 }

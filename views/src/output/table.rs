@@ -12,7 +12,7 @@ use gpuprof_model::bytes::human as human_bytes;
 use super::text::{fit, COLUMNS};
 
 use super::{EndOfRun, EventSink};
-use crate::nvml::Reconciled;
+use gpuprof_model::nvml::Reconciled;
 
 /// Rows for driver calls, and for the exit of processes that made some; the fork and exec of
 /// every helper process (shells, launchers) stay in the jsonl stream only.
@@ -34,7 +34,7 @@ impl TableSink {
             (Layer::Process, Op::Exit) => self.cuda_processes.remove(&event.pid),
             (Layer::Process, _) => false,
             // gpuprof's own reading of the device, once a second: no call the process made.
-            _ if event.api == crate::nvml::READING_API => false,
+            _ if event.api == gpuprof_model::nvml::READING_API => false,
             _ => {
                 self.cuda_processes.insert(event.pid);
                 true

@@ -1,0 +1,162 @@
+//! Turning the command line into a capture's setup: where the events go, the flow they go
+//! through (rules, output, findings, OTLP), the kernel's options and how a person sees it run.
+//! The flags themselves are `cli`'s; what they configure lives in `gpuprof_capture`,
+//! `gpuprof_views` and `gpuprof_fleet`.
+
+use std::path::PathBuf;
+
+use gpuprof_capture::flow::{EventFlow, Exporter, FlowOptions};
+use gpuprof_capture::kernel::CaptureOptions;
+use gpuprof_capture::session::{EbpfOptions, Session};
+use gpuprof_views::output::{self, Destination, EventSink, Format};
+
+use crate::cli::{CaptureArgs, Compression, OtlpArgs, RuleArgs};
+
+impl CaptureArgs {
+    /// Where the capture goes; `name` names the file when gpuprof chooses it.
+    pub fn destination(&self, name: &str) -> anyhow::Result<Destination> {
+        let destination = Destination::resolve(self.format, self.output.as_deref(), name)?;
+        let readable = matches!(destination.format, Format::Recording | Format::Jsonl) && destination.file.is_some();
+        if let Some(html) = self.html.as_deref().filter(|_| !readable) {
+            anyhow::bail!(
+                "--html {} reads the events from the file the capture writes: leave --output and --format out (a recording named after the job) or give --output FILE.gpuprof or FILE.jsonl",
+                html.display()
+            );
+        }
+        Ok(destination)
+    }
+
+    /// `--html`: the report of the file the capture wrote (none when it kept no file).
+    pub fn write_html(&self, destination: &Destination) -> anyhow::Result<()> {
+        let (Some(html), Some(events)) = (self.html.as_deref(), destination.file.as_deref()) else { return Ok(()) };
+        if !events.is_file() {
+            return Ok(());
+        }
+        // The capture is done and kept: a report that fails is said, not the run's outcome.
+        match gpuprof_views::export::html::write_file(events, html) {
+            Ok(()) => eprintln!("gpuprof: wrote the report to {}; open it in a browser", html.display()),
+            Err(error) => eprintln!(
+                "gpuprof: warning: no report written to {}: {error:#}; the events are in {}",
+                html.display(),
+                events.display()
+            ),
+        }
+        Ok(())
+    }
+
+    pub fn sink(&self, destination: &Destination) -> anyhow::Result<Box<dyn EventSink>> {
+        output::capture_sink(destination, self.compress == Compression::Zstd, self.all_processes)
+    }
+
+    /// The flow the capture's events go through: rules, output, findings, OTLP.
+    pub fn flow(&self, destination: &Destination) -> anyhow::Result<EventFlow> {
+        let options = FlowOptions {
+            rules: self.rules.config()?,
+            format: destination.format,
+            output_file: destination.file.clone(),
+            findings_file: self.findings.clone(),
+            notices: true,
+            keep_findings: true,
+            pids_are_ours: true,
+        };
+        let mut flow = EventFlow::new(options, self.sink(destination)?);
+        flow.set_exporter(self.otlp.start()?);
+        Ok(flow)
+    }
+
+    /// How a person sees the capture go: the live line on a terminal (unless the events
+    /// themselves stream to stdout), the counters at the end with `--stats`.
+    pub fn watched<'c>(&self, session: Session<'c>, destination: &Destination) -> Session<'c> {
+        let events_on_stdout = destination.file.is_none() && destination.format != Format::None;
+        let mut session = session.with_counters(self.stats);
+        if self.stats {
+            session = session.with_counters_each_second();
+        }
+        if events_on_stdout {
+            session
+        } else {
+            session.with_live_line()
+        }
+    }
+
+    /// `--duration`, checked.
+    pub fn duration(&self) -> anyhow::Result<Option<std::time::Duration>> {
+        self.duration
+            .map(|secs| {
+                if secs.is_finite() && secs > 0.0 {
+                    Ok(std::time::Duration::from_secs_f64(secs))
+                } else {
+                    Err(anyhow::anyhow!("--duration {secs}: give a positive number of seconds"))
+                }
+            })
+            .transpose()
+    }
+
+    /// The kernel side of an eBPF capture.
+    pub fn capture_options(&self) -> anyhow::Result<CaptureOptions> {
+        let mib = self.buffer_mib;
+        if !mib.is_power_of_two() || mib > 1024 {
+            anyhow::bail!("--buffer-mib {mib}: give a power of two from 1 to 1024");
+        }
+        Ok(CaptureOptions {
+            ring_buffer_bytes: mib << 20,
+            python_stacks: !self.no_stacks,
+            placement: self.probe_at,
+            empty_allocator_probe: self.empty_probes,
+            profile_phases: self.profile_probes,
+            ..CaptureOptions::default()
+        })
+    }
+
+    /// The user-space side of an eBPF capture.
+    pub fn ebpf_options(&self) -> EbpfOptions {
+        EbpfOptions { autograd: !self.no_stacks && !self.no_autograd, level: self.level }
+    }
+}
+
+impl OtlpArgs {
+    /// The OTLP export, when `--otlp-endpoint` names a collector.
+    pub fn start(&self) -> anyhow::Result<Option<Box<dyn Exporter>>> {
+        let Some(endpoint) = &self.otlp_endpoint else { return Ok(None) };
+        let options =
+            self.tuning.options(endpoint, self.otlp_protocol, self.otlp_token.clone(), self.node_name.clone())?;
+        let telemetry = gpuprof_fleet::telemetry::Telemetry::start(options)?;
+        Ok(Some(Box::new(telemetry)))
+    }
+}
+
+impl RuleArgs {
+    pub fn config(&self) -> anyhow::Result<gpuprof_model::RuleConfig> {
+        if !(self.growth_window.is_finite() && self.growth_window > 0.0) {
+            anyhow::bail!("--growth-window {}: give a positive number of seconds", self.growth_window);
+        }
+        if self.growth_rises == 0 {
+            anyhow::bail!("--growth-rises 0: give at least 1");
+        }
+        if !(self.orphan_grace.is_finite() && self.orphan_grace >= 0.0) {
+            anyhow::bail!("--orphan-grace {}: give a number of seconds, 0 or more", self.orphan_grace);
+        }
+        Ok(gpuprof_model::RuleConfig {
+            growth_window_ns: (self.growth_window * 1e9) as u64,
+            growth_rises: self.growth_rises,
+            orphan_grace_ns: (self.orphan_grace * 1e9) as u64,
+        })
+    }
+}
+
+/// The one event file a view reads. Several (a shell pattern that matched more than one) are
+/// refused with the newest named, rather than clap's "unexpected argument".
+pub fn one_input(verb: &str, positional: Vec<PathBuf>, flag: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    let mut given: Vec<PathBuf> = positional.into_iter().chain(flag).collect();
+    if given.len() == 1 {
+        return Ok(given.remove(0));
+    }
+    let modified = |p: &PathBuf| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    let newest = given.iter().max_by_key(|p| modified(p)).map(|p| p.display().to_string()).unwrap_or_default();
+    let names: Vec<String> = given.iter().map(|p| p.display().to_string()).collect();
+    anyhow::bail!(
+        "{verb} reads one event file, and {} were given ({}): name one, e.g. the newest: gpuprof {verb} {newest}",
+        given.len(),
+        names.join(", ")
+    )
+}
