@@ -9,9 +9,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use gpuprof_model::autograd::ForwardStacks;
 use gpuprof_model::dedup::Dedup;
 use gpuprof_model::escalation::{Escalation, EscalationConfig, Raise};
+use gpuprof_model::forward_stacks::ForwardStacks;
 use gpuprof_model::rank::Ranks;
 use gpuprof_model::{Analyzer, Event, Finding, RuleConfig, Tracker};
 

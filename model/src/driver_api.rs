@@ -160,7 +160,9 @@ pub fn by_name(name: &str) -> Option<(u16, &'static DriverApi)> {
     DRIVER_APIS.iter().position(|api| api.name == name).map(|index| (index as u16, &DRIVER_APIS[index]))
 }
 
-/// Bytes of the longest handle a call carries (IPC handle, pool export data, fabric handle).
+/// Bytes of the longest handle a call carries (IPC handle, pool export data, fabric handle). The
+/// BPF records take it too (`GP_HANDLE_LEN`, passed to the BPF C by ebpf/build.rs): one length for
+/// both captures.
 pub const HANDLE_LEN: usize = 64;
 
 /// The values a capture reads from one driver call, the same whichever back end read them (the

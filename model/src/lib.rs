@@ -6,13 +6,13 @@
 //! Agent, `gpuprof report` and the collector all use these types and functions; none of them
 //! re-implements what lives here.
 
-pub mod autograd;
 pub mod bytes;
 pub mod dedup;
 pub mod driver_api;
 pub mod escalation;
 pub mod event;
 pub mod findings;
+pub mod forward_stacks;
 pub mod hex;
 pub mod level;
 pub mod nvml;

@@ -93,7 +93,7 @@ impl Field {
 
 /// Source, layer and op in one byte: source in bits 6–7, layer in 4–5, op in 0–3.
 pub mod codes {
-    use gpuprof_model::autograd::StackOrigin;
+    use gpuprof_model::stack::StackOrigin;
     use gpuprof_model::{Kind, Layer, Op, Source};
 
     /// A value's index is its code in recordings already written: append, never reorder.

@@ -82,7 +82,7 @@ fn events() -> Vec<Event> {
         block.autograd_thread = Some(1 + i / 2);
         if i == 2 {
             block.autograd_node = Some("AddmmBackward0".into());
-            block.stack_origin = Some(gpuprof_model::autograd::StackOrigin::ForwardNear);
+            block.stack_origin = Some(gpuprof_model::stack::StackOrigin::ForwardNear);
         }
         out.push(block);
     }

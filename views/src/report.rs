@@ -5,7 +5,7 @@ use std::io::Write;
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use gpuprof_model::autograd::ForwardStacks;
+use gpuprof_model::forward_stacks::ForwardStacks;
 use gpuprof_model::rank::Ranks;
 use gpuprof_model::{Analyzer, Finding, RuleConfig};
 

@@ -78,7 +78,7 @@ mod tests {
         ];
         assert_eq!(at(&forward), "at /srv/model.py:58 in Block.forward (through Linear.forward)");
         let backward: Vec<Frame> =
-            std::iter::once(frame("AddmmBackward0", crate::autograd::AUTOGRAD_FILE, 0)).chain(forward).collect();
+            std::iter::once(frame("AddmmBackward0", crate::stack::AUTOGRAD_FILE, 0)).chain(forward).collect();
         assert_eq!(at(&backward), "in AddmmBackward0 (backward pass) of the forward call at /srv/model.py:58 in Block.forward (through Linear.forward)");
         assert_eq!(backward[0].to_string(), "AddmmBackward0 (backward)");
         assert_eq!(

@@ -2,7 +2,7 @@
 //! and fabric handles; the kernel file object for POSIX-fd shareable handles (the fd numbers
 //! differ between processes, the file does not).
 
-use super::Space;
+use super::space::Space;
 use crate::event::{Event, Kind, Op};
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]

@@ -9,6 +9,7 @@
 
 mod ipc;
 mod process;
+mod space;
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
@@ -16,8 +17,9 @@ use std::collections::HashMap;
 pub use ipc::{Export, ExportKey, ProcessRef};
 pub use process::{
     Allocation, AllocatorTotals, FrameTotal, Import, KindTotal, LiveSummary, Mapping, ProcessMemory, ProcessState,
-    Space, Stack, StackTotal,
+    Stack, StackTotal,
 };
+pub use space::Space;
 
 use crate::event::{Event, Layer, Op};
 use process::Outcome;

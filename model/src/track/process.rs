@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use super::ipc::{Export, ExportKey, ProcessRef};
+use super::space::Space;
 use crate::event::{Event, Frame, Kind, Layer, Op};
 
 pub use crate::stack::Stack;
@@ -71,24 +72,6 @@ pub enum ProcessState {
     Replaced {
         ts: u64,
     },
-}
-
-/// The address spaces allocations live in: device/host pointers and VMM handles are different
-/// namespaces even when the numbers coincide.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-pub enum Space {
-    Pointer,
-    VmmHandle,
-}
-
-impl Space {
-    pub fn of(kind: Kind) -> Space {
-        if kind == Kind::Vmm {
-            Space::VmmHandle
-        } else {
-            Space::Pointer
-        }
-    }
 }
 
 /// One process instance's table.

@@ -18,8 +18,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use gpuprof_model::autograd::ForwardStacks;
 use gpuprof_model::event::{Event, Layer, Op, CUDA_ERROR_OUT_OF_MEMORY};
+use gpuprof_model::forward_stacks::ForwardStacks;
 use gpuprof_model::{Analyzer, RuleConfig};
 
 use crate::input;

@@ -6,8 +6,8 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use anyhow::{bail, Result};
-use gpuprof_model::autograd::ForwardStacks;
 use gpuprof_model::event::Event;
+use gpuprof_model::forward_stacks::ForwardStacks;
 use gpuprof_model::track::{ProcessMemory, Tracker};
 use gpuprof_model::{Analyzer, RuleConfig};
 

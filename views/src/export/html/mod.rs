@@ -19,8 +19,8 @@ use std::io::Write;
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
-use gpuprof_model::autograd::ForwardStacks;
 use gpuprof_model::event::{Event, Layer, Op};
+use gpuprof_model::forward_stacks::ForwardStacks;
 use gpuprof_model::rank::Ranks;
 use gpuprof_model::track::ProcessMemory;
 use gpuprof_model::{Analyzer, Finding, FindingKind, RuleConfig};

@@ -16,8 +16,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use crate::event::{Event, Layer, Op};
-use crate::stack::{Frame, Stack};
-pub use crate::stack::{StackOrigin, AUTOGRAD_FILE};
+use crate::stack::{Frame, Stack, StackOrigin, AUTOGRAD_FILE};
 
 /// Sequence numbers remembered per forward thread: a backward pass follows its forward within a
 /// few thousand nodes; a graph kept for a later backward (`retain_graph`) that much older gets
