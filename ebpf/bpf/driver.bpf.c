@@ -26,9 +26,56 @@ enum gp_shape gp_shape_values = 0;
 enum gp_record_kind gp_record_kind_values = 0;
 enum gp_counter gp_counter_values = 0;
 
+/*
+ * What the entry reads of CUDA's own structs, declared as cuda.h declares them (its names, enums
+ * as the 4-byte integers they are) and read with offsetof: the struct is user memory, with no
+ * kernel BTF to relocate against.
+ */
+struct CUmemLocation_st {
+	__u32 type; /* CUmemLocationType */
+	__s32 id;   /* the device, for CU_MEM_LOCATION_TYPE_DEVICE */
+};
+
+/* cuMemCreate's `const CUmemAllocationProp *prop`: where the allocation lives. */
+struct CUmemAllocationProp_st {
+	__u32 type;		    /* CUmemAllocationType */
+	__u32 requestedHandleTypes; /* CUmemAllocationHandleType */
+	struct CUmemLocation_st location;
+	__u64 win32HandleMetaData; /* void *: a number here, so the skeleton's types stay Send */
+	struct {
+		unsigned char compressionType;
+		unsigned char gpuDirectRDMACapable;
+		unsigned short usage;
+		unsigned char reserved[4];
+	} allocFlags;
+};
+
+/* CUDA's IPC handle: GP_HANDLE_LEN is its length (the longest handle any call carries). */
+struct CUipcMemHandle_st {
+	char reserved[GP_HANDLE_LEN];
+};
+
+/*
+ * The stack at a probe, as the System V x86-64 ABI lays it out: the probe sits at the function's
+ * first instruction (or just past its endbr64), before the function pushed anything, so sp points
+ * at the return address the call pushed, and the arguments passed in memory follow it in order.
+ * Of the probed entry points only cuIpcOpenMemHandle(_v2)(CUdeviceptr *pdptr, CUipcMemHandle
+ * handle, unsigned int Flags) has one: the ABI passes a struct of more than 16 bytes (class
+ * MEMORY) on the stack, so its second argument, the handle, takes no register (Flags is in the
+ * second one, rsi) and is the first thing above the return address.
+ */
+struct stack_at_entry {
+	__u64 return_address;
+	struct CUipcMemHandle_st ipc_open_handle;
+};
+
+/* Exported for the layout tests (src/lib.rs), which compare them with cuda.h and the stand-in. */
+struct CUmemAllocationProp_st cu_mem_allocation_prop_layout = {};
+struct stack_at_entry stack_at_entry_layout = {};
+
 struct pending_call {
 	__u64 ts_ns;
-	__u64 caller; /* the return address: at the first instruction it is at sp */
+	__u64 caller; /* the return address */
 	__u64 args[6];
 	__s32 device;
 	__u32 data_len;
@@ -187,17 +234,18 @@ static __always_inline int on_entry(struct pt_regs *ctx)
 	call->args[3] = PT_REGS_PARM4(ctx);
 	call->args[4] = PT_REGS_PARM5(ctx);
 	call->args[5] = PT_REGS_PARM6(ctx);
-	if (bpf_probe_read_user(&call->caller, sizeof(call->caller), (void *)PT_REGS_SP(ctx)))
+	__u64 sp = PT_REGS_SP(ctx);
+	if (bpf_probe_read_user(&call->caller, sizeof(call->caller),
+				(void *)(sp + offsetof(struct stack_at_entry, return_address))))
 		call->caller = 0;
 
 	switch (cookie.shape) {
 	case GP_SHAPE_IPC_OPEN:
-		/* A 64-byte struct by value goes on the stack; at the first instruction the return
-		 * address is at sp, so the handle starts at sp + 8. */
-		if (bpf_probe_read_user(call->data, GP_HANDLE_LEN, (void *)(PT_REGS_SP(ctx) + 8)))
+		if (bpf_probe_read_user(call->data, sizeof(struct CUipcMemHandle_st),
+					(void *)(sp + offsetof(struct stack_at_entry, ipc_open_handle))))
 			count(GP_COUNTER_READ_FAILED);
 		else
-			call->data_len = GP_HANDLE_LEN;
+			call->data_len = sizeof(struct CUipcMemHandle_st);
 		break;
 	case GP_SHAPE_POOL_IMPORT:
 		if (bpf_probe_read_user(call->data, GP_HANDLE_LEN, (void *)call->args[2]))
@@ -218,10 +266,10 @@ static __always_inline int on_entry(struct pt_regs *ctx)
 		}
 		break;
 	case GP_SHAPE_VMM_CREATE: {
-		/* CUmemAllocationProp: type, requestedHandleTypes, location { type, id } → id at 12. */
 		__s32 device = -1;
 
-		if (bpf_probe_read_user(&device, sizeof(device), (void *)(call->args[2] + 12)))
+		if (bpf_probe_read_user(&device, sizeof(device),
+					(void *)(call->args[2] + offsetof(struct CUmemAllocationProp_st, location.id))))
 			count(GP_COUNTER_READ_FAILED);
 		call->device = device;
 		break;

@@ -8,8 +8,16 @@
 #define GPUPROF_H
 
 #define GP_COMM_LEN 16
-#define GP_HANDLE_LEN 64
 #define GP_FILENAME_LEN 128
+
+/*
+ * GP_HANDLE_LEN, the bytes of the longest handle a call carries (CUDA's IPC handle, pool export
+ * data, fabric handle), is gpuprof_model::driver_api::HANDLE_LEN, which the build passes to clang:
+ * the CUPTI shim's calls carry handles of that length too, and one definition keeps them equal.
+ */
+#ifndef GP_HANDLE_LEN
+#error "GP_HANDLE_LEN comes from gpuprof_model::driver_api::HANDLE_LEN, passed by ebpf/build.rs"
+#endif
 
 /* What a ring-buffer record carries. */
 enum gp_record_kind {

@@ -23,7 +23,124 @@ pub mod process {
 /// The record and cookie types shared with the BPF programs (generated from `gpuprof.h`).
 pub use driver::types;
 
-/// The numeric `#define GP_*` of `gpuprof.h` (record flags, lengths, limits), as constants.
+/// The numeric `#define GP_*` of `gpuprof.h` (record flags, lengths, limits), as constants, and
+/// those it leaves to the model (`GP_HANDLE_LEN`).
 pub mod header {
     include!(concat!(env!("OUT_DIR"), "/header.rs"));
+}
+
+#[cfg(test)]
+mod tests {
+    //! What the driver probes read of CUDA's structs, as clang laid it out for BPF (the skeleton's
+    //! types, generated from the object's BTF), against cuda.h (cudarc's bindings of it) and
+    //! against the libcuda stand-in the tests run (its header, compiled by cc): a change on any
+    //! side fails here rather than as a wrong device or handle in a capture.
+    use std::mem::{offset_of, size_of, MaybeUninit};
+    use std::path::Path;
+    use std::process::Command;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use cudarc::driver::sys as cuda;
+
+    use super::driver::types;
+    use super::header::GP_HANDLE_LEN;
+
+    /// The size of what a raw pointer points at, without reading it.
+    fn size_of_pointee<T>(_: *const T) -> usize {
+        size_of::<T>()
+    }
+
+    /// (offset, size) of each named field of a struct.
+    macro_rules! layout {
+        ($type:ty { $($field:ident),* }) => {{
+            let value = MaybeUninit::<$type>::uninit();
+            // SAFETY: only the fields' addresses are taken, nothing is read.
+            vec![$((offset_of!($type, $field), size_of_pointee(unsafe { std::ptr::addr_of!((*value.as_ptr()).$field) }))),*]
+        }};
+    }
+
+    /// The values of C expressions over the declarations of a stand-in's header in
+    /// testkit/fixtures, as cc lays them out: compiled into a program that prints them.
+    fn standin_values(header: &str, expressions: &[&str]) -> Vec<usize> {
+        let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../testkit/fixtures");
+        // One directory per call: the tests run side by side.
+        static CALLS: AtomicUsize = AtomicUsize::new(0);
+        let call = CALLS.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("gpuprof-ebpf-layout-{}-{call}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let prints: String = expressions.iter().map(|e| format!("\tprintf(\"%zu\\n\", (size_t)({e}));\n")).collect();
+        let source = dir.join("layout.c");
+        std::fs::write(
+            &source,
+            format!("#include <stddef.h>\n#include <stdio.h>\n#include \"{header}\"\nint main(void)\n{{\n{prints}}}\n"),
+        )
+        .unwrap();
+        let program = dir.join("layout");
+        let status = Command::new("cc")
+            .arg("-I")
+            .arg(&fixtures)
+            .arg("-o")
+            .arg(&program)
+            .arg(&source)
+            .status()
+            .expect("cc must be installed to compile the stand-in's declarations");
+        assert!(status.success(), "compiling a program over {header} failed");
+        let output = Command::new(&program).output().unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        String::from_utf8(output.stdout).unwrap().lines().map(|line| line.parse().unwrap()).collect()
+    }
+
+    /// (offset, size) pairs of `fields` of the stand-in's `type_name`, flattened as `layout!` is.
+    fn standin_layout(type_name: &str, fields: &[&str]) -> Vec<(usize, usize)> {
+        let expressions: Vec<String> = fields
+            .iter()
+            .flat_map(|field| {
+                [format!("offsetof({type_name}, {field})"), format!("sizeof((({type_name} *)0)->{field})")]
+            })
+            .collect();
+        let expressions: Vec<&str> = expressions.iter().map(String::as_str).collect();
+        let values = standin_values("libcuda_standin.h", &expressions);
+        values.chunks(2).map(|pair| (pair[0], pair[1])).collect()
+    }
+
+    #[test]
+    fn the_allocation_properties_cu_mem_create_is_given_are_read_as_cuda_h_lays_them_out() {
+        let bpf = layout!(types::CUmemAllocationProp_st {
+            r#type,
+            requestedHandleTypes,
+            location,
+            win32HandleMetaData,
+            allocFlags
+        });
+        let cuda_h = layout!(cuda::CUmemAllocationProp_st {
+            type_,
+            requestedHandleTypes,
+            location,
+            win32HandleMetaData,
+            allocFlags
+        });
+        assert_eq!(bpf, [(0, 4), (4, 4), (8, 8), (16, 8), (24, 8)]);
+        assert_eq!(bpf, cuda_h);
+        let fields = ["type", "requestedHandleTypes", "location", "win32HandleMetaData", "allocFlags"];
+        assert_eq!(bpf, standin_layout("CUmemAllocationProp", &fields));
+
+        let bpf = layout!(types::CUmemLocation_st { r#type, id });
+        assert_eq!(bpf, [(0, 4), (4, 4)]);
+        assert_eq!(bpf, layout!(cuda::CUmemLocation_st { type_, id }));
+        assert_eq!(bpf, standin_layout("CUmemLocation", &["type", "id"]));
+
+        // The device the probe reads: `location.id`.
+        assert_eq!(offset_of!(types::CUmemAllocationProp_st, location) + offset_of!(types::CUmemLocation_st, id), 12);
+        assert_eq!(size_of::<types::CUmemAllocationProp_st>(), 32);
+        assert_eq!(size_of::<types::CUmemAllocationProp_st>(), size_of::<cuda::CUmemAllocationProp_st>());
+    }
+
+    #[test]
+    fn the_ipc_handle_passed_by_value_is_read_above_the_return_address() {
+        assert_eq!(layout!(types::stack_at_entry { return_address, ipc_open_handle }), [(0, 8), (8, 64)]);
+        let handle = size_of::<types::CUipcMemHandle_st>();
+        assert_eq!(handle as u64, GP_HANDLE_LEN);
+        assert_eq!(handle, size_of::<cuda::CUipcMemHandle_st>());
+        assert_eq!([handle], standin_values("libcuda_standin.h", &["sizeof(CUipcMemHandle)"])[..]);
+    }
 }

@@ -10,10 +10,10 @@
 //! - `memory`: reading another process's memory (or our own);
 //! - `code` + `linetable` + `strings`: code objects to `file:line function`, with a cache per
 //!   code object;
-//! - `autograd`: where PyTorch keeps the autograd state that links a backward-pass block to the
-//!   Python line of its forward op.
+//! - `autograd_layout`: where PyTorch keeps the autograd state that links a backward-pass block to
+//!   the Python line of its forward op (libtorch_cpu's thread-locals, an autograd node's head).
 
-pub mod autograd;
+pub mod autograd_layout;
 pub mod code;
 pub mod debug_offsets;
 pub mod discovery;

@@ -2,7 +2,7 @@
 //! keeps autograd's thread-locals (so each block says which autograd node, if any, was being
 //! evaluated, or which forward sequence number its thread was at), and names the nodes the probe
 //! reports by vtable. The forward line of a backward block is found from those numbers by
-//! `gpuprof_model::autograd::ForwardStacks`.
+//! `gpuprof_model::forward_stacks::ForwardStacks`.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -10,7 +10,7 @@ use std::sync::Arc;
 use gpuprof_ebpf::allocator::types::gp_autograd_span;
 use gpuprof_ebpf::types::gp_autograd;
 use gpuprof_procfs::maps;
-use gpuprof_pystack::autograd::{node_class, AutogradLayout, LIBRARY, NODE_SEQUENCE_NR, NODE_THREAD_ID};
+use gpuprof_pystack::autograd_layout::{node_class, AutogradLayout, LIBRARY, NODE_SEQUENCE_NR, NODE_THREAD_ID};
 use gpuprof_pystack::RemoteMemory;
 
 use crate::kernel::Capture;

@@ -7,11 +7,11 @@
 //!   and the `std::shared_ptr<Node>` of the node the autograd engine is evaluating;
 //! - the library's TLS module id, from the GOT slot its local-dynamic TLS accesses use (an
 //!   `R_X86_64_DTPMOD64` relocation against no symbol), read in the running process;
-//! - a `torch::autograd::Node`'s `sequence_nr_` and `thread_id_` (torch/csrc/autograd/function.h:
-//!   after the vtable pointer and `enable_shared_from_this`'s weak pointer), and its class name
-//!   through the vtable's RTTI. Run on PyTorch 2.11; a libtorch_cpu.so without these symbols gets
-//!   a one-line warning and no attribution.
+//! - a `torch::autograd::Node`'s `sequence_nr_` and `thread_id_`, at offsets from `NodeHead`, a
+//!   mirror of the node's head, and its class name through the vtable's RTTI. Run on PyTorch
+//!   2.11; a libtorch_cpu.so without these symbols gets a one-line warning and no attribution.
 
+use std::mem::offset_of;
 use std::path::Path;
 
 use gpuprof_procfs::elf::{self, ElfError};
@@ -31,11 +31,28 @@ const CURRENT_THREAD_ID: &str = "_ZN2at12_GLOBAL__N_118current_thread_id_E";
 /// PyTorch that holds it in a `c10::intrusive_ptr` lays its nodes out differently: not matched.
 const CURRENT_NODE_MARK: &str = "tls_current_evaluating_node";
 
-/// torch/csrc/autograd/function.h: vptr (0), enable_shared_from_this's weak_ptr (8, 16),
-/// `const uint64_t sequence_nr_` (24), `topological_nr_` (32), `has_parent_` (40),
-/// `uint64_t thread_id_` (48).
-pub const NODE_SEQUENCE_NR: u16 = 24;
-pub const NODE_THREAD_ID: u16 = 48;
+/// The head of a `torch::autograd::Node` (torch/csrc/autograd/function.h, `struct Node :
+/// std::enable_shared_from_this<Node>`), up to the last field read: Node has virtual functions, so
+/// the vtable pointer comes first, then its base's `std::weak_ptr<Node>` (the object and the
+/// control block), then its own fields in declaration order. Only the offsets are used: nodes
+/// live in the other process, read a field at a time.
+#[repr(C)]
+struct NodeHead {
+    vtable: u64,
+    weak_this: [u64; 2],
+    /// `const uint64_t sequence_nr_`: the number the forward op's thread counter gave the node.
+    sequence_nr: u64,
+    /// `uint64_t topological_nr_`.
+    topological_nr: u64,
+    /// `mutable bool has_parent_`.
+    has_parent: bool,
+    /// `uint64_t thread_id_`: the thread that made the node, as `at::RecordFunction` numbers them.
+    thread_id: u64,
+}
+
+/// Where a node's `sequence_nr_` and `thread_id_` are.
+pub const NODE_SEQUENCE_NR: u16 = offset_of!(NodeHead, sequence_nr) as u16;
+pub const NODE_THREAD_ID: u16 = offset_of!(NodeHead, thread_id) as u16;
 
 /// Where one libtorch_cpu.so file keeps autograd's thread-locals.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -135,7 +152,71 @@ fn last_name_component(mangled: &str) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
+    //! Class names from mangled names, and the node head against the libtorch stand-in's
+    //! (testkit/fixtures/libtorch_cpu_standin.h, compiled by cc): the backward-attribution tests
+    //! run against that stand-in, so a change on either side fails here, not as a wrong node there.
+    use std::process::Command;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
     use super::*;
+
+    /// The values of C expressions over the declarations of a stand-in's header in
+    /// testkit/fixtures, as cc lays them out: compiled into a program that prints them.
+    fn standin_values(header: &str, expressions: &[&str]) -> Vec<usize> {
+        let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../testkit/fixtures");
+        // One directory per call: the tests run side by side.
+        static CALLS: AtomicUsize = AtomicUsize::new(0);
+        let call = CALLS.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("gpuprof-pystack-layout-{}-{call}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let prints: String = expressions.iter().map(|e| format!("\tprintf(\"%zu\\n\", (size_t)({e}));\n")).collect();
+        let source = dir.join("layout.c");
+        std::fs::write(
+            &source,
+            format!("#include <stddef.h>\n#include <stdio.h>\n#include \"{header}\"\nint main(void)\n{{\n{prints}}}\n"),
+        )
+        .unwrap();
+        let program = dir.join("layout");
+        let status = Command::new("cc")
+            .arg("-I")
+            .arg(&fixtures)
+            .arg("-o")
+            .arg(&program)
+            .arg(&source)
+            .status()
+            .expect("cc must be installed to compile the stand-in's declarations");
+        assert!(status.success(), "compiling a program over {header} failed");
+        let output = Command::new(&program).output().unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        String::from_utf8(output.stdout).unwrap().lines().map(|line| line.parse().unwrap()).collect()
+    }
+
+    #[test]
+    fn the_node_head_is_laid_out_as_pytorch_and_the_libtorch_standin_lay_it_out() {
+        let ours = [
+            offset_of!(NodeHead, vtable),
+            offset_of!(NodeHead, weak_this),
+            offset_of!(NodeHead, sequence_nr),
+            offset_of!(NodeHead, topological_nr),
+            offset_of!(NodeHead, has_parent),
+            offset_of!(NodeHead, thread_id),
+        ];
+        // function.h's, on x86-64: 8-byte pointers, the bool padded to the next u64.
+        assert_eq!(ours, [0, 8, 24, 32, 40, 48]);
+        assert_eq!((NODE_SEQUENCE_NR, NODE_THREAD_ID), (24, 48));
+        let standin = standin_values(
+            "libtorch_cpu_standin.h",
+            &[
+                "offsetof(struct node, vtable)",
+                "offsetof(struct node, weak_this)",
+                "offsetof(struct node, sequence_nr)",
+                "offsetof(struct node, topological_nr)",
+                "offsetof(struct node, has_parent)",
+                "offsetof(struct node, thread_id)",
+            ],
+        );
+        assert_eq!(standin, ours);
+    }
 
     #[test]
     fn class_names_from_mangled_type_names() {
