@@ -122,9 +122,30 @@ fn device_bytes(process: &LiveSummary) -> u64 {
 }
 
 pub fn draw(frame: &mut Frame<'_>, model: &Model, state: &mut ViewState) {
+    let processes = in_order(model, state.sort);
+    state.rows = processes.len();
+    if state.table.selected().is_none_or(|i| i >= processes.len()) {
+        state.table.select((!processes.is_empty()).then_some(0));
+    }
+    let areas = Layout::default()
+        .direction(Direction::Vertical)
+        .constraints([Constraint::Length(1), Constraint::Percentage(50), Constraint::Min(6)])
+        .split(frame.area());
+    frame.render_widget(Paragraph::new(header(model, &processes, state.sort)), areas[0]);
+    frame.render_stateful_widget(process_table(model, &processes), areas[1], &mut state.table);
+    let bottom = Layout::default()
+        .direction(Direction::Horizontal)
+        .constraints([Constraint::Percentage(50), Constraint::Percentage(50)])
+        .split(areas[2]);
+    let selected = state.table.selected().and_then(|i| processes.get(i)).copied();
+    frame.render_widget(stacks_of(selected), bottom[0]);
+    frame.render_widget(findings(model, &mut state.findings_scroll), bottom[1]);
+}
+
+/// Running processes first, each group in the chosen order.
+fn in_order(model: &Model, sort: SortKey) -> Vec<&LiveSummary> {
     let mut processes: Vec<&LiveSummary> = model.processes.iter().collect();
-    // Running processes first, each group in the chosen order.
-    match state.sort {
+    match sort {
         SortKey::Driver => {
             processes.sort_by_key(|p| (p.state != ProcessState::Running, std::cmp::Reverse(device_bytes(p))))
         }
@@ -136,66 +157,23 @@ pub fn draw(frame: &mut Frame<'_>, model: &Model, state: &mut ViewState) {
         }),
         SortKey::Pid => processes.sort_by_key(|p| (p.state != ProcessState::Running, p.pid)),
     }
-    state.rows = processes.len();
-    if state.table.selected().is_none_or(|i| i >= processes.len()) {
-        state.table.select((!processes.is_empty()).then_some(0));
-    }
+    processes
+}
 
-    let areas = Layout::default()
-        .direction(Direction::Vertical)
-        .constraints([Constraint::Length(1), Constraint::Percentage(50), Constraint::Min(6)])
-        .split(frame.area());
-    let header = format!(
+fn header(model: &Model, processes: &[&LiveSummary], sort: SortKey) -> String {
+    format!(
         "gpuprof top — {} CUDA processes, {} events{}, {} findings — sorted by {} — q quit, ↑/↓ select, s sort, PgUp/PgDn findings",
         processes.iter().filter(|p| p.state == ProcessState::Running).count(),
         model.events,
         if model.lost > 0 { format!(" ({} lost)", model.lost) } else { String::new() },
         model.findings.len(),
-        state.sort.name()
-    );
-    frame.render_widget(Paragraph::new(header), areas[0]);
+        sort.name()
+    )
+}
 
-    let rows = processes.iter().map(|p| {
-        let state_text = match p.state {
-            ProcessState::Running => "running".to_string(),
-            ProcessState::Exited { code, .. } => format!("exited({code})"),
-            ProcessState::Replaced { .. } => "exec'd".to_string(),
-        };
-        let (allocated, reserved) =
-            p.allocator.map_or((String::from("-"), String::from("-")), |a| (human(a.allocated), human(a.reserved)));
-        // NVML's figure and the part of it no probed call made (context, modules, …).
-        let (nvml, not_probed) = model.nvml.get(&p.pid).map_or((String::from("-"), String::from("-")), |r| {
-            let sign = if r.not_probed() < 0 { "-" } else { "" };
-            (human(r.nvml_used), format!("{sign}{}", human(r.not_probed().unsigned_abs())))
-        });
-        // Held before gpuprof first heard from the allocator: in no figure it counted itself.
-        let before = p.before_capture.map_or(String::from("-"), |b| human(b.reserved));
-        let row = Row::new(vec![
-            Cell::from(p.pid.to_string()),
-            Cell::from(p.comm.clone()),
-            Cell::from(state_text),
-            Cell::from(if p.devices.is_empty() {
-                "-".to_string()
-            } else {
-                p.devices.iter().map(i32::to_string).collect::<Vec<_>>().join(",")
-            }),
-            Cell::from(human(device_bytes(p))),
-            Cell::from(allocated),
-            Cell::from(reserved),
-            Cell::from(before),
-            Cell::from(nvml),
-            Cell::from(not_probed),
-            Cell::from(p.imports.to_string()),
-            Cell::from(p.contexts.to_string()),
-            Cell::from(p.driver_calls.to_string()),
-        ]);
-        if p.state == ProcessState::Running {
-            row
-        } else {
-            row.style(Style::default().add_modifier(Modifier::DIM))
-        }
-    });
-    let table = Table::new(
+fn process_table<'a>(model: &Model, processes: &[&LiveSummary]) -> Table<'a> {
+    let rows: Vec<Row<'a>> = processes.iter().map(|p| process_row(model, p)).collect();
+    Table::new(
         rows,
         [
             Constraint::Length(8),
@@ -232,15 +210,53 @@ pub fn draw(frame: &mut Frame<'_>, model: &Model, state: &mut ViewState) {
         .style(Style::default().add_modifier(Modifier::BOLD)),
     )
     .row_highlight_style(Style::default().add_modifier(Modifier::REVERSED))
-    .block(Block::default().borders(Borders::ALL).title("Processes"));
-    frame.render_stateful_widget(table, areas[1], &mut state.table);
+    .block(Block::default().borders(Borders::ALL).title("Processes"))
+}
 
-    let bottom = Layout::default()
-        .direction(Direction::Horizontal)
-        .constraints([Constraint::Percentage(50), Constraint::Percentage(50)])
-        .split(areas[2]);
-    let selected = state.table.selected().and_then(|i| processes.get(i));
-    let stacks: Vec<Line> = match selected {
+fn process_row<'a>(model: &Model, p: &LiveSummary) -> Row<'a> {
+    let state_text = match p.state {
+        ProcessState::Running => "running".to_string(),
+        ProcessState::Exited { code, .. } => format!("exited({code})"),
+        ProcessState::Replaced { .. } => "exec'd".to_string(),
+    };
+    let (allocated, reserved) =
+        p.allocator.map_or((String::from("-"), String::from("-")), |a| (human(a.allocated), human(a.reserved)));
+    // NVML's figure and the part of it no probed call made (context, modules, …).
+    let (nvml, not_probed) = model.nvml.get(&p.pid).map_or((String::from("-"), String::from("-")), |r| {
+        let sign = if r.not_probed() < 0 { "-" } else { "" };
+        (human(r.nvml_used), format!("{sign}{}", human(r.not_probed().unsigned_abs())))
+    });
+    // Held before gpuprof first heard from the allocator: in no figure it counted itself.
+    let before = p.before_capture.map_or(String::from("-"), |b| human(b.reserved));
+    let row = Row::new(vec![
+        Cell::from(p.pid.to_string()),
+        Cell::from(p.comm.clone()),
+        Cell::from(state_text),
+        Cell::from(if p.devices.is_empty() {
+            "-".to_string()
+        } else {
+            p.devices.iter().map(i32::to_string).collect::<Vec<_>>().join(",")
+        }),
+        Cell::from(human(device_bytes(p))),
+        Cell::from(allocated),
+        Cell::from(reserved),
+        Cell::from(before),
+        Cell::from(nvml),
+        Cell::from(not_probed),
+        Cell::from(p.imports.to_string()),
+        Cell::from(p.contexts.to_string()),
+        Cell::from(p.driver_calls.to_string()),
+    ]);
+    if p.state == ProcessState::Running {
+        row
+    } else {
+        row.style(Style::default().add_modifier(Modifier::DIM))
+    }
+}
+
+/// Live bytes of the selected process by the user's line.
+fn stacks_of<'a>(selected: Option<&LiveSummary>) -> Paragraph<'a> {
+    let stacks: Vec<Line<'a>> = match selected {
         Some(p) => p
             .by_frame
             .iter()
@@ -256,10 +272,12 @@ pub fn draw(frame: &mut Frame<'_>, model: &Model, state: &mut ViewState) {
         None => vec![Line::from("no CUDA process yet")],
     };
     let title = selected.map_or("Stacks".to_string(), |p| format!("Live bytes by the user's line — pid {}", p.pid));
-    frame.render_widget(Paragraph::new(stacks).block(Block::default().borders(Borders::ALL).title(title)), bottom[0]);
+    Paragraph::new(stacks).block(Block::default().borders(Borders::ALL).title(title))
+}
 
-    // Newest first; the first line of each is short, the detail follows indented.
-    let findings: Vec<Line> = model
+/// The findings, newest first: the first line of each is short, the detail follows indented.
+fn findings<'a>(model: &Model, scroll: &mut u16) -> Paragraph<'a> {
+    let findings: Vec<Line<'a>> = model
         .findings
         .iter()
         .rev()
@@ -271,16 +289,13 @@ pub fn draw(frame: &mut Frame<'_>, model: &Model, state: &mut ViewState) {
         })
         .collect();
     let most = (findings.len() as u16).saturating_sub(1);
-    state.findings_scroll = state.findings_scroll.min(most);
+    *scroll = (*scroll).min(most);
     let title = match model.findings.len() {
         0 => "Findings".to_string(),
         n => format!("Findings ({n}, newest first)"),
     };
-    frame.render_widget(
-        Paragraph::new(findings)
-            .wrap(Wrap { trim: true })
-            .scroll((state.findings_scroll, 0))
-            .block(Block::default().borders(Borders::ALL).title(title)),
-        bottom[1],
-    );
+    Paragraph::new(findings)
+        .wrap(Wrap { trim: true })
+        .scroll((*scroll, 0))
+        .block(Block::default().borders(Borders::ALL).title(title))
 }
