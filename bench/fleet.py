@@ -14,7 +14,7 @@ nodes each serves (every node whole on one shard) and the Collector's CPU and me
     python3 bench/fleet.py [--recording bench/fixtures/torch_train.gpuprof] [--sizes 1,10,100,1000] [--seconds 60]
     python3 bench/fleet.py --sizes 1000 --shards 4
 
-Needs a release build: cargo build --release -p gpuprof -p gpuprof-collector.
+Needs a release build: cargo build --release -p gpuprof -p gpuprof-collector -p gpuprof-fleet-sim.
 """
 
 import argparse
@@ -200,7 +200,7 @@ def main():
     args = parser.parse_args()
     for binary in ("gpuprof-collector", "gpuprof-fleet-sim"):
         if not (RELEASE / binary).exists():
-            sys.exit(f"{RELEASE / binary} is missing: cargo build --release -p gpuprof -p gpuprof-collector")
+            sys.exit(f"{RELEASE / binary} is missing: cargo build --release -p gpuprof-collector -p gpuprof-fleet-sim")
     with tempfile.TemporaryDirectory() as tmp:
         reports = []
         for n in args.sizes.split(","):
