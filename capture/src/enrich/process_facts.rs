@@ -39,3 +39,42 @@ impl ProcessFacts {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::borrow::Cow;
+
+    use gpuprof_model::event::{Layer, Source};
+
+    use super::*;
+
+    fn event(pid: u32, op: Op, ppid: Option<u32>) -> Event {
+        let mut event = Event::new(1, pid, pid, Source::Ebpf, Layer::Driver, op, Cow::Borrowed("cuMemAlloc_v2"));
+        event.ppid = ppid;
+        event
+    }
+
+    #[test]
+    fn a_parent_no_record_named_is_read_from_proc_and_a_named_one_is_kept() {
+        let pid = std::process::id();
+        let mut facts = ProcessFacts::default();
+        let mut unnamed = event(pid, Op::Alloc, None);
+        facts.fill(&mut unnamed);
+        // SAFETY: getppid(2) cannot fail.
+        let parent = unsafe { libc::getppid() } as u32;
+        assert_eq!(unnamed.ppid, Some(parent));
+        // The test runs in the machine's own pid namespace: no namespace pid apart from the pid.
+        assert_eq!(unnamed.ns_pid, None);
+        let mut named = event(pid, Op::Fork, Some(4711));
+        facts.fill(&mut named);
+        assert_eq!((named.ppid, named.ns_pid), (Some(4711), None));
+    }
+
+    #[test]
+    fn a_process_gone_keeps_what_its_records_said() {
+        let mut facts = ProcessFacts::default();
+        let mut gone = event(u32::MAX - 1, Op::Alloc, Some(7));
+        facts.fill(&mut gone);
+        assert_eq!((gone.ppid, gone.ns_pid), (Some(7), None));
+    }
+}
