@@ -3,6 +3,7 @@
 //! the most recent ones, and the collector's own ingest, refusal and forwarding counters. Built
 //! fresh at each scrape from the state, so gone processes vanish.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 
 use prometheus_client::encoding::text::encode;
@@ -12,8 +13,10 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use crate::collector::{Collector, Refusal};
-use crate::state::Workload;
+use gpuprof_otlp::client::Delivery;
+
+use crate::collector::{Collector, Refusal, Stats};
+use crate::state::{LiveProcess, ProcessSummary, State, Workload};
 
 /// Stacks per live process in `gpuprof_top_stack_live_bytes`.
 const TOP_STACKS: usize = 5;
@@ -104,82 +107,109 @@ fn stack_label(stack: &[gpuprof_model::Frame]) -> String {
 
 pub fn render(collector: &Collector) -> String {
     let mut registry = Registry::default();
-    let live = Family::<LiveLabels, Gauge>::default();
-    let allocated = Family::<DeviceLabels, Gauge>::default();
-    let reserved = Family::<DeviceLabels, Gauge>::default();
-    let nvml_used = Family::<ProcessLabels, Gauge>::default();
-    let not_probed = Family::<ProcessLabels, Gauge>::default();
-    let findings = Family::<FindingLabels, Gauge>::default();
-    let stacks = Family::<StackLabels, Gauge>::default();
-    let recent = Family::<RecentFindingLabels, Gauge>::default();
-    {
-        let state = collector.state.lock().expect("state lock");
+    let families = StateFamilies::of(&collector.state.lock().expect("state lock"));
+    families.register(&mut registry);
+    register_ingest(&mut registry, &collector.stats);
+    if let Some(forwarder) = &collector.forwarder {
+        register_forwarding(&mut registry, &forwarder.delivery());
+    }
+    let mut text = String::new();
+    encode(&mut text, &registry).expect("writing to a String cannot fail");
+    text
+}
+
+/// The series read from the state: its live processes' memory and the findings held.
+#[derive(Default)]
+struct StateFamilies {
+    live: Family<LiveLabels, Gauge>,
+    allocated: Family<DeviceLabels, Gauge>,
+    reserved: Family<DeviceLabels, Gauge>,
+    nvml_used: Family<ProcessLabels, Gauge>,
+    not_probed: Family<ProcessLabels, Gauge>,
+    findings: Family<FindingLabels, Gauge>,
+    stacks: Family<StackLabels, Gauge>,
+    recent: Family<RecentFindingLabels, Gauge>,
+}
+
+impl StateFamilies {
+    fn of(state: &State) -> StateFamilies {
+        let families = StateFamilies::default();
         let no_workload = Workload::default();
         for process in state.live() {
             let workload = state.workload(process.node, process.pid).unwrap_or(&no_workload);
-            let process_labels = ProcessLabels {
+            families.add_process(&process, workload);
+        }
+        families.add_findings_by_kind(state);
+        families.add_recent_findings(state, &no_workload);
+        families
+    }
+
+    fn add_process(&self, process: &LiveProcess, workload: &Workload) {
+        let labels = ProcessLabels {
+            node: process.node.to_string(),
+            namespace: workload.namespace.clone(),
+            pod: workload.pod.clone(),
+            container: workload.container.clone(),
+            pid: process.pid.to_string(),
+            comm: process.comm.to_string(),
+        };
+        let probed = self.add_live_bytes(process, &labels);
+        let Some(summary) = process.summary else { return };
+        if let Some(used) = summary.nvml_used {
+            self.nvml_used.get_or_create(&labels).set(used as i64);
+            self.not_probed.get_or_create(&labels).set(used as i64 - probed as i64);
+        }
+        for (device, totals) in &summary.allocator {
+            let labels = DeviceLabels { process: labels.clone(), device: device.to_string() };
+            self.allocated.get_or_create(&labels).set(totals.allocated as i64);
+            self.reserved.get_or_create(&labels).set(totals.reserved as i64);
+        }
+        self.add_top_stacks(process, workload, summary);
+    }
+
+    /// Sets the process's live bytes by kind; returns those the probed calls account for
+    /// (host memory apart: NVML counts device memory only).
+    fn add_live_bytes(&self, process: &LiveProcess, labels: &ProcessLabels) -> u64 {
+        let by_kind = driver_live_bytes_by_kind(process);
+        let probed = by_kind.iter().filter(|(kind, _)| kind.as_str() != "host_pinned").map(|(_, bytes)| bytes).sum();
+        for (kind, bytes) in by_kind {
+            self.live.get_or_create(&LiveLabels { process: labels.clone(), kind }).set(bytes as i64);
+        }
+        probed
+    }
+
+    /// From the node's latest memory profile: tensors where the process has a framework
+    /// allocator, else driver allocations.
+    fn add_top_stacks(&self, process: &LiveProcess, workload: &Workload, summary: &ProcessSummary) {
+        let Some(profile) = &summary.profile else { return };
+        let layer = if summary.allocator.is_empty() { "driver" } else { "allocator" };
+        for (rank, (stack, bytes, _)) in profile.samples.iter().take(TOP_STACKS).enumerate() {
+            let labels = StackLabels {
                 node: process.node.to_string(),
                 namespace: workload.namespace.clone(),
                 pod: workload.pod.clone(),
-                container: workload.container.clone(),
                 pid: process.pid.to_string(),
                 comm: process.comm.to_string(),
+                layer: layer.into(),
+                rank: (rank + 1).to_string(),
+                stack: stack_label(stack),
             };
-            // Driver-level live bytes from the node's events (its gauges where no event came).
-            let mut by_kind: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
-            if let Some(summary) = process.summary {
-                for ((layer, kind), bytes) in &summary.live {
-                    if layer == "driver" {
-                        by_kind.insert(kind.clone(), *bytes);
-                    }
-                }
-            }
-            if let Some(tracked) = process.tracked {
-                for (kind, total) in &tracked.summary().by_kind {
-                    by_kind.insert(kind.as_str().to_string(), total.bytes);
-                }
-            }
-            let by_kind_probed: u64 =
-                by_kind.iter().filter(|(kind, _)| kind.as_str() != "host_pinned").map(|(_, bytes)| bytes).sum();
-            for (kind, bytes) in by_kind {
-                live.get_or_create(&LiveLabels { process: process_labels.clone(), kind }).set(bytes as i64);
-            }
-            let Some(summary) = process.summary else { continue };
-            if let Some(used) = summary.nvml_used {
-                nvml_used.get_or_create(&process_labels).set(used as i64);
-                not_probed.get_or_create(&process_labels).set(used as i64 - by_kind_probed as i64);
-            }
-            for (device, totals) in &summary.allocator {
-                let labels = DeviceLabels { process: process_labels.clone(), device: device.to_string() };
-                allocated.get_or_create(&labels).set(totals.allocated as i64);
-                reserved.get_or_create(&labels).set(totals.reserved as i64);
-            }
-            // From the node's latest memory profile: tensors where the process has a framework
-            // allocator, else driver allocations.
-            let Some(profile) = &summary.profile else { continue };
-            let layer = if summary.allocator.is_empty() { "driver" } else { "allocator" };
-            for (rank, (stack, bytes, _)) in profile.samples.iter().take(TOP_STACKS).enumerate() {
-                let labels = StackLabels {
-                    node: process.node.to_string(),
-                    namespace: workload.namespace.clone(),
-                    pod: workload.pod.clone(),
-                    pid: process.pid.to_string(),
-                    comm: process.comm.to_string(),
-                    layer: layer.into(),
-                    rank: (rank + 1).to_string(),
-                    stack: stack_label(stack),
-                };
-                stacks.get_or_create(&labels).set(*bytes as i64);
-            }
+            self.stacks.get_or_create(&labels).set(*bytes as i64);
         }
+    }
+
+    fn add_findings_by_kind(&self, state: &State) {
         for ((node, kind, severity), count) in state.findings_by_kind() {
-            findings
+            self.findings
                 .get_or_create(&FindingLabels { node, kind: kind.as_str().into(), severity: severity.as_str().into() })
                 .set(count as i64);
         }
+    }
+
+    fn add_recent_findings(&self, state: &State, no_workload: &Workload) {
         for stored in state.recent_findings(RECENT_FINDINGS) {
             let finding = &stored.finding;
-            let workload = state.workload(&stored.node, finding.pid).unwrap_or(&no_workload);
+            let workload = state.workload(&stored.node, finding.pid).unwrap_or(no_workload);
             let labels = RecentFindingLabels {
                 id: stored.id.to_string(),
                 finding_id: finding.finding_id.clone(),
@@ -193,43 +223,68 @@ pub fn render(collector: &Collector) -> String {
                 user_line: finding.user_frame.as_ref().map(|f| f.to_string()).unwrap_or_default(),
                 stack: stack_label(&finding.stack),
             };
-            recent.get_or_create(&labels).set(finding.bytes as i64);
+            self.recent.get_or_create(&labels).set(finding.bytes as i64);
         }
     }
-    registry.register("gpuprof_live_bytes", "Device memory a process holds now, by kind (driver level)", live);
-    registry.register(
-        "gpuprof_allocator_allocated_bytes",
-        "Bytes in a framework allocator's live blocks (tensors), per device",
-        allocated,
-    );
-    registry.register(
-        "gpuprof_allocator_reserved_bytes",
-        "Bytes a framework allocator holds in segments, its cache included, per device",
-        reserved,
-    );
-    registry.register(
-        "gpuprof_nvml_used_bytes",
-        "Device memory the driver accounts to a process, all devices (NVML, as nvidia-smi shows)",
-        nvml_used,
-    );
-    registry.register(
-        "gpuprof_not_probed_bytes",
-        "NVML's used memory less the live device bytes of the probed calls: the CUDA context, modules, memory from before the capture or from calls not probed",
-        not_probed,
-    );
-    registry.register(
-        "gpuprof_findings",
-        "Findings held, by node, kind and severity (leak: act on it; info: a fact)",
-        findings,
-    );
-    registry.register("gpuprof_top_stack_live_bytes", "Live bytes of the stacks holding the most, per live process (tensors where PyTorch's allocator reports, else driver allocations)", stacks);
-    registry.register(
-        "gpuprof_recent_finding_bytes",
-        "The most recent findings, one series each, valued at the bytes involved",
-        recent,
-    );
 
-    let stats = &collector.stats;
+    /// Registered in the order the exposition lists them.
+    fn register(self, registry: &mut Registry) {
+        registry.register("gpuprof_live_bytes", "Device memory a process holds now, by kind (driver level)", self.live);
+        registry.register(
+            "gpuprof_allocator_allocated_bytes",
+            "Bytes in a framework allocator's live blocks (tensors), per device",
+            self.allocated,
+        );
+        registry.register(
+            "gpuprof_allocator_reserved_bytes",
+            "Bytes a framework allocator holds in segments, its cache included, per device",
+            self.reserved,
+        );
+        registry.register(
+            "gpuprof_nvml_used_bytes",
+            "Device memory the driver accounts to a process, all devices (NVML, as nvidia-smi shows)",
+            self.nvml_used,
+        );
+        registry.register(
+            "gpuprof_not_probed_bytes",
+            "NVML's used memory less the live device bytes of the probed calls: the CUDA context, modules, memory from before the capture or from calls not probed",
+            self.not_probed,
+        );
+        registry.register(
+            "gpuprof_findings",
+            "Findings held, by node, kind and severity (leak: act on it; info: a fact)",
+            self.findings,
+        );
+        registry.register("gpuprof_top_stack_live_bytes", "Live bytes of the stacks holding the most, per live process (tensors where PyTorch's allocator reports, else driver allocations)", self.stacks);
+        registry.register(
+            "gpuprof_recent_finding_bytes",
+            "The most recent findings, one series each, valued at the bytes involved",
+            self.recent,
+        );
+    }
+}
+
+/// Driver-level live bytes by kind: from the node's events, else from its gauges (where no
+/// event came).
+fn driver_live_bytes_by_kind(process: &LiveProcess) -> BTreeMap<String, u64> {
+    let mut by_kind = BTreeMap::new();
+    if let Some(summary) = process.summary {
+        for ((layer, kind), bytes) in &summary.live {
+            if layer == "driver" {
+                by_kind.insert(kind.clone(), *bytes);
+            }
+        }
+    }
+    if let Some(tracked) = process.tracked {
+        for (kind, total) in &tracked.summary().by_kind {
+            by_kind.insert(kind.as_str().to_string(), total.bytes);
+        }
+    }
+    by_kind
+}
+
+/// The collector's own counters: what it received, turned away and failed to store.
+fn register_ingest(registry: &mut Registry, stats: &Stats) {
     let received = Family::<SignalLabels, Counter>::default();
     for (signal, value) in
         [("log_records", &stats.log_records), ("spans", &stats.spans), ("metric_points", &stats.metric_points)]
@@ -237,50 +292,57 @@ pub fn render(collector: &Collector) -> String {
         received.get_or_create(&SignalLabels { signal: signal.into() }).inc_by(value.load(Ordering::Relaxed));
     }
     registry.register("gpuprof_collector_received", "OTLP items received, by signal", received);
-    let rejected = Counter::<u64>::default();
-    rejected.inc_by(stats.rejected_log_records.load(Ordering::Relaxed));
     registry.register(
         "gpuprof_collector_rejected_log_records",
         "Log records that claimed to be gpuprof events but did not decode",
-        rejected,
+        counter(stats.rejected_log_records.load(Ordering::Relaxed)),
     );
     let refused = Family::<ReasonLabels, Counter>::default();
     let refusals = stats.refusals();
+    // Every reason, a zero included, so a rate over it exists before the first refusal.
     for reason in Refusal::ALL {
         refused
             .get_or_create(&ReasonLabels { reason: reason.as_str().into() })
             .inc_by(refusals.get(&reason).copied().unwrap_or(0));
     }
     registry.register("gpuprof_collector_refused_requests", "OTLP requests turned away, by reason", refused);
-    let fired = Counter::<u64>::default();
-    fired.inc_by(stats.findings_received.load(Ordering::Relaxed));
     registry.register(
         "gpuprof_collector_findings_received",
         "Findings the nodes sent since the collector started",
-        fired,
+        counter(stats.findings_received.load(Ordering::Relaxed)),
     );
-    let profiles = Counter::<u64>::default();
-    profiles.inc_by(stats.profiles.load(Ordering::Relaxed));
-    registry.register("gpuprof_collector_received_profiles", "Memory profiles the nodes sent", profiles);
-    let store_errors = Counter::<u64>::default();
-    store_errors.inc_by(stats.store_errors.load(Ordering::Relaxed));
-    registry.register("gpuprof_collector_store_errors", "Failed writes to the embedded database", store_errors);
-    if let Some(forwarder) = &collector.forwarder {
-        let delivery = forwarder.delivery();
-        let forwarded = Counter::<u64>::default();
-        forwarded.inc_by(delivery.sent_spans);
-        registry.register("gpuprof_collector_forwarded_spans", "Spans forwarded to the trace backend", forwarded);
-        let dropped = Counter::<u64>::default();
-        dropped.inc_by(delivery.lost());
-        registry.register(
-            "gpuprof_collector_forward_dropped_spans",
-            "Spans the trace backend did not take (queue full, refused, unreachable)",
-            dropped,
-        );
-    }
-    let mut text = String::new();
-    encode(&mut text, &registry).expect("writing to a String cannot fail");
-    text
+    registry.register(
+        "gpuprof_collector_received_profiles",
+        "Memory profiles the nodes sent",
+        counter(stats.profiles.load(Ordering::Relaxed)),
+    );
+    registry.register(
+        "gpuprof_collector_store_errors",
+        "Failed writes to the embedded database",
+        counter(stats.store_errors.load(Ordering::Relaxed)),
+    );
+}
+
+/// What became of the spans forwarded to the trace backend.
+fn register_forwarding(registry: &mut Registry, delivery: &Delivery) {
+    registry.register(
+        "gpuprof_collector_forwarded_spans",
+        "Spans forwarded to the trace backend",
+        counter(delivery.sent_spans),
+    );
+    registry.register(
+        "gpuprof_collector_forward_dropped_spans",
+        "Spans the trace backend did not take (queue full, refused, unreachable)",
+        counter(delivery.lost()),
+    );
+}
+
+/// A counter standing at `value`: the exposition is built afresh at each scrape from totals
+/// kept elsewhere.
+fn counter(value: u64) -> Counter {
+    let counter = Counter::default();
+    counter.inc_by(value);
+    counter
 }
 
 /// OpenMetrics text as the classic Prometheus text format (0.0.4): a counter's HELP and TYPE

@@ -9,7 +9,7 @@ use gpuprof_model::event::wall_clock_ns;
 
 use crate::queue::{self, Call};
 use crate::timing::{self, Phase};
-use crate::{autograd, cupti, forward, level, recorder};
+use crate::{autograd_state, cupti, forward, level, recorder};
 
 /// `c10::DeviceType::CUDA`.
 pub const DEVICE_TYPE_CUDA: u8 = 1;
@@ -46,7 +46,7 @@ pub unsafe extern "C" fn report_memory_usage_to_profiler(
 
 fn record(ptr: u64, delta: i64, allocated: u64, reserved: u64, device_index: i8, entered: u64) {
     cupti::start_if_driver_unwatched();
-    let autograd = autograd::state();
+    let autograd = autograd_state::state();
     let recording = timing::lap(Phase::Autograd, entered);
     recorder::record(wall_clock_ns(), Call::Allocator { ptr, delta, allocated, reserved, device_index, autograd });
     timing::lap(Phase::Record, recording);

@@ -17,8 +17,8 @@
 //! 1. `ring`, `queue`, `level`, `timing`, `loaded`: the bounded ring and queue between the
 //!    calling threads and the sender, and the records they carry; the capture level the hot path
 //!    reads; the hot path's own timing, when asked for; the walk over the loaded objects.
-//! 2. `python`, `autograd`: what a calling thread reads about itself — its Python stack (code
-//!    objects described on first sight, into the queue), autograd's thread-locals.
+//! 2. `python_stack`, `autograd_state`: what a calling thread reads about itself — its Python
+//!    stack (code objects described on first sight, into the queue), autograd's thread-locals.
 //! 3. `recorder`: one call recorded by the thread that made it, its stack walked into the slot.
 //! 4. The producers: `cupti` (the driver's entry points through CUPTI's callbacks, the activity
 //!    cross-check, the subscriber slot), then `forward`, `got` and `allocator` (the interposed
@@ -30,13 +30,13 @@
 //! child.
 
 mod allocator;
-mod autograd;
+mod autograd_state;
 mod cupti;
 mod forward;
 mod got;
 mod level;
 mod loaded;
-mod python;
+mod python_stack;
 mod queue;
 mod recorder;
 mod ring;
@@ -65,7 +65,7 @@ fn start() {
 /// thread: each layer starts over, bottom up (the sender's bookkeeping starts from the emptied
 /// ring).
 extern "C" fn in_forked_child() {
-    python::forget_ids_after_fork();
+    python_stack::forget_ids_after_fork();
     queue::restart_in_forked_child();
     sink::forget_sender_after_fork();
 }
@@ -106,8 +106,8 @@ mod tests {
         "level",
         "timing",
         "loaded",
-        "python",
-        "autograd",
+        "python_stack",
+        "autograd_state",
         "recorder",
         "cupti",
         "forward",
@@ -118,7 +118,7 @@ mod tests {
     ];
 
     /// The modules a source file names through `crate::` (`crate::queue::Call`,
-    /// `crate::{autograd, cupti::caller}`).
+    /// `crate::{autograd_state, cupti::caller}`).
     fn imported(source: &str) -> Vec<String> {
         let mut modules = Vec::new();
         for (at, _) in source.match_indices("crate::") {
@@ -186,8 +186,10 @@ mod tests {
     #[test]
     fn every_module_imports_only_the_ones_listed_before_it() {
         assert_eq!(
-            imported("use crate::queue::{self, Call};\nuse crate::{autograd, cupti::caller::{x, y}, sink};\n crate::python::walk()"),
-            ["queue", "autograd", "cupti", "sink", "python"]
+            imported(
+                "use crate::queue::{self, Call};\nuse crate::{autograd_state, cupti::caller::{x, y}, sink};\n crate::python_stack::walk()"
+            ),
+            ["queue", "autograd_state", "cupti", "sink", "python_stack"]
         );
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
         let mut files = Vec::new();

@@ -40,7 +40,7 @@ pub struct RawFrame {
     pub instr: u64,
 }
 
-/// What PyTorch's autograd thread-locals held at one allocator report (`autograd` reads them).
+/// What PyTorch's autograd thread-locals held at one allocator report (`autograd_state` reads them).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct AutogradState {
     /// The evaluated node's vtable (0: no node, a forward-pass or plain block).

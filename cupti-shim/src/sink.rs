@@ -23,7 +23,7 @@ use gpuprof_model::shim::wire::{self, Block, Message};
 use gpuprof_model::shim::{Counters, CountersLine, OUTPUT_VAR, SOCKET_VAR};
 use gpuprof_model::stack::Stack;
 
-use crate::autograd::{self, NodeNames};
+use crate::autograd_state::{self, NodeNames};
 use crate::level;
 use crate::queue::{self, Call, CallRecord, Record, COUNTERS};
 use crate::stacks::{Interned, Stacks};
@@ -421,8 +421,8 @@ fn run() {
     let mut exits: Vec<Event> = Vec::new();
     let mut looked_for_torch = Instant::now() - TORCH_LOOK;
     loop {
-        if autograd::unconfigured() && looked_for_torch.elapsed() >= TORCH_LOOK {
-            autograd::configure();
+        if autograd_state::unconfigured() && looked_for_torch.elapsed() >= TORCH_LOOK {
+            autograd_state::configure();
             looked_for_torch = Instant::now();
         }
         sender.listen();

@@ -105,7 +105,7 @@ pub struct Stacks {
 
 impl Stacks {
     pub fn new() -> Stacks {
-        Stacks::with(crate::python::layout().map(Symbolizer::new))
+        Stacks::with(crate::python_stack::layout().map(Symbolizer::new))
     }
 
     fn with(symbolizer: Option<Symbolizer>) -> Stacks {

@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::{ConnectInfo, DefaultBodyLimit, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -15,7 +16,7 @@ use prost::Message;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::collector::{Collector, Refusal};
+use crate::collector::{Collector, Refusal, Stats};
 
 pub fn routes(collector: Arc<Collector>) -> Router {
     let limit = collector.config.max_request_bytes;
@@ -52,99 +53,150 @@ async fn receive<Req, Resp>(
     State(collector): State<Arc<Collector>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     headers: HeaderMap,
-    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+    body: Result<Bytes, BytesRejection>,
     handle: fn(&Collector, Req) -> Resp,
 ) -> Response
 where
     Req: Message + Default + DeserializeOwned,
     Resp: Message + Serialize,
 {
-    let refuse = |why: Refusal, status: StatusCode, message: String| {
-        collector.stats.refused(why);
-        let mut response = (status, message).into_response();
-        if why == Refusal::RateLimited {
+    answer(&collector, peer, &headers, body, handle).unwrap_or_else(|refused| refused.respond(&collector.stats))
+}
+
+/// The request admitted, decoded and handled; or why it was turned away.
+fn answer<Req, Resp>(
+    collector: &Collector,
+    peer: SocketAddr,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+    handle: fn(&Collector, Req) -> Resp,
+) -> Result<Response, Refused>
+where
+    Req: Message + Default + DeserializeOwned,
+    Resp: Message + Serialize,
+{
+    admitted(collector, peer, headers)?;
+    let encoding = encoding_of(headers)?;
+    let limit = collector.config.max_request_bytes;
+    let body = unzipped(headers, received(body, limit)?, limit)?;
+    let request = decode::<Req>(&encoding, body)?;
+    let response = tokio::task::block_in_place(|| handle(collector, request));
+    Ok(encode(&encoding, &response))
+}
+
+/// A request turned away: counted by reason, answered with the status OTLP gives it.
+struct Refused {
+    why: Refusal,
+    status: StatusCode,
+    message: String,
+}
+
+impl Refused {
+    fn new(why: Refusal, status: StatusCode, message: String) -> Refused {
+        Refused { why, status, message }
+    }
+
+    /// Counted under its reason, then answered.
+    fn respond(self, stats: &Stats) -> Response {
+        stats.refused(self.why);
+        let mut response = (self.status, self.message).into_response();
+        if self.why == Refusal::RateLimited {
             response.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
         }
-        if why == Refusal::Unauthenticated {
+        if self.why == Refusal::Unauthenticated {
             response.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
         }
         response
-    };
+    }
+}
+
+/// The peer within its rate and holding the agents' token, checked in that order.
+fn admitted(collector: &Collector, peer: SocketAddr, headers: &HeaderMap) -> Result<(), Refused> {
     if !collector.admit(peer) {
-        return refuse(
+        return Err(Refused::new(
             Refusal::RateLimited,
             StatusCode::TOO_MANY_REQUESTS,
             "too many requests on this connection; retry later\n".into(),
-        );
+        ));
     }
     if !collector.authorized(headers.get(header::AUTHORIZATION).map(|v| v.as_bytes())) {
-        return refuse(Refusal::Unauthenticated, StatusCode::UNAUTHORIZED, "missing or wrong bearer token\n".into());
+        return Err(Refused::new(
+            Refusal::Unauthenticated,
+            StatusCode::UNAUTHORIZED,
+            "missing or wrong bearer token\n".into(),
+        ));
     }
+    Ok(())
+}
+
+fn encoding_of(headers: &HeaderMap) -> Result<Encoding, Refused> {
     let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
-    let encoding = match content_type.split(';').next().unwrap_or("").trim() {
-        "application/x-protobuf" => Encoding::Protobuf,
-        "application/json" => Encoding::Json,
-        other => {
-            return refuse(
-                Refusal::UnsupportedMediaType,
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                format!("content type {other:?}: send application/x-protobuf or application/json\n"),
-            )
-        }
-    };
-    let body = match body {
-        Ok(body) => body,
-        Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-            return refuse(
+    match content_type.split(';').next().unwrap_or("").trim() {
+        "application/x-protobuf" => Ok(Encoding::Protobuf),
+        "application/json" => Ok(Encoding::Json),
+        other => Err(Refused::new(
+            Refusal::UnsupportedMediaType,
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            format!("content type {other:?}: send application/x-protobuf or application/json\n"),
+        )),
+    }
+}
+
+/// The body as axum read it, within the request limit.
+fn received(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes, Refused> {
+    body.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            Refused::new(
                 Refusal::TooLarge,
                 StatusCode::PAYLOAD_TOO_LARGE,
-                format!("request larger than {} bytes; send smaller batches\n", collector.config.max_request_bytes),
+                format!("request larger than {limit} bytes; send smaller batches\n"),
             )
+        } else {
+            Refused::new(Refusal::Malformed, StatusCode::BAD_REQUEST, format!("{rejection}\n"))
         }
-        Err(rejection) => return refuse(Refusal::Malformed, StatusCode::BAD_REQUEST, format!("{rejection}\n")),
-    };
-    // The OpenTelemetry Collector's OTLP/HTTP exporter gzips unless told otherwise.
-    let body = match headers.get(header::CONTENT_ENCODING).map(|v| v.to_str().unwrap_or("?").trim()) {
-        None | Some("identity") => body,
-        Some("gzip") => match gunzip(&body, collector.config.max_request_bytes) {
-            Ok(body) => Bytes::from(body),
-            Err(Gunzip::TooLarge) => {
-                return refuse(
-                    Refusal::TooLarge,
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    format!(
-                        "request larger than {} bytes once unzipped; send smaller batches\n",
-                        collector.config.max_request_bytes
-                    ),
-                )
-            }
+    })
+}
+
+/// The body as sent, or unzipped: the OpenTelemetry Collector's OTLP/HTTP exporter gzips unless
+/// told otherwise.
+fn unzipped(headers: &HeaderMap, body: Bytes, limit: usize) -> Result<Bytes, Refused> {
+    match headers.get(header::CONTENT_ENCODING).map(|v| v.to_str().unwrap_or("?").trim()) {
+        None | Some("identity") => Ok(body),
+        Some("gzip") => match gunzip(&body, limit) {
+            Ok(body) => Ok(Bytes::from(body)),
+            Err(Gunzip::TooLarge) => Err(Refused::new(
+                Refusal::TooLarge,
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("request larger than {limit} bytes once unzipped; send smaller batches\n"),
+            )),
             Err(Gunzip::Corrupt(e)) => {
-                return refuse(Refusal::Malformed, StatusCode::BAD_REQUEST, format!("malformed gzip body: {e}\n"))
+                Err(Refused::new(Refusal::Malformed, StatusCode::BAD_REQUEST, format!("malformed gzip body: {e}\n")))
             }
         },
-        Some(other) => {
-            return refuse(
-                Refusal::UnsupportedMediaType,
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                format!("content encoding {other:?}: send gzip or none\n"),
-            )
-        }
-    };
+        Some(other) => Err(Refused::new(
+            Refusal::UnsupportedMediaType,
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            format!("content encoding {other:?}: send gzip or none\n"),
+        )),
+    }
+}
+
+fn decode<Req: Message + Default + DeserializeOwned>(encoding: &Encoding, body: Bytes) -> Result<Req, Refused> {
     let request = match encoding {
         Encoding::Protobuf => Req::decode(body).map_err(|e| format!("malformed OTLP protobuf: {e}\n")),
         Encoding::Json => serde_json::from_slice(&body).map_err(|e| format!("malformed OTLP JSON: {e}\n")),
     };
-    let request = match request {
-        Ok(request) => request,
-        Err(message) => return refuse(Refusal::Malformed, StatusCode::BAD_REQUEST, message),
-    };
-    let response = tokio::task::block_in_place(|| handle(&collector, request));
+    request.map_err(|message| Refused::new(Refusal::Malformed, StatusCode::BAD_REQUEST, message))
+}
+
+/// The response in the request's encoding.
+fn encode<Resp: Message + Serialize>(encoding: &Encoding, response: &Resp) -> Response {
     match encoding {
         Encoding::Protobuf => {
             ([(header::CONTENT_TYPE, "application/x-protobuf")], response.encode_to_vec()).into_response()
         }
         Encoding::Json => {
-            ([(header::CONTENT_TYPE, "application/json")], serde_json::to_vec(&response).unwrap_or_default())
+            ([(header::CONTENT_TYPE, "application/json")], serde_json::to_vec(response).unwrap_or_default())
                 .into_response()
         }
     }

@@ -290,8 +290,38 @@ fn shareable_len(handle_type: CUmemAllocationHandleType) -> u8 {
 pub unsafe fn read(layout: ArgLayout, params: *const c_void, call: &mut CallValues) {
     let ok = call.result == 0;
     call.device = -1;
-    // SAFETY (every read below): `params` is this layout's struct; outputs are read only when the
-    // call succeeded and wrote them, inputs point at what the caller gave the driver to read.
+    // SAFETY: each family is handed only its own layouts; `params` is this layout's struct. The
+    // families read outputs only when the call succeeded and wrote them, and inputs point at what
+    // the caller gave the driver to read.
+    unsafe {
+        match layout {
+            ArgLayout::OutPtrSize | ArgLayout::VmmCreate | ArgLayout::OutPtrSize32 | ArgLayout::OutPtr32Size32 => {
+                read_allocation(layout, params, call, ok)
+            }
+            ArgLayout::OutPitch | ArgLayout::OutPitch32 => read_pitched_allocation(layout, params, call, ok),
+            ArgLayout::Ptr | ArgLayout::Ptr32 | ArgLayout::PtrSize | ArgLayout::VmmMap => {
+                read_given_address(layout, params, call)
+            }
+            ArgLayout::IpcGet | ArgLayout::PoolExport | ArgLayout::IpcOpen | ArgLayout::PoolImport => {
+                read_ipc_handle(layout, params, call, ok)
+            }
+            ArgLayout::ShareableExport | ArgLayout::ShareableImport => read_shareable_handle(layout, params, call, ok),
+            ArgLayout::CtxRetain | ArgLayout::CtxCreate { .. } | ArgLayout::Device => {
+                read_context(layout, params, call, ok)
+            }
+            ArgLayout::MemInfo | ArgLayout::MemInfo32 => read_memory_info(layout, params, call, ok),
+        }
+    }
+}
+
+/// A layout handed to a family that does not read it: `read`'s dispatch is wrong.
+fn not_in_family(layout: ArgLayout, family: &str) -> ! {
+    unreachable!("{layout:?} is not read as {family}")
+}
+
+/// A new allocation (or VMM handle): its size, and what the call handed back.
+/// SAFETY: as `read`'s, for one of this family's layouts.
+unsafe fn read_allocation(layout: ArgLayout, params: *const c_void, call: &mut CallValues, ok: bool) {
     unsafe {
         match layout {
             ArgLayout::OutPtrSize => {
@@ -326,6 +356,17 @@ pub unsafe fn read(layout: ArgLayout, params: *const c_void, call: &mut CallValu
                     call.addr = written(p.dptr);
                 }
             }
+            _ => not_in_family(layout, "an allocation"),
+        }
+    }
+}
+
+/// A pitched allocation: its size is the pitch the driver chose times the rows, once it chose
+/// one; the width asked for, before.
+/// SAFETY: as `read`'s, for one of this family's layouts.
+unsafe fn read_pitched_allocation(layout: ArgLayout, params: *const c_void, call: &mut CallValues, ok: bool) {
+    unsafe {
+        match layout {
             ArgLayout::OutPitch => {
                 let p: cuMemAllocPitch_v2_params = arguments(params);
                 if ok {
@@ -346,6 +387,16 @@ pub unsafe fn read(layout: ArgLayout, params: *const c_void, call: &mut CallValu
                     call.size = u64::from(p.WidthInBytes) * u64::from(p.Height);
                 }
             }
+            _ => not_in_family(layout, "a pitched allocation"),
+        }
+    }
+}
+
+/// A call given an address (frees, releases, unmaps, maps, registrations): nothing written back.
+/// SAFETY: as `read`'s, for one of this family's layouts.
+unsafe fn read_given_address(layout: ArgLayout, params: *const c_void, call: &mut CallValues) {
+    unsafe {
+        match layout {
             ArgLayout::Ptr => call.addr = arguments::<cuMemFree_v2_params>(params).dptr,
             ArgLayout::Ptr32 => call.addr = u64::from(arguments::<cuMemFree_params>(params).dptr),
             ArgLayout::PtrSize => {
@@ -359,6 +410,16 @@ pub unsafe fn read(layout: ArgLayout, params: *const c_void, call: &mut CallValu
                 call.size = p.size as u64;
                 call.aux = p.handle;
             }
+            _ => not_in_family(layout, "a given address"),
+        }
+    }
+}
+
+/// A legacy IPC handle or a pool pointer's export data: the 64 bytes another process opens.
+/// SAFETY: as `read`'s, for one of this family's layouts.
+unsafe fn read_ipc_handle(layout: ArgLayout, params: *const c_void, call: &mut CallValues, ok: bool) {
+    unsafe {
+        match layout {
             ArgLayout::IpcGet | ArgLayout::PoolExport => {
                 let p: cuIpcGetMemHandle_params = arguments(params);
                 call.addr = p.dptr;
@@ -385,6 +446,16 @@ pub unsafe fn read(layout: ArgLayout, params: *const c_void, call: &mut CallValu
                     call.addr = written(p.ptr_out);
                 }
             }
+            _ => not_in_family(layout, "an IPC handle"),
+        }
+    }
+}
+
+/// A VMM allocation's shareable handle, whose length depends on its type.
+/// SAFETY: as `read`'s, for one of this family's layouts.
+unsafe fn read_shareable_handle(layout: ArgLayout, params: *const c_void, call: &mut CallValues, ok: bool) {
+    unsafe {
+        match layout {
             ArgLayout::ShareableExport => {
                 let p: cuMemExportToShareableHandle_params = arguments(params);
                 call.addr = p.handle;
@@ -410,6 +481,17 @@ pub unsafe fn read(layout: ArgLayout, params: *const c_void, call: &mut CallValu
                     call.addr = written(p.handle);
                 }
             }
+            _ => not_in_family(layout, "a shareable handle"),
+        }
+    }
+}
+
+/// A context made or retained on a device (its handle, when made), or a device's primary
+/// context let go.
+/// SAFETY: as `read`'s, for one of this family's layouts.
+unsafe fn read_context(layout: ArgLayout, params: *const c_void, call: &mut CallValues, ok: bool) {
+    unsafe {
+        match layout {
             ArgLayout::CtxRetain => {
                 let p: cuDevicePrimaryCtxRetain_params = arguments(params);
                 call.device = p.dev;
@@ -438,20 +520,30 @@ pub unsafe fn read(layout: ArgLayout, params: *const c_void, call: &mut CallValu
                 }
             }
             ArgLayout::Device => call.device = arguments::<cuDevicePrimaryCtxRelease_v2_params>(params).dev,
+            _ => not_in_family(layout, "a context"),
+        }
+    }
+}
+
+/// The device's free and total memory, as the driver wrote them.
+/// SAFETY: as `read`'s, for one of this family's layouts.
+unsafe fn read_memory_info(layout: ArgLayout, params: *const c_void, call: &mut CallValues, ok: bool) {
+    if !ok {
+        return;
+    }
+    unsafe {
+        match layout {
             ArgLayout::MemInfo => {
-                if ok {
-                    let p: cuMemGetInfo_v2_params = arguments(params);
-                    call.size = written(p.free.cast::<u64>());
-                    call.aux = written(p.total.cast::<u64>());
-                }
+                let p: cuMemGetInfo_v2_params = arguments(params);
+                call.size = written(p.free.cast::<u64>());
+                call.aux = written(p.total.cast::<u64>());
             }
             ArgLayout::MemInfo32 => {
-                if ok {
-                    let p: cuMemGetInfo_params = arguments(params);
-                    call.size = written(p.free);
-                    call.aux = written(p.total);
-                }
+                let p: cuMemGetInfo_params = arguments(params);
+                call.size = written(p.free);
+                call.aux = written(p.total);
             }
+            _ => not_in_family(layout, "memory info"),
         }
     }
 }

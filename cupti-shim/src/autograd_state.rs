@@ -2,9 +2,9 @@
 //! autograd thread-locals say — the node being evaluated (its vtable, `sequence_nr_`,
 //! `thread_id_`) or, outside the backward pass, the thread's sequence counter and
 //! RecordFunction thread id. The same numbers the eBPF probe reads, found the same way
-//! (`gpuprof_pystack::autograd`: the TLS symbols of libtorch_cpu.so) but read here through the
-//! dynamic linker's own `__tls_get_addr`, one call per report. The agent matches them to forward
-//! lines (`gpuprof_model::autograd::ForwardStacks`).
+//! (`gpuprof_pystack::autograd_layout`: the TLS symbols of libtorch_cpu.so) but read here through
+//! the dynamic linker's own `__tls_get_addr`, one call per report. The agent matches them to
+//! forward lines (`gpuprof_model::forward_stacks::ForwardStacks`).
 //!
 //! The first report looks for libtorch_cpu.so itself (reading the library's symbol table once,
 //! before PyTorch's first block is handed out); after that the sender looks again until it is
@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use gpuprof_model::shim::AUTOGRAD_VAR;
-use gpuprof_pystack::autograd::{node_class, AutogradLayout, LIBRARY, NODE_SEQUENCE_NR, NODE_THREAD_ID};
+use gpuprof_pystack::autograd_layout::{node_class, AutogradLayout, LIBRARY, NODE_SEQUENCE_NR, NODE_THREAD_ID};
 use gpuprof_pystack::RemoteMemory;
 
 use crate::queue::AutogradState;
