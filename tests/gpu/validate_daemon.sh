@@ -2,7 +2,8 @@
 # GPU validation of `gpuprof daemon`: PyTorch jobs started on their own (the daemon is told
 # nothing about them) are found, captured and sent to gpuprof-collector. Each job's allocator
 # events must equal its own memory_stats() counters and memory_allocated()/memory_reserved()
-# curves; the first job is a cold start (its libc10 not yet probed when it starts).
+# curves; the first job is a cold start (its libc10 not yet probed when it starts). At the tensors
+# level: the daemon records the driver's calls only by default (docs/levels.md).
 #
 #   GPUPROF_BIN=path/to/gpuprof COLLECTOR_BIN=path/to/gpuprof-collector OUT=/tmp/out tests/gpu/validate_daemon.sh
 source "$(dirname "$0")/env.sh"
@@ -10,7 +11,7 @@ collector=${COLLECTOR_BIN:?set COLLECTOR_BIN to the gpuprof-collector binary}
 {
   "$collector" --db "$out/daemon-collector.redb" > "$out/daemon-collector.log" 2>&1 &
   cpid=$!
-  "$bin" daemon --otlp-endpoint http://127.0.0.1:4317 --output "$out/daemon.jsonl" --listen 127.0.0.1:9464 \
+  "$bin" daemon --level tensors --otlp-endpoint http://127.0.0.1:4317 --output "$out/daemon.jsonl" --listen 127.0.0.1:9464 \
     --node-name gpu-node > "$out/daemon.stderr" 2>&1 &
   dpid=$!
   started=$(date +%s%N)

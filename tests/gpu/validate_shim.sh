@@ -47,7 +47,7 @@ PY
   echo "exit $?"
   "$py" "$here/compare_allocator.py" "$out/injected.jsonl" "$out/injected.facts.json"
   echo "== 5. the daemon, eBPF and shim together"
-  "$bin" daemon --output "$out/daemon-shim.jsonl" --listen 127.0.0.1:9465 --shim-socket "$out/shim.sock" > "$out/daemon-shim.stderr" 2>&1 &
+  "$bin" daemon --level tensors --output "$out/daemon-shim.jsonl" --listen 127.0.0.1:9465 --shim-socket "$out/shim.sock" > "$out/daemon-shim.stderr" 2>&1 &
   dpid=$!
   until curl -sf 127.0.0.1:9465/readyz > /dev/null; do sleep 0.05; done
   LD_PRELOAD="$shim" GPUPROF_SHIM_SOCKET="$out/shim.sock" "$py" "$here/torch_allocator.py" > "$out/daemon-shim.facts.json"
