@@ -403,6 +403,19 @@ fn decode(connection: u64, line: &str) -> ShimMessage {
     }
 }
 
+/// What the shims have said and done since the socket opened (the capture's statistics copy it).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ShimTotals {
+    pub processes_seen: u64,
+    pub processes_closed: u64,
+    /// Closed out by hanging up without saying they exit.
+    pub closed_without_exit: u64,
+    pub counters: ShimCounters,
+    pub undecodable: u64,
+    /// Events naming a process other than the one connected.
+    pub refused: u64,
+}
+
 /// The processes speaking on the socket: each connection is one process; one that hangs up
 /// without saying it exits (os._exit, a signal) has exited then — which matters when the shim is
 /// the only capture (`run --via shim`, `daemon --capture shim`; beside eBPF the kernel reports
@@ -420,13 +433,7 @@ pub struct ShimProcesses {
     pub initial_level: Option<Level>,
     /// Processes with an open connection that said they exit.
     said_exit: HashSet<u32>,
-    pub processes_seen: u64,
-    pub processes_closed: u64,
-    pub closed_without_exit: u64,
-    pub counters: ShimCounters,
-    pub undecodable: u64,
-    /// Events naming a process other than the one connected.
-    pub refused: u64,
+    pub totals: ShimTotals,
     /// The pids the processes name are this agent's (its /proc shows them); false in a pod's
     /// sidecar, where /proc/PID is another process.
     pub pids_are_ours: bool,
@@ -471,7 +478,7 @@ impl ShimProcesses {
                 ShimMessage::Event { connection, event } => {
                     let speaker = self.connections.entry(connection).or_insert(None);
                     if speaker.is_none() {
-                        self.processes_seen += 1;
+                        self.totals.processes_seen += 1;
                     }
                     *speaker = Some(event.pid);
                     if event.layer == Layer::Process && event.op == Op::Exit {
@@ -479,10 +486,10 @@ impl ShimProcesses {
                     }
                     observe(event)?;
                 }
-                ShimMessage::Counters(counters) => self.counters.add(&counters),
-                ShimMessage::Undecodable => self.undecodable += 1,
+                ShimMessage::Counters(counters) => self.totals.counters.add(&counters),
+                ShimMessage::Undecodable => self.totals.undecodable += 1,
                 ShimMessage::Refused { first, claimed, peer, uid } => {
-                    self.refused += 1;
+                    self.totals.refused += 1;
                     if first {
                         eprintln!("gpuprof: warning: {}", ShimMessage::refusal_text(claimed, peer, uid));
                     }
@@ -493,9 +500,9 @@ impl ShimProcesses {
                         self.levels.remove(&pid);
                     }
                     if let Some(Some(pid)) = self.connections.remove(&connection) {
-                        self.processes_closed += 1;
+                        self.totals.processes_closed += 1;
                         if !self.said_exit.remove(&pid) {
-                            self.closed_without_exit += 1;
+                            self.totals.closed_without_exit += 1;
                             let mut exit = Event::new(
                                 wall_clock_ns(),
                                 pid,
@@ -535,7 +542,7 @@ impl ShimProcesses {
 
     /// Events the shims dropped (their queues were full).
     pub fn dropped(&self) -> u64 {
-        self.counters.dropped_queue_full
+        self.totals.counters.dropped_queue_full
     }
 
     /// Processes connected now.

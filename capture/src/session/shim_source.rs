@@ -74,15 +74,6 @@ impl ShimSource {
     /// This source's part of the capture's statistics.
     pub fn stats(&self) -> ShimStats {
         let processes = &self.processes;
-        ShimStats {
-            events: self.events,
-            processes_open: processes.open() as u64,
-            processes_seen: processes.processes_seen,
-            processes_closed: processes.processes_closed,
-            closed_without_exit: processes.closed_without_exit,
-            counters: processes.counters,
-            undecodable: processes.undecodable,
-            refused: processes.refused,
-        }
+        ShimStats { events: self.events, processes_open: processes.open() as u64, totals: processes.totals }
     }
 }

@@ -8,7 +8,7 @@ use gpuprof_model::findings::wording::count;
 pub use crate::enrich::python_stacks::StackCounts;
 use crate::flow::ExportHealth;
 use crate::kernel::DropCounters;
-use crate::shim_socket::ShimCounters;
+use crate::shim_socket::ShimTotals;
 
 #[derive(Debug, Clone, Default)]
 pub struct CaptureStats {
@@ -51,16 +51,9 @@ pub struct KernelStats {
 pub struct ShimStats {
     /// Events the shims sent, second copies included.
     pub events: u64,
-    /// Processes connected now, ever, and closed out.
+    /// Processes connected now.
     pub processes_open: u64,
-    pub processes_seen: u64,
-    pub processes_closed: u64,
-    /// Closed out by hanging up without saying they exit.
-    pub closed_without_exit: u64,
-    pub counters: ShimCounters,
-    pub undecodable: u64,
-    /// Events naming a process other than the one connected.
-    pub refused: u64,
+    pub totals: ShimTotals,
 }
 
 /// The counters line (`--stats`, the end of a run): the kernel's when eBPF captures (the shim
@@ -103,20 +96,21 @@ impl CaptureStats {
 }
 
 fn shim_line(f: &mut fmt::Formatter<'_>, shim: &ShimStats) -> fmt::Result {
-    let counters = &shim.counters;
+    let totals = &shim.totals;
+    let counters = &totals.counters;
     write!(
         f,
         "{} events from {} via the shim; dropped {} (queue full in the process); waited for room {} times ({:.1} ms in all); stacks cut {}, unresolved {}; undecodable lines {}; refused (naming another process) {}; processes closed out by hanging up {}; CUPTI driver callbacks in {} (slot held by another subscriber {}, handed to a profiler {}, no libcupti {}, activity cross-check disagreed {})",
         shim.events,
-        count(shim.processes_seen, "process", "processes"),
+        count(totals.processes_seen, "process", "processes"),
         counters.dropped_queue_full,
         counters.waits,
         counters.wait_ns as f64 / 1e6,
         counters.stacks_cut,
         counters.stacks_unresolved,
-        shim.undecodable,
-        shim.refused,
-        shim.closed_without_exit,
+        totals.undecodable,
+        totals.refused,
+        totals.closed_without_exit,
         counters.cupti.subscribed,
         counters.cupti.slot_taken,
         counters.cupti.handed_over,

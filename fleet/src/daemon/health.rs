@@ -82,13 +82,13 @@ impl Snapshot {
         };
         if let Some(shim) = &stats.shim {
             snapshot.processes_followed = shim.processes_open;
-            snapshot.processes_followed_total = shim.processes_seen;
-            snapshot.processes_exited_total = shim.processes_closed;
-            snapshot.stacks_unreadable_total = shim.counters.stacks_unresolved;
+            snapshot.processes_followed_total = shim.totals.processes_seen;
+            snapshot.processes_exited_total = shim.totals.processes_closed;
+            snapshot.stacks_unreadable_total = shim.totals.counters.stacks_unresolved;
             snapshot.shim_events_total = shim.events;
-            snapshot.shim_dropped_total = shim.counters.dropped_queue_full;
-            snapshot.shim_undecodable_total = shim.undecodable;
-            snapshot.shim_refused_total = shim.refused;
+            snapshot.shim_dropped_total = shim.totals.counters.dropped_queue_full;
+            snapshot.shim_undecodable_total = shim.totals.undecodable;
+            snapshot.shim_refused_total = shim.totals.refused;
         }
         // With eBPF, the kernel follows every process (the shim's too) and reads their stacks.
         if let Some(kernel) = &stats.kernel {
