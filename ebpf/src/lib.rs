@@ -36,11 +36,10 @@ mod tests {
     //! against the libcuda stand-in the tests run (its header, compiled by cc): a change on any
     //! side fails here rather than as a wrong device or handle in a capture.
     use std::mem::{offset_of, size_of, MaybeUninit};
-    use std::path::Path;
-    use std::process::Command;
-    use std::sync::atomic::{AtomicUsize, Ordering};
 
     use cudarc::driver::sys as cuda;
+
+    use gpuprof_testkit::standin_values;
 
     use super::driver::types;
     use super::header::GP_HANDLE_LEN;
@@ -57,37 +56,6 @@ mod tests {
             // SAFETY: only the fields' addresses are taken, nothing is read.
             vec![$((offset_of!($type, $field), size_of_pointee(unsafe { std::ptr::addr_of!((*value.as_ptr()).$field) }))),*]
         }};
-    }
-
-    /// The values of C expressions over the declarations of a stand-in's header in
-    /// testkit/fixtures, as cc lays them out: compiled into a program that prints them.
-    fn standin_values(header: &str, expressions: &[&str]) -> Vec<usize> {
-        let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../testkit/fixtures");
-        // One directory per call: the tests run side by side.
-        static CALLS: AtomicUsize = AtomicUsize::new(0);
-        let call = CALLS.fetch_add(1, Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("gpuprof-ebpf-layout-{}-{call}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let prints: String = expressions.iter().map(|e| format!("\tprintf(\"%zu\\n\", (size_t)({e}));\n")).collect();
-        let source = dir.join("layout.c");
-        std::fs::write(
-            &source,
-            format!("#include <stddef.h>\n#include <stdio.h>\n#include \"{header}\"\nint main(void)\n{{\n{prints}}}\n"),
-        )
-        .unwrap();
-        let program = dir.join("layout");
-        let status = Command::new("cc")
-            .arg("-I")
-            .arg(&fixtures)
-            .arg("-o")
-            .arg(&program)
-            .arg(&source)
-            .status()
-            .expect("cc must be installed to compile the stand-in's declarations");
-        assert!(status.success(), "compiling a program over {header} failed");
-        let output = Command::new(&program).output().unwrap();
-        std::fs::remove_dir_all(&dir).unwrap();
-        String::from_utf8(output.stdout).unwrap().lines().map(|line| line.parse().unwrap()).collect()
     }
 
     /// (offset, size) pairs of `fields` of the stand-in's `type_name`, flattened as `layout!` is.

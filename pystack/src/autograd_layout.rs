@@ -155,41 +155,10 @@ mod tests {
     //! Class names from mangled names, and the node head against the libtorch stand-in's
     //! (testkit/fixtures/libtorch_cpu_standin.h, compiled by cc): the backward-attribution tests
     //! run against that stand-in, so a change on either side fails here, not as a wrong node there.
-    use std::process::Command;
-    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use gpuprof_testkit::standin_values;
 
     use super::*;
-
-    /// The values of C expressions over the declarations of a stand-in's header in
-    /// testkit/fixtures, as cc lays them out: compiled into a program that prints them.
-    fn standin_values(header: &str, expressions: &[&str]) -> Vec<usize> {
-        let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../testkit/fixtures");
-        // One directory per call: the tests run side by side.
-        static CALLS: AtomicUsize = AtomicUsize::new(0);
-        let call = CALLS.fetch_add(1, Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("gpuprof-pystack-layout-{}-{call}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let prints: String = expressions.iter().map(|e| format!("\tprintf(\"%zu\\n\", (size_t)({e}));\n")).collect();
-        let source = dir.join("layout.c");
-        std::fs::write(
-            &source,
-            format!("#include <stddef.h>\n#include <stdio.h>\n#include \"{header}\"\nint main(void)\n{{\n{prints}}}\n"),
-        )
-        .unwrap();
-        let program = dir.join("layout");
-        let status = Command::new("cc")
-            .arg("-I")
-            .arg(&fixtures)
-            .arg("-o")
-            .arg(&program)
-            .arg(&source)
-            .status()
-            .expect("cc must be installed to compile the stand-in's declarations");
-        assert!(status.success(), "compiling a program over {header} failed");
-        let output = Command::new(&program).output().unwrap();
-        std::fs::remove_dir_all(&dir).unwrap();
-        String::from_utf8(output.stdout).unwrap().lines().map(|line| line.parse().unwrap()).collect()
-    }
 
     #[test]
     fn the_node_head_is_laid_out_as_pytorch_and_the_libtorch_standin_lay_it_out() {

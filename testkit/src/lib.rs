@@ -36,6 +36,38 @@ pub fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures")
 }
 
+/// The values of C expressions over the declarations of a stand-in's header in `fixtures()`, as
+/// cc lays them out: compiled into a program that prints them. The layout tests hold what a
+/// capture reads (BPF structs, mirrored PyTorch and CUDA layouts) to the stand-ins the other
+/// tests run against.
+pub fn standin_values(header: &str, expressions: &[&str]) -> Vec<usize> {
+    // One directory per call: the tests run side by side.
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("gpuprof-layout-{}-{call}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let prints: String = expressions.iter().map(|e| format!("\tprintf(\"%zu\\n\", (size_t)({e}));\n")).collect();
+    let source = dir.join("layout.c");
+    std::fs::write(
+        &source,
+        format!("#include <stddef.h>\n#include <stdio.h>\n#include \"{header}\"\nint main(void)\n{{\n{prints}}}\n"),
+    )
+    .unwrap();
+    let program = dir.join("layout");
+    let status = Command::new("cc")
+        .arg("-I")
+        .arg(fixtures())
+        .arg("-o")
+        .arg(&program)
+        .arg(&source)
+        .status()
+        .expect("cc must be installed to compile the stand-in's declarations");
+    assert!(status.success(), "compiling a program over {header} failed");
+    let output = Command::new(&program).output().unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    String::from_utf8(output.stdout).unwrap().lines().map(|line| line.parse().unwrap()).collect()
+}
+
 pub fn workloads() -> PathBuf {
     fixtures().join("workloads")
 }
