@@ -6,6 +6,7 @@
 //! Agent, `gpuprof report` and the collector all use these types and functions; none of them
 //! re-implements what lives here.
 
+pub mod allocator;
 pub mod bytes;
 pub mod dedup;
 pub mod driver_api;

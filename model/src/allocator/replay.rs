@@ -1,0 +1,153 @@
+//! Replaying a job's requests through the model: the reserved curve and its peak under any
+//! settings, and the check that must pass first — under the settings the job ran with, the
+//! replay has to give back the allocator's own counters at every step, or it says where it first
+//! went its own way and nothing it predicts should be trusted.
+
+use super::{AllocatorConfig, CachingAllocator, OutOfMemory};
+
+/// One allocator request, in the order the job made them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Request {
+    Alloc { id: u64, size: u64 },
+    Free { id: u64 },
+    EmptyCache,
+}
+
+/// What the real allocator reported after a step; `None` where the recording does not say.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Recorded {
+    pub allocated: Option<u64>,
+    pub reserved: Option<u64>,
+    /// The step's allocation failed with "CUDA out of memory".
+    pub out_of_memory: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Replay {
+    /// Reserved bytes after each step.
+    pub reserved: Vec<u64>,
+    /// Allocated bytes after each step.
+    pub allocated: Vec<u64>,
+    pub peak_reserved: u64,
+    /// The first step at which reserved reached its peak.
+    pub peak_step: Option<usize>,
+    /// Allocations that failed, by step. The replay goes on past them, as a job that catches the
+    /// error would; the failed request's id never becomes live.
+    pub out_of_memory: Vec<(usize, OutOfMemory)>,
+}
+
+/// Where a replay first parted from the recording.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Divergence {
+    #[error("step {step}: expected allocated {expected_allocated:?} reserved {expected_reserved:?}, replay has allocated {allocated} reserved {reserved}")]
+    Counters {
+        step: usize,
+        expected_allocated: Option<u64>,
+        expected_reserved: Option<u64>,
+        allocated: u64,
+        reserved: u64,
+    },
+    #[error("step {step}: the replay ran out of memory where the job did not ({oom})")]
+    UnexpectedOutOfMemory { step: usize, oom: OutOfMemory },
+    #[error("step {step}: the job ran out of memory where the replay did not")]
+    MissedOutOfMemory { step: usize },
+    #[error("step {step}: {why}")]
+    BadRequest { step: usize, why: String },
+    #[error("the recording has {recorded} steps of counters for {requests} requests")]
+    Length { requests: usize, recorded: usize },
+}
+
+/// Runs `requests` through a fresh allocator. Fails only on a request stream the allocator could
+/// not have seen: a free of an id that is not live, or an id allocated twice.
+pub fn replay(
+    config: &AllocatorConfig,
+    device_capacity: Option<u64>,
+    requests: &[Request],
+) -> Result<Replay, Divergence> {
+    let mut out = Replay {
+        reserved: Vec::with_capacity(requests.len()),
+        allocated: Vec::with_capacity(requests.len()),
+        peak_reserved: 0,
+        peak_step: None,
+        out_of_memory: Vec::new(),
+    };
+    run(config, device_capacity, requests, |step, allocator, oom| {
+        let reserved = allocator.reserved();
+        out.reserved.push(reserved);
+        out.allocated.push(allocator.allocated());
+        if reserved > out.peak_reserved {
+            out.peak_reserved = reserved;
+            out.peak_step = Some(step);
+        }
+        if let Some(oom) = oom {
+            out.out_of_memory.push((step, oom));
+        }
+        Ok(())
+    })?;
+    Ok(out)
+}
+
+/// Replays under the settings the job ran with and compares every step with what the allocator
+/// reported; `None` when they agree throughout.
+pub fn replay_check(
+    config: &AllocatorConfig,
+    device_capacity: Option<u64>,
+    requests: &[Request],
+    recorded: &[Recorded],
+) -> Option<Divergence> {
+    if recorded.len() != requests.len() {
+        return Some(Divergence::Length { requests: requests.len(), recorded: recorded.len() });
+    }
+    run(config, device_capacity, requests, |step, allocator, oom| {
+        let expected = recorded[step];
+        match (oom, expected.out_of_memory) {
+            (Some(oom), false) => return Err(Divergence::UnexpectedOutOfMemory { step, oom }),
+            (None, true) => return Err(Divergence::MissedOutOfMemory { step }),
+            _ => {}
+        }
+        let (allocated, reserved) = (allocator.allocated(), allocator.reserved());
+        if expected.allocated.is_some_and(|a| a != allocated) || expected.reserved.is_some_and(|r| r != reserved) {
+            return Err(Divergence::Counters {
+                step,
+                expected_allocated: expected.allocated,
+                expected_reserved: expected.reserved,
+                allocated,
+                reserved,
+            });
+        }
+        Ok(())
+    })
+    .err()
+}
+
+fn run(
+    config: &AllocatorConfig,
+    device_capacity: Option<u64>,
+    requests: &[Request],
+    mut after_step: impl FnMut(usize, &CachingAllocator, Option<OutOfMemory>) -> Result<(), Divergence>,
+) -> Result<(), Divergence> {
+    let mut allocator = CachingAllocator::new(config.clone(), device_capacity);
+    for (step, request) in requests.iter().enumerate() {
+        let oom = match *request {
+            Request::Alloc { id, size } => {
+                if allocator.is_live(id) {
+                    return Err(Divergence::BadRequest {
+                        step,
+                        why: format!("request {id} allocated again while live"),
+                    });
+                }
+                allocator.malloc(id, size).err()
+            }
+            Request::Free { id } => {
+                allocator.free(id).map_err(|e| Divergence::BadRequest { step, why: e.to_string() })?;
+                None
+            }
+            Request::EmptyCache => {
+                allocator.empty_cache();
+                None
+            }
+        };
+        after_step(step, &allocator, oom)?;
+    }
+    Ok(())
+}
