@@ -269,7 +269,14 @@ impl Sender {
 
     fn push_call(&mut self, record: &CallRecord) {
         if let (Call::Allocator { .. }, true) = (&record.call, self.binary()) {
-            let stack = match self.stacks.intern(record.stack, record.codes_before) {
+            let interned = self.stacks.intern(record.stack, record.codes_before);
+            // A forget made while interning (a code object described again) voids the numbers
+            // given before it, not the one it gives now: the agent hears it before the new
+            // stack's frames, or it would drop them with the rest.
+            if self.stacks.take_forgotten() {
+                Message::ForgetStacks.write(&mut self.batch);
+            }
+            let stack = match interned {
                 Interned::Known(number) => number,
                 Interned::New(number, frames) => {
                     Message::Stack { id: number, frames }.write(&mut self.batch);
@@ -280,9 +287,6 @@ impl Sender {
                     0
                 }
             };
-            if self.stacks.take_forgotten() {
-                Message::ForgetStacks.write(&mut self.batch);
-            }
             let block = self.block_of(record, stack);
             Message::Block(block).write(&mut self.batch);
             SENT.fetch_add(1, Ordering::Relaxed);

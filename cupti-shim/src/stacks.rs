@@ -294,4 +294,36 @@ mod tests {
         assert!(stacks.write_json(stack, 1, &mut line));
         assert_eq!(line, r#"[{"function":"<module>","file":"/srv/train.py","line":34}]"#);
     }
+
+    /// A code object freed and another described at its address while a stack is interned: the
+    /// numbers given before are forgotten first, and the stack interned then gets a number that
+    /// stands (the sender tells the agent to forget before it sends that stack's frames).
+    #[test]
+    fn a_forget_while_interning_comes_before_the_number_it_gives() {
+        let layout = gpuprof_pystack::offsets::layout_for(gpuprof_pystack::Version { major: 3, minor: 11 }).unwrap();
+        let adaptive = u64::from(layout.offsets.code_adaptive.unwrap());
+        let mut stacks = Stacks::with(Some(Symbolizer::new(layout)));
+        let code = 0x7f00_0000_1000;
+        let info = |function: &str| CodeInfo {
+            function: function.to_string(),
+            file: "/srv/train.py".to_string(),
+            first_line: 34,
+            line_table: vec![0x80 | (10 << 3), 0],
+        };
+        stacks.queue_description(1, code, info("step"));
+        let first = StackRef { hash: 0x1111 };
+        stacks.receive(first.hash, vec![RawFrame { code, instr: code + adaptive }].into());
+        let step = Frame { file: "/srv/train.py".into(), function: "step".into(), line: 34 };
+        assert_eq!(stacks.intern(first, 1), Interned::New(1, vec![step]));
+        assert!(!stacks.take_forgotten());
+        // The code object at that address is freed and another made there (description 2).
+        stacks.queue_description(2, code, info("evaluate"));
+        let second = StackRef { hash: 0x2222 };
+        stacks.receive(second.hash, vec![RawFrame { code, instr: code + adaptive }].into());
+        let evaluate = Frame { file: "/srv/train.py".into(), function: "evaluate".into(), line: 34 };
+        assert_eq!(stacks.intern(second, 2), Interned::New(2, vec![evaluate]));
+        assert!(stacks.take_forgotten(), "the numbers before description 2 are void");
+        assert_eq!(stacks.intern(second, 2), Interned::Known(2));
+        assert!(!stacks.take_forgotten());
+    }
 }
