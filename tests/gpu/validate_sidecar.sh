@@ -17,7 +17,7 @@ shim=${SHIM:?set SHIM to libgpuprof_shim.so}
   written=$(mktemp -d) && chmod 0777 "$written"
   setpriv --reuid=65532 --regid=65532 --clear-groups env K8S_NODE_NAME="$(hostname)" K8S_POD_NAME=train-0 K8S_NAMESPACE=ml \
     K8S_POD_UID=0b6a4c9e-52f1-4c3a-9d0e-6f1e2a3b4c5d GPUPROF_WORKLOAD_CONTAINER=trainer \
-    "$image/gpuprof" daemon --sidecar "$pod" --listen 127.0.0.1:9464 --output "$written/sidecar.jsonl" 2> "$out/sidecar.err" &
+    "$image/gpuprof" daemon --sidecar "$pod" --level tensors --listen 127.0.0.1:9464 --output "$written/sidecar.jsonl" 2> "$out/sidecar.err" &
   sidecar=$!
   "$py" - <<'PY'
 import time, urllib.request
