@@ -4,6 +4,7 @@
 //! memory); what the record only points at is `enrich`'s. The hot path of the agent.
 
 use std::borrow::Cow;
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -101,10 +102,17 @@ impl Decoder {
             // A new process, or a new program: what was learned of the pid before is another's.
             self.parents.remove(&pid);
         }
-        if record.ppid != 0 {
-            self.parents.insert(pid, record.ppid);
+        // One lookup a record: this is the hot path.
+        match (self.parents.entry(pid), record.ppid) {
+            (Entry::Occupied(mut known), ppid) => {
+                if ppid != 0 {
+                    *known.get_mut() = ppid;
+                }
+                Some(*known.get())
+            }
+            (Entry::Vacant(unknown), ppid) if ppid != 0 => Some(*unknown.insert(ppid)),
+            (Entry::Vacant(_), _) => None,
         }
-        self.parents.get(&pid).copied()
     }
 }
 
