@@ -59,6 +59,23 @@ fn dispatch(command: Command) -> anyhow::Result<u8> {
                 }),
             })
         }
+        Command::Whatif { input, input_flag, settings, device_memory, suggest, ran_with, pid, format, output } => {
+            let input = setup::one_input("whatif", input, input_flag)?;
+            gpuprof_views::whatif::run(&gpuprof_views::whatif::WhatifRequest {
+                input: &input,
+                output: output.as_deref(),
+                pid,
+                settings,
+                ran_with,
+                device_memory,
+                suggest,
+                format: format.unwrap_or(if gpuprof_views::output::for_a_person(output.as_deref()) {
+                    gpuprof_views::whatif::WhatifFormat::Table
+                } else {
+                    gpuprof_views::whatif::WhatifFormat::Json
+                }),
+            })
+        }
         Command::Daemon { daemon: args } => daemon::run(&args),
         Command::Inject { inject: args } => inject::run(&args),
         Command::Top { pid, interval } => top::run(&top::TopArgs { pid, interval }),

@@ -16,8 +16,46 @@ pub fn human(bytes: u64) -> String {
     }
 }
 
+/// "40GiB", "81559 MiB", "80GB", "512M", "1073741824" → bytes. Binary units (KiB, MiB, GiB,
+/// TiB, and K, M, G, T as `nvidia-smi` and PyTorch print them) and decimal ones (KB, MB, GB, TB);
+/// a bare number is bytes. Fractions are allowed ("79.6GiB").
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let split = text.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value: f64 =
+        number.parse().map_err(|_| format!("`{text}` is not a size: write it as 40GiB, 81559MiB or 80GB"))?;
+    let scale: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kib" => 1024.0,
+        "m" | "mib" => 1024.0 * 1024.0,
+        "g" | "gib" => 1024.0 * 1024.0 * 1024.0,
+        "t" | "tib" => 1024.0f64.powi(4),
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        "tb" => 1e12,
+        other => {
+            return Err(format!("`{text}`: unknown unit `{other}` (use B, KiB, MiB, GiB, TiB, or KB, MB, GB, TB)"))
+        }
+    };
+    Ok((value * scale).round() as u64)
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn sizes_as_written() {
+        assert_eq!(super::parse_size("40GiB"), Ok(40 << 30));
+        assert_eq!(super::parse_size("81559 MiB"), Ok(81559 << 20));
+        assert_eq!(super::parse_size("80GB"), Ok(80_000_000_000));
+        assert_eq!(super::parse_size("512M"), Ok(512 << 20));
+        assert_eq!(super::parse_size("1.5KiB"), Ok(1536));
+        assert_eq!(super::parse_size("4096"), Ok(4096));
+        assert!(super::parse_size("forty").unwrap_err().contains("not a size"));
+        assert!(super::parse_size("40 GiBs").unwrap_err().contains("unknown unit `gibs`"));
+    }
+
     #[test]
     fn human_sizes() {
         assert_eq!(super::human(0), "0 B");

@@ -6,6 +6,8 @@
 //! - `export`: views of a recorded file (folded stacks, flame graphs, speedscope, memory_viz, the
 //!   HTML report, jsonl), `export::summary` (the lines that held the most) and `report` (the leak
 //!   rules over a recorded file).
+//! - `whatif`: a recording's allocator requests replayed under other allocator settings or on
+//!   another device (docs/whatif.md).
 //!
 //! The ground is `gpuprof_model` (events, the tracker, findings) and `gpuprof_recording` (the
 //! file format); nothing here captures.
@@ -14,3 +16,4 @@ pub mod export;
 pub(crate) mod input;
 pub mod output;
 pub mod report;
+pub mod whatif;

@@ -2,7 +2,7 @@
 //! blocks. One `DeviceCachingAllocator` on the default stream; each method names the PyTorch
 //! function it mirrors, so a divergence found by a replay can be traced to one rule.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use super::{allocation_size, is_small, round_size, should_split, AllocatorConfig, K_LARGE_BUFFER, K_SMALL_BUFFER};
 
@@ -115,6 +115,12 @@ pub struct CachingAllocator {
     live: HashMap<u64, BlockId>,
     allocated: u64,
     reserved: u64,
+    /// Device allocations made: segments, or pages mapped into expandable segments.
+    device_allocations: u64,
+    /// The addresses cudaMalloc gave the job's segments, by segment size, in order: where a
+    /// replay knows them, best fit breaks ties between equal blocks by address as the job's
+    /// allocator did.
+    recorded_bases: HashMap<u64, VecDeque<u64>>,
 }
 
 impl CachingAllocator {
@@ -136,7 +142,21 @@ impl CachingAllocator {
             live: HashMap::new(),
             allocated: 0,
             reserved: 0,
+            device_allocations: 0,
+            recorded_bases: HashMap::new(),
         }
+    }
+
+    /// Lays the segments it makes at the addresses a job's segments of the same size got, in the
+    /// order it got them (`(address, size)`); once those run out, above the highest of them.
+    /// cudaMalloc's placement is not modelled, but the order of equal blocks is what best fit
+    /// reads, and segments of equal size made in the same order are laid out alike.
+    pub fn with_segment_addresses(mut self, segments: &[(u64, u64)]) -> Self {
+        for &(addr, size) in segments {
+            self.recorded_bases.entry(size).or_default().push_back(addr);
+            self.next_addr = self.next_addr.max(addr.saturating_add(size));
+        }
+        self
     }
 
     /// `torch.cuda.set_per_process_memory_fraction` (`setMemoryFraction`): caps reserved memory
@@ -158,6 +178,12 @@ impl CachingAllocator {
     /// Bytes held from the device (`reserved_bytes`).
     pub fn reserved(&self) -> u64 {
         self.reserved
+    }
+
+    /// Device allocations made so far: `cudaMalloc`'d segments, or pages mapped into
+    /// expandable segments (what a recording counts as `cuMemAlloc_v2` or `cuMemMap` calls).
+    pub fn device_allocations(&self) -> u64 {
+        self.device_allocations
     }
 
     pub fn is_live(&self, request_id: u64) -> bool {
@@ -309,6 +335,7 @@ impl CachingAllocator {
         let segment = self.new_segment(pool, alloc_size, 0);
         self.segments.get_mut(&segment)?.reserved = alloc_size;
         self.reserved += alloc_size;
+        self.device_allocations += 1;
         let addr = self.segments[&segment].base;
         Some(self.new_block(Block {
             size: alloc_size,
@@ -329,8 +356,13 @@ impl CachingAllocator {
     fn new_segment(&mut self, pool: usize, size: u64, page: u64) -> u64 {
         let id = self.next_segment;
         self.next_segment += 1;
-        self.segments.insert(id, Segment { pool, base: self.next_addr, page, reserved: 0 });
-        self.next_addr += size;
+        let recorded = if page == 0 { self.recorded_bases.get_mut(&size).and_then(VecDeque::pop_front) } else { None };
+        let base = recorded.unwrap_or_else(|| {
+            let base = self.next_addr;
+            self.next_addr += size;
+            base
+        });
+        self.segments.insert(id, Segment { pool, base, page, reserved: 0 });
         id
     }
 
@@ -578,6 +610,7 @@ impl CachingAllocator {
         self.try_merge_blocks(id, next);
         self.insert_free(id);
         self.reserved += mapped;
+        self.device_allocations += mapped / page;
         if let Some(s) = self.segments.get_mut(&b.segment) {
             s.reserved += mapped;
         }

@@ -31,6 +31,13 @@ pub struct Replay {
     pub peak_reserved: u64,
     /// The first step at which reserved reached its peak.
     pub peak_step: Option<usize>,
+    /// At that step: bytes allocated, and the largest free block of the cache (the rest of the
+    /// cache, reserved less allocated, lies in smaller pieces).
+    pub allocated_at_peak: u64,
+    pub largest_free_at_peak: u64,
+    pub peak_allocated: u64,
+    /// Device allocations made (`CachingAllocator::device_allocations`).
+    pub device_allocations: u64,
     /// Allocations that failed, by step. The replay goes on past them, as a job that catches the
     /// error would; the failed request's id never becomes live.
     pub out_of_memory: Vec<(usize, OutOfMemory)>,
@@ -53,6 +60,8 @@ pub enum Divergence {
     MissedOutOfMemory { step: usize },
     #[error("step {step}: {why}")]
     BadRequest { step: usize, why: String },
+    #[error("the replay made {replayed} device allocations for its segments, the job {recorded}")]
+    Segments { replayed: u64, recorded: u64 },
     #[error("the recording has {recorded} steps of counters for {requests} requests")]
     Length { requests: usize, recorded: usize },
 }
@@ -64,41 +73,63 @@ pub fn replay(
     device_capacity: Option<u64>,
     requests: &[Request],
 ) -> Result<Replay, Divergence> {
+    replay_at(config, device_capacity, requests, &[])
+}
+
+/// `replay` with the segments laid at the addresses the job's got (`segment_addresses`:
+/// address and size, in the order it made them; `CachingAllocator::with_segment_addresses`),
+/// so that ties in best fit go the way they went.
+pub fn replay_at(
+    config: &AllocatorConfig,
+    device_capacity: Option<u64>,
+    requests: &[Request],
+    segment_addresses: &[(u64, u64)],
+) -> Result<Replay, Divergence> {
     let mut out = Replay {
         reserved: Vec::with_capacity(requests.len()),
         allocated: Vec::with_capacity(requests.len()),
         peak_reserved: 0,
         peak_step: None,
+        allocated_at_peak: 0,
+        largest_free_at_peak: 0,
+        peak_allocated: 0,
+        device_allocations: 0,
         out_of_memory: Vec::new(),
     };
-    run(config, device_capacity, requests, |step, allocator, oom| {
-        let reserved = allocator.reserved();
+    run(config, device_capacity, requests, segment_addresses, |step, allocator, oom| {
+        let (reserved, allocated) = (allocator.reserved(), allocator.allocated());
         out.reserved.push(reserved);
-        out.allocated.push(allocator.allocated());
+        out.allocated.push(allocated);
+        out.peak_allocated = out.peak_allocated.max(allocated);
         if reserved > out.peak_reserved {
             out.peak_reserved = reserved;
             out.peak_step = Some(step);
+            out.allocated_at_peak = allocated;
+            out.largest_free_at_peak = allocator.largest_free_block();
         }
         if let Some(oom) = oom {
             out.out_of_memory.push((step, oom));
         }
+        out.device_allocations = allocator.device_allocations();
         Ok(())
     })?;
     Ok(out)
 }
 
-/// Replays under the settings the job ran with and compares every step with what the allocator
-/// reported; `None` when they agree throughout.
+/// Replays under the settings the job ran with (segments at `segment_addresses`, as in
+/// `replay_at`) and compares every step with what the allocator reported; `None` when they agree
+/// throughout.
 pub fn replay_check(
     config: &AllocatorConfig,
     device_capacity: Option<u64>,
     requests: &[Request],
     recorded: &[Recorded],
+    segment_addresses: &[(u64, u64)],
 ) -> Option<Divergence> {
     if recorded.len() != requests.len() {
         return Some(Divergence::Length { requests: requests.len(), recorded: recorded.len() });
     }
-    run(config, device_capacity, requests, |step, allocator, oom| {
+    run(config, device_capacity, requests, segment_addresses, |step, allocator, oom| {
         let expected = recorded[step];
         match (oom, expected.out_of_memory) {
             (Some(oom), false) => return Err(Divergence::UnexpectedOutOfMemory { step, oom }),
@@ -124,9 +155,12 @@ fn run(
     config: &AllocatorConfig,
     device_capacity: Option<u64>,
     requests: &[Request],
+    segment_addresses: &[(u64, u64)],
     mut after_step: impl FnMut(usize, &CachingAllocator, Option<OutOfMemory>) -> Result<(), Divergence>,
 ) -> Result<(), Divergence> {
-    let mut allocator = CachingAllocator::new(config.clone(), device_capacity);
+    let mut allocator =
+        CachingAllocator::new(config.clone(), device_capacity).with_segment_addresses(segment_addresses);
+    let mut refused = std::collections::HashSet::new();
     for (step, request) in requests.iter().enumerate() {
         let oom = match *request {
             Request::Alloc { id, size } => {
@@ -136,8 +170,15 @@ fn run(
                         why: format!("request {id} allocated again while live"),
                     });
                 }
-                allocator.malloc(id, size).err()
+                let oom = allocator.malloc(id, size).err();
+                if oom.is_some() {
+                    refused.insert(id);
+                }
+                oom
             }
+            // A request that ran out of memory holds nothing to free: the replay goes on as a job
+            // that caught the error would, without it.
+            Request::Free { id } if refused.remove(&id) => None,
             Request::Free { id } => {
                 allocator.free(id).map_err(|e| Divergence::BadRequest { step, why: e.to_string() })?;
                 None

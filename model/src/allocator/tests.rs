@@ -346,11 +346,11 @@ fn replay_check_finds_the_first_divergence() {
         .zip(&r.allocated)
         .map(|(&res, &all)| Recorded { allocated: Some(all), reserved: Some(res), out_of_memory: false })
         .collect();
-    assert_eq!(replay_check(&c, None, &requests, &recorded), None);
+    assert_eq!(replay_check(&c, None, &requests, &recorded, &[]), None);
 
     recorded[3].reserved = Some(36 * MIB); // as if empty_cache had kept the segment
     assert_eq!(
-        replay_check(&c, None, &requests, &recorded),
+        replay_check(&c, None, &requests, &recorded, &[]),
         Some(Divergence::Counters {
             step: 3,
             expected_allocated: Some(16 * MIB),

@@ -1,0 +1,181 @@
+//! The questions `gpuprof whatif` asks of a trace: does the model reproduce what happened (the
+//! check, which every prediction needs first), what would happen under other settings or on
+//! another device, which of the usual settings would help, and the smallest device it fits.
+
+use super::{replay_at, replay_check, AllocatorConfig, AllocatorTrace, ConfigError, Divergence, Replay, MIB};
+
+/// Device memory that is never the allocator's: the CUDA context, the driver's own reserve and
+/// libraries' own allocations. Measured on an H100 machine (PyTorch 2.11, CUDA 13): the device's
+/// 81,559 MiB less the 80,552 MiB its allocator had when it ran out (tests/gpu/validate_whatif.sh).
+/// Used only where the recording cannot tell: it can when the job ran out of memory.
+pub const NON_ALLOCATOR_DEFAULT: u64 = 1007 * MIB;
+
+/// The settings people try first, in the order `--suggest` tries them.
+pub const USUAL_SETTINGS: &[&str] = &[
+    "expandable_segments:True",
+    "max_split_size_mb:128",
+    "max_split_size_mb:512",
+    "roundup_power2_divisions:4",
+    "expandable_segments:True,roundup_power2_divisions:4",
+];
+
+/// A trace and the settings it ran with.
+#[derive(Debug, Clone)]
+pub struct RecordedRun<'t> {
+    pub trace: &'t AllocatorTrace,
+    /// `PYTORCH_CUDA_ALLOC_CONF` as it was (inferred: expandable segments show in the driver calls;
+    /// anything else the caller says).
+    pub ran_with: String,
+}
+
+/// The device memory the allocator may have in a replay, and how that was found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Budget {
+    /// No limit: the question is the curve, not whether it fits.
+    Unbounded,
+    /// What the recorded device gave the allocator when it ran out of memory.
+    Recorded(u64),
+    /// A device of `device_memory` bytes, less what was not the allocator's
+    /// (`non_allocator`: measured at the job's out-of-memory, or `NON_ALLOCATOR_DEFAULT`).
+    Device { device_memory: u64, non_allocator: u64, measured: bool },
+}
+
+impl Budget {
+    pub fn bytes(&self) -> Option<u64> {
+        match *self {
+            Budget::Unbounded => None,
+            Budget::Recorded(bytes) => Some(bytes),
+            Budget::Device { device_memory, non_allocator, .. } => Some(device_memory.saturating_sub(non_allocator)),
+        }
+    }
+
+    /// The budget of a replay on a device of `device_memory` bytes (`None`: the recorded one).
+    pub fn for_device(trace: &AllocatorTrace, device_memory: Option<u64>) -> Budget {
+        let measured = trace.budget.zip(trace.device_memory).map(|(budget, total)| total.saturating_sub(budget));
+        let non_allocator = measured.unwrap_or(NON_ALLOCATOR_DEFAULT);
+        match (device_memory, trace.budget, trace.device_memory) {
+            (Some(device_memory), _, _) => {
+                Budget::Device { device_memory, non_allocator, measured: measured.is_some() }
+            }
+            (None, Some(recorded), _) => Budget::Recorded(recorded),
+            (None, None, Some(device_memory)) => Budget::Device { device_memory, non_allocator, measured: false },
+            (None, None, None) => Budget::Unbounded,
+        }
+    }
+}
+
+/// One setting's replay.
+#[derive(Debug, Clone)]
+pub struct Prediction {
+    /// `PYTORCH_CUDA_ALLOC_CONF` of the replay: the recorded settings with the asked ones added.
+    pub setting: String,
+    pub replay: Replay,
+}
+
+impl<'t> RecordedRun<'t> {
+    /// The settings it ran with: `declared` when the caller knows them, else inferred.
+    pub fn new(trace: &'t AllocatorTrace, declared: Option<&str>) -> Self {
+        let ran_with = match declared {
+            Some(conf) => conf.to_string(),
+            None if trace.expandable => "expandable_segments:True".to_string(),
+            None => String::new(),
+        };
+        RecordedRun { trace, ran_with }
+    }
+
+    /// The settings it ran with, with `extra` (KEY:VALUE items) on top.
+    pub fn setting(&self, extra: &[String]) -> String {
+        let mut parts: Vec<&str> = self.ran_with.split(',').filter(|p| !p.trim().is_empty()).collect();
+        parts.extend(extra.iter().map(String::as_str));
+        parts.join(",")
+    }
+
+    /// Replays under the settings it ran with, on the device it ran on, and compares every step
+    /// with what the allocator reported; and the segments with the driver's.
+    pub fn check(&self) -> Result<(), WhatifError> {
+        let config = AllocatorConfig::parse(&self.ran_with)?;
+        if let Some(why) = &self.trace.incomplete {
+            return Err(WhatifError::Incomplete(why.clone()));
+        }
+        let budget = self.trace.budget;
+        let addresses = &self.trace.segment_addresses;
+        if let Some(divergence) = replay_check(&config, budget, &self.trace.requests, &self.trace.recorded, addresses) {
+            return Err(WhatifError::Diverged(divergence));
+        }
+        let replayed = self.as_it_ran()?.replay;
+        if replayed.device_allocations != self.trace.segments_allocated {
+            return Err(WhatifError::Diverged(Divergence::Segments {
+                replayed: replayed.device_allocations,
+                recorded: self.trace.segments_allocated,
+            }));
+        }
+        Ok(())
+    }
+
+    /// The replay under the settings it ran with, on the device it ran on, its segments where the
+    /// job's were: what happened, once `check` passed.
+    pub fn as_it_ran(&self) -> Result<Prediction, WhatifError> {
+        let config = AllocatorConfig::parse(&self.ran_with)?;
+        let addresses = &self.trace.segment_addresses;
+        let replay =
+            replay_at(&config, self.trace.budget, &self.trace.requests, addresses).map_err(WhatifError::Diverged)?;
+        Ok(Prediction { setting: self.ran_with.clone(), replay })
+    }
+
+    /// The replay under the recorded settings plus `extra`, within `budget`.
+    pub fn predict(&self, extra: &[String], budget: Budget) -> Result<Prediction, WhatifError> {
+        let setting = self.setting(extra);
+        let config = AllocatorConfig::parse(&setting)?;
+        let addresses = &self.trace.segment_addresses;
+        let replay =
+            replay_at(&config, budget.bytes(), &self.trace.requests, addresses).map_err(WhatifError::Replay)?;
+        Ok(Prediction { setting, replay })
+    }
+
+    /// The usual settings, each replayed within `budget`, best first: those that never run out of
+    /// memory before those that do, then by peak reserved. The recorded settings are among them.
+    pub fn suggest(&self, budget: Budget) -> Result<Vec<Prediction>, WhatifError> {
+        let mut tried = vec![self.predict(&[], budget)?];
+        for usual in USUAL_SETTINGS {
+            let extra = [usual.to_string()];
+            let setting = self.setting(&extra);
+            if tried.iter().any(|p| p.setting == setting) {
+                continue;
+            }
+            tried.push(self.predict(&extra, budget)?);
+        }
+        tried.sort_by_key(|p| (p.replay.out_of_memory.len(), p.replay.peak_reserved));
+        Ok(tried)
+    }
+
+    /// The least allocator budget (to 2 MiB) under which the replay with `extra` never runs out
+    /// of memory: at least the peak allocated, at most the unbounded replay's peak reserved.
+    pub fn smallest_budget(&self, extra: &[String]) -> Result<u64, WhatifError> {
+        let unbounded = self.predict(extra, Budget::Unbounded)?.replay;
+        let fits = |bytes: u64| -> Result<bool, WhatifError> {
+            Ok(self.predict(extra, Budget::Recorded(bytes))?.replay.out_of_memory.is_empty())
+        };
+        let (mut low, mut high) = (unbounded.peak_allocated / (2 * MIB), unbounded.peak_reserved.div_ceil(2 * MIB));
+        while low < high {
+            let middle = low + (high - low) / 2;
+            if fits(middle * 2 * MIB)? {
+                high = middle;
+            } else {
+                low = middle + 1;
+            }
+        }
+        Ok(high * 2 * MIB)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum WhatifError {
+    #[error(transparent)]
+    Setting(#[from] ConfigError),
+    #[error("the recording cannot be replayed: {0}")]
+    Incomplete(String),
+    #[error("the replay under the settings the job ran with parts from the recording at {0}; no prediction is made")]
+    Diverged(Divergence),
+    #[error("the replay cannot go on at {0}")]
+    Replay(Divergence),
+}
