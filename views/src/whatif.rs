@@ -382,11 +382,7 @@ fn write_columns(writer: &mut dyn Write, process: &ProcessWhatif) -> Result<()> 
 
 /// --suggest: what happened, then the settings tried, best first, a row each.
 fn write_ranking(writer: &mut dyn Write, process: &ProcessWhatif) -> Result<()> {
-    writeln!(
-        writer,
-        "  {:<4}{:<52}{:>14}{:>14}  {}",
-        "", "setting", "peak reserved", "cache at peak", "out of memory"
-    )?;
+    writeln!(writer, "  {:<4}{:<52}{:>14}{:>14}  out of memory", "", "setting", "peak reserved", "cache at peak")?;
     for (i, run) in process.runs.iter().enumerate() {
         let rank = if i == 0 { "ran".to_string() } else { format!("{i}.") };
         writeln!(

@@ -27,6 +27,8 @@ mod replay;
 #[cfg(test)]
 mod tests;
 mod trace;
+#[cfg(test)]
+mod trace_tests;
 mod whatif;
 
 pub use caching::{CachingAllocator, OutOfMemory, Outcome, SegmentInfo, UnknownRequest};
