@@ -69,6 +69,7 @@ fn dispatch(command: Command) -> anyhow::Result<u8> {
                 ran_with,
                 device_memory,
                 suggest,
+                smallest_device: suggest,
                 format: format.unwrap_or(if gpuprof_views::output::for_a_person(output.as_deref()) {
                     gpuprof_views::whatif::WhatifFormat::Table
                 } else {

@@ -469,3 +469,61 @@ fn the_page_is_self_contained_with_the_pinned_chart_library() {
     assert!(html.contains("The MIT License (MIT)") && html.contains("Copyright (c) 2022 Leon Sorokin"));
     assert!(html.contains("uPlot (v1.6.32)"));
 }
+
+/// The "what if" panel, on a recording made on an H100 machine (testkit/fixtures/h100_whatif:
+/// a job whose default settings ran out of memory with half the card free in pieces): the
+/// settings ranked as `gpuprof whatif --suggest` ranks them, the out-of-memory at the user's line,
+/// a chart of each; and on a recording without allocator events, why there is none.
+#[test]
+fn the_what_if_panel_ranks_the_usual_settings() {
+    let dir = scratch("html_whatif");
+    let page = dir.join("halves.html");
+    let input = fixtures().join("h100_whatif").join("halves.default.gpuprof");
+    let output = Command::new(gpuprof()).args(["export", "-f", "html", "-o"]).arg(&page).arg(&input).output().unwrap();
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    let cells = "Array.from(document.querySelectorAll('#whatif table.whatif-runs tbody tr')).map(r => Array.from(r.cells).map(c => c.textContent))";
+    let report = browse_report(
+        &page,
+        json!([
+            { "eval": cells },
+            { "eval": "document.querySelector('#whatif .whatif-check').textContent" },
+            { "eval": "document.querySelectorAll('#whatif .whatif-chart .uplot').length" },
+            { "screenshot": dir.join("whatif.png").to_str().unwrap() },
+        ]),
+    );
+    let oom = "request 378 (0.011 s), asking for 0.75 GiB; every segment holds a live block";
+    assert_eq!(
+        report["results"][0],
+        json!([
+            ["as it ran", "default", "78.38 GiB", "38.70 GiB", oom, "whatif_job.py:127 halves"],
+            ["1.", "expandable_segments:True", "40.08 GiB", "0.02 GiB", "no", ""],
+            ["2.", "expandable_segments:True,roundup_power2_divisions:4", "44.00 GiB", "0.00 GiB", "no", ""],
+            ["3.", "roundup_power2_divisions:4", "45.13 GiB", "1.13 GiB", "no", ""],
+            ["4.", "max_split_size_mb:128", "78.66 GiB", "42.98 GiB", "no", ""],
+            ["5.", "max_split_size_mb:512", "78.66 GiB", "42.98 GiB", "no", ""],
+        ])
+    );
+    assert_eq!(
+        report["results"][1],
+        "Replay check: exact at every request and segment. The allocator may have 78.66 GiB: what the device gave the allocator when the job ran out of memory."
+    );
+    assert_eq!(report["results"][2], 1);
+
+    let (page, _) = record_driver_only(&dir);
+    let report = browse_report(&page, json!([{ "eval": "document.getElementById('whatif').textContent" }]));
+    let note = report["results"][0].as_str().unwrap();
+    assert!(note.contains("has no allocator requests: a what-if replays PyTorch's allocator"), "{note}");
+}
+
+/// A capture at the driver's level (no allocator events) and its HTML report.
+fn record_driver_only(dir: &Path) -> (PathBuf, Vec<Event>) {
+    let (log, out, page) = (dir.join("expected.jsonl"), dir.join("events.jsonl"), dir.join("driver.html"));
+    let script = workloads().join("tensors.py");
+    let output = gpuprof_run(
+        &["--level", "driver", "--output", out.to_str().unwrap(), "--html", page.to_str().unwrap()],
+        &[python3(), script.to_str().unwrap()],
+        &log,
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    (page, read_events(&out))
+}

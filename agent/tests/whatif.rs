@@ -110,7 +110,7 @@ fn fragmentation_no_setting_helps_and_the_smallest_device_says_how_much_more() {
     let process = &json_of(&whatif(&[input.to_str().unwrap(), "--suggest", "-f", "json"]))["processes"][0];
     assert_eq!(process["check"], "exact");
     let runs = process["runs"].as_array().unwrap();
-    assert_eq!(runs.len(), 7, "what happened and six settings");
+    assert_eq!(runs.len(), 6, "what happened and the five usual settings");
     for run in runs {
         let oom = &run["out_of_memory"][0];
         assert_eq!(

@@ -33,7 +33,10 @@ pub struct WhatifRequest<'a> {
     /// show in it).
     pub ran_with: Option<String>,
     pub device_memory: Option<u64>,
+    /// Try the usual settings (`USUAL_SETTINGS`), ranked.
     pub suggest: bool,
+    /// With `suggest`: also search the smallest device the best one fits (about 25 replays more).
+    pub smallest_device: bool,
     pub format: WhatifFormat,
 }
 
@@ -83,7 +86,8 @@ pub struct Run {
     pub cache_at_peak: u64,
     pub largest_free_at_peak: u64,
     pub out_of_memory: Vec<OutOfMemoryAt>,
-    /// (seconds from the first request, reserved bytes): the highest of each stretch of requests.
+    /// (seconds from the first request, reserved bytes): the highest of each stretch of requests,
+    /// at the stretch's first request, so that every run of a process has the same times.
     pub curve: Vec<(f64, u64)>,
 }
 
@@ -184,7 +188,12 @@ fn process_whatif(trace: &AllocatorTrace, request: &WhatifRequest<'_>) -> Result
     let as_it_ran = recorded.as_it_ran()?;
     out.runs.push(run_of(trace, &as_it_ran));
     let predictions = if request.suggest {
-        recorded.suggest(budget)?
+        let mut ranked = recorded.suggest(budget)?;
+        // On the device it ran on, the settings it ran with are the first column already.
+        if request.device_memory.is_none() {
+            ranked.retain(|p| p.setting != recorded.ran_with);
+        }
+        ranked
     } else {
         let mut asked = Vec::new();
         for setting in &request.settings {
@@ -197,7 +206,7 @@ fn process_whatif(trace: &AllocatorTrace, request: &WhatifRequest<'_>) -> Result
         asked
     };
     out.runs.extend(predictions.iter().map(|p| run_of(trace, p)));
-    if request.suggest {
+    if request.suggest && request.smallest_device {
         if let Some(best) = predictions.first() {
             let extra: Vec<String> = best
                 .setting
@@ -235,8 +244,8 @@ fn run_of(trace: &AllocatorTrace, prediction: &Prediction) -> Run {
         .chunks(per_point)
         .enumerate()
         .map(|(chunk, values)| {
-            let (offset, &most) = values.iter().enumerate().max_by_key(|&(_, v)| *v).expect("chunks are not empty");
-            (place(chunk * per_point + offset).seconds, most)
+            let most = values.iter().copied().max().expect("chunks are not empty");
+            (place(chunk * per_point).seconds, most)
         })
         .collect();
     Run {

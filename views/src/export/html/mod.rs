@@ -58,8 +58,40 @@ struct Report {
     kinds: Vec<&'static str>,
     stacks: Stacks,
     snapshots: Vec<Snapshot>,
+    /// The "what if" panel: the allocator's requests replayed under the usual settings.
+    whatif: WhatifPanel,
     /// What the page shows first.
     initial: Initial,
+}
+
+#[derive(Debug, Serialize)]
+struct WhatifPanel {
+    processes: Vec<crate::whatif::ProcessWhatif>,
+    /// Why there is nothing to show, when there is not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    note: Option<String>,
+}
+
+impl WhatifPanel {
+    /// Every process's requests under the usual settings, as `gpuprof whatif --suggest` ranks
+    /// them (without its device search, which replays the best one some 25 times more).
+    fn of(input: &Path, pid: Option<u32>) -> WhatifPanel {
+        let request = crate::whatif::WhatifRequest {
+            input,
+            output: None,
+            pid,
+            settings: Vec::new(),
+            ran_with: None,
+            device_memory: None,
+            suggest: true,
+            smallest_device: false,
+            format: crate::whatif::WhatifFormat::Json,
+        };
+        match crate::whatif::answer(&request) {
+            Ok(answer) => WhatifPanel { processes: answer.processes, note: None },
+            Err(error) => WhatifPanel { processes: Vec::new(), note: Some(format!("{error:#}")) },
+        }
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -219,6 +251,7 @@ fn build(input: &Path, moment: Moment, layer: StackLayer, pid: Option<u32>) -> R
         kinds: snapshots::kind_names(),
         stacks: builder.stacks,
         snapshots: builder.snapshots,
+        whatif: WhatifPanel::of(input, pid),
         initial: Initial {
             t: initial_t,
             pid,

@@ -537,6 +537,83 @@
     if (!body.rows.length) cell(body.insertRow(), "No findings.");
   }
 
+  // ---- what if: the allocator's requests under other settings ------------------------------------
+
+  const gib = (bytes) => `${(bytes / 2 ** 30).toFixed(2)} GiB`;
+
+  function renderWhatif() {
+    const box = byId("whatif");
+    box.textContent = "";
+    const panel = data.whatif;
+    if (!panel.processes.length) {
+      const p = document.createElement("p");
+      p.textContent = panel.note || "No allocator requests to replay.";
+      box.appendChild(p);
+      return;
+    }
+    for (const w of panel.processes) {
+      const div = document.createElement("div");
+      div.className = "whatif-process";
+      div.dataset.pid = w.pid;
+      const title = document.createElement("h3");
+      title.textContent = `pid ${w.pid}, GPU ${w.device}: ${w.requests.toLocaleString("en")} requests, settings ${w.ran_with}`;
+      div.appendChild(title);
+      const note = document.createElement("p");
+      note.className = "whatif-check";
+      note.textContent = w.check === "exact"
+        ? `Replay check: exact at every request and segment. The allocator may have ${w.budget === null ? "any amount" : gib(w.budget)}: ${w.budget_source}.`
+        : `No prediction: ${w.check}`;
+      div.appendChild(note);
+      box.appendChild(div);
+      if (w.check !== "exact") continue;
+      const table = document.createElement("table");
+      table.className = "whatif-runs";
+      div.appendChild(table);
+      const body = header(table, ["", "setting", "peak reserved", "cache at the peak", "out of memory", "your line"]);
+      w.runs.forEach((run, i) => {
+        const row = body.insertRow();
+        cell(row, i === 0 ? "as it ran" : `${i}.`);
+        cell(row, run.setting, "code");
+        cell(row, gib(run.peak_reserved), "num", `${run.peak_reserved} bytes`);
+        cell(row, gib(run.cache_at_peak), "num", `largest free block ${gib(run.largest_free_at_peak)}`);
+        const oom = run.out_of_memory[0];
+        if (oom) {
+          const pinned = oom.every_segment_holds_a_live_block ? "; every segment holds a live block" : "";
+          cell(row, `request ${oom.at.step} (${oom.at.seconds.toFixed(3)} s), asking for ${gib(oom.request)}${pinned}`, "oom",
+            `${gib(oom.reserved)} reserved, ${gib(oom.reserved_unallocated)} of it free in pieces (largest ${gib(oom.largest_free_block)})`);
+          cell(row, oom.at.where || "—", "code");
+        } else {
+          cell(row, "no");
+          cell(row, "");
+        }
+      });
+      const chartBox = document.createElement("div");
+      chartBox.className = "whatif-chart";
+      div.appendChild(chartBox);
+      const xs = w.runs[0].curve.map((point) => point[0]);
+      const columns = [xs, ...w.runs.map((run) => run.curve.map((point) => point[1]))];
+      const series = [{ label: "seconds after the first request", value: (u, v) => (v == null ? "—" : `${v.toFixed(3)} s`) }];
+      w.runs.forEach((run, i) => series.push({
+        label: i === 0 ? `as it ran (${run.setting})` : run.setting,
+        stroke: PALETTE[i % PALETTE.length],
+        width: i === 0 ? 2.5 : 1.5,
+        dash: i === 0 ? [] : [6, 3],
+        points: { show: false },
+        value: (u, v) => (v == null ? "—" : human(v)),
+      }));
+      new uPlot({
+        width: Math.max(400, box.clientWidth),
+        height: 240,
+        scales: { x: { time: false } },
+        axes: [
+          { label: "seconds after the first request: reserved under each setting", values: (u, splits) => splits.map((v) => `${+v.toPrecision(3)}`) },
+          { size: 80, values: (u, splits) => splits.map((v) => human(v)) },
+        ],
+        series,
+      }, columns, chartBox);
+    }
+  }
+
   // ---- picking, the address bar, the whole page ----------------------------------------------
 
   function pick(p) {
@@ -620,6 +697,7 @@
   setupIcicle();
   buildChart();
   renderFindings();
+  renderWhatif();
   pick(first);
   window.addEventListener("hashchange", () => {
     const p = fromAddress();
