@@ -49,16 +49,19 @@ fn recording() -> Vec<Event> {
     let mut next_id = 0u64;
     let mut segments_made = std::collections::HashSet::new();
     // A report of block `id` in segment `segment`; a segment's first block follows its cuMemAlloc.
-    let mut report = |events: &mut Vec<Event>, allocator: &CachingAllocator, op: Op, id: u64, size: u64, segment: u64| {
-        let segment_addr = SEGMENT_BASE + (segment << 32);
-        if segments_made.insert(segment) {
-            let segment_size = allocator.segments().iter().find(|s| s.id == segment).map_or(0, |s| s.size);
-            push(events, Layer::Driver, Op::Alloc, "cuMemAlloc_v2", segment_addr, segment_size);
-        }
-        let at = push(events, Layer::Allocator, op, "c10::reportMemoryUsageToProfiler", SEGMENT_BASE + id * 4096, size);
-        let e = &mut events[at];
-        (e.allocated, e.reserved, e.segment) = (Some(allocator.allocated()), Some(allocator.reserved()), Some(segment_addr));
-    };
+    let mut report =
+        |events: &mut Vec<Event>, allocator: &CachingAllocator, op: Op, id: u64, size: u64, segment: u64| {
+            let segment_addr = SEGMENT_BASE + (segment << 32);
+            if segments_made.insert(segment) {
+                let segment_size = allocator.segments().iter().find(|s| s.id == segment).map_or(0, |s| s.size);
+                push(events, Layer::Driver, Op::Alloc, "cuMemAlloc_v2", segment_addr, segment_size);
+            }
+            let at =
+                push(events, Layer::Allocator, op, "c10::reportMemoryUsageToProfiler", SEGMENT_BASE + id * 4096, size);
+            let e = &mut events[at];
+            (e.allocated, e.reserved, e.segment) =
+                (Some(allocator.allocated()), Some(allocator.reserved()), Some(segment_addr));
+        };
     let weights: Vec<u64> = (0..200).map(|_| 512 + random.next() % (16 * MIB)).collect();
     for &size in &weights {
         let id = next_id;
