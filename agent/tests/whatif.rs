@@ -175,3 +175,52 @@ fn bad_questions_get_one_line_each() {
         "{stderr}"
     );
 }
+
+/// A job started with PYTORCH_CUDA_ALLOC_CONF: the capture writes its settings once, on the
+/// process's first call, and whatif replays it under them without being told.
+#[test]
+fn the_settings_a_job_was_started_with_are_recorded_and_replayed_under() {
+    let dir = scratch("whatif_started_with");
+    let (log, out) = (dir.join("expected.jsonl"), dir.join("events.jsonl"));
+    let mut cmd = Command::new(gpuprof());
+    cmd.args(["run", "--output", out.to_str().unwrap(), "--"]).arg(python3()).arg(workloads().join("tensors.py"));
+    workload_env(&mut cmd, &log);
+    cmd.env("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:64,roundup_power2_divisions:4");
+    let output = cmd.output().unwrap();
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    let events = read_events(&out);
+    let pid = events.iter().find(|e| e.layer == gpuprof_model::event::Layer::Allocator).expect("allocator events").pid;
+    let said: Vec<(usize, Option<&str>)> = events
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e.pid == pid && e.allocator_settings.is_some())
+        .map(|(i, e)| (i, e.allocator_settings.as_deref()))
+        .collect();
+    let first = events.iter().position(|e| e.pid == pid && e.layer != gpuprof_model::event::Layer::Process).unwrap();
+    assert_eq!(said, vec![(first, Some("max_split_size_mb:64,roundup_power2_divisions:4"))]);
+
+    let output = whatif(&[out.to_str().unwrap(), "-f", "json", "--pid", &pid.to_string()]);
+    let answer: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let process = &answer["processes"][0];
+    assert_eq!(process["ran_with"], "max_split_size_mb:64,roundup_power2_divisions:4");
+    assert_eq!(process["ran_with_source"], "from the environment it was started with");
+
+    // Started without: PyTorch's defaults, known rather than assumed.
+    let bare = dir.join("bare.jsonl");
+    let output = gpuprof_run(
+        &["--output", bare.to_str().unwrap()],
+        &[python3(), workloads().join("tensors.py").to_str().unwrap()],
+        &log,
+    );
+    assert_eq!(output.status.code(), Some(0));
+    let process = &json_of_any(&whatif(&[bare.to_str().unwrap(), "-f", "json"]))["processes"][0];
+    assert_eq!(
+        (process["ran_with"].as_str(), process["ran_with_source"].as_str()),
+        (Some("default"), Some("from the environment it was started with"))
+    );
+}
+
+/// The JSON of a what-if whatever its exit status (a stand-in's allocator need not pass the check).
+fn json_of_any(output: &Output) -> Value {
+    serde_json::from_slice(&output.stdout).unwrap_or_else(|_| panic!("{}", String::from_utf8_lossy(&output.stderr)))
+}

@@ -166,7 +166,10 @@ impl EventFlow {
         }
         self.forward_stacks.follow(&mut event);
         if self.pids_are_ours && self.ranks.first_call(&event) {
-            event.rank = event.rank.or_else(|| gpuprof_procfs::process::rank(event.pid));
+            let started_with = gpuprof_procfs::process::start_environment(event.pid);
+            event.rank = event.rank.or(started_with.rank);
+            event.allocator_settings =
+                event.allocator_settings.take().or(started_with.allocator_settings.map(Into::into));
         }
         self.ranks.observe(&event);
         if let Some(exporter) = &mut self.exporter {

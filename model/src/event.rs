@@ -141,6 +141,12 @@ pub struct Event {
     /// carries it at no cost per event, and a replay learns it where the capture did (`rank`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rank: Option<u32>,
+    /// PyTorch's allocator settings in the environment the process was started with
+    /// (`PYTORCH_CUDA_ALLOC_CONF`, else `PYTORCH_ALLOC_CONF`; empty when neither is set), on its
+    /// first call as `rank` is: what `whatif` replays it under. Settings made from inside the
+    /// program (`os.environ[...]` before importing torch) do not show here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocator_settings: Option<Arc<str>>,
     /// Shared between the events of a process (a name per event would be an allocation per event).
     #[serde(default)]
     pub comm: Arc<str>,
@@ -240,6 +246,7 @@ impl Event {
             ns_pid: None,
             ppid: None,
             rank: None,
+            allocator_settings: None,
             comm: no_comm(),
             source,
             layer,

@@ -15,20 +15,34 @@ pub fn comm(pid: u32) -> String {
     fs::read_to_string(format!("/proc/{pid}/comm")).map(|s| s.trim_end().to_string()).unwrap_or_default()
 }
 
-/// The rank a distributed launcher (torchrun, torch.distributed, DeepSpeed, Accelerate) gave the
-/// process: `RANK` in the environment it was started with. `None` when it has none, or it is
-/// gone or not ours to read.
-pub fn rank(pid: u32) -> Option<u32> {
-    let environ = fs::read(format!("/proc/{pid}/environ")).ok()?;
-    rank_in(&environ)
+/// What the environment a process was started with says of it.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct StartEnvironment {
+    /// The rank a distributed launcher (torchrun, torch.distributed, DeepSpeed, Accelerate) gave
+    /// it: `RANK`.
+    pub rank: Option<u32>,
+    /// PyTorch's allocator settings (`gpuprof_model::allocator::SETTINGS_VARIABLES`, the first set);
+    /// empty when none is set.
+    pub allocator_settings: Option<String>,
 }
 
-fn rank_in(environ: &[u8]) -> Option<u32> {
+/// The environment process `pid` was started with; all `None` when it is gone or not ours to
+/// read.
+pub fn start_environment(pid: u32) -> StartEnvironment {
+    fs::read(format!("/proc/{pid}/environ")).map(|environ| start_environment_in(&environ)).unwrap_or_default()
+}
+
+fn start_environment_in(environ: &[u8]) -> StartEnvironment {
+    use gpuprof_model::allocator::SETTINGS_VARIABLES;
     use gpuprof_model::rank::{parse, RANK_VARIABLE};
-    environ
-        .split(|&b| b == 0)
-        .find_map(|entry| entry.strip_prefix(RANK_VARIABLE.as_bytes())?.strip_prefix(b"="))
-        .and_then(parse)
+    let value = |name: &str| {
+        environ.split(|&b| b == 0).find_map(|entry| entry.strip_prefix(name.as_bytes())?.strip_prefix(b"="))
+    };
+    let settings = SETTINGS_VARIABLES.iter().find_map(|name| value(name));
+    StartEnvironment {
+        rank: value(RANK_VARIABLE).and_then(parse),
+        allocator_settings: Some(settings.map(|s| String::from_utf8_lossy(s).into_owned()).unwrap_or_default()),
+    }
 }
 
 /// State and parent from /proc/PID/stat; `None` when the process is gone.
@@ -106,10 +120,27 @@ mod tests {
 
     #[test]
     fn the_rank_is_the_rank_variable_alone() {
+        let rank_in = |environ: &[u8]| start_environment_in(environ).rank;
         assert_eq!(rank_in(b"PATH=/usr/bin\0LOCAL_RANK=3\0RANK=11\0WORLD_SIZE=16\0"), Some(11));
         assert_eq!(rank_in(b"LOCAL_RANK=3\0GROUP_RANK=1\0"), None);
         assert_eq!(rank_in(b"RANK=x\0"), None);
         assert_eq!(rank_in(b""), None);
+    }
+
+    #[test]
+    fn allocator_settings_are_the_first_variable_pytorch_reads() {
+        let settings = |environ: &[u8]| start_environment_in(environ).allocator_settings;
+        assert_eq!(
+            settings(b"PATH=/usr/bin\0PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True\0"),
+            Some("expandable_segments:True".into())
+        );
+        assert_eq!(settings(b"PYTORCH_ALLOC_CONF=max_split_size_mb:128\0"), Some("max_split_size_mb:128".into()));
+        assert_eq!(
+            settings(b"PYTORCH_ALLOC_CONF=max_split_size_mb:128\0PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True\0"),
+            Some("expandable_segments:True".into())
+        );
+        // Read, and neither set: PyTorch's defaults.
+        assert_eq!(settings(b"PATH=/usr/bin\0XPYTORCH_CUDA_ALLOC_CONF=x\0"), Some(String::new()));
     }
 
     #[test]

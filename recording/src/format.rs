@@ -83,6 +83,8 @@ pub enum Field {
     StackOrigin = 24,
     /// On a process's first call only.
     Rank = 25,
+    /// String id; on a process's first call only.
+    AllocatorSettings = 26,
 }
 
 impl Field {

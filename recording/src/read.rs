@@ -352,6 +352,9 @@ impl Reader {
         if has(Field::Rank) {
             event.rank = Some(take!(varint::get(data, d)) as u32);
         }
+        if has(Field::AllocatorSettings) {
+            event.allocator_settings = Some(self.string(take!(varint::get(data, d)))?.clone());
+        }
         self.deltas.ts = ts;
         self.deltas.pid = pid;
         if event.op == gpuprof_model::Op::Exit {

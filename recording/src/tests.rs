@@ -55,6 +55,7 @@ fn events() -> Vec<Event> {
     segment.duration_ns = Some(91_000);
     segment.caller_module = Some("libcudart.so.13".into());
     segment.rank = Some(3);
+    segment.allocator_settings = Some("expandable_segments:True".into());
     segment.stack = deep.clone();
     segment.comm = "python3".into();
     out.push(segment);

@@ -120,6 +120,7 @@ impl<W: Write> Writer<W> {
         let filename = event.filename.as_deref().map(|f| self.string_id(f));
         let caller_module = event.caller_module.as_deref().map(|m| self.string_id(m));
         let autograd_node = event.autograd_node.as_deref().map(|n| self.string_id(n));
+        let allocator_settings = event.allocator_settings.as_deref().map(|s| self.string_id(s));
         let native: Vec<(u64, u64, u64)> =
             event.native.iter().map(|n| (self.string_id(&n.symbol), self.string_id(&n.module), n.offset)).collect();
 
@@ -155,6 +156,7 @@ impl<W: Write> Writer<W> {
         set(Field::AutogradThread, event.autograd_thread.is_some());
         set(Field::StackOrigin, event.stack_origin.is_some());
         set(Field::Rank, event.rank.is_some());
+        set(Field::AllocatorSettings, allocator_settings.is_some());
 
         let p = &mut self.payload;
         p.clear();
@@ -242,6 +244,9 @@ impl<W: Write> Writer<W> {
         }
         if let Some(v) = event.rank {
             varint::put(p, u64::from(v));
+        }
+        if let Some(id) = allocator_settings {
+            varint::put(p, id);
         }
         self.deltas.ts = event.ts;
         self.deltas.pid = event.pid;

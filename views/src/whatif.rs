@@ -54,6 +54,8 @@ pub struct ProcessWhatif {
     pub device: i32,
     pub requests: usize,
     pub ran_with: String,
+    /// Where `ran_with` comes from.
+    pub ran_with_source: &'static str,
     /// "exact", or why no prediction is made.
     pub check: String,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -170,6 +172,7 @@ fn process_whatif(trace: &AllocatorTrace, request: &WhatifRequest<'_>) -> Result
         device: trace.device,
         requests: trace.requests.len(),
         ran_with: if recorded.ran_with.is_empty() { "default".to_string() } else { recorded.ran_with.clone() },
+        ran_with_source: recorded.ran_with_source.describe(),
         check: "exact".to_string(),
         device_memory: request.device_memory.or(trace.device_memory),
         budget: budget.bytes(),
@@ -303,12 +306,13 @@ fn write_table(writer: &mut dyn Write, whatif: &Whatif, input: &Path) -> Result<
     for process in &whatif.processes {
         writeln!(
             writer,
-            "{}: pid {}, device {}: {} requests to PyTorch's caching allocator, settings {}",
+            "{}: pid {}, device {}: {} requests to PyTorch's caching allocator, settings {} ({})",
             input.display(),
             process.pid,
             process.device,
             process.requests,
-            process.ran_with
+            process.ran_with,
+            process.ran_with_source
         )?;
         if process.check != "exact" {
             writeln!(writer, "  no prediction: {}", process.check)?;

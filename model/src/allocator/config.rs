@@ -4,6 +4,11 @@
 
 use super::{K_LARGE_BUFFER, MIB};
 
+/// The environment variables PyTorch reads its allocator settings from, in the order it reads
+/// them (`CUDAAllocatorConfig::instance`): the first one set wins. 2.x releases around 2.9 read
+/// `PYTORCH_ALLOC_CONF` first; the two differ only where both are set.
+pub const SETTINGS_VARIABLES: [&str; 2] = ["PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"];
+
 /// Intervals of `roundup_power2_divisions`: one per power of two from 1 MiB to 64 GiB
 /// (`kRoundUpPowerOfTwoIntervals`, `kRoundUpPowerOfTwoStart`, `kRoundUpPowerOfTwoEnd`).
 pub const ROUNDUP_INTERVALS: usize = 16;

@@ -60,6 +60,9 @@ pub struct AllocatorTrace {
     /// The device's memory: NVML's total from the capture's own readings, else `cuMemGetInfo`'s
     /// total where the job asked the driver.
     pub device_memory: Option<u64>,
+    /// PyTorch's allocator settings in the environment the process was started with, where the
+    /// capture read them (`Event::allocator_settings`).
+    pub started_with: Option<String>,
     /// Why the recording does not begin at the job's first allocation (it was attached to a
     /// running job, or lost events): a replay cannot start from the allocator's unknown state.
     pub incomplete: Option<String>,
@@ -78,6 +81,7 @@ impl AllocatorTrace {
             segment_addresses: Vec::new(),
             budget: None,
             device_memory: None,
+            started_with: None,
             incomplete: None,
         }
     }
@@ -130,6 +134,7 @@ struct Process {
     driver_allocations: HashMap<u64, u64>,
     /// NVML's total memory of the device, from the capture's readings.
     nvml_total: Option<u64>,
+    started_with: Option<String>,
 }
 
 /// Builds the traces from a recording's events, in order.
@@ -148,12 +153,16 @@ impl TraceBuilder {
     pub fn push(&mut self, event: &Event) {
         let origin = Origin { event: self.index, ts: event.ts };
         self.index += 1;
+        if let Some(settings) = &event.allocator_settings {
+            self.started_with(event.pid, settings);
+        }
         match event.layer {
             Layer::Allocator => self.allocator_report(event, origin),
             Layer::Driver => self.driver_call(event, origin),
             Layer::Process => {
                 if matches!(event.op, Op::Exec | Op::Exit) {
-                    // A pid reused by a new program is a new allocator.
+                    // A pid reused by a new program is a new allocator (its settings, read at its
+                    // first call, come after its exec).
                     self.processes.remove(&event.pid);
                 }
             }
@@ -175,12 +184,22 @@ impl TraceBuilder {
     }
 
     fn trace(&mut self, pid: u32, device: i32) -> &mut (AllocatorTrace, Allocator) {
-        let nvml_total = self.processes.get(&pid).and_then(|p| p.nvml_total);
+        let process = self.processes.get(&pid);
+        let (nvml_total, started_with) =
+            (process.and_then(|p| p.nvml_total), process.and_then(|p| p.started_with.clone()));
         self.traces.entry((pid, device)).or_insert_with(|| {
             let mut trace = AllocatorTrace::new(pid, device);
             trace.device_memory = nvml_total;
+            trace.started_with = started_with;
             (trace, Allocator::default())
         })
+    }
+
+    fn started_with(&mut self, pid: u32, settings: &str) {
+        self.processes.entry(pid).or_default().started_with = Some(settings.to_string());
+        for (_, (trace, _)) in self.traces.range_mut((pid, i32::MIN)..=(pid, i32::MAX)) {
+            trace.started_with = Some(settings.to_string());
+        }
     }
 
     fn allocator_report(&mut self, event: &Event, origin: Origin) {

@@ -207,6 +207,17 @@ fn expandable_segments_show_as_mapped_pages() {
     assert_eq!(run.check(), Ok(()));
     // Taken for the defaults (a 30 MiB segment), the same job parts from its recording at once.
     assert!(matches!(RecordedRun::new(&trace, Some("")).check(), Err(WhatifError::Diverged(_))));
+
+    // Started with a split limit in its environment, expandable segments set from inside the
+    // program: both.
+    s.0[0].allocator_settings = Some("max_split_size_mb:64".into());
+    let trace = s.trace();
+    let run = RecordedRun::new(&trace, None);
+    assert_eq!(
+        (run.ran_with.as_str(), run.ran_with_source),
+        ("max_split_size_mb:64,expandable_segments:True", SettingsSource::EnvironmentAndDriver)
+    );
+    assert_eq!(run.check(), Ok(()));
 }
 
 #[test]

@@ -23,9 +23,39 @@ pub const USUAL_SETTINGS: &[&str] = &[
 #[derive(Debug, Clone)]
 pub struct RecordedRun<'t> {
     pub trace: &'t AllocatorTrace,
-    /// `PYTORCH_CUDA_ALLOC_CONF` as it was (inferred: expandable segments show in the driver calls;
-    /// anything else the caller says).
+    /// `PYTORCH_CUDA_ALLOC_CONF` as it was.
     pub ran_with: String,
+    pub ran_with_source: SettingsSource,
+}
+
+/// Where the settings a job ran with come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SettingsSource {
+    /// The caller said (`--ran-with`).
+    Declared,
+    /// The environment the process was started with, as the capture read it.
+    Environment,
+    /// The environment, and expandable segments the driver calls show but it did not set (the
+    /// program set them itself).
+    EnvironmentAndDriver,
+    /// Nothing said; the driver calls show expandable segments.
+    Driver,
+    /// Nothing said either way: PyTorch's defaults are assumed.
+    Assumed,
+}
+
+impl SettingsSource {
+    pub fn describe(self) -> &'static str {
+        match self {
+            SettingsSource::Declared => "as --ran-with says",
+            SettingsSource::Environment => "from the environment it was started with",
+            SettingsSource::EnvironmentAndDriver => {
+                "from the environment it was started with, and expandable segments seen in its driver calls"
+            }
+            SettingsSource::Driver => "expandable segments seen in its driver calls",
+            SettingsSource::Assumed => "assumed: the recording does not say (--ran-with says)",
+        }
+    }
 }
 
 /// The device memory the allocator may have in a replay, and how that was found.
@@ -73,14 +103,29 @@ pub struct Prediction {
 }
 
 impl<'t> RecordedRun<'t> {
-    /// The settings it ran with: `declared` when the caller knows them, else inferred.
+    /// The settings it ran with: `declared` when the caller knows them, else the environment the
+    /// capture read, with expandable segments where the driver calls show them.
     pub fn new(trace: &'t AllocatorTrace, declared: Option<&str>) -> Self {
-        let ran_with = match declared {
-            Some(conf) => conf.to_string(),
-            None if trace.expandable => "expandable_segments:True".to_string(),
-            None => String::new(),
+        const EXPANDABLE: &str = "expandable_segments:True";
+        let (ran_with, ran_with_source) = match (declared, &trace.started_with) {
+            (Some(conf), _) => (conf.to_string(), SettingsSource::Declared),
+            (None, Some(environment)) => {
+                let expandable = AllocatorConfig::parse(environment).is_ok_and(|c| c.expandable_segments);
+                if trace.expandable && !expandable {
+                    let joined = if environment.is_empty() {
+                        EXPANDABLE.to_string()
+                    } else {
+                        format!("{environment},{EXPANDABLE}")
+                    };
+                    (joined, SettingsSource::EnvironmentAndDriver)
+                } else {
+                    (environment.clone(), SettingsSource::Environment)
+                }
+            }
+            (None, None) if trace.expandable => (EXPANDABLE.to_string(), SettingsSource::Driver),
+            (None, None) => (String::new(), SettingsSource::Assumed),
         };
-        RecordedRun { trace, ran_with }
+        RecordedRun { trace, ran_with, ran_with_source }
     }
 
     /// The settings it ran with, with `extra` (KEY:VALUE items) on top.
