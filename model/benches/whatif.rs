@@ -5,6 +5,7 @@
 //! - events → allocator trace (`TraceBuilder`),
 //! - the replay check under the settings it ran with,
 //! - a replay under expandable_segments:True and one under max_split_size_mb:128.
+//!
 //! And the trace's memory: bytes held per event.
 //!
 //!     cargo bench -p gpuprof-model --bench whatif
