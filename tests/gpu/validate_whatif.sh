@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # GPU validation of `gpuprof whatif` (docs/whatif.md): four jobs (whatif_job.py), each recorded
 # under the default allocator settings, under expandable_segments:True and under
-# max_split_size_mb:128, with PyTorch's own peak reserved and out-of-memory step beside each
-# recording. The predictions are made from the default recordings where the recordings are
-# read (here or anywhere): `gpuprof whatif OUT/JOB.default.gpuprof --setting …`, and checked
-# against the other two runs' counters; the replay check runs on every recording under the
-# settings it ran with.
+# max_split_size_mb:128 (PYTORCH_CUDA_ALLOC_CONF, which the capture records), with PyTorch's own
+# peak reserved and out-of-memory beside each recording. Then compare_whatif.py: the replay check
+# on every recording under the settings it ran with, and the predictions made from the default
+# recordings alone against the other two runs' counters. GPU_HISTORY=1 also keeps PyTorch's own
+# memory history of the gpt and encoder jobs, to see where a replay parts from it.
 #
 #   GPUPROF_BIN=… OUT=/tmp/out tests/gpu/validate_whatif.sh [JOB ...]
 source "$(dirname "$0")/env.sh"
@@ -23,6 +23,8 @@ for job in "${jobs[@]}"; do
     tail -n 2 "$out/$job.$tag.err"
   done
 done
+"$py" "$here/compare_whatif.py" "$out" "$bin"
+[ "${GPU_HISTORY:-0}" = 1 ] || exit 0
 for job in gpt encoder; do
   printf '%s\n' "${jobs[@]}" | grep -qx "$job" || continue
   "$py" "$here/whatif_job.py" "$job" --history "$out/$job.history.pickle" > "$out/$job.history.json"
