@@ -218,10 +218,7 @@ fn process_whatif(trace: &AllocatorTrace, request: &WhatifRequest<'_>) -> Result
                 .map(str::to_string)
                 .collect();
             let allocator_budget = recorded.smallest_budget(&extra)?;
-            let non_allocator = match Budget::for_device(trace, Some(0)) {
-                Budget::Device { non_allocator, .. } => non_allocator,
-                _ => gpuprof_model::allocator::NON_ALLOCATOR_DEFAULT,
-            };
+            let (non_allocator, _) = Budget::non_allocator(trace);
             out.smallest_device = Some(SmallestDevice {
                 setting: if best.setting.is_empty() { "default".to_string() } else { best.setting.clone() },
                 device_memory: allocator_budget + non_allocator,

@@ -260,10 +260,10 @@ impl TraceBuilder {
         let is_segment_call = matches!(event.kind, Some(Kind::Device | Kind::Vmm));
         // A segment the allocator gives back, and its size.
         let given_back = match (event.op, event.result) {
-            (Op::Free, 0) => event
-                .addr
-                .filter(|a| process.allocator_segments.remove(a))
-                .map(|a| process.driver_allocations.remove(&a).unwrap_or(0)),
+            (Op::Free, 0) => event.addr.and_then(|a| {
+                let size = process.driver_allocations.remove(&a);
+                process.allocator_segments.remove(&a).then(|| size.unwrap_or(0))
+            }),
             (Op::Unmap, 0) if event.kind == Some(Kind::Vmm) => Some(event.size),
             _ => None,
         };

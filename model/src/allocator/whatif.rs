@@ -79,14 +79,21 @@ impl Budget {
         }
     }
 
+    /// Device memory that was not the allocator's: measured where the job ran out (the device
+    /// less what it could give the allocator then), else `NON_ALLOCATOR_DEFAULT`; and whether
+    /// it was measured.
+    pub fn non_allocator(trace: &AllocatorTrace) -> (u64, bool) {
+        match trace.budget.zip(trace.device_memory) {
+            Some((budget, total)) => (total.saturating_sub(budget), true),
+            None => (NON_ALLOCATOR_DEFAULT, false),
+        }
+    }
+
     /// The budget of a replay on a device of `device_memory` bytes (`None`: the recorded one).
     pub fn for_device(trace: &AllocatorTrace, device_memory: Option<u64>) -> Budget {
-        let measured = trace.budget.zip(trace.device_memory).map(|(budget, total)| total.saturating_sub(budget));
-        let non_allocator = measured.unwrap_or(NON_ALLOCATOR_DEFAULT);
+        let (non_allocator, measured) = Budget::non_allocator(trace);
         match (device_memory, trace.budget, trace.device_memory) {
-            (Some(device_memory), _, _) => {
-                Budget::Device { device_memory, non_allocator, measured: measured.is_some() }
-            }
+            (Some(device_memory), _, _) => Budget::Device { device_memory, non_allocator, measured },
             (None, Some(recorded), _) => Budget::Recorded(recorded),
             (None, None, Some(device_memory)) => Budget::Device { device_memory, non_allocator, measured: false },
             (None, None, None) => Budget::Unbounded,
