@@ -149,4 +149,5 @@ def main():
     time.sleep(1)
 
 
-main()
+if __name__ == "__main__":
+    main()

@@ -6,8 +6,9 @@ started with, and one JSON line of PyTorch's own counters at the end.
 --history: PyTorch's own memory history of the run (`_record_memory_history`), pickled to FILE, to
 see what the allocator did step by step where a replay parts from it.
 
-gpt:      a GPT-style decoder (12 layers, d_model 1024, bf16 autocast, AdamW) trained on batches
-          whose sequence length changes every step (64..512), as packed variable-length data does.
+gpt:      the GPT-style decoder of torch_autograd.py (12 layers, d_model 1024, bf16 autocast,
+          AdamW) trained on batches whose sequence length changes every step (64..512), as
+          packed variable-length data does.
 fragment: fills the card with 4 MiB blocks, keeps one in five (one per 20 MiB segment), then asks
           for 8 GiB: out of memory with tens of GiB reserved but unallocated, under every setting.
 encoder:  torch.nn.TransformerEncoder (8 layers, d_model 512) over batches of changing shape.
@@ -25,7 +26,8 @@ import sys
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
+
+from torch_autograd import GPT
 
 MIB = 1 << 20
 
@@ -34,58 +36,9 @@ def arg(name, default):
     return sys.argv[sys.argv.index(name) + 1] if name in sys.argv else default
 
 
-class Attention(nn.Module):
-    def __init__(self, d, heads):
-        super().__init__()
-        self.heads = heads
-        self.qkv = nn.Linear(d, 3 * d)
-        self.proj = nn.Linear(d, d)
-
-    def forward(self, x):
-        b, t, d = x.shape
-        q, k, v = self.qkv(x).split(d, dim=2)
-        q = q.view(b, t, self.heads, d // self.heads).transpose(1, 2)
-        k = k.view(b, t, self.heads, d // self.heads).transpose(1, 2)
-        v = v.view(b, t, self.heads, d // self.heads).transpose(1, 2)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.proj(y.transpose(1, 2).contiguous().view(b, t, d))
-
-
-class Block(nn.Module):
-    def __init__(self, d, heads):
-        super().__init__()
-        self.ln1 = nn.LayerNorm(d)
-        self.attn = Attention(d, heads)
-        self.ln2 = nn.LayerNorm(d)
-        self.fc = nn.Linear(d, 4 * d)
-        self.out = nn.Linear(4 * d, d)
-
-    def forward(self, x):
-        x = x + self.attn(self.ln1(x))
-        return x + self.out(F.gelu(self.fc(self.ln2(x))))
-
-
-class GPT(nn.Module):
-    def __init__(self, vocab=8192, d=1024, layers=12, heads=16, context=512):
-        super().__init__()
-        self.tokens = nn.Embedding(vocab, d)
-        self.positions = nn.Embedding(context, d)
-        self.blocks = nn.ModuleList(Block(d, heads) for _ in range(layers))
-        self.ln = nn.LayerNorm(d)
-        self.head = nn.Linear(d, vocab, bias=False)
-
-    def forward(self, idx, targets):
-        t = idx.shape[1]
-        x = self.tokens(idx) + self.positions(torch.arange(t, device=idx.device))
-        for block in self.blocks:
-            x = block(x)
-        logits = self.head(self.ln(x))
-        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
-
-
 def gpt(steps):
     shapes = random.Random(7)
-    model = GPT().cuda()
+    model = GPT(context=512).cuda()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     for _ in range(steps):
         t = shapes.choice([64, 128, 192, 256, 320, 384, 448, 512])
