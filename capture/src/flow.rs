@@ -140,6 +140,21 @@ impl EventFlow {
         self.raises.push(raise);
     }
 
+    /// The escalation rules' windows that ended by `now` (ns), judged on the tracker as it
+    /// stands: at each event's time before the leak rules see the event, and at the wall clock
+    /// when none comes. The growth rule closes the same windows at the same events after them, so
+    /// a process raised for growth has its tensors expected (its driver-only finding held) before
+    /// that rule can judge it: said first, it would be the process's one growth finding, and the
+    /// tensors' never came.
+    fn close_escalation_windows(&mut self, now: u64) {
+        if let Some(rules) = self.escalation.as_mut().filter(|rules| rules.due(now)) {
+            let memory = self.analyzer.tracker().live_processes().into_iter().map(|p| (p.pid, p.device_bytes()));
+            for raise in rules.tick(now, memory) {
+                self.decided(raise, now);
+            }
+        }
+    }
+
     /// Process `pid` is recorded at the tensors' level for `detail` ns from `now`.
     pub fn expect_tensors(&mut self, pid: u32, now: u64, detail: u64) {
         self.analyzer.expect_tensors(pid, now.saturating_add(detail));
@@ -178,6 +193,7 @@ impl EventFlow {
         if let Some(raise) = self.escalation.as_mut().and_then(|rules| rules.observe(&event)) {
             self.decided(raise, event.ts);
         }
+        self.close_escalation_windows(event.ts);
         let mut fired = self.analyzer.observe(&mut event);
         self.ranks.name(&mut fired);
         if let Some(exporter) = &mut self.exporter {
@@ -204,12 +220,7 @@ impl EventFlow {
         for reading in self.nvml.take_readings(self.analyzer.tracker(), now) {
             self.observe(reading).context("cannot write the output")?;
         }
-        if let Some(rules) = self.escalation.as_mut().filter(|rules| rules.due(now)) {
-            let memory = self.analyzer.tracker().live_processes().into_iter().map(|p| (p.pid, p.device_bytes()));
-            for raise in rules.tick(now, memory) {
-                self.decided(raise, now);
-            }
-        }
+        self.close_escalation_windows(now);
         if let Some(exporter) = &mut self.exporter {
             exporter.device_used(self.nvml.now().iter().map(|(pid, r)| (*pid, r.nvml_used)).collect());
             exporter.flush(self.analyzer.tracker(), now);

@@ -138,12 +138,17 @@ impl Escalation {
 
     /// At `now`, with each live process's driver memory (the tracker's): the processes whose
     /// memory grew in `rises` windows running. Call it often; windows close on their own clock.
+    /// Windows lie on the clock (they end at multiples of `window_ns`), as the growth rule's do:
+    /// with the same window and fewer rises, a growth is raised at a window end no later than the
+    /// one at which that rule could say it on the driver's calls alone.
     pub fn tick(&mut self, now: u64, memory: impl IntoIterator<Item = (u32, u64)>) -> Vec<Raise> {
-        let end = *self.window_end.get_or_insert(now + self.config.window_ns);
+        let window = self.config.window_ns.max(1);
+        let next_end = now - now % window + window;
+        let end = *self.window_end.get_or_insert(next_end);
         if now < end {
             return Vec::new();
         }
-        self.window_end = Some(now + self.config.window_ns);
+        self.window_end = Some(next_end);
         let mut raises = Vec::new();
         let mut seen = Vec::new();
         for (pid, bytes) in memory {
@@ -229,6 +234,17 @@ mod tests {
         assert_eq!(rules.tick(70 * S, [(7, 260 * MIB)]).len(), 1);
         // A process gone from the tracker is forgotten.
         assert!(!rules.watched.contains_key(&8));
+    }
+
+    #[test]
+    fn windows_end_on_the_clock_as_the_growth_rules_do() {
+        let mut rules = Escalation::new(config());
+        // Started at 3 s: the first window ends at 10 s, not 13 s.
+        assert_eq!(rules.tick(3 * S, [(7, 0)]), []);
+        assert!(!rules.due(10 * S - 1) && rules.due(10 * S));
+        // Closed late (at 12 s): the next still ends at 20 s.
+        assert_eq!(rules.tick(12 * S, [(7, MIB)]), []);
+        assert!(!rules.due(20 * S - 1) && rules.due(20 * S));
     }
 
     #[test]
