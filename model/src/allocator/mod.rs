@@ -18,8 +18,8 @@
 //! reservations and cudaMalloc's page granularity are the caller's to subtract. cudaMalloc's
 //! addresses are not known, so segments are laid out in creation order; where two free blocks
 //! of equal size tie for best fit, the older segment's wins, which real addresses may not.
-//! A recording names neither streams nor pools: a job that used them shows as a replay check
-//! that parts from its recording (`replay_check`), and nothing is predicted for it.
+//! A recording names neither streams nor pools: where they changed what the allocator did, the
+//! replay check parts from the recording (`replay_check`), and nothing is predicted.
 
 mod caching;
 mod config;
