@@ -205,6 +205,20 @@ fn the_settings_a_job_was_started_with_are_recorded_and_replayed_under() {
     assert_eq!(process["ran_with"], "max_split_size_mb:64,roundup_power2_divisions:4");
     assert_eq!(process["ran_with_source"], "from the environment it was started with");
 
+    // Through the shim, which reads its own environment (a pod's sidecar cannot read /proc).
+    let shimmed = dir.join("shim.jsonl");
+    let mut cmd = Command::new(gpuprof());
+    cmd.args(["run", "--via", "shim", "--output", shimmed.to_str().unwrap(), "--"])
+        .arg(python3())
+        .arg(workloads().join("tensors.py"));
+    workload_env(&mut cmd, &log);
+    cmd.env("PYTORCH_ALLOC_CONF", "expandable_segments:True");
+    let output = cmd.output().unwrap();
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    let events = read_events(&shimmed);
+    let said: Vec<&str> = events.iter().filter_map(|e| e.allocator_settings.as_deref()).collect();
+    assert_eq!(said, ["expandable_segments:True"]);
+
     // Started without: PyTorch's defaults, known rather than assumed.
     let bare = dir.join("bare.jsonl");
     let output = gpuprof_run(

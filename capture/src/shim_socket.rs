@@ -197,7 +197,8 @@ fn read_connection(connection: u64, stream: UnixStream, messages: &SyncSender<Sh
     }
     let mut reader = BufReader::with_capacity(1 << 16, stream);
     let binary = matches!(reader.fill_buf(), Ok(bytes) if bytes.first() == wire::MAGIC.first());
-    let mut connection_reader = ConnectionReader { connection, speaker, messages, rank: None, rank_told: false };
+    let mut connection_reader =
+        ConnectionReader { connection, speaker, messages, rank: None, allocator_settings: None, rank_told: false };
     let _ = if binary { connection_reader.binary(&mut reader) } else { connection_reader.lines(reader) };
     let _ = messages.send(ShimMessage::Closed { connection });
 }
@@ -207,9 +208,10 @@ struct ConnectionReader<'m> {
     connection: u64,
     speaker: Speaker,
     messages: &'m SyncSender<ShimMessage>,
-    /// The rank the process said it has, put on its first call (where a capture reading /proc
-    /// puts the rank it reads).
+    /// The rank and allocator settings the process said it has, put on its first call (where a
+    /// capture reading /proc puts the ones it reads).
     rank: Option<u32>,
+    allocator_settings: Option<Arc<str>>,
     rank_told: bool,
 }
 
@@ -225,6 +227,7 @@ impl ConnectionReader<'_> {
     fn event(&mut self, mut event: Event) -> std::result::Result<(), Gone> {
         if !self.rank_told && event.layer != Layer::Process {
             event.rank = event.rank.or(self.rank);
+            event.allocator_settings = event.allocator_settings.take().or_else(|| self.allocator_settings.clone());
             self.rank_told = true;
         }
         let message = match self.speaker.admit(&mut event) {
@@ -282,8 +285,9 @@ impl ConnectionReader<'_> {
             };
             match message {
                 Message::Json(text) => self.json(&text)?,
-                Message::Process { pid, ppid: parent, comm: name, rank } => {
+                Message::Process { pid, ppid: parent, comm: name, rank, allocator_settings } => {
                     self.rank = rank;
+                    self.allocator_settings = allocator_settings.map(|s| Arc::from(s.as_ref()));
                     comm = Arc::from(name.as_ref());
                     ppid = Some(parent);
                     // Admitted as an event's pid would be: the agent's view of its own pid.
@@ -587,7 +591,8 @@ mod tests {
         };
         let frame = gpuprof_model::event::Frame { function: "<module>".into(), file: "train.py".into(), line: 34 };
         let mut stream = wire::MAGIC.to_vec();
-        Message::Process { pid, ppid: 1, comm: "python3".into(), rank: Some(3) }.write(&mut stream);
+        let allocator_settings = Some("max_split_size_mb:128".into());
+        Message::Process { pid, ppid: 1, comm: "python3".into(), rank: Some(3), allocator_settings }.write(&mut stream);
         Message::Stack { id: 1, frames: vec![frame.clone()] }.write(&mut stream);
         Message::Block(block).write(&mut stream);
         Message::Block(wire::Block { stack: 2, ptr: 0x7f00_0020_1000, ..block }).write(&mut stream);
@@ -597,7 +602,8 @@ mod tests {
         while let Ok(message) = received.recv_timeout(Duration::from_secs(10)) {
             match message {
                 ShimMessage::Event { event, .. } => {
-                    seen.push(format!("{:#x} {:?} {:?}", event.addr.unwrap(), event.stack.frames(), event.rank))
+                    let (addr, frames) = (event.addr.unwrap(), event.stack.frames());
+                    seen.push(format!("{addr:#x} {frames:?} {:?} {:?}", event.rank, event.allocator_settings))
                 }
                 ShimMessage::Undecodable => seen.push("undecodable".to_string()),
                 ShimMessage::Closed { .. } => break,
@@ -606,11 +612,11 @@ mod tests {
         }
         assert_eq!(
             seen,
-            // The rank the process said it has, on its first call only.
+            // The rank and allocator settings the process said it has, on its first call only.
             [
-                format!("0x7f0000200000 {:?} Some(3)", [frame]),
+                format!("0x7f0000200000 {:?} Some(3) Some(\"max_split_size_mb:128\")", [frame]),
                 "undecodable".to_string(),
-                "0x7f0000201000 [] None".to_string()
+                "0x7f0000201000 [] None None".to_string()
             ]
         );
     }

@@ -242,7 +242,11 @@ impl Sender {
             let comm = Cow::Owned(sender.comm.to_string());
             let rank = std::env::var_os(gpuprof_model::rank::RANK_VARIABLE)
                 .and_then(|value| gpuprof_model::rank::parse(value.as_encoded_bytes()));
-            Message::Process { pid: std::process::id(), ppid, comm, rank }.write(&mut sender.batch);
+            let settings = gpuprof_model::allocator::settings_in_environment(|name| {
+                std::env::var_os(name).map(|value| value.to_string_lossy().into_owned())
+            });
+            let allocator_settings = Some(Cow::Owned(settings));
+            Message::Process { pid: std::process::id(), ppid, comm, rank, allocator_settings }.write(&mut sender.batch);
         }
         sender
     }

@@ -33,15 +33,16 @@ pub fn start_environment(pid: u32) -> StartEnvironment {
 }
 
 fn start_environment_in(environ: &[u8]) -> StartEnvironment {
-    use gpuprof_model::allocator::SETTINGS_VARIABLES;
+    use gpuprof_model::allocator::settings_in_environment;
     use gpuprof_model::rank::{parse, RANK_VARIABLE};
     let value = |name: &str| {
         environ.split(|&b| b == 0).find_map(|entry| entry.strip_prefix(name.as_bytes())?.strip_prefix(b"="))
     };
-    let settings = SETTINGS_VARIABLES.iter().find_map(|name| value(name));
     StartEnvironment {
         rank: value(RANK_VARIABLE).and_then(parse),
-        allocator_settings: Some(settings.map(|s| String::from_utf8_lossy(s).into_owned()).unwrap_or_default()),
+        allocator_settings: Some(settings_in_environment(|name| {
+            value(name).map(|v| String::from_utf8_lossy(v).into_owned())
+        })),
     }
 }
 

@@ -9,6 +9,12 @@ use super::{K_LARGE_BUFFER, MIB};
 /// `PYTORCH_ALLOC_CONF` first; the two differ only where both are set.
 pub const SETTINGS_VARIABLES: [&str; 2] = ["PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"];
 
+/// The settings an environment gives PyTorch's allocator (`value_of` a variable's value): the
+/// first of `SETTINGS_VARIABLES` set, else empty (its defaults).
+pub fn settings_in_environment(value_of: impl Fn(&str) -> Option<String>) -> String {
+    SETTINGS_VARIABLES.iter().find_map(|name| value_of(name)).unwrap_or_default()
+}
+
 /// Intervals of `roundup_power2_divisions`: one per power of two from 1 MiB to 64 GiB
 /// (`kRoundUpPowerOfTwoIntervals`, `kRoundUpPowerOfTwoStart`, `kRoundUpPowerOfTwoEnd`).
 pub const ROUNDUP_INTERVALS: usize = 16;

@@ -84,14 +84,16 @@ impl Block {
 pub enum Message<'a> {
     /// An event or the counters line, as the jsonl path writes it.
     Json(Cow<'a, str>),
-    /// The process speaking (first, and again when its name changes), and its rank in a
+    /// The process speaking (first, and again when its name changes), its rank in a
     /// distributed job (`RANK` in its environment: an agent in another pid namespace, a pod's
-    /// sidecar, cannot read it from /proc).
+    /// sidecar, cannot read it from /proc) and its allocator settings (`Event::allocator_settings`,
+    /// from the same environment).
     Process {
         pid: u32,
         ppid: u32,
         comm: Cow<'a, str>,
         rank: Option<u32>,
+        allocator_settings: Option<Cow<'a, str>>,
     },
     /// A stack, numbered for the blocks that name it.
     Stack {
@@ -128,12 +130,15 @@ impl Message<'_> {
                 out.push(TAG_JSON);
                 out.extend_from_slice(text.as_bytes());
             }
-            Message::Process { pid, ppid, comm, rank } => {
+            Message::Process { pid, ppid, comm, rank, allocator_settings } => {
                 out.push(TAG_PROCESS);
                 out.extend_from_slice(&pid.to_le_bytes());
                 out.extend_from_slice(&ppid.to_le_bytes());
                 put_str(out, comm);
                 out.extend_from_slice(&rank.unwrap_or(NO_RANK).to_le_bytes());
+                if let Some(settings) = allocator_settings {
+                    put_str(out, settings);
+                }
             }
             Message::Stack { id, frames } => {
                 out.push(TAG_STACK);
@@ -169,9 +174,11 @@ impl Message<'_> {
             TAG_JSON => Message::Json(Cow::Borrowed(std::str::from_utf8(r.bytes).map_err(|_| Undecodable("JSON"))?)),
             TAG_PROCESS => {
                 let (pid, ppid, comm) = (r.u32()?, r.u32()?, r.str()?);
-                // A shim from before ranks ends the message with the name.
+                // A shim from before ranks ends the message with the name; one from before
+                // allocator settings, with the rank.
                 let rank = if r.bytes.is_empty() { None } else { Some(r.u32()?).filter(|&rank| rank != NO_RANK) };
-                Message::Process { pid, ppid, comm, rank }
+                let allocator_settings = if r.bytes.is_empty() { None } else { Some(r.str()?) };
+                Message::Process { pid, ppid, comm, rank, allocator_settings }
             }
             TAG_STACK => {
                 let id = r.u32()?;
@@ -308,8 +315,17 @@ mod tests {
         assert_eq!(round_trip(Message::Block(block)), 4 + 75);
         round_trip(Message::Block(Block { autograd: None, device: -1, ..block }));
         round_trip(Message::Json(Cow::Borrowed(r#"{"gpuprof_shim":{"pid":7}}"#)));
-        round_trip(Message::Process { pid: 7, ppid: 1, comm: Cow::Borrowed("python3"), rank: None });
-        round_trip(Message::Process { pid: 7, ppid: 1, comm: Cow::Borrowed("python3"), rank: Some(3) });
+        let process = |rank, allocator_settings| Message::Process {
+            pid: 7,
+            ppid: 1,
+            comm: Cow::Borrowed("python3"),
+            rank,
+            allocator_settings,
+        };
+        round_trip(process(None, None));
+        round_trip(process(Some(3), None));
+        round_trip(process(Some(3), Some(Cow::Borrowed("expandable_segments:True"))));
+        round_trip(process(None, Some(Cow::Borrowed(""))));
         round_trip(Message::Stack {
             id: 17,
             frames: vec![
