@@ -180,23 +180,17 @@ fn process_whatif(trace: &AllocatorTrace, request: &WhatifRequest<'_>) -> Result
         runs: Vec::new(),
         smallest_device: None,
     };
-    match recorded.check() {
-        Ok(()) => {}
+    let as_it_ran = match recorded.as_it_ran() {
+        Ok(as_it_ran) => as_it_ran,
         Err(error @ (WhatifError::Diverged(_) | WhatifError::Incomplete(_))) => {
             out.check = error.to_string();
             return Ok(out);
         }
         Err(error) => return Err(error).context("the settings the job ran with (--ran-with)"),
-    }
-    let as_it_ran = recorded.as_it_ran()?;
+    };
     out.runs.push(run_of(trace, &as_it_ran));
     let predictions = if request.suggest {
-        let mut ranked = recorded.suggest(budget)?;
-        // On the device it ran on, the settings it ran with are the first column already.
-        if request.device_memory.is_none() {
-            ranked.retain(|p| p.setting != recorded.ran_with);
-        }
-        ranked
+        recorded.suggest(budget)?
     } else {
         let mut asked = Vec::new();
         for setting in &request.settings {

@@ -7,6 +7,13 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use super::{allocation_size, is_small, round_size, should_split, AllocatorConfig, K_LARGE_BUFFER, K_SMALL_BUFFER};
 
 type BlockId = usize;
+
+/// Which end of a block `carve` cuts.
+#[derive(Debug, Clone, Copy)]
+enum Side {
+    Front,
+    Back,
+}
 const LARGE: usize = 0;
 const SMALL: usize = 1;
 /// Address space of an expandable segment when the device size is unknown: CUDA's 256 TiB.
@@ -370,25 +377,8 @@ impl CachingAllocator {
     /// allows, leaving the rest free in the pool.
     fn alloc_found_block(&mut self, id: BlockId, size: u64, pool: usize, split: bool) -> BlockId {
         let handed = if split {
-            let rest = self.block(id).clone();
-            let front = self.new_block(Block {
-                size,
-                addr: rest.addr,
-                segment: rest.segment,
-                prev: rest.prev,
-                next: Some(id),
-                allocated: false,
-                mapped: true,
-                gc_base: 0,
-            });
-            if let Some(p) = rest.prev {
-                self.block_mut(p).next = Some(front);
-            }
-            let r = self.block_mut(id);
-            r.prev = Some(front);
-            r.addr += size;
-            r.size -= size;
-            debug_assert_eq!(self.segments[&rest.segment].pool, pool);
+            let front = self.carve(id, Side::Front, size, true);
+            debug_assert_eq!(self.segments[&self.block(id).segment].pool, pool);
             self.insert_free(id);
             front
         } else {
@@ -587,22 +577,7 @@ impl CachingAllocator {
         self.unmapped[pool].remove(&(b.addr, id));
         self.block_mut(id).mapped = true;
         if mapped < b.size {
-            let rest = self.new_block(Block {
-                size: b.size - mapped,
-                addr: b.addr + mapped,
-                segment: b.segment,
-                prev: Some(id),
-                next: b.next,
-                allocated: false,
-                mapped: false,
-                gc_base: 0,
-            });
-            if let Some(n) = b.next {
-                self.block_mut(n).prev = Some(rest);
-            }
-            let block = self.block_mut(id);
-            block.next = Some(rest);
-            block.size = mapped;
+            let rest = self.carve(id, Side::Back, b.size - mapped, false);
             self.unmapped[pool].insert((b.addr + mapped, rest));
         }
         let (prev, next) = (self.block(id).prev, self.block(id).next);
@@ -630,42 +605,14 @@ impl CachingAllocator {
         }
         self.remove_free(id);
         if first > b.addr {
-            let before = self.new_block(Block {
-                size: first - b.addr,
-                addr: b.addr,
-                segment: b.segment,
-                prev: b.prev,
-                next: Some(id),
-                allocated: false,
-                mapped: true,
-                gc_base: 0,
-            });
-            if let Some(p) = b.prev {
-                self.block_mut(p).next = Some(before);
-            }
-            self.block_mut(id).prev = Some(before);
+            let before = self.carve(id, Side::Front, first - b.addr, true);
             self.insert_free(before);
         }
         if b.addr + b.size > end {
-            let after = self.new_block(Block {
-                size: b.addr + b.size - end,
-                addr: end,
-                segment: b.segment,
-                prev: Some(id),
-                next: b.next,
-                allocated: false,
-                mapped: true,
-                gc_base: 0,
-            });
-            if let Some(n) = b.next {
-                self.block_mut(n).prev = Some(after);
-            }
-            self.block_mut(id).next = Some(after);
+            let after = self.carve(id, Side::Back, b.addr + b.size - end, true);
             self.insert_free(after);
         }
         let block = self.block_mut(id);
-        block.addr = first;
-        block.size = end - first;
         block.mapped = false;
         let (prev, next) = (block.prev, block.next);
         self.try_merge_blocks(id, prev);
@@ -676,6 +623,44 @@ impl CachingAllocator {
         if let Some(s) = self.segments.get_mut(&b.segment) {
             s.reserved -= end - first;
         }
+    }
+
+    /// Cuts `bytes` off the front or the back of block `id` into a free block of its own (of the
+    /// given mapped state), linked in beside it; `id` keeps the rest. The new block is in no pool.
+    fn carve(&mut self, id: BlockId, side: Side, bytes: u64, mapped: bool) -> BlockId {
+        let b = self.block(id).clone();
+        let (addr, prev, next) = match side {
+            Side::Front => (b.addr, b.prev, Some(id)),
+            Side::Back => (b.addr + b.size - bytes, Some(id), b.next),
+        };
+        let piece = self.new_block(Block {
+            size: bytes,
+            addr,
+            segment: b.segment,
+            prev,
+            next,
+            allocated: false,
+            mapped,
+            gc_base: 0,
+        });
+        let block = self.block_mut(id);
+        block.size -= bytes;
+        match side {
+            Side::Front => {
+                block.addr += bytes;
+                block.prev = Some(piece);
+                if let Some(p) = prev {
+                    self.block_mut(p).next = Some(piece);
+                }
+            }
+            Side::Back => {
+                block.next = Some(piece);
+                if let Some(n) = next {
+                    self.block_mut(n).prev = Some(piece);
+                }
+            }
+        }
+        piece
     }
 
     /// `try_merge_blocks`: `dst` absorbs a free neighbour in the same mapped state.

@@ -33,7 +33,7 @@ mod whatif;
 
 pub use caching::{CachingAllocator, OutOfMemory, Outcome, SegmentInfo, UnknownRequest};
 pub use config::{settings_in_environment, AllocatorConfig, ConfigError, ROUNDUP_INTERVALS, SETTINGS_VARIABLES};
-pub use replay::{replay, replay_at, replay_check, Divergence, Recorded, Replay, Request};
+pub use replay::{replay, replay_at, replay_check, replay_checked, Divergence, Recorded, Replay, Request};
 pub use trace::{traces, AllocatorTrace, Origin, TraceBuilder};
 pub use whatif::{Budget, Prediction, RecordedRun, SettingsSource, WhatifError, NON_ALLOCATOR_DEFAULT, USUAL_SETTINGS};
 

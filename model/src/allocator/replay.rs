@@ -85,35 +85,46 @@ pub fn replay_at(
     requests: &[Request],
     segment_addresses: &[(u64, u64)],
 ) -> Result<Replay, Divergence> {
-    let mut out = Replay {
-        reserved: Vec::with_capacity(requests.len()),
-        allocated: Vec::with_capacity(requests.len()),
-        peak_reserved: 0,
-        peak_step: None,
-        allocated_at_peak: 0,
-        largest_free_at_peak: 0,
-        peak_allocated: 0,
-        device_allocations: 0,
-        out_of_memory: Vec::new(),
-    };
+    let mut out = Replay::with_capacity(requests.len());
     run(config, device_capacity, requests, segment_addresses, |step, allocator, oom| {
-        let (reserved, allocated) = (allocator.reserved(), allocator.allocated());
-        out.reserved.push(reserved);
-        out.allocated.push(allocated);
-        out.peak_allocated = out.peak_allocated.max(allocated);
-        if reserved > out.peak_reserved {
-            out.peak_reserved = reserved;
-            out.peak_step = Some(step);
-            out.allocated_at_peak = allocated;
-            out.largest_free_at_peak = allocator.largest_free_block();
-        }
-        if let Some(oom) = oom {
-            out.out_of_memory.push((step, oom));
-        }
-        out.device_allocations = allocator.device_allocations();
+        out.after(step, allocator, oom);
         Ok(())
     })?;
     Ok(out)
+}
+
+impl Replay {
+    fn with_capacity(steps: usize) -> Self {
+        Replay {
+            reserved: Vec::with_capacity(steps),
+            allocated: Vec::with_capacity(steps),
+            peak_reserved: 0,
+            peak_step: None,
+            allocated_at_peak: 0,
+            largest_free_at_peak: 0,
+            peak_allocated: 0,
+            device_allocations: 0,
+            out_of_memory: Vec::new(),
+        }
+    }
+
+    /// What step `step` left the allocator with.
+    fn after(&mut self, step: usize, allocator: &CachingAllocator, oom: Option<OutOfMemory>) {
+        let (reserved, allocated) = (allocator.reserved(), allocator.allocated());
+        self.reserved.push(reserved);
+        self.allocated.push(allocated);
+        self.peak_allocated = self.peak_allocated.max(allocated);
+        if reserved > self.peak_reserved {
+            self.peak_reserved = reserved;
+            self.peak_step = Some(step);
+            self.allocated_at_peak = allocated;
+            self.largest_free_at_peak = allocator.largest_free_block();
+        }
+        if let Some(oom) = oom {
+            self.out_of_memory.push((step, oom));
+        }
+        self.device_allocations = allocator.device_allocations();
+    }
 }
 
 /// Replays under the settings the job ran with (segments at `segment_addresses`, as in
@@ -126,13 +137,25 @@ pub fn replay_check(
     recorded: &[Recorded],
     segment_addresses: &[(u64, u64)],
 ) -> Option<Divergence> {
+    replay_checked(config, device_capacity, requests, recorded, segment_addresses).err()
+}
+
+/// `replay_check`, and the replay itself when it agrees throughout: what happened.
+pub fn replay_checked(
+    config: &AllocatorConfig,
+    device_capacity: Option<u64>,
+    requests: &[Request],
+    recorded: &[Recorded],
+    segment_addresses: &[(u64, u64)],
+) -> Result<Replay, Divergence> {
     if recorded.len() != requests.len() {
-        return Some(Divergence::Length { requests: requests.len(), recorded: recorded.len() });
+        return Err(Divergence::Length { requests: requests.len(), recorded: recorded.len() });
     }
+    let mut out = Replay::with_capacity(requests.len());
     run(config, device_capacity, requests, segment_addresses, |step, allocator, oom| {
         let expected = recorded[step];
-        match (oom, expected.out_of_memory) {
-            (Some(oom), false) => return Err(Divergence::UnexpectedOutOfMemory { step, oom }),
+        match (&oom, expected.out_of_memory) {
+            (Some(oom), false) => return Err(Divergence::UnexpectedOutOfMemory { step, oom: oom.clone() }),
             (None, true) => return Err(Divergence::MissedOutOfMemory { step }),
             _ => {}
         }
@@ -146,9 +169,10 @@ pub fn replay_check(
                 reserved,
             });
         }
+        out.after(step, allocator, oom);
         Ok(())
-    })
-    .err()
+    })?;
+    Ok(out)
 }
 
 fn run(

@@ -2,7 +2,7 @@
 //! check, which every prediction needs first), what would happen under other settings or on
 //! another device, which of the usual settings would help, and the smallest device it fits.
 
-use super::{replay_at, replay_check, AllocatorConfig, AllocatorTrace, ConfigError, Divergence, Replay, MIB};
+use super::{replay_at, replay_checked, AllocatorConfig, AllocatorTrace, ConfigError, Divergence, Replay, MIB};
 
 /// Device memory that is never the allocator's: the CUDA context, the driver's own reserve and
 /// libraries' own allocations. Measured on an H100 machine (PyTorch 2.11, CUDA 13): the device's
@@ -145,32 +145,25 @@ impl<'t> RecordedRun<'t> {
     /// Replays under the settings it ran with, on the device it ran on, and compares every step
     /// with what the allocator reported; and the segments with the driver's.
     pub fn check(&self) -> Result<(), WhatifError> {
+        self.as_it_ran().map(|_| ())
+    }
+
+    /// The replay under the settings it ran with, on the device it ran on, its segments where the
+    /// job's were — what happened — once it passed `check`, in the same pass.
+    pub fn as_it_ran(&self) -> Result<Prediction, WhatifError> {
         let config = AllocatorConfig::parse(&self.ran_with)?;
         if let Some(why) = &self.trace.incomplete {
             return Err(WhatifError::Incomplete(why.clone()));
         }
-        let budget = self.trace.budget;
-        let addresses = &self.trace.segment_addresses;
-        if let Some(divergence) = replay_check(&config, budget, &self.trace.requests, &self.trace.recorded, addresses) {
-            return Err(WhatifError::Diverged(divergence));
-        }
-        let replayed = self.as_it_ran()?.replay;
-        if replayed.device_allocations != self.trace.segments_allocated {
+        let (requests, recorded) = (&self.trace.requests, &self.trace.recorded);
+        let replay = replay_checked(&config, self.trace.budget, requests, recorded, &self.trace.segment_addresses)
+            .map_err(WhatifError::Diverged)?;
+        if replay.device_allocations != self.trace.segments_allocated {
             return Err(WhatifError::Diverged(Divergence::Segments {
-                replayed: replayed.device_allocations,
+                replayed: replay.device_allocations,
                 recorded: self.trace.segments_allocated,
             }));
         }
-        Ok(())
-    }
-
-    /// The replay under the settings it ran with, on the device it ran on, its segments where the
-    /// job's were: what happened, once `check` passed.
-    pub fn as_it_ran(&self) -> Result<Prediction, WhatifError> {
-        let config = AllocatorConfig::parse(&self.ran_with)?;
-        let addresses = &self.trace.segment_addresses;
-        let replay =
-            replay_at(&config, self.trace.budget, &self.trace.requests, addresses).map_err(WhatifError::Diverged)?;
         Ok(Prediction { setting: self.ran_with.clone(), replay })
     }
 
@@ -185,9 +178,13 @@ impl<'t> RecordedRun<'t> {
     }
 
     /// The usual settings, each replayed within `budget`, best first: those that never run out of
-    /// memory before those that do, then by peak reserved. The recorded settings are among them.
+    /// memory before those that do, then by peak reserved. The recorded settings are among them
+    /// on another device than the one it ran on (on that one they are `as_it_ran`).
     pub fn suggest(&self, budget: Budget) -> Result<Vec<Prediction>, WhatifError> {
-        let mut tried = vec![self.predict(&[], budget)?];
+        let mut tried = Vec::new();
+        if budget != Budget::for_device(self.trace, None) {
+            tried.push(self.predict(&[], budget)?);
+        }
         for usual in USUAL_SETTINGS {
             let extra = [usual.to_string()];
             let setting = self.setting(&extra);
