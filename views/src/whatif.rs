@@ -141,7 +141,7 @@ pub fn answer(request: &WhatifRequest<'_>) -> Result<Whatif> {
         builder.finish().into_iter().filter(|t| request.pid.is_none_or(|pid| pid == t.pid)).collect();
     if traces.is_empty() {
         anyhow::bail!(
-            "{} has no allocator requests{}: a what-if replays PyTorch's allocator, which needs a capture at --level tensors (the default of `run` and `attach`)",
+            "{} has no allocator requests{}: a what-if replays PyTorch's allocator, whose reports a capture at --level tensors (the default of `run` and `attach`) records from a job using PyTorch",
             request.input.display(),
             request.pid.map(|p| format!(" of pid {p}")).unwrap_or_default()
         );
