@@ -171,7 +171,7 @@ fn process_whatif(trace: &AllocatorTrace, request: &WhatifRequest<'_>) -> Result
         pid: trace.pid,
         device: trace.device,
         requests: trace.requests.len(),
-        ran_with: if recorded.ran_with.is_empty() { "default".to_string() } else { recorded.ran_with.clone() },
+        ran_with: shown(&recorded.ran_with),
         ran_with_source: recorded.ran_with_source.describe(),
         check: "exact".to_string(),
         device_memory: request.device_memory.or(trace.device_memory),
@@ -205,16 +205,10 @@ fn process_whatif(trace: &AllocatorTrace, request: &WhatifRequest<'_>) -> Result
     out.runs.extend(predictions.iter().map(|p| run_of(trace, p)));
     if request.suggest && request.smallest_device {
         if let Some(best) = predictions.first() {
-            let extra: Vec<String> = best
-                .setting
-                .split(',')
-                .filter(|item| !recorded.ran_with.split(',').any(|r| r == *item))
-                .map(str::to_string)
-                .collect();
-            let allocator_budget = recorded.smallest_budget(&extra)?;
+            let allocator_budget = recorded.smallest_budget(&best.extra)?;
             let (non_allocator, _) = Budget::non_allocator(trace);
             out.smallest_device = Some(SmallestDevice {
-                setting: if best.setting.is_empty() { "default".to_string() } else { best.setting.clone() },
+                setting: shown(&best.setting),
                 device_memory: allocator_budget + non_allocator,
                 allocator_budget,
             });
@@ -243,7 +237,7 @@ fn run_of(trace: &AllocatorTrace, prediction: &Prediction) -> Run {
         })
         .collect();
     Run {
-        setting: if prediction.setting.is_empty() { "default".to_string() } else { prediction.setting.clone() },
+        setting: shown(&prediction.setting),
         peak_reserved: replay.peak_reserved,
         peak_at: replay.peak_step.map(place),
         peak_allocated: replay.peak_allocated,
@@ -287,6 +281,15 @@ fn name_places(input: &Path, processes: &mut [ProcessWhatif]) -> Result<()> {
         place.place = named.get(&place.event).cloned().unwrap_or_default();
     }
     Ok(())
+}
+
+/// Settings as people read them: PyTorch's defaults by name.
+fn shown(setting: &str) -> String {
+    if setting.is_empty() {
+        "default".to_string()
+    } else {
+        setting.to_string()
+    }
 }
 
 fn gib(bytes: u64) -> String {

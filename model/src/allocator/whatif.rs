@@ -106,6 +106,8 @@ impl Budget {
 pub struct Prediction {
     /// `PYTORCH_CUDA_ALLOC_CONF` of the replay: the recorded settings with the asked ones added.
     pub setting: String,
+    /// The asked ones.
+    pub extra: Vec<String>,
     pub replay: Replay,
 }
 
@@ -164,7 +166,7 @@ impl<'t> RecordedRun<'t> {
                 recorded: self.trace.segments_allocated,
             }));
         }
-        Ok(Prediction { setting: self.ran_with.clone(), replay })
+        Ok(Prediction { setting: self.ran_with.clone(), extra: Vec::new(), replay })
     }
 
     /// The replay under the recorded settings plus `extra`, within `budget`.
@@ -174,7 +176,7 @@ impl<'t> RecordedRun<'t> {
         let addresses = &self.trace.segment_addresses;
         let replay =
             replay_at(&config, budget.bytes(), &self.trace.requests, addresses).map_err(WhatifError::Replay)?;
-        Ok(Prediction { setting, replay })
+        Ok(Prediction { setting, extra: extra.to_vec(), replay })
     }
 
     /// The usual settings, each replayed within `budget`, best first: those that never run out of
