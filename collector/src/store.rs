@@ -13,11 +13,11 @@ const FINDINGS: TableDefinition<u64, &[u8]> = TableDefinition::new("findings");
 const NODES: TableDefinition<&str, &[u8]> = TableDefinition::new("nodes");
 const CACHE_BYTES: usize = 64 << 20;
 /// Node states carry this first byte; a state of another version is not misread.
-const NODE_FORMAT: u8 = 3;
+const NODE_FORMAT: u8 = 4;
 /// Node states of earlier collectors (1: the leak rules ran at the collector; 2: process
-/// summaries without NVML's figure): left behind, their processes come back with the node's
-/// next batches.
-const FORMATS_LEFT_BEHIND: [u8; 2] = [1, 2];
+/// summaries without NVML's figure; 3: allocations without the framework whose allocator made
+/// them): left behind, their processes come back with the node's next batches.
+const FORMATS_LEFT_BEHIND: [u8; 3] = [1, 2, 3];
 
 pub struct Store {
     db: Database,

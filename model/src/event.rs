@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use crate::framework::Framework;
 use crate::hex::{serde_addr, serde_bytes};
 // A frame and a stack's origin are the stack's; events name them as `event::…` too.
 pub use crate::stack::{Frame, Stack, StackOrigin};
@@ -213,6 +214,11 @@ pub struct Event {
     /// libcublasLt.so.13, libcudart.so.13, a user's extension), from the call's return address.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub caller_module: Option<Arc<str>>,
+    /// Driver events: the framework whose caching allocator made this call for its segments
+    /// (`pytorch`, `xla`, `tensorflow`; `model::framework`): memory its process keeps as that
+    /// allocator's cache.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocator_segment: Option<Framework>,
     /// Allocator events of PyTorch's backward pass: the class of the autograd node being evaluated
     /// (`AddmmBackward0`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -272,6 +278,7 @@ impl Event {
             signal: None,
             filename: None,
             caller_module: None,
+            allocator_segment: None,
             autograd_node: None,
             autograd_seq: None,
             autograd_thread: None,

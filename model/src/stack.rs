@@ -68,6 +68,13 @@ impl Stack {
 pub const NATIVE_FILE: &str = "<native>";
 
 impl Stack {
+    /// These frames under one naming the backward pass (`StackOrigin::BackwardCaller`): a driver
+    /// call one of autograd's threads made while the thread with these frames ran the pass.
+    pub fn under_backward_pass(&self) -> Stack {
+        let pass = Frame { function: BACKWARD_PASS.to_string(), file: AUTOGRAD_FILE.to_string(), line: 0 };
+        Stack::new(std::iter::once(pass).chain(self.frames().iter().cloned()).collect())
+    }
+
     /// One frame, `[libnccl.so.2]` in `<native>`, for what a module did with no Python frame on
     /// the thread: views, findings, exports and profiles group such memory by it. Shared per
     /// module.
@@ -244,6 +251,8 @@ impl std::fmt::Display for Frame {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         if self.native_module().is_some() {
             write!(f, "{}", self.function)
+        } else if self.autograd_node() == Some(BACKWARD_PASS) {
+            write!(f, "({BACKWARD_PASS})")
         } else if self.autograd_node().is_some() {
             write!(f, "{} (backward)", self.function)
         } else {
@@ -274,6 +283,10 @@ pub enum StackOrigin {
     /// The node's forward op allocated nothing and its neighbours differ: the forward line just
     /// before the node was made.
     ForwardNear,
+    /// A driver call on one of autograd's threads, which have no Python frames: the stack of the
+    /// thread that runs the backward pass (the process's main thread, waiting in
+    /// `loss.backward()`), under a frame naming the pass.
+    BackwardCaller,
 }
 
 impl StackOrigin {
@@ -281,6 +294,7 @@ impl StackOrigin {
         match self {
             StackOrigin::Forward => "forward",
             StackOrigin::ForwardNear => "forward_near",
+            StackOrigin::BackwardCaller => "backward_caller",
         }
     }
 }
@@ -288,3 +302,7 @@ impl StackOrigin {
 /// The file of the frame that marks a backward block's stack: its innermost frame names the
 /// node ("AddmmBackward0"), the frames outside it are the node's forward stack.
 pub const AUTOGRAD_FILE: &str = "<autograd>";
+
+/// The function of the `AUTOGRAD_FILE` frame over a `StackOrigin::BackwardCaller` stack: the
+/// frames outside it are the thread that runs the backward pass, not a node's forward call.
+pub const BACKWARD_PASS: &str = "backward pass";

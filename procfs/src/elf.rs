@@ -85,6 +85,37 @@ impl<'data> Elf<'data> {
         functions
     }
 
+    /// (name, file offset) of the functions of the static symbol table whose (mangled) names
+    /// contain one of `parts`, local ones included: a library's internals that it does not export
+    /// (PyTorch's caching allocator in libc10_cuda.so). Compiler-split fragments (`.cold`) are
+    /// left out: they are not entered by a call.
+    pub fn static_functions_containing(&self, parts: &[&str]) -> Vec<(String, u64)> {
+        let segments: Vec<(u64, u64, u64)> =
+            self.object.segments().map(|s| (s.address(), s.size(), s.file_range().0)).collect();
+        let mut functions: Vec<(String, u64)> = Vec::new();
+        for symbol in self.object.symbols() {
+            if symbol.kind() != SymbolKind::Text || symbol.is_undefined() || symbol.address() == 0 {
+                continue;
+            }
+            let Ok(name) = symbol.name() else { continue };
+            if name.contains(".cold") || !parts.iter().any(|part| name.contains(part)) {
+                continue;
+            }
+            let address = symbol.address();
+            let Some(&(vaddr, _, file_offset)) =
+                segments.iter().find(|(vaddr, size, _)| (*vaddr..vaddr + size).contains(&address))
+            else {
+                continue;
+            };
+            let offset = address - vaddr + file_offset;
+            if !functions.iter().any(|(_, known)| *known == offset) {
+                functions.push((name.to_string(), offset));
+            }
+        }
+        functions.sort_by_key(|(_, offset)| *offset);
+        functions
+    }
+
     /// The address of each of `names`, from the dynamic symbol table, else the static one: the
     /// first definition found (a non-zero value).
     pub fn symbol_addresses<const N: usize>(&self, names: [&str; N]) -> [Option<u64>; N] {
@@ -198,5 +229,36 @@ mod tests {
         let (base, _) = bases.iter().find(|(_, n)| n == name).unwrap();
         let bias = base - first_page;
         assert_eq!(mark.map(|address| address + bias), Some(std::ptr::addr_of!(GPUPROF_ELF_TEST_MARK) as u64));
+    }
+
+    /// A function of this test's executable that nothing exports (a local symbol).
+    #[inline(never)]
+    fn gpuprof_elf_local_function_mark(x: u64) -> u64 {
+        std::hint::black_box(x).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+    }
+
+    #[test]
+    fn local_functions_are_found_by_a_part_of_their_mangled_name() {
+        assert_eq!(gpuprof_elf_local_function_mark(1), 0x9e37_79b9_7f4a_7c15);
+        let exe = std::env::current_exe().unwrap();
+        let (found, first_page) = read(&exe, |elf| {
+            (elf.static_functions_containing(&["gpuprof_elf_local_function_mark"]), elf.first_load_page())
+        })
+        .unwrap();
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].0.contains("gpuprof_elf_local_function_mark"));
+        // A test executable's text lies in the file where it is linked: its offset, plus the load
+        // base, is where the function runs.
+        let bases = crate::maps::load_bases(&crate::maps::read(std::process::id()).unwrap());
+        let name = exe.file_name().unwrap().to_str().unwrap();
+        let (base, _) = bases.iter().find(|(_, n)| n == name).unwrap();
+        let text = read(&exe, |elf| {
+            elf.object.segments().find(|s| s.file_range().0 <= found[0].1 && found[0].1 < s.file_range().0 + s.file_range().1).map(|s| s.address() - s.file_range().0)
+        })
+        .unwrap()
+        .unwrap();
+        assert_eq!(base - first_page + found[0].1 + text, gpuprof_elf_local_function_mark as *const () as u64);
+        let none = read(&exe, |elf| elf.static_functions_containing(&["no_function_is_called_this"])).unwrap();
+        assert_eq!(none, Vec::new());
     }
 }

@@ -79,12 +79,14 @@ pub enum Field {
     AutogradNode = 21,
     AutogradSeq = 22,
     AutogradThread = 23,
-    /// 0 forward, 1 forward_near.
+    /// 0 forward, 1 forward_near, 2 backward_caller.
     StackOrigin = 24,
     /// On a process's first call only.
     Rank = 25,
     /// String id; on a process's first call only.
     AllocatorSettings = 26,
+    /// The framework's code (`codes::framework_code`).
+    AllocatorSegment = 27,
 }
 
 impl Field {
@@ -96,7 +98,7 @@ impl Field {
 /// Source, layer and op in one byte: source in bits 6–7, layer in 4–5, op in 0–3.
 pub mod codes {
     use gpuprof_model::stack::StackOrigin;
-    use gpuprof_model::{Kind, Layer, Op, Source};
+    use gpuprof_model::{Framework, Kind, Layer, Op, Source};
 
     /// A value's index is its code in recordings already written: append, never reorder.
     pub const SOURCES: [Source; 2] = [Source::Ebpf, Source::Shim];
@@ -143,7 +145,7 @@ pub mod codes {
         Kind::ALL.get(usize::from(code)).copied()
     }
 
-    const ORIGINS: [StackOrigin; 2] = [StackOrigin::Forward, StackOrigin::ForwardNear];
+    const ORIGINS: [StackOrigin; 3] = [StackOrigin::Forward, StackOrigin::ForwardNear, StackOrigin::BackwardCaller];
 
     pub fn origin_code(origin: StackOrigin) -> u8 {
         index(&ORIGINS, &origin)
@@ -151,6 +153,14 @@ pub mod codes {
 
     pub fn origin_of(code: u8) -> Option<StackOrigin> {
         ORIGINS.get(usize::from(code)).copied()
+    }
+
+    pub fn framework_code(framework: Framework) -> u8 {
+        index(&Framework::ALL, &framework)
+    }
+
+    pub fn framework_of(code: u8) -> Option<Framework> {
+        Framework::ALL.get(usize::from(code)).copied()
     }
 }
 

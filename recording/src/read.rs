@@ -355,6 +355,12 @@ impl Reader {
         if has(Field::AllocatorSettings) {
             event.allocator_settings = Some(self.string(take!(varint::get(data, d)))?.clone());
         }
+        if has(Field::AllocatorSegment) {
+            let code = *take!(data.get(*d));
+            *d += 1;
+            event.allocator_segment =
+                Some(codes::framework_of(code).ok_or_else(|| self.corrupt(&format!("framework {code}")))?);
+        }
         self.deltas.ts = ts;
         self.deltas.pid = pid;
         if event.op == gpuprof_model::Op::Exit {

@@ -157,6 +157,7 @@ impl<W: Write> Writer<W> {
         set(Field::StackOrigin, event.stack_origin.is_some());
         set(Field::Rank, event.rank.is_some());
         set(Field::AllocatorSettings, allocator_settings.is_some());
+        set(Field::AllocatorSegment, event.allocator_segment.is_some());
 
         let p = &mut self.payload;
         p.clear();
@@ -247,6 +248,9 @@ impl<W: Write> Writer<W> {
         }
         if let Some(id) = allocator_settings {
             varint::put(p, id);
+        }
+        if let Some(framework) = event.allocator_segment {
+            p.push(codes::framework_code(framework));
         }
         self.deltas.ts = event.ts;
         self.deltas.pid = event.pid;

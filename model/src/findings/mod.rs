@@ -10,6 +10,7 @@ mod ipc_export_freed_while_imported;
 mod ipc_handle_not_closed;
 mod oom;
 mod orphan_holding_memory;
+mod reported;
 pub mod wording;
 mod worker_cuda_context;
 
@@ -301,6 +302,9 @@ pub struct Analyzer {
     growth: growth::Rule,
     oom: oom::Rule,
     orphans: orphan_holding_memory::Rule,
+    /// What each process instance's findings said, so no later rule says it again.
+    #[serde(default)]
+    reported: reported::Reported,
     last_ts: u64,
 }
 
@@ -313,6 +317,7 @@ impl Analyzer {
             growth: growth::Rule::new(config),
             oom: oom::Rule::default(),
             orphans: orphan_holding_memory::Rule::default(),
+            reported: reported::Reported::default(),
             last_ts: 0,
         }
     }
@@ -335,7 +340,9 @@ impl Analyzer {
         self.worker_context.orphaned(&orphan_pids(&found));
         found.extend(self.worker_context.check(event, world));
         found.extend(self.growth.before(event, world));
-        found.extend(exit_with_live_allocations::check(event, world));
+        // Before the exit is judged: what the orphan and growth findings said is theirs.
+        self.reported.note(&found, world);
+        found.extend(exit_with_live_allocations::check(event, world, &self.reported));
         found.extend(ipc_handle_not_closed::at_exit(event, world));
         found.extend(ipc_export_freed_while_imported::check(event, world));
         found.extend(self.oom.check(event, world));
@@ -369,6 +376,7 @@ impl Analyzer {
         let mut found = self.orphans.check(Some(now), self.config.orphan_grace_ns, &self.tracker);
         self.worker_context.orphaned(&orphan_pids(&found));
         found.extend(self.worker_context.due(Some(now)));
+        self.reported.note(&found, &self.tracker);
         self.completed(found)
     }
 
@@ -396,6 +404,7 @@ impl Analyzer {
             self.worker_context.forget_unless(|process| known.contains(&process));
             self.oom.forget_unless(|process| known.contains(&process));
             self.growth.forget_unless(|process| known.contains(&process));
+            self.reported.forget_unless(|process| known.contains(&process));
         }
         forgotten
     }

@@ -44,6 +44,13 @@ impl Stream {
         self
     }
 
+    /// A segment PyTorch's caching allocator took from the driver (as the capture marks it).
+    fn segment(&mut self, pid: u32, addr: u64, size: u64, stack: &[Frame]) -> &mut Self {
+        self.alloc(pid, addr, size, stack);
+        self.events.last_mut().unwrap().allocator_segment = Some(crate::Framework::Pytorch);
+        self
+    }
+
     fn free(&mut self, pid: u32, addr: u64) -> &mut Self {
         self.driver(pid, Op::Free, "cuMemFree_v2", Some(Kind::Device), addr, 0)
     }
@@ -534,6 +541,47 @@ fn a_held_driver_finding_goes_out_when_no_tensors_came_or_the_process_ended() {
 }
 
 #[test]
+fn a_process_ending_before_its_tensors_had_three_windows_is_named_by_their_growth_over_its_life() {
+    // A segment and a tensor kept every 100 ms; recorded at the driver's level until raised at
+    // 2 s (for long): the driver's streak reaches three 1 s windows at 3 s and waits for the
+    // tensors; the process ends at 4.5 s, two tensor windows later. Its tensors rose all the
+    // while: their line is its one finding, not the driver's held for them.
+    const S: u64 = 1_000_000_000;
+    let config = RuleConfig { growth_window_ns: S, growth_rises: 3, ..RuleConfig::default() };
+    let library = vec![Frame { function: "[libcudart.so.13]".into(), file: crate::stack::NATIVE_FILE.into(), line: 0 }];
+    let mut s = Stream::new();
+    let (mut allocated, mut reserved) = (0, 0);
+    for step in 0..45u64 {
+        s.at(S / 100 + step * S / 10);
+        let segment = 0x1000_0000 + step * 0x100_0000;
+        s.alloc(60, segment, 2 * MIB, &library);
+        reserved += 2 * MIB;
+        allocated += 2 * MIB;
+        if s.ts >= 2 * S {
+            s.block(60, Op::Alloc, segment, 2 * MIB, (allocated, reserved), &frame("keep", 26));
+        }
+    }
+    s.process(60, Op::Exit, 1);
+    let mut analyzer = Analyzer::new(config);
+    let mut found = Vec::new();
+    for event in &s.events {
+        if event.ts >= 2 * S && event.ts < 2 * S + S / 10 && event.layer == Layer::Driver {
+            analyzer.expect_tensors(60, 100 * S);
+        }
+        found.extend(analyzer.observe(&mut event.clone()));
+    }
+    found.extend(analyzer.finish());
+    found.retain(|f| f.kind == FindingKind::Growth);
+    assert_eq!(found.len(), 1, "{found:#?}");
+    let f = &found[0];
+    assert_eq!(
+        (f.kind, f.pid, f.stack.clone(), f.api.as_deref()),
+        (FindingKind::Growth, 60, frame("keep", 26), Some("c10::reportMemoryUsageToProfiler"))
+    );
+    assert_eq!((f.bytes, f.count), (48 * MIB, 25));
+}
+
+#[test]
 fn an_oom_at_another_line_or_size_is_another_incident() {
     let mut s = Stream::new();
     s.alloc(61, 0xA000_0000, 2 << 30, &frame("evaluate", 9));
@@ -635,11 +683,89 @@ fn exiting_with_only_the_allocators_segments_is_info_a_missing_free_is_a_leak() 
     );
     assert_eq!(
         found[0].detail,
-        "pid 70 (python3) exited still holding 20.0 MiB of device memory in 1 allocation: its framework allocator's segments hold 8.0 MiB in live tensors and 12.0 MiB cached; the driver takes it back with the process: nothing to do."
+        "pid 70 (python3) exited still holding 20.0 MiB of device memory in 1 allocation: PyTorch's caching allocator's segments hold 8.0 MiB in live tensors and 12.0 MiB cached; the driver takes it back with the process: nothing to do."
     );
     assert_eq!(
         found[2].detail,
-        "pid 72 (python3) exited still holding 24.0 MiB of device memory in 2 allocations: its framework allocator's segments hold 20.0 MiB in live tensors and 0 B cached, 4.0 MiB more was allocated outside the allocator (libraries' workspaces, direct driver calls); the driver takes it back with the process: nothing to do."
+        "pid 72 (python3) exited still holding 24.0 MiB of device memory in 2 allocations: PyTorch's caching allocator's segments hold 20.0 MiB in live tensors and 0 B cached, 4.0 MiB more was allocated outside the allocator (libraries' workspaces, direct driver calls); the driver takes it back with the process: nothing to do."
+    );
+}
+
+#[test]
+fn at_the_drivers_level_the_allocators_segments_are_its_cache_not_a_leak() {
+    // Recorded at the driver's level: no tensor events, no allocator totals; the capture marked
+    // the segments PyTorch's caching allocator made (one on an autograd thread: no stack).
+    let mut s = Stream::new();
+    let autograd = vec![Frame { function: "[libcudart.so.13]".into(), file: crate::stack::NATIVE_FILE.into(), line: 0 }];
+    s.segment(73, 0xA000, 64 * MIB, &autograd).segment(73, 0x10_0000, 20 * MIB, &frame("forward", 12));
+    s.alloc(73, 0x20_0000, 4 * MIB, &frame("workspace", 40)).process(73, Op::Exit, 1);
+    // The same without the marks: a program's own memory, never freed.
+    s.alloc(74, 0xA000, 64 * MIB, &autograd).alloc(74, 0x10_0000, 20 * MIB, &frame("forward", 12));
+    s.process(74, Op::Exit, 1);
+    let found = s.findings(RuleConfig::default());
+    let got: Vec<(u32, u64, Severity)> = found.iter().map(|f| (f.pid, f.bytes, f.severity)).collect();
+    assert_eq!(got, vec![(73, 88 * MIB, Severity::Info), (74, 84 * MIB, Severity::Leak)]);
+    assert_eq!(
+        found[0].detail,
+        "pid 73 (python3) exited still holding 88.0 MiB of device memory in 3 allocations: PyTorch's caching allocator's segments hold 84.0 MiB (its cache and the tensors in it, which the driver's level does not tell apart), 4.0 MiB more was allocated outside the allocator (libraries' workspaces, direct driver calls); the driver takes it back with the process: nothing to do."
+    );
+    // The allocation named is the one with the best stack, not the largest without one.
+    assert_eq!((found[0].stack.clone(), found[1].stack.clone()), (frame("forward", 12), frame("forward", 12)));
+    assert_eq!(
+        found[1].detail,
+        "pid 74 (python3) exited still holding 84.0 MiB of device memory in 2 allocations; the largest, 20.0 MiB, came from cuMemAlloc_v2 at train.py:12 in forward: release it once it is no longer needed (drop the tensor, torch.cuda.empty_cache()) instead of leaving it to the end of the process."
+    );
+}
+
+#[test]
+fn a_growth_and_the_exit_holding_what_grew_are_one_finding() {
+    let config = RuleConfig { growth_window_ns: 100_000, growth_rises: 3, ..RuleConfig::default() };
+    let mut s = Stream::new();
+    for step in 0..10u64 {
+        s.at(2_000 + step * 50_000);
+        s.alloc(75, 0x1000_0000 + step * 0x100_0000, MIB, &frame("keep", 26));
+        s.alloc(76, 0x1000_0000 + step * 0x100_0000, MIB, &frame("keep", 26));
+    }
+    // 76 also holds a buffer of its own to the end.
+    s.alloc(76, 0xA000, 8 * MIB, &frame("buffer", 9));
+    s.process(75, Op::Exit, 1).process(76, Op::Exit, 1);
+    let found = s.findings(config);
+    let got: Vec<(FindingKind, u32, u64, Severity)> = found.iter().map(|f| (f.kind, f.pid, f.bytes, f.severity)).collect();
+    assert_eq!(
+        got,
+        vec![
+            (FindingKind::Growth, 75, 6 * MIB, Severity::Leak),
+            (FindingKind::Growth, 76, 6 * MIB, Severity::Leak),
+            (FindingKind::ExitWithLiveAllocations, 75, 10 * MIB, Severity::Info),
+            (FindingKind::ExitWithLiveAllocations, 76, 8 * MIB, Severity::Leak),
+        ]
+    );
+    assert_eq!(
+        found[2].detail,
+        "pid 75 (python3) exited still holding 10.0 MiB of device memory in 10 allocations; its growth finding reported these allocations; the driver takes them back with the process."
+    );
+    assert_eq!(
+        found[3].detail,
+        "pid 76 (python3) exited still holding 8.0 MiB of device memory in 1 allocation besides the 10 allocations its growth finding reported; the largest, 8.0 MiB, came from cuMemAlloc_v2 at train.py:9 in buffer: release it once it is no longer needed (drop the tensor, torch.cuda.empty_cache()) instead of leaving it to the end of the process."
+    );
+}
+
+#[test]
+fn an_orphans_exit_is_told_by_its_orphan_finding_not_again_as_a_leak() {
+    let mut s = launcher_and_workers();
+    s.at(s.ts + 1_000_000).killed(80, 1, 9);
+    let killed_at = s.ts;
+    s.at(killed_at + 6_000_000_000).process(81, Op::Exit, 80);
+    let found = s.findings(RuleConfig::default());
+    let of_81: Vec<(FindingKind, Severity)> = found.iter().filter(|f| f.pid == 81).map(|f| (f.kind, f.severity)).collect();
+    assert_eq!(
+        of_81,
+        vec![(FindingKind::OrphanHoldingMemory, Severity::Leak), (FindingKind::ExitWithLiveAllocations, Severity::Info)]
+    );
+    let exit = found.iter().find(|f| f.pid == 81 && f.kind == FindingKind::ExitWithLiveAllocations).unwrap();
+    assert_eq!(
+        exit.detail,
+        "pid 81 (python3) exited still holding 1.0 GiB of device memory in 1 allocation; its orphan finding reported it (its parent ended first); the driver takes it back with the process."
     );
 }
 

@@ -11,6 +11,9 @@ pub fn at(stack: &[Frame]) -> String {
     if let Some(module) = stack.first().and_then(Frame::native_module) {
         return format!("called from {module} (no Python stack)");
     }
+    if stack.first().and_then(Frame::autograd_node) == Some(crate::stack::BACKWARD_PASS) {
+        return format!("in the backward pass run {}", at(&stack[1..]));
+    }
     if let Some(node) = stack.first().and_then(Frame::autograd_node) {
         return format!("in {node} (backward pass) of the forward call {}", at(&stack[1..]));
     }
@@ -81,6 +84,13 @@ mod tests {
             std::iter::once(frame("AddmmBackward0", crate::stack::AUTOGRAD_FILE, 0)).chain(forward).collect();
         assert_eq!(at(&backward), "in AddmmBackward0 (backward pass) of the forward call at /srv/model.py:58 in Block.forward (through Linear.forward)");
         assert_eq!(backward[0].to_string(), "AddmmBackward0 (backward)");
+        let caller = [
+            frame(crate::stack::BACKWARD_PASS, crate::stack::AUTOGRAD_FILE, 0),
+            frame("backward", "/venv/lib/python3.12/site-packages/torch/autograd/__init__.py", 353),
+            frame("step", "/srv/train.py", 31),
+        ];
+        assert_eq!(at(&caller), "in the backward pass run at /srv/train.py:31 in step (through backward)");
+        assert_eq!(caller[0].to_string(), "(backward pass)");
         assert_eq!(
             at(&[frame("[libnccl.so.2]", crate::stack::NATIVE_FILE, 0)]),
             "called from libnccl.so.2 (no Python stack)"

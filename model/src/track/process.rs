@@ -12,6 +12,7 @@ use std::sync::Arc;
 use super::ipc::{Export, ExportKey, ProcessRef};
 use super::space::Space;
 use crate::event::{Event, Frame, Kind, Layer, Op};
+use crate::framework::Framework;
 
 pub use crate::stack::Stack;
 
@@ -28,6 +29,9 @@ pub struct Allocation {
     /// The CUDA device, when the call named one (allocator blocks always do).
     #[serde(default)]
     pub device: Option<i32>,
+    /// A driver allocation a framework's caching allocator made for its segments.
+    #[serde(default)]
+    pub framework: Option<Framework>,
 }
 
 impl Allocation {
@@ -47,6 +51,9 @@ pub struct Mapping {
     pub api: Cow<'static, str>,
     pub ts: u64,
     pub stack: Stack,
+    /// Pages a framework's caching allocator mapped into one of its segments.
+    #[serde(default)]
+    pub framework: Option<Framework>,
 }
 
 /// Another process's memory opened here through an IPC handle.
@@ -219,6 +226,17 @@ impl ProcessMemory {
         });
         top.truncate(n);
         top
+    }
+
+    /// The framework whose caching allocator runs this process's device memory: PyTorch's when
+    /// its allocator reported totals (the tensors' level), else the framework of a live segment
+    /// its allocator took from the driver (the driver's level); None for a program that manages
+    /// device memory itself.
+    pub fn framework(&self) -> Option<Framework> {
+        if !self.allocator_totals.is_empty() {
+            return Some(Framework::Pytorch);
+        }
+        self.allocations.values().filter_map(|a| a.framework).chain(self.mappings.values().filter_map(|m| m.framework)).min()
     }
 
     /// True when a framework allocator reported blocks (a PyTorch process).
@@ -612,11 +630,12 @@ fn allocation_of(event: &Event, addr: u64, kind: Kind, stack: Stack) -> Allocati
         tid: event.tid,
         stack,
         device: event.device,
+        framework: event.allocator_segment,
     }
 }
 
 fn mapping_of(event: &Event, addr: u64, kind: Kind, size: u64, stack: Stack) -> Mapping {
-    Mapping { addr, size, kind, api: api_name(&event.api), ts: event.ts, stack }
+    Mapping { addr, size, kind, api: api_name(&event.api), ts: event.ts, stack, framework: event.allocator_segment }
 }
 
 /// Bytes and count of live allocations of one kind.

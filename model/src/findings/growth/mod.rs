@@ -182,11 +182,18 @@ impl Rule {
     pub fn before(&mut self, event: &Event, world: &Tracker) -> Vec<Finding> {
         let mut found = self.close_windows(event.ts, world);
         if event.layer == Layer::Process && matches!(event.op, Op::Exit | Op::Exec) {
-            // The process is over (or another program): what it held is its finding.
+            // The process is over (or another program): what it held is its finding. A driver
+            // finding held for the tensors gives way to the tensors' growth over the life, if
+            // they grew: it names the line that keeps them.
             self.awaiting.remove(&event.pid);
-            found.extend(self.release(|process| process.pid == event.pid));
-            if let Some(process) = world.process(event.pid) {
-                found.extend(self.judge_life(process.as_ref(), event.ts, LifeEnd::Exited, world));
+            let life = world
+                .process(event.pid)
+                .and_then(|process| self.judge_life(process.as_ref(), event.ts, LifeEnd::Exited, world));
+            let held = self.release(|process| process.pid == event.pid);
+            match life {
+                Some(life) if life.api.as_deref() == Some(crate::event::PYTORCH_ALLOCATOR_API) => found.push(life),
+                _ if !held.is_empty() => found.extend(held),
+                life => found.extend(life),
             }
         }
         if event.layer == Layer::Driver
