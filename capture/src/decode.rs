@@ -11,6 +11,7 @@ use std::sync::Arc;
 use gpuprof_ebpf::types::{gp_record, gp_record_kind};
 use gpuprof_model::driver_api::{self, CallValues};
 use gpuprof_model::event::{Event, Kind, Layer, Op, Source, PYTORCH_ALLOCATOR_API};
+use gpuprof_model::Framework;
 
 use crate::clock::Clock;
 use crate::kernel::{flags, Record};
@@ -133,6 +134,9 @@ fn fill_driver(full: &Record, event: &mut Event) {
         call.set_handle(handle);
     }
     api.fill_event(event, &call);
+    if record.flags & flags::ALLOCATOR_SEGMENT != 0 {
+        event.allocator_segment = Some(Framework::Pytorch);
+    }
 }
 
 fn fill_allocator(full: &Record, event: &mut Event, unnamed_node: &Arc<str>) {
@@ -201,7 +205,7 @@ mod tests {
         let mut raw = record(gp_record_kind::GP_RECORD_DRIVER);
         raw.header.api = id;
         raw.header.addr = 0x7f00_0040_0000;
-        raw.header.handle_len = HANDLE_LEN as u16;
+        raw.header.handle_len = HANDLE_LEN as u8;
         raw.header.flags = flags::HANDLE;
         let mut handle = [0u8; HANDLE_LEN];
         handle[0] = 0xab;

@@ -43,6 +43,11 @@ pub fn is_libc10(path: &str) -> bool {
     path.rsplit('/').next() == Some("libc10.so")
 }
 
+/// PyTorch's CUDA library, whose caching allocator makes its segments (`model::framework`).
+pub fn is_libc10_cuda(path: &str) -> bool {
+    path.rsplit('/').next().is_some_and(gpuprof_model::framework::is_pytorch_cuda_library)
+}
+
 /// Every process on the machine, but this one and those in `skip`, that maps libcuda or libc10:
 /// the CUDA processes a node-wide view (`top`, the daemon) has not picked up yet.
 pub fn cuda_processes_on_node(skip: &std::collections::HashSet<u32>) -> Vec<u32> {

@@ -59,8 +59,9 @@ pub enum Call {
     Allocator { ptr: u64, delta: i64, allocated: u64, reserved: u64, device_index: i8, autograd: Option<AutogradState> },
     /// A libcuda memory entry point, seen by a CUPTI callback at its exit: `api` indexes
     /// `gpuprof_model::driver_api::DRIVER_APIS`; `caller` is the return address into the module
-    /// that called the driver (0: not found).
-    Driver { api: u16, values: CallValues, caller: u64 },
+    /// that called the driver (0: not found); `pytorch_allocator`: the call was made inside
+    /// PyTorch's caching allocator (its segments: `gpuprof_model::framework`).
+    Driver { api: u16, values: CallValues, caller: u64, pytorch_allocator: bool },
 }
 
 /// A Python stack as a call record names it: the hash of its raw frames (0: no frames), whose

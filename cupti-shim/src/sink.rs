@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use gpuprof_model::driver_api;
 use gpuprof_model::event::{wall_clock_ns, Event, Layer, Op, Source};
+use gpuprof_model::framework::Framework;
 use gpuprof_model::shim::wire::{self, Block, Message};
 use gpuprof_model::shim::{Counters, CountersLine, OUTPUT_VAR, SOCKET_VAR};
 use gpuprof_model::stack::Stack;
@@ -334,7 +335,7 @@ impl Sender {
                     autograd.filter(|state| state.node_vtable != 0).map(|state| self.names.name_of(state.node_vtable));
                 block_without_names(record).event(Stack::empty(), node)
             }
-            Call::Driver { api, values, caller } => {
+            Call::Driver { api, values, caller, pytorch_allocator } => {
                 let api = driver_api::by_id(*api).expect("the callback records table entries only");
                 let mut event = Event::new(
                     record.ts_ns,
@@ -347,6 +348,11 @@ impl Sender {
                 );
                 api.fill_event(&mut event, values);
                 event.caller_module = crate::cupti::caller::module_of(*caller);
+                event.allocator_segment = if *pytorch_allocator {
+                    Some(Framework::Pytorch)
+                } else {
+                    event.caller_module.as_deref().and_then(Framework::of_caller_module)
+                };
                 event
             }
         };

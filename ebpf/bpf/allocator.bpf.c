@@ -13,29 +13,12 @@
 #include <bpf/bpf_core_read.h>
 #include "maps.bpf.h"
 #include "pystack.bpf.h"
+#include "autograd.bpf.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
-/*
- * glibc x86-64: the thread pointer (fs base) points at the TCB, whose second word is the DTV
- * pointer; dtv[-1] holds the DTV's length and each entry is 16 bytes, its first word the module's
- * TLS block (TLS_DTV_UNALLOCATED, -1, until the thread first touches that module's thread-locals).
- */
-#define GP_TCB_DTV 8
-#define GP_DTV_ENTRY 16
-#define GP_DTV_UNALLOCATED ((__u64)-1)
-
 #define GP_TLS_SPAN GP_AUTOGRAD_TLS_SPAN
 #define GP_NODE_SPAN GP_AUTOGRAD_NODE_SPAN
-
-/* Where a thread's libtorch_cpu thread-locals are, found once in the address space `mm`, and the
- * thread's RecordFunction id once it has one (set once per thread, never changed). */
-struct autograd_block {
-	__u64 mm;
-	__u64 module;
-	__u64 block;
-	__u64 thread_id;
-};
 
 struct allocator_record {
 	struct gp_record rec;
@@ -60,28 +43,6 @@ struct allocator_thread {
 	__u8 node[GP_NODE_SPAN];
 	struct stack_scratch stack;
 };
-
-/* The thread's TLS block of libtorch_cpu (0 when it has none yet): from the thread's DTV the
- * first time (fs base → TCB → DTV entry of the module id), then from the thread's storage. */
-static __always_inline __u64 torch_block(const struct gp_autograd *torch, struct allocator_thread *thread)
-{
-	struct task_struct *task = bpf_get_current_task_btf();
-	struct autograd_block *cached = &thread->autograd;
-	__u64 mm = (__u64)task->mm, dtv, length, block;
-
-	if (cached->block && cached->mm == mm && cached->module == torch->module)
-		return cached->block;
-	if (bpf_probe_read_user(&dtv, sizeof(dtv), (void *)(task->thread.fsbase + GP_TCB_DTV)) ||
-	    bpf_probe_read_user(&length, sizeof(length), (void *)(dtv - GP_DTV_ENTRY)) || torch->module > length ||
-	    bpf_probe_read_user(&block, sizeof(block), (void *)(dtv + torch->module * GP_DTV_ENTRY)) || block == 0 ||
-	    block == GP_DTV_UNALLOCATED)
-		return 0;
-	cached->mm = mm;
-	cached->module = torch->module;
-	cached->block = block;
-	cached->thread_id = 0;
-	return block;
-}
 
 /* A u64 at `offset` of a copy `span` bytes long (the verifier needs the bound spelled out). */
 static __always_inline __u64 field_of(const __u8 *copy, __u32 offset, __u32 span)
@@ -115,7 +76,7 @@ static __always_inline void read_autograd(__u32 tgid, struct gp_record *rec, str
 
 	if (!torch)
 		return;
-	__u64 block = torch_block(torch, thread);
+	__u64 block = torch_block(torch, &thread->autograd);
 	if (!block)
 		return;
 	__u32 low = torch->current_node, high = torch->current_node;

@@ -11,6 +11,7 @@
 #include <bpf/bpf_core_read.h>
 #include "maps.bpf.h"
 #include "pystack.bpf.h"
+#include "autograd.bpf.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -25,6 +26,7 @@ struct gp_cookie gp_cookie_layout = {};
 enum gp_shape gp_shape_values = 0;
 enum gp_record_kind gp_record_kind_values = 0;
 enum gp_counter gp_counter_values = 0;
+enum gp_stack_of gp_stack_of_values = 0;
 
 /*
  * What the entry reads of CUDA's own structs, declared as cuda.h declares them (its names, enums
@@ -75,7 +77,8 @@ struct stack_at_entry stack_at_entry_layout = {};
 
 struct pending_call {
 	__u64 ts_ns;
-	__u64 caller; /* the return address */
+	__u64 caller;	   /* the return address */
+	bool by_allocator; /* made inside the caching allocator's segment functions */
 	__u64 args[6];
 	__s32 device;
 	__u32 data_len;
@@ -102,6 +105,14 @@ struct pending_calls {
 	 * one a push replaced, for the pop. */
 	__u64 current_ctx;
 	__u64 pushed_over;
+	/* The outermost of PyTorch's caching-allocator segment functions the thread is in: the stack
+	 * slot its return address was pushed to (the stack pointer at its entry) and that address;
+	 * 0 when none. No return probe marks its end (a uretprobe would break C++ exceptions thrown
+	 * through it): the function is still running while its return address is still in its slot
+	 * and the stack is below it. */
+	__u64 segment_frame;
+	__u64 segment_return;
+	struct autograd_block autograd;
 	struct driver_record out;
 	struct stack_scratch stack;
 };
@@ -188,6 +199,21 @@ static __always_inline __u32 shareable_handle_len(__u64 type)
 	return sizeof(__u64);
 }
 
+/* True while the thread runs inside the segment function noted in `calls`, seen from a stack
+ * pointer `sp`; a note the function has returned from is cleared. */
+static __always_inline bool in_segment_function(struct pending_calls *calls, __u64 sp)
+{
+	__u64 slot = 0;
+
+	if (!calls->segment_frame)
+		return false;
+	if (sp < calls->segment_frame && !bpf_probe_read_user(&slot, sizeof(slot), (void *)calls->segment_frame) &&
+	    slot == calls->segment_return)
+		return true;
+	calls->segment_frame = 0;
+	return false;
+}
+
 static __always_inline int on_entry(struct pt_regs *ctx)
 {
 	__u64 pid_tgid;
@@ -238,6 +264,7 @@ static __always_inline int on_entry(struct pt_regs *ctx)
 	if (bpf_probe_read_user(&call->caller, sizeof(call->caller),
 				(void *)(sp + offsetof(struct stack_at_entry, return_address))))
 		call->caller = 0;
+	call->by_allocator = in_segment_function(calls, sp);
 
 	switch (cookie.shape) {
 	case GP_SHAPE_IPC_OPEN:
@@ -496,8 +523,17 @@ static __always_inline int on_return(struct pt_regs *ctx)
 			rec->device = *device;
 	}
 
+	if (call->by_allocator)
+		rec->flags |= GP_FLAG_ALLOCATOR_SEGMENT;
+
 	__u64 stamp = 0;
 	__u32 depth = walk_python_stack(rec->pid, rec->tid, frames, &calls->stack, &rec->flags, &stamp);
+	if (depth == 0 && evaluating_node(rec->pid, &calls->autograd)) {
+		/* A backward pass on one of autograd's threads: the line that runs it. */
+		depth = walk_main_thread(rec->pid, rec->tid, frames, &calls->stack, &rec->flags, &stamp);
+		if (depth)
+			rec->stack_of = GP_STACK_BACKWARD_CALLER;
+	}
 	describe_new_codes(rec->pid, rec->tid, frames, &calls->stack);
 	rec->stack_depth = depth;
 	size += (__u64)(depth & (GP_MAX_FRAMES - 1 + GP_MAX_FRAMES)) * sizeof(struct gp_frame);
@@ -535,4 +571,46 @@ SEC("uretprobe")
 int driver_return(struct pt_regs *ctx)
 {
 	return on_return(ctx);
+}
+
+/*
+ * PyTorch's caching allocator's segment functions (libc10_cuda.so's local symbols
+ * DeviceCachingAllocator::alloc_block and ExpandableSegment::map: model::framework): the thread
+ * notes where the outermost one's return address lies, so the driver calls it makes until it
+ * returns are marked as the allocator's (its cache, not the program's own memory). An entry
+ * probe only, on a call that is rare: a new segment.
+ */
+static __always_inline int on_segment_function(struct pt_regs *ctx)
+{
+	__u64 pid_tgid;
+
+	if (!current_ids(&pid_tgid) || !record_call_of(pid_tgid >> 32))
+		return 0;
+	struct pending_calls *calls =
+		bpf_task_storage_get(&pending, bpf_get_current_task_btf(), NULL, BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (!calls) {
+		count(GP_COUNTER_PENDING_FULL);
+		return 0;
+	}
+	__u64 sp = PT_REGS_SP(ctx);
+	if (in_segment_function(calls, sp))
+		return 0; /* nested in one already noted: the outer one covers it */
+	if (bpf_probe_read_user(&calls->segment_return, sizeof(calls->segment_return), (void *)sp)) {
+		count(GP_COUNTER_READ_FAILED);
+		return 0;
+	}
+	calls->segment_frame = sp;
+	return 0;
+}
+
+SEC("uprobe.multi")
+int segment_entry_multi(struct pt_regs *ctx)
+{
+	return on_segment_function(ctx);
+}
+
+SEC("uprobe")
+int segment_entry(struct pt_regs *ctx)
+{
+	return on_segment_function(ctx);
 }

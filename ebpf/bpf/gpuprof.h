@@ -139,7 +139,8 @@ struct gp_record {
 	__u8 flags;	   /* GP_FLAG_* */
 	__s32 result;	   /* CUresult of a driver call; wait status for exit records */
 	__s32 device;	   /* -1 when the call does not say */
-	__u16 handle_len;  /* valid bytes of the handle that follows (GP_FLAG_HANDLE) */
+	__u8 handle_len;   /* valid bytes of the handle that follows (GP_FLAG_HANDLE) */
+	__u8 stack_of;	   /* enum gp_stack_of: whose Python frames follow */
 	__u16 stack_depth; /* Python frames that follow */
 	__u64 addr;
 	__u64 size;
@@ -238,6 +239,16 @@ struct gp_code {
 	__u16 reserved2;
 };
 
+/*
+ * Whose Python frames a record carries. A driver call made on one of PyTorch's autograd threads
+ * (the backward pass: no Python frames there) while it evaluates a node carries the frames of
+ * the thread that runs the pass, the process's main thread waiting in `loss.backward()`.
+ */
+enum gp_stack_of {
+	GP_STACK_OWN = 0,
+	GP_STACK_BACKWARD_CALLER = 1,
+};
+
 /* gp_record.flags */
 #define GP_FLAG_OUT_UNREAD 1	  /* the call succeeded but its out-pointer could not be read */
 #define GP_FLAG_EXIT_SIGNALED 2	  /* exit records: the process was killed by a signal */
@@ -246,6 +257,9 @@ struct gp_code {
 #define GP_FLAG_STACK_LOST 16	  /* the thread has Python frames that could not be read */
 #define GP_FLAG_AUTOGRAD 32	  /* allocator records: the gp_allocator autograd fields are set */
 #define GP_FLAG_STACK_KNOWN 64	  /* allocator records: frames left out, named by stack_hash */
+/* driver records: made inside PyTorch's caching allocator's segment functions (its cache:
+ * model::framework) */
+#define GP_FLAG_ALLOCATOR_SEGMENT 128
 
 /*
  * Where an allocator report's time goes in the probe (`phases`, per CPU, summed in ns), when the

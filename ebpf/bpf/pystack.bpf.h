@@ -321,22 +321,15 @@ static __always_inline void describe_new_codes(__u32 tgid, __u32 tid, const stru
 }
 
 /*
- * Fills `frames` with the thread's Python frames, innermost first; returns how many and sets
- * GP_FLAG_STACK_TRUNCATED / GP_FLAG_STACK_LOST in `flags`.
+ * Fills `frames` with the Python frames of the thread state whose fields read_tstate copied into
+ * scratch->tstate, innermost first; returns how many and sets GP_FLAG_STACK_TRUNCATED /
+ * GP_FLAG_STACK_LOST in `flags`.
  */
-static __always_inline __u32 walk_python_stack(__u32 tgid, __u32 tid, struct gp_frame *frames,
-					       struct stack_scratch *scratch, __u8 *flags, __u64 *stamp)
+static __always_inline __u32 walk_frames_of(const struct gp_python *py, __u32 tgid, __u32 tid, struct gp_frame *frames,
+					    struct stack_scratch *scratch, __u8 *flags, __u64 *stamp)
 {
-	if (!python_stacks)
-		return 0;
-	struct gp_python *py = bpf_map_lookup_elem(&python_procs, &tgid);
-	if (!py)
-		return 0;
-	__u64 tstate = current_tstate(py, scratch);
 	struct frame_walk walk = { .py = py, .frames = frames, .scratch = scratch, .tgid = tgid, .tid = tid };
 
-	if (!tstate)
-		return 0;
 	walk.frame = tstate_field(scratch, py, py->tstate_frame);
 	if (py->cframe_current_frame != GP_NO_OFFSET && walk.frame &&
 	    read_ptr(&walk.frame, walk.frame + py->cframe_current_frame))
@@ -364,11 +357,10 @@ static __always_inline __u32 walk_python_stack(__u32 tgid, __u32 tid, struct gp_
 	}
 	phase_done(GP_PHASE_DATA_STACK, stamp);
 	scratch->stack_tag = (__u64)py->generation << 32 | py->stack_epoch;
-	if (!walk.lost) {
-		scratch->depth = 0;
-		scratch->hash = 0;
+	scratch->depth = 0;
+	scratch->hash = 0;
+	if (!walk.lost)
 		bpf_loop(GP_MAX_WALK, walk_frame, &walk, 0);
-	}
 	phase_done(GP_PHASE_FRAMES, stamp);
 	walk.depth = scratch->depth;
 	if (walk.lost) {
@@ -378,6 +370,68 @@ static __always_inline __u32 walk_python_stack(__u32 tgid, __u32 tid, struct gp_
 	if (walk.truncated || (!walk.lost && walk.frame))
 		*flags |= GP_FLAG_STACK_TRUNCATED;
 	return walk.depth;
+}
+
+/*
+ * Fills `frames` with the current thread's Python frames, innermost first; returns how many and
+ * sets GP_FLAG_STACK_TRUNCATED / GP_FLAG_STACK_LOST in `flags`.
+ */
+static __always_inline __u32 walk_python_stack(__u32 tgid, __u32 tid, struct gp_frame *frames,
+					       struct stack_scratch *scratch, __u8 *flags, __u64 *stamp)
+{
+	if (!python_stacks)
+		return 0;
+	struct gp_python *py = bpf_map_lookup_elem(&python_procs, &tgid);
+	if (!py)
+		return 0;
+	scratch->depth = 0;
+	if (!current_tstate(py, scratch))
+		return 0;
+	return walk_frames_of(py, tgid, tid, frames, scratch, flags, stamp);
+}
+
+struct list_end {
+	const struct gp_python *py;
+	__u64 tstate; /* the thread state looked at, then the last one */
+	__u64 last;
+};
+
+static long to_list_end(__u64 index, void *ctx)
+{
+	struct list_end *end = ctx;
+	__u64 next = 0;
+
+	if (!end->tstate)
+		return 1;
+	end->last = end->tstate;
+	if (read_ptr(&next, end->tstate + end->py->tstate_next))
+		return 1;
+	end->tstate = next;
+	return 0;
+}
+
+/*
+ * Fills `frames` with the Python frames of the process's main thread: the last thread state of
+ * the interpreter's list (every version puts new threads at its head), the one a training loop
+ * runs `loss.backward()` on and waits in while autograd's threads run the pass.
+ */
+static __always_inline __u32 walk_main_thread(__u32 tgid, __u32 tid, struct gp_frame *frames,
+					      struct stack_scratch *scratch, __u8 *flags, __u64 *stamp)
+{
+	if (!python_stacks)
+		return 0;
+	struct gp_python *py = bpf_map_lookup_elem(&python_procs, &tgid);
+	struct list_end end = { .py = py };
+	__u64 interp = 0;
+
+	if (!py || read_ptr(&interp, py->runtime + py->interpreters_head) || !interp ||
+	    read_ptr(&end.tstate, interp + py->threads_head))
+		return 0;
+	bpf_loop(GP_MAX_THREADS, to_list_end, &end, 0);
+	scratch->depth = 0;
+	if (!end.last || read_tstate(scratch, py, end.last))
+		return 0;
+	return walk_frames_of(py, tgid, tid, frames, scratch, flags, stamp);
 }
 
 #endif

@@ -75,8 +75,7 @@ pub fn is_pytorch_cuda_library(file_name: &str) -> bool {
 /// `DeviceCachingAllocator::alloc_block` (every new segment, `cudaMalloc` or expandable) and
 /// `ExpandableSegment::map` (the pages of an expandable segment). Matched as parts of the
 /// mangled name, so the argument types may change between releases.
-pub const PYTORCH_SEGMENT_FUNCTIONS: [&str; 2] =
-    ["22DeviceCachingAllocator11alloc_blockE", "17ExpandableSegment3mapE"];
+pub const PYTORCH_SEGMENT_FUNCTIONS: [&str; 2] = ["22DeviceCachingAllocator11alloc_blockE", "17ExpandableSegment3mapE"];
 
 #[cfg(test)]
 mod tests {

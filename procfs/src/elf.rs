@@ -253,7 +253,10 @@ mod tests {
         let name = exe.file_name().unwrap().to_str().unwrap();
         let (base, _) = bases.iter().find(|(_, n)| n == name).unwrap();
         let text = read(&exe, |elf| {
-            elf.object.segments().find(|s| s.file_range().0 <= found[0].1 && found[0].1 < s.file_range().0 + s.file_range().1).map(|s| s.address() - s.file_range().0)
+            elf.object
+                .segments()
+                .find(|s| s.file_range().0 <= found[0].1 && found[0].1 < s.file_range().0 + s.file_range().1)
+                .map(|s| s.address() - s.file_range().0)
         })
         .unwrap()
         .unwrap();

@@ -298,7 +298,19 @@ pub fn libc10_cuda_standin() -> &'static Path {
         compile(
             "libc10_cuda_standin.c",
             &output,
-            &["-shared", "-fPIC", &search, "-lc10", "-Wl,-rpath,$ORIGIN", "-Wl,-z,relro,-z,now"],
+            &[
+                "-shared",
+                "-fPIC",
+                &search,
+                "-lc10",
+                "-ldl",
+                "-lpthread",
+                "-Wl,-rpath,$ORIGIN",
+                "-Wl,-z,relro,-z,now",
+                PROLOGUE[0],
+                PROLOGUE[1],
+                PROLOGUE[2],
+            ],
         );
         output
     })

@@ -11,6 +11,7 @@ mod process_facts;
 pub(crate) mod python_stacks;
 
 use gpuprof_model::event::{Event, Layer, Op};
+use gpuprof_model::Framework;
 
 use crate::kernel::{flags, Record};
 use autograd_nodes::NodeNames;
@@ -36,7 +37,12 @@ impl Enricher {
         let pid = record.header.pid;
         self.facts.fill(event);
         match event.layer {
-            Layer::Driver => event.caller_module = self.callers.module_of(pid, record.header.caller),
+            Layer::Driver => {
+                event.caller_module = self.callers.module_of(pid, record.header.caller);
+                if event.allocator_segment.is_none() {
+                    event.allocator_segment = event.caller_module.as_deref().and_then(Framework::of_caller_module);
+                }
+            }
             Layer::Allocator => {
                 let node =
                     record.totals.filter(|_| record.header.flags & flags::AUTOGRAD != 0).map(|t| t.autograd_node);

@@ -8,8 +8,8 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use gpuprof_ebpf::types::gp_python;
-use gpuprof_model::event::{Event, Frame};
+use gpuprof_ebpf::types::{gp_python, gp_stack_of};
+use gpuprof_model::event::{Event, Frame, StackOrigin};
 use gpuprof_model::Stack;
 use gpuprof_pystack::code::CodeInfo;
 use gpuprof_pystack::strings::decode;
@@ -317,7 +317,12 @@ impl Pythons {
             }
             process.by_hash.insert(hash, stack.clone());
         }
-        event.stack = stack;
+        event.stack = if record.header.stack_of == gp_stack_of::GP_STACK_BACKWARD_CALLER.0 as u8 {
+            event.stack_origin = Some(StackOrigin::BackwardCaller);
+            stack.under_backward_pass()
+        } else {
+            stack
+        };
         self.counts.symbolized += 1;
     }
 }

@@ -27,6 +27,7 @@ use gpuprof_ebpf::driver::{DriverSkel, DriverSkelBuilder};
 use gpuprof_ebpf::process::{ProcessSkel, ProcessSkelBuilder};
 use gpuprof_ebpf::types::gp_counter;
 // PyTorch's allocator report, probed here and interposed by the shim: spelled once, in the model.
+use gpuprof_model::framework::PYTORCH_SEGMENT_FUNCTIONS;
 use gpuprof_model::shim::ALLOCATOR_SYMBOL;
 use gpuprof_procfs::elf;
 
@@ -255,6 +256,8 @@ impl Capture {
         open_driver.progs.driver_return_multi.set_autoload(multi);
         open_driver.progs.driver_entry.set_autoload(!multi);
         open_driver.progs.driver_return.set_autoload(!multi);
+        open_driver.progs.segment_entry_multi.set_autoload(multi);
+        open_driver.progs.segment_entry.set_autoload(!multi);
         let driver = open_driver.load().map_err(|e| load_error("load the driver probes", e))?;
 
         let mut open_process = ProcessSkelBuilder::default()
@@ -426,6 +429,61 @@ impl Capture {
     /// get no breakpoint, so they pay nothing), until the returned probe is dropped.
     pub fn attach_allocator_for(&self, library: &LibraryFile, pid: u32) -> Result<ProcessProbe> {
         Ok(ProcessProbe { _link: self.allocator_link(library, Some(pid))? })
+    }
+
+    /// Puts an entry probe on the caching allocator's segment functions of a libc10_cuda file
+    /// (`model::framework::PYTORCH_SEGMENT_FUNCTIONS`, local symbols of its static table), for
+    /// every process using it: the driver calls made inside them are marked as the allocator's.
+    /// Called once per segment, not per tensor: the driver's level keeps its cost.
+    pub fn attach_segment_functions(&self, library: &LibraryFile) -> Result<Attachment> {
+        let placement = self.placement;
+        let targets: Vec<(usize, String)> = elf::read(&library.path, |elf| {
+            elf.static_functions_containing(&PYTORCH_SEGMENT_FUNCTIONS)
+                .into_iter()
+                .map(|(name, offset)| {
+                    let shift = match placement {
+                        Placement::Placed => placement::probe_offset(elf.bytes_at(offset, 16)),
+                        Placement::Entry => 0,
+                    };
+                    (offset as usize + shift, name)
+                })
+                .collect()
+        })?;
+        if targets.is_empty() {
+            bail!(
+                "{} has no symbol table naming PyTorch's caching allocator (a stripped build): its segments count as the program's own at the driver's level",
+                library.path.display()
+            );
+        }
+        let progs = &self.driver.progs;
+        let links = match self.probe_links {
+            ProbeLinks::Multi => {
+                let opts = UprobeMultiOpts {
+                    offsets: targets.iter().map(|t| t.0).collect(),
+                    cookies: vec![0; targets.len()],
+                    ..Default::default()
+                };
+                vec![progs
+                    .segment_entry_multi
+                    .attach_uprobe_multi_with_opts(-1, &library.path, "", opts)
+                    .with_context(|| {
+                        format!("cannot attach uprobes to the caching allocator of {}", library.path.display())
+                    })?]
+            }
+            ProbeLinks::PerfEvent => targets
+                .iter()
+                .map(|(offset, name)| {
+                    progs
+                        .segment_entry
+                        .attach_uprobe(false, -1, &library.path, *offset)
+                        .with_context(|| format!("cannot attach a uprobe to {name} in {}", library.path.display()))
+                })
+                .collect::<Result<Vec<Link>>>()?,
+        };
+        let attachment = Attachment { library: library.clone(), probes: targets.len(), missing: Vec::new() };
+        self.uprobes.borrow_mut().extend(links);
+        self.attached.borrow_mut().push(attachment.clone());
+        Ok(attachment)
     }
 
     /// Puts an entry and a return probe on every table entry point the library exports.

@@ -15,6 +15,7 @@ pub mod flags {
     pub const STACK_LOST: u8 = h::GP_FLAG_STACK_LOST as u8;
     pub const AUTOGRAD: u8 = h::GP_FLAG_AUTOGRAD as u8;
     pub const STACK_KNOWN: u8 = h::GP_FLAG_STACK_KNOWN as u8;
+    pub const ALLOCATOR_SEGMENT: u8 = h::GP_FLAG_ALLOCATOR_SEGMENT as u8;
 }
 
 pub const HANDLE_LEN: usize = gpuprof_ebpf::header::GP_HANDLE_LEN as usize;
@@ -124,7 +125,7 @@ mod tests {
         let header = gp_record {
             kind: gp_record_kind::GP_RECORD_DRIVER.0,
             flags: flags::HANDLE,
-            handle_len: HANDLE_LEN as u16,
+            handle_len: HANDLE_LEN as u8,
             stack_depth: 2,
             ..gp_record::default()
         };

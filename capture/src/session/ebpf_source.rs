@@ -41,13 +41,15 @@ pub struct EbpfOptions {
 struct Probed {
     libcuda: bool,
     libc10: bool,
+    /// The caching allocator's segment functions of its libc10_cuda (every level).
+    segments: bool,
     /// Backward attribution configured (or known impossible) for the process's libtorch_cpu.
     autograd: bool,
 }
 
 impl Probed {
     fn all(&self) -> bool {
-        self.libcuda && self.libc10 && self.autograd
+        self.libcuda && self.libc10 && self.segments && self.autograd
     }
 }
 
@@ -71,6 +73,8 @@ pub struct EbpfSource<'c> {
     probed: HashMap<u32, Probed>,
     /// Processes raised above `level`: their own allocator probes.
     raised: HashMap<u32, Vec<ProcessProbe>>,
+    /// libc10_cuda files whose caching allocator could not be probed (said once each).
+    unprobed_allocators: HashSet<(u64, u64)>,
     /// Processes ever followed (given, forked, or tracked by the kernel at their first call)
     /// and seen to exit.
     followed_total: u64,
@@ -95,6 +99,7 @@ impl<'c> EbpfSource<'c> {
             alive: root.into_iter().collect(),
             probed: HashMap::new(),
             raised: HashMap::new(),
+            unprobed_allocators: HashSet::new(),
             followed_total: root.map_or(0, |_| 1),
             exited_total: 0,
             decode_errors: 0,
@@ -249,11 +254,17 @@ impl<'c> EbpfSource<'c> {
                 }
                 probed.libcuda = !libraries.is_empty();
             }
+            if !probed.segments {
+                let Ok(libraries) = libcuda::mapped_matching(pid, libcuda::is_libc10_cuda) else { continue };
+                for library in &libraries {
+                    self.attach_segment_functions(flow, library);
+                }
+                probed.segments = !libraries.is_empty();
+            }
             if !probed.libc10 && !self.level.tensors() {
                 // Tensor events are not recorded at this level: libc10 stays unprobed (and its
-                // users untrapped); autograd's state is read only with them.
+                // users untrapped).
                 probed.libc10 = true;
-                probed.autograd = true;
             }
             if !probed.libc10 {
                 let Ok(libraries) = libcuda::mapped_matching(pid, libcuda::is_libc10) else { continue };
@@ -264,7 +275,10 @@ impl<'c> EbpfSource<'c> {
                 }
                 probed.libc10 = !libraries.is_empty();
             }
-            if probed.libc10 && !probed.autograd {
+            // Autograd's state names the backward pass of a driver call too (the thread that runs
+            // it): read once PyTorch's CUDA library is loaded, at every level.
+            let torch_loaded = probed.segments || (self.level.tensors() && probed.libc10);
+            if torch_loaded && !probed.autograd {
                 probed.autograd = self.configure_autograd(flow, pid);
             }
             self.probed.insert(pid, probed);
@@ -319,6 +333,25 @@ impl<'c> EbpfSource<'c> {
         }
         self.raised.insert(pid, probes);
         Ok(true)
+    }
+
+    /// The caching allocator's segment probes on a libc10_cuda file, once; a file without them
+    /// (stripped) is said once.
+    fn attach_segment_functions(&mut self, flow: &EventFlow, library: &LibraryFile) {
+        if self.capture.is_attached(library) || self.unprobed_allocators.contains(&library.identity) {
+            return;
+        }
+        match self.capture.attach_segment_functions(library) {
+            Ok(attachment) => flow.notice(format!(
+                "probing {} segment functions of PyTorch's caching allocator in {}",
+                attachment.probes,
+                library.path.display()
+            )),
+            Err(error) => {
+                self.unprobed_allocators.insert(library.identity);
+                flow.notice(format!("warning: {error:#}"));
+            }
+        }
     }
 
     fn attach_allocator(&mut self, flow: &EventFlow, library: &LibraryFile) -> Result<()> {

@@ -146,7 +146,11 @@ unsafe fn handle(domain: u32, cbid: u32, data: *const CUpti_CallbackData) {
         queue::start_sender();
         return;
     }
-    recorder::record(started, Call::Driver { api, values, caller: super::caller::return_address() });
+    let caller = super::caller::of_this_call();
+    recorder::record(
+        started,
+        Call::Driver { api, values, caller: caller.return_address, pytorch_allocator: caller.pytorch_allocator },
+    );
 }
 
 #[cfg(test)]

@@ -1,43 +1,65 @@
 //! Which module called the driver, seen from inside a CUPTI callback: the first return address on
 //! the calling thread's stack outside the shim, CUPTI and libcuda — what the eBPF probe takes from
-//! the entry point's return address. The stack is unwound with glibc's `backtrace` (their
-//! `.eh_frame`s): a few microseconds, paid on driver memory calls only, which are rare next to
-//! the allocator's reports. The address is named by the sender (`module_of`).
+//! the entry point's return address — and whether PyTorch's caching allocator made the call
+//! (a frame of libc10_cuda.so further out: its segments, `gpuprof_model::framework`; the eBPF
+//! probes tell the same from the allocator's segment functions). The stack is unwound with glibc's
+//! `backtrace` (their `.eh_frame`s): a few microseconds, paid on driver memory calls only, which
+//! are rare next to the allocator's reports. The address is named by the sender (`module_of`).
 
 use std::ffi::{c_void, CStr};
+
+use gpuprof_model::framework::is_pytorch_cuda_library;
 use std::sync::Arc;
 
 /// Return addresses looked at, from the callback outwards.
 const DEPTH: usize = 48;
 
-/// The return address into the module that called the driver; 0 when the unwinder could not get
-/// past the driver's frames.
-pub fn return_address() -> u64 {
+/// Who made the driver call a CUPTI callback sees.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Caller {
+    /// The return address into the module that called the driver; 0 when the unwinder could not
+    /// get past the driver's frames.
+    pub return_address: u64,
+    /// A frame of PyTorch's libc10_cuda.so lies further out: its caching allocator made the call.
+    pub pytorch_allocator: bool,
+}
+
+/// The calling thread's stack, read outwards from this callback.
+pub fn of_this_call() -> Caller {
     let mut frames = [std::ptr::null_mut::<c_void>(); DEPTH];
     // SAFETY: backtrace writes at most DEPTH addresses.
     let count = unsafe { libc::backtrace(frames.as_mut_ptr(), DEPTH as libc::c_int) }.max(0) as usize;
-    let own = object_of(return_address as *const c_void).map(|(base, _)| base);
+    let own = object_of(of_this_call as *const c_void).map(|(base, _)| base);
+    let mut caller = Caller::default();
     let mut inside_driver = false;
     for &frame in &frames[..count] {
         let Some((base, name)) = object_of(frame) else {
             // Code outside every object (generated code): a caller only once the driver was passed.
-            if inside_driver {
-                return frame as u64;
+            if inside_driver && caller.return_address == 0 {
+                caller.return_address = frame as u64;
             }
             continue;
         };
         if Some(base) == own {
             continue;
         }
-        if is_driver_side(name) {
+        if caller.return_address == 0 && is_driver_side(name) {
             inside_driver = true;
             continue;
         }
-        if inside_driver {
-            return frame as u64;
+        if inside_driver && caller.return_address == 0 {
+            caller.return_address = frame as u64;
+        }
+        if caller.return_address != 0 && file_name(name).is_some_and(is_pytorch_cuda_library) {
+            caller.pytorch_allocator = true;
+            break;
         }
     }
-    0
+    caller
+}
+
+fn file_name(name: &CStr) -> Option<&str> {
+    std::str::from_utf8(name.to_bytes().rsplit(|&b| b == b'/').next()?).ok()
 }
 
 /// libcuda and CUPTI: the frames between the shim's callback and the driver's caller.

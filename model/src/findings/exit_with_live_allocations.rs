@@ -39,13 +39,17 @@ pub fn check(event: &Event, world: &Tracker, reported: &Reported) -> Option<Find
             let unreported: Vec<&Allocation> =
                 live.iter().copied().filter(|a| !reported.grew(instance, &a.stack)).collect();
             if unreported.is_empty() {
-                let reason = "; its growth finding reported these allocations; the driver takes them back with the process.";
+                let reason =
+                    "; its growth finding reported these allocations; the driver takes them back with the process.";
                 (Severity::Info, live.clone(), format!("{}{reason}", held(process, how, &live)))
             } else {
                 let largest = representative(&unreported)?;
                 let grown = live.len() - unreported.len();
                 let besides = if grown > 0 {
-                    format!(" besides the {} its growth finding reported", wording::count(grown as u64, "allocation", "allocations"))
+                    format!(
+                        " besides the {} its growth finding reported",
+                        wording::count(grown as u64, "allocation", "allocations")
+                    )
                 } else {
                     String::new()
                 };
@@ -92,7 +96,10 @@ fn held(process: &ProcessMemory, how: &str, allocations: &[&Allocation]) -> Stri
 /// one: its orphan finding said it, its workers live on, or its framework's allocator held it.
 fn why_held(event: &Event, process: &ProcessMemory, world: &Tracker, reported: &Reported) -> Option<String> {
     if reported.orphaned(process.as_ref()) {
-        return Some("; its orphan finding reported it (its parent ended first); the driver takes it back with the process.".to_string());
+        return Some(
+            "; its orphan finding reported it (its parent ended first); the driver takes it back with the process."
+                .to_string(),
+        );
     }
     let mut workers: Vec<u32> = super::orphan_holding_memory::descendants(process.as_ref(), world)
         .into_iter()
@@ -178,7 +185,12 @@ fn allocator_share(process: &ProcessMemory) -> Option<AllocatorShare> {
     if !totals.is_empty() {
         let reserved: u64 = totals.values().map(|t| t.reserved).sum::<u64>().min(held);
         let tensors: u64 = totals.values().map(|t| t.allocated).sum::<u64>().min(reserved);
-        return Some(AllocatorShare { framework, segments: reserved, tensors: Some(tensors), outside: held - reserved });
+        return Some(AllocatorShare {
+            framework,
+            segments: reserved,
+            tensors: Some(tensors),
+            outside: held - reserved,
+        });
     }
     let segments: u64 = process
         .allocations()

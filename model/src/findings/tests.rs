@@ -696,7 +696,8 @@ fn at_the_drivers_level_the_allocators_segments_are_its_cache_not_a_leak() {
     // Recorded at the driver's level: no tensor events, no allocator totals; the capture marked
     // the segments PyTorch's caching allocator made (one on an autograd thread: no stack).
     let mut s = Stream::new();
-    let autograd = vec![Frame { function: "[libcudart.so.13]".into(), file: crate::stack::NATIVE_FILE.into(), line: 0 }];
+    let autograd =
+        vec![Frame { function: "[libcudart.so.13]".into(), file: crate::stack::NATIVE_FILE.into(), line: 0 }];
     s.segment(73, 0xA000, 64 * MIB, &autograd).segment(73, 0x10_0000, 20 * MIB, &frame("forward", 12));
     s.alloc(73, 0x20_0000, 4 * MIB, &frame("workspace", 40)).process(73, Op::Exit, 1);
     // The same without the marks: a program's own memory, never freed.
@@ -730,7 +731,8 @@ fn a_growth_and_the_exit_holding_what_grew_are_one_finding() {
     s.alloc(76, 0xA000, 8 * MIB, &frame("buffer", 9));
     s.process(75, Op::Exit, 1).process(76, Op::Exit, 1);
     let found = s.findings(config);
-    let got: Vec<(FindingKind, u32, u64, Severity)> = found.iter().map(|f| (f.kind, f.pid, f.bytes, f.severity)).collect();
+    let got: Vec<(FindingKind, u32, u64, Severity)> =
+        found.iter().map(|f| (f.kind, f.pid, f.bytes, f.severity)).collect();
     assert_eq!(
         got,
         vec![
@@ -757,10 +759,14 @@ fn an_orphans_exit_is_told_by_its_orphan_finding_not_again_as_a_leak() {
     let killed_at = s.ts;
     s.at(killed_at + 6_000_000_000).process(81, Op::Exit, 80);
     let found = s.findings(RuleConfig::default());
-    let of_81: Vec<(FindingKind, Severity)> = found.iter().filter(|f| f.pid == 81).map(|f| (f.kind, f.severity)).collect();
+    let of_81: Vec<(FindingKind, Severity)> =
+        found.iter().filter(|f| f.pid == 81).map(|f| (f.kind, f.severity)).collect();
     assert_eq!(
         of_81,
-        vec![(FindingKind::OrphanHoldingMemory, Severity::Leak), (FindingKind::ExitWithLiveAllocations, Severity::Info)]
+        vec![
+            (FindingKind::OrphanHoldingMemory, Severity::Leak),
+            (FindingKind::ExitWithLiveAllocations, Severity::Info)
+        ]
     );
     let exit = found.iter().find(|f| f.pid == 81 && f.kind == FindingKind::ExitWithLiveAllocations).unwrap();
     assert_eq!(

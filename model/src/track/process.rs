@@ -236,7 +236,11 @@ impl ProcessMemory {
         if !self.allocator_totals.is_empty() {
             return Some(Framework::Pytorch);
         }
-        self.allocations.values().filter_map(|a| a.framework).chain(self.mappings.values().filter_map(|m| m.framework)).min()
+        self.allocations
+            .values()
+            .filter_map(|a| a.framework)
+            .chain(self.mappings.values().filter_map(|m| m.framework))
+            .min()
     }
 
     /// True when a framework allocator reported blocks (a PyTorch process).
