@@ -187,13 +187,13 @@ fn evaluation_without_no_grad_next_to_a_caching_neighbour_is_one_growth_and_one_
     assert_eq!(neighbour_exit.user_frame.as_ref(), Some(&user_line("neighbour", "neighbour")));
     assert_eq!(
         neighbour_exit.detail,
-        format!("pid {neighbour} (python3) exited still holding 40.0 MiB of device memory in 1 allocation: its framework allocator's segments hold 0 B in live tensors and 40.0 MiB cached; the driver takes it back with the process: nothing to do.")
+        format!("pid {neighbour} (python3) exited still holding 40.0 MiB of device memory in 1 allocation: PyTorch's caching allocator's segments hold 0 B in live tensors and 40.0 MiB cached; the driver takes it back with the process: nothing to do.")
     );
     assert_eq!((parent_exit.bytes, parent_exit.count), (54 * MIB, 17));
     assert!(
         parent_exit
             .detail
-            .contains(": its framework allocator's segments hold 0 B in live tensors and 54.0 MiB cached;"),
+            .contains(": PyTorch's caching allocator's segments hold 0 B in live tensors and 54.0 MiB cached;"),
         "{}",
         parent_exit.detail
     );

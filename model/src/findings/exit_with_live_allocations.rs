@@ -53,8 +53,14 @@ pub fn check(event: &Event, world: &Tracker, reported: &Reported) -> Option<Find
                 } else {
                     String::new()
                 };
+                // Named by the best stack: said so when a larger one had none.
+                let which = if unreported.iter().any(|a| a.size > largest.size) {
+                    "the largest made from Python"
+                } else {
+                    "the largest"
+                };
                 let detail = format!(
-                    "{}{besides}; the largest, {}, came from {} {}: release it once it is no longer needed (drop the tensor, torch.cuda.empty_cache()) instead of leaving it to the end of the process.",
+                    "{}{besides}; {which}, {}, came from {} {}: release it once it is no longer needed (drop the tensor, torch.cuda.empty_cache()) instead of leaving it to the end of the process.",
                     held(process, how, &unreported),
                     wording::bytes(largest.size),
                     largest.api,

@@ -714,7 +714,7 @@ fn at_the_drivers_level_the_allocators_segments_are_its_cache_not_a_leak() {
     assert_eq!((found[0].stack.clone(), found[1].stack.clone()), (frame("forward", 12), frame("forward", 12)));
     assert_eq!(
         found[1].detail,
-        "pid 74 (python3) exited still holding 84.0 MiB of device memory in 2 allocations; the largest, 20.0 MiB, came from cuMemAlloc_v2 at train.py:12 in forward: release it once it is no longer needed (drop the tensor, torch.cuda.empty_cache()) instead of leaving it to the end of the process."
+        "pid 74 (python3) exited still holding 84.0 MiB of device memory in 2 allocations; the largest made from Python, 20.0 MiB, came from cuMemAlloc_v2 at train.py:12 in forward: release it once it is no longer needed (drop the tensor, torch.cuda.empty_cache()) instead of leaving it to the end of the process."
     );
 }
 

@@ -457,7 +457,10 @@ impl ProcessMemory {
 
     fn touch(&mut self, event: &Event) {
         self.last_ts = event.ts;
-        if !event.comm.is_empty() && self.comm != event.comm {
+        // A process is named by its main thread (its other threads have names of their own:
+        // PyTorch's `pt_autograd_0`), or by the first name heard of until it speaks.
+        let main_thread = event.tid == event.pid || event.tid == 0;
+        if !event.comm.is_empty() && self.comm != event.comm && (main_thread || self.comm.is_empty()) {
             self.comm = event.comm.clone();
         }
         if self.ppid.is_none() {

@@ -1,0 +1,226 @@
+//! Always on, always right: `gpuprof daemon` at its defaults (the driver's level, raising what
+//! grows to its tensors) with gpuprof-collector and Jaeger behind it, and jobs shaped like
+//! PyTorch's: their segments made by a caching allocator (the libc10_cuda stand-in's, in its
+//! alloc_block, as PyTorch's libc10_cuda.so makes them), their blocks through the libc10 hook,
+//! their backward pass on an autograd thread. One leak per problem, none for a healthy job that
+//! exits holding its allocator's cache; the same findings in the collector, its /metrics and
+//! Jaeger.
+
+use std::collections::BTreeMap;
+use std::io::BufReader;
+use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use gpuprof_testkit::collector::{Collector, Jaeger};
+use gpuprof_testkit::daemon::{one_daemon_at_a_time, Daemon};
+use gpuprof_testkit::*;
+use serde_json::Value;
+
+/// A caching_job.py process: the child, its pid (its "ready PID" line) and its stdout.
+struct Job {
+    child: Child,
+    pid: u32,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Job {
+    fn start(dir: &Path, mode: &str, seconds: u32, env: &[(&str, &str)]) -> Job {
+        let mut command = Command::new(python3());
+        command.arg(workloads().join("caching_job.py")).args([mode, &seconds.to_string()]);
+        workload_env(&mut command, &dir.join(format!("{mode}.log")));
+        command.env("GPUPROF_LIBC10_CUDA", libc10_cuda_standin()).env("GPUPROF_LIBTORCH_CPU", libtorch_cpu_standin());
+        for (name, value) in env {
+            command.env(name, value);
+        }
+        let mut child = command.stdout(Stdio::piped()).spawn().unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let line = line_within(&mut stdout, READY_LIMIT, &format!("the {mode} job's \"ready PID\""));
+        let pid = line.strip_prefix("ready ").and_then(|p| p.trim().parse().ok()).unwrap_or_else(|| panic!("{line:?}"));
+        Job { child, pid, stdout }
+    }
+
+    fn line(&mut self, what: &str, limit: Duration) -> String {
+        line_within(&mut self.stdout, limit, what).trim().to_string()
+    }
+}
+
+/// The line of caching_job.py holding `text`.
+fn line_of(text: &str) -> u64 {
+    let source = std::fs::read_to_string(workloads().join("caching_job.py")).unwrap();
+    source.lines().position(|line| line.contains(text)).unwrap_or_else(|| panic!("no {text:?} in caching_job.py"))
+        as u64
+        + 1
+}
+
+/// The collector's findings of node `node`, once `leaks` of them are leaks and no finding more
+/// came for two seconds.
+fn settled_findings(collector: &Collector, node: &str, leaks: usize, limit: Duration) -> Vec<Value> {
+    let deadline = Instant::now() + limit;
+    let mut last = (0, Instant::now());
+    loop {
+        let found = collector.findings(&format!("?node={node}"));
+        if found.len() != last.0 {
+            last = (found.len(), Instant::now());
+        }
+        let leaking = found.iter().filter(|f| f["severity"] == "leak").count();
+        if leaking >= leaks && last.1.elapsed() >= Duration::from_secs(2) {
+            return found;
+        }
+        assert!(Instant::now() < deadline, "{leaking} leaks after {limit:?}, expected {leaks}: {found:#?}");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+#[test]
+fn the_daemon_at_its_defaults_says_one_leak_per_problem_and_none_of_healthy_jobs() {
+    let _node = one_daemon_at_a_time();
+    let dir = scratch("always_on");
+    let jaeger = Jaeger::start(&dir);
+    let collector = Collector::start(&dir.join("c.redb"), &["--forward-endpoint", &jaeger.otlp_http]);
+    let libcuda = standin_dir().join("libcuda.so.1");
+    let daemon = Daemon::start(&[
+        "--otlp-endpoint",
+        &collector.grpc,
+        "--node-name",
+        "always-on",
+        "--libcuda",
+        libcuda.to_str().unwrap(),
+    ]);
+
+    // 45-second jobs side by side, as on a node; an OOM job, and a launcher killed under its
+    // workers.
+    let mut leak = Job::start(&dir, "leak", 45, &[]);
+    let mut healthy = Job::start(&dir, "healthy", 45, &[]);
+    let mut loader = Job::start(&dir, "workers", 10, &[]);
+    let mut launcher = Job::start(&dir, "orphans", 20, &[]);
+    let mut oom = Job::start(&dir, "oom", 62, &[("GPUPROF_STANDIN_DEVICE_MEMORY", "2147483648")]);
+    let orphans: Vec<u32> = launcher
+        .line("the launcher's \"orphans PID PID\"", Duration::from_secs(30))
+        .strip_prefix("orphans ")
+        .unwrap()
+        .split(' ')
+        .map(|pid| pid.parse().unwrap())
+        .collect();
+    assert_eq!(wait_with_limit(&mut launcher.child, Duration::from_secs(10)).signal(), Some(9));
+    for (job, name) in [(&mut leak, "leak"), (&mut healthy, "healthy"), (&mut loader, "workers")] {
+        assert_eq!(job.line(&format!("the {name} job's \"done\""), Duration::from_secs(60)), "done");
+        assert_eq!(wait_with_limit(&mut job.child, Duration::from_secs(10)).code(), Some(0), "{name}");
+    }
+    for _ in &orphans {
+        assert_eq!(launcher.line("an orphan's \"done\"", Duration::from_secs(40)), "done");
+    }
+    assert_eq!(oom.line("the oom job's \"out of memory\"", Duration::from_secs(40)), "out of memory");
+    assert_eq!(wait_with_limit(&mut oom.child, Duration::from_secs(10)).code(), Some(1));
+
+    // What the node said, at the collector: every process's findings by kind and severity.
+    // Leaks: the growth (leak job), a context in each of the loader's workers, each orphan, the
+    // out-of-memory; the rest are infos.
+    let findings = settled_findings(&collector, "always-on", 6, Duration::from_secs(30));
+    let mut by_pid: BTreeMap<u64, Vec<(String, String)>> = BTreeMap::new();
+    for finding in &findings {
+        by_pid
+            .entry(finding["pid"].as_u64().unwrap())
+            .or_default()
+            .push((finding["kind"].as_str().unwrap().to_string(), finding["severity"].as_str().unwrap().to_string()));
+    }
+    let leaks = |pid: u32| -> Vec<String> {
+        by_pid.get(&u64::from(pid)).into_iter().flatten().filter(|(_, s)| s == "leak").map(|(k, _)| k.clone()).collect()
+    };
+    let exit_info = ("exit_with_live_allocations".to_string(), "info".to_string());
+    assert_eq!(leaks(leak.pid), ["growth"], "{findings:#?}");
+    assert_eq!(leaks(healthy.pid), Vec::<String>::new(), "{findings:#?}");
+    assert_eq!(by_pid[&u64::from(healthy.pid)], std::slice::from_ref(&exit_info));
+    for orphan in &orphans {
+        assert_eq!(leaks(*orphan), ["orphan_holding_memory"], "{findings:#?}");
+        // Its exit is its orphan finding's, not a second leak.
+        assert!(by_pid[&u64::from(*orphan)].contains(&exit_info), "{findings:#?}");
+    }
+    assert_eq!(leaks(launcher.pid), Vec::<String>::new(), "{findings:#?}");
+    assert_eq!(leaks(oom.pid), ["oom"], "{findings:#?}");
+    let workers: Vec<&Value> =
+        findings.iter().filter(|f| f["kind"] == "worker_cuda_context" && f["peer_pid"] == loader.pid).collect();
+    assert_eq!(workers.len(), 2, "{findings:#?}");
+    for worker in &workers {
+        assert_eq!((&worker["severity"], &worker["peer_pid"]), (&Value::from("leak"), &Value::from(loader.pid)));
+        let pid = worker["pid"].as_u64().unwrap() as u32;
+        assert_eq!(leaks(pid), ["worker_cuda_context"], "{findings:#?}");
+    }
+    assert_eq!(leaks(loader.pid), Vec::<String>::new(), "{findings:#?}");
+    let leak_count = findings.iter().filter(|f| f["severity"] == "leak").count();
+    assert_eq!(leak_count, 6, "one leak per problem and process: {findings:#?}");
+    // The jobs exited holding their allocators' caches: facts, not leaks (the OOM job's
+    // allocator gave its cache back to the driver before asking again).
+    for pid in [leak.pid, loader.pid] {
+        assert!(by_pid[&u64::from(pid)].contains(&exit_info), "{pid}: {findings:#?}");
+    }
+    // Processes are named by their main thread, not by the autograd thread that made a segment.
+    assert!(findings.iter().all(|f| f["comm"] == "python3"), "{findings:#?}");
+
+    // Each at its line: the growth where the job keeps its tensor (the daemon raised it to its
+    // tensors), the out-of-memory where the job asked for too much.
+    let workload = workloads().join("caching_job.py").display().to_string();
+    let at = |finding: &Value| {
+        (finding["user_frame"]["file"].as_str().unwrap().to_string(), finding["user_frame"]["line"].as_u64().unwrap())
+    };
+    let growth = findings.iter().find(|f| f["kind"] == "growth").unwrap();
+    assert_eq!(at(growth), (workload.clone(), line_of("kept.append(model.allocator.standin_caching_malloc(1 * MiB))")));
+    assert_eq!(growth["diagnosis"], "tensors_kept_by_user_code", "{growth:#}");
+    assert_eq!(growth["api"], "c10::reportMemoryUsageToProfiler");
+    let out_of_memory = findings.iter().find(|f| f["kind"] == "oom").unwrap();
+    assert_eq!(
+        at(out_of_memory),
+        (workload.clone(), line_of("block = model.allocator.standin_caching_malloc(4 << 30)"))
+    );
+    let healthy_exit = findings.iter().find(|f| f["pid"] == healthy.pid).unwrap();
+    assert!(
+        healthy_exit["detail"].as_str().unwrap().contains(": PyTorch's caching allocator's segments hold "),
+        "{healthy_exit:#}"
+    );
+
+    // The collector's /metrics count them by kind and severity.
+    assert_eq!(collector.metric("gpuprof_findings{node=\"always-on\",kind=\"growth\",severity=\"leak\"}"), 1);
+    assert_eq!(
+        collector.metric("gpuprof_findings{node=\"always-on\",kind=\"orphan_holding_memory\",severity=\"leak\"}"),
+        2
+    );
+    assert_eq!(collector.metric("gpuprof_findings{node=\"always-on\",kind=\"oom\",severity=\"leak\"}"), 1);
+    assert_eq!(
+        collector.metric("gpuprof_findings{node=\"always-on\",kind=\"worker_cuda_context\",severity=\"leak\"}"),
+        2
+    );
+    let (_, metrics) = collector.get("/metrics");
+    assert!(!metrics.contains("kind=\"exit_with_live_allocations\",severity=\"leak\""), "{metrics}");
+
+    // Jaeger has every leak as a span with its kind, severity and pid.
+    let tag = |tags: &Value, key: &str| -> Value {
+        tags.as_array().and_then(|t| t.iter().find(|t| t["key"] == key)).map_or(Value::Null, |t| t["value"].clone())
+    };
+    for finding in findings.iter().filter(|f| f["severity"] == "leak") {
+        let started = Instant::now();
+        let span = loop {
+            let (status, body) = jaeger.get("/api/traces?service=gpuprof&limit=1000&lookback=1h");
+            let traces: Value = if status == 200 { serde_json::from_str(&body).unwrap() } else { Value::Null };
+            let found = traces["data"].as_array().into_iter().flatten().find_map(|trace| {
+                trace["spans"]
+                    .as_array()?
+                    .iter()
+                    .find(|s| tag(&s["tags"], "gpuprof.finding.id") == finding["finding_id"])
+                    .cloned()
+            });
+            if let Some(span) = found {
+                break span;
+            }
+            assert!(started.elapsed() < Duration::from_secs(30), "no span in Jaeger for {finding:#}");
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        for key in ["kind", "severity"] {
+            assert_eq!(tag(&span["tags"], &format!("gpuprof.finding.{key}")), finding[key], "{span:#}");
+        }
+        assert_eq!(tag(&span["tags"], "process.pid"), finding["pid"]);
+    }
+    assert_eq!(daemon.metric("gpuprof_daemon_events_lost_total"), 0);
+    daemon.stop();
+    collector.stop();
+}
