@@ -470,3 +470,89 @@ fn driver_calls_name_the_module_that_made_them() {
     // Named by the allocation with a Python stack, not the larger one NCCL made without.
     assert!(exit.ends_with("the largest made from Python, 2.0 MiB, came from cuMemAlloc_v2 at <string>:6 in <module>: release it once it is no longer needed (drop the tensor, torch.cuda.empty_cache()) instead of leaving it to the end of the process."), "{exit}");
 }
+
+/// One training step through the caching allocator of the libc10_cuda stand-in (as PyTorch's
+/// segments are made: in its alloc_block), beside a driver allocation the program makes itself.
+const CACHING_STEP: &str = r#"
+import json, os, sys, time
+sys.path.insert(0, os.environ["GPUPROF_WORKLOADS"])
+from cuda_driver import Driver
+from caching_job import Model, libraries, train_step
+cuda = Driver()
+cuda.init()
+model = Model(*libraries())
+time.sleep(0.6)
+result, own = cuda.mem_alloc(1 << 20)
+train_step(model)
+cuda.mem_free(own)
+print(json.dumps({"pid": os.getpid()}), flush=True)
+"#;
+
+/// At the driver's level, through eBPF and through the shim: the segments PyTorch's caching
+/// allocator makes are marked as its own, the program's own allocation is not; through eBPF the
+/// segment made on the autograd thread carries the stack of the line running the backward pass.
+#[test]
+fn the_caching_allocators_segments_are_marked_and_a_backward_segment_names_the_line_running_it() {
+    shim_library();
+    let dir = scratch("allocator_segments");
+    let job = workloads().join("caching_job.py");
+    let source = std::fs::read_to_string(&job).unwrap();
+    let line_of = |text: &str| source.lines().position(|l| l.contains(text)).unwrap() as u32 + 1;
+    for via_shim in [false, true] {
+        let (log, out) = (dir.join("expected.jsonl"), dir.join(format!("events-{via_shim}.jsonl")));
+        let mut command = Command::new(gpuprof());
+        command.arg("run");
+        if via_shim {
+            command.args(["--via", "shim"]);
+        }
+        command.args(["--level", "driver", "--output", out.to_str().unwrap(), "--", python3(), "-c", CACHING_STEP]);
+        workload_env(&mut command, &log);
+        command
+            .env("GPUPROF_LIBC10_CUDA", libc10_cuda_standin())
+            .env("GPUPROF_LIBTORCH_CPU", libtorch_cpu_standin())
+            .env("GPUPROF_WORKLOADS", workloads());
+        let output = command.stdout(Stdio::piped()).output().unwrap();
+        assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+        let pid: u32 = serde_json::from_slice::<serde_json::Value>(&output.stdout).unwrap()["pid"]
+            .as_u64()
+            .unwrap()
+            .try_into()
+            .unwrap();
+        let events = read_events(&out);
+        let allocations: Vec<(u64, Option<&str>, bool)> = events
+            .iter()
+            .filter(|e| e.pid == pid && e.api == "cuMemAlloc_v2" && e.op == Op::Alloc)
+            .map(|e| (e.size, e.allocator_segment.map(|f| f.as_str()), e.tid == e.pid))
+            .collect();
+        // The program's 1 MiB; the 2 MiB segment of the forward's activations; the 20 MiB one
+        // of the gradients, made on the autograd thread.
+        assert_eq!(
+            allocations,
+            [(1 << 20, None, true), (2 << 20, Some("pytorch"), true), (20 << 20, Some("pytorch"), false)],
+            "via the shim: {via_shim}"
+        );
+        let forward = events.iter().find(|e| e.pid == pid && e.size == 2 << 20).unwrap();
+        let at = |e: &Event| e.stack.first().map(|f| (f.function.clone(), f.line));
+        assert_eq!(
+            at(forward),
+            Some(("Model.layer".to_string(), line_of("block = self.allocator.standin_caching_malloc(256 << 10)")))
+        );
+        let backward = events.iter().find(|e| e.pid == pid && e.size == 20 << 20).unwrap();
+        if via_shim {
+            // The shim reads only the calling thread's own frames (no other thread's, without
+            // the interpreter's lock): the module that called the driver.
+            assert_eq!((backward.stack.is_empty(), backward.stack_origin), (true, None));
+        } else {
+            assert_eq!(backward.stack_origin, Some(gpuprof_model::event::StackOrigin::BackwardCaller));
+            let frames: Vec<(String, u32)> =
+                backward.stack.frames().iter().take(2).map(|f| (f.function.clone(), f.line)).collect();
+            assert_eq!(
+                frames,
+                [
+                    ("backward pass".to_string(), 0),
+                    ("train_step".to_string(), line_of("model.torch.gpuprof_standin_backward()"))
+                ]
+            );
+        }
+    }
+}
