@@ -216,6 +216,25 @@ fn every_field_survives_the_round_trip_compressed_or_not() {
 }
 
 #[test]
+fn a_plain_recording_compressed_afterwards_reads_as_one_compressed_as_it_was_written() {
+    let events = events();
+    let plain = record(&events, false);
+    let compressed = crate::compress(&plain).unwrap();
+    assert_eq!(&compressed[..crate::HEADER_LEN], &record(&events, true)[..crate::HEADER_LEN]);
+    assert!(compressed.len() < plain.len(), "{} of {} bytes", compressed.len(), plain.len());
+    let (back, ending) = read_all(compressed.clone());
+    assert_eq!(back, events);
+    assert_eq!(ending, Some(Ending::Closed { events: events.len() as u64, lost: 3 }));
+    // Only a plain recording is taken.
+    let error = crate::compress(&compressed).unwrap_err();
+    assert_eq!(
+        (error.kind(), error.to_string()),
+        (std::io::ErrorKind::InvalidInput, "not a plain recording".to_string())
+    );
+    assert!(crate::compress(b"GPUPROF").is_err());
+}
+
+#[test]
 fn a_recording_cut_anywhere_gives_its_whole_events_and_says_it_was_cut() {
     let events = events();
     let bytes = record(&events, false);

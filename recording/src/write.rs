@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use gpuprof_model::event::{Event, Frame};
 use gpuprof_model::Stack;
 
-use crate::format::{codes, tag, Field, FLAG_ZSTD, MAGIC, VERSION};
+use crate::format::{codes, tag, Field, FLAG_ZSTD, HEADER_LEN, MAGIC, VERSION};
 use crate::varint;
 
 /// How often buffered entries are handed to the file at most: a capture that is killed loses
@@ -345,4 +345,20 @@ impl<W: Write> Writer<W> {
         self.buffer.extend_from_slice(&payload);
         id
     }
+}
+
+/// A plain recording (`Writer::new(out, false)`, finished), compressed: the recording
+/// `Writer::new(out, true)` writes, made in one step. For recordings kept in memory, where a
+/// zstd stream open for each would cost more than the recordings.
+pub fn compress(plain: &[u8]) -> io::Result<Vec<u8>> {
+    let header = plain.get(..HEADER_LEN).filter(|h| h.starts_with(MAGIC));
+    let Some(header) = header.filter(|h| u16::from_le_bytes([h[10], h[11]]) & FLAG_ZSTD == 0) else {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "not a plain recording"));
+    };
+    let body = zstd::bulk::compress(&plain[HEADER_LEN..], ZSTD_LEVEL)?;
+    let mut out = Vec::with_capacity(HEADER_LEN + body.len());
+    out.extend_from_slice(&header[..10]);
+    out.extend_from_slice(&FLAG_ZSTD.to_le_bytes());
+    out.extend_from_slice(&body);
+    Ok(out)
 }
