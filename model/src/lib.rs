@@ -18,6 +18,7 @@ pub mod hex;
 pub mod level;
 pub mod nvml;
 pub mod otel;
+pub mod postmortem;
 pub mod rank;
 pub mod shim;
 pub mod stack;
