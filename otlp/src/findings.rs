@@ -44,6 +44,12 @@ pub fn span_of(finding: &Finding, host: &str, since: u64, n: u64) -> Span {
     if let Some(api) = &finding.api {
         attributes.push(kv_str(attr::API, api));
     }
+    if let Some(postmortem) = &finding.postmortem {
+        // Where a person in a trace view goes for the picture of the minute before it.
+        attributes.push(kv_str(attr::POSTMORTEM_URL, &postmortem.url));
+        attributes.push(kv_str(attr::POSTMORTEM_REPORT, &postmortem.report));
+        attributes.push(kv_str(attr::POSTMORTEM_RECORDING, &postmortem.recording));
+    }
     attributes.extend(code_attributes(&finding.stack));
     Span {
         trace_id: trace.to_vec(),
