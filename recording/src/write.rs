@@ -88,7 +88,8 @@ impl<W: Write> Writer<W> {
             if compress { Sink::Zstd(zstd::stream::write::Encoder::new(out, ZSTD_LEVEL)?) } else { Sink::Plain(out) };
         Ok(Writer {
             sink,
-            buffer: Vec::with_capacity(1 << 16),
+            // Grown as entries come: a writer kept in memory for a few events stays small.
+            buffer: Vec::new(),
             payload: Vec::with_capacity(256),
             strings: HashMap::new(),
             frames: HashMap::new(),
@@ -351,14 +352,28 @@ impl<W: Write> Writer<W> {
 /// `Writer::new(out, true)` writes, made in one step. For recordings kept in memory, where a
 /// zstd stream open for each would cost more than the recordings.
 pub fn compress(plain: &[u8]) -> io::Result<Vec<u8>> {
-    let header = plain.get(..HEADER_LEN).filter(|h| h.starts_with(MAGIC));
-    let Some(header) = header.filter(|h| u16::from_le_bytes([h[10], h[11]]) & FLAG_ZSTD == 0) else {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, "not a plain recording"));
-    };
-    let body = zstd::bulk::compress(&plain[HEADER_LEN..], ZSTD_LEVEL)?;
-    let mut out = Vec::with_capacity(HEADER_LEN + body.len());
-    out.extend_from_slice(&header[..10]);
-    out.extend_from_slice(&FLAG_ZSTD.to_le_bytes());
-    out.extend_from_slice(&body);
-    Ok(out)
+    Compressor::new()?.compress(plain)
+}
+
+/// `compress` for many recordings, with one zstd context for all (one made for each would be
+/// allocated and freed each time: memory a long-running process does not get back whole).
+pub struct Compressor(zstd::bulk::Compressor<'static>);
+
+impl Compressor {
+    pub fn new() -> io::Result<Compressor> {
+        Ok(Compressor(zstd::bulk::Compressor::new(ZSTD_LEVEL)?))
+    }
+
+    pub fn compress(&mut self, plain: &[u8]) -> io::Result<Vec<u8>> {
+        let header = plain.get(..HEADER_LEN).filter(|h| h.starts_with(MAGIC));
+        let Some(header) = header.filter(|h| u16::from_le_bytes([h[10], h[11]]) & FLAG_ZSTD == 0) else {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "not a plain recording"));
+        };
+        let body = self.0.compress(&plain[HEADER_LEN..])?;
+        let mut out = Vec::with_capacity(HEADER_LEN + body.len());
+        out.extend_from_slice(&header[..10]);
+        out.extend_from_slice(&FLAG_ZSTD.to_le_bytes());
+        out.extend_from_slice(&body);
+        Ok(out)
+    }
 }

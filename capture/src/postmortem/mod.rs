@@ -34,8 +34,10 @@ use holdings::Holdings;
 use window::{Limits, Window};
 use writer::{Job, Part, WriterThread};
 
-/// Post-mortems waiting to be written at most; beyond, a finding gets none (counted).
+/// Post-mortems waiting to be written at most; beyond, a leak finding gets none (counted). An
+/// out-of-memory failure may wait behind more: a burst of leaks does not take its place.
 const MAX_PENDING: usize = 4;
+const MAX_PENDING_OOM: usize = 16;
 /// Chunks a window is cut into (more: finer expiry, each chunk its own tables of stacks).
 const CHUNKS_PER_WINDOW: u64 = 12;
 /// How often the directory is swept when nothing is written.
@@ -90,10 +92,14 @@ pub struct Postmortems {
     in_flight: HashMap<String, [PathBuf; 2]>,
     raises: Vec<Raise>,
     writer: WriterThread,
+    /// One zstd context for every chunk that closes.
+    compressor: gpuprof_recording::Compressor,
     last_sweep: Instant,
     stats: PostmortemStats,
     /// Windows whose last write failed, said once each.
     failing: HashSet<u32>,
+    /// Findings that got no post-mortem since the last tick (said then, in one line).
+    skipped_unsaid: u64,
     said: Vec<String>,
 }
 
@@ -133,9 +139,11 @@ impl Postmortems {
             in_flight: HashMap::new(),
             raises: Vec::new(),
             writer,
+            compressor: gpuprof_recording::Compressor::new().context("cannot start the post-mortems' compressor")?,
             last_sweep: Instant::now(),
             stats: PostmortemStats::default(),
             failing: HashSet::new(),
+            skipped_unsaid: 0,
             said: Vec::new(),
         })
     }
@@ -153,7 +161,7 @@ impl Postmortems {
         let process = tracker.process(event.pid);
         let since = process.map_or(event.ts, |p| p.first_ts);
         let window = self.windows.entry(event.pid).or_insert_with(|| Window::new(since, event.source));
-        match window.prepare(event, process, tracker, &self.limits) {
+        match window.prepare(event, process, tracker, &self.limits, &mut self.compressor) {
             Ok(true) => {
                 self.process_cap(event.pid);
                 self.node_cap();
@@ -172,7 +180,12 @@ impl Postmortems {
             self.windows.insert(event.pid, Window::new(event.ts, event.source));
         }
         if let Some(window) = self.windows.get_mut(&event.pid) {
-            if let Err(error) = window.write(event, tracker.process(event.pid)) {
+            let mut kept = window.write(event, tracker.process(event.pid));
+            if event.layer == Layer::Process && event.op == Op::Exit {
+                // Nothing follows an exit: its writer goes now, not when its time is up.
+                kept = kept.and_then(|_| window.close(&mut self.compressor));
+            }
+            if let Err(error) = kept {
                 self.write_failed(event.pid, &error);
             }
         }
@@ -198,13 +211,10 @@ impl Postmortems {
             if !self.windows.contains_key(&finding.pid) || self.taken.contains(&(finding.pid, since, finding.kind)) {
                 continue;
             }
-            if self.writer.pending() >= MAX_PENDING {
+            let limit = if finding.kind == FindingKind::Oom { MAX_PENDING_OOM } else { MAX_PENDING };
+            if self.writer.pending() >= limit {
                 self.stats.skipped += 1;
-                self.said.push(format!(
-                    "warning: no post-mortem for the {} of pid {}: {MAX_PENDING} are being written already",
-                    finding.kind.as_str(),
-                    finding.pid
-                ));
+                self.skipped_unsaid += 1;
                 continue;
             }
             self.taken.insert((finding.pid, since, finding.kind));
@@ -257,7 +267,7 @@ impl Postmortems {
                 });
                 continue;
             };
-            let kept = window.kept()?;
+            let kept = window.kept(&mut self.compressor)?;
             if pid == finding.pid {
                 own_first = kept.first_ts;
             }
@@ -336,13 +346,19 @@ impl Postmortems {
     pub fn tick(&mut self, now: u64) -> Vec<Done> {
         let pids: Vec<u32> = self.windows.keys().copied().collect();
         for pid in pids {
-            let ticked = self.windows.get_mut(&pid).map(|w| w.tick(now, &self.limits));
+            let ticked = self.windows.get_mut(&pid).map(|w| w.tick(now, &self.limits, &mut self.compressor));
             if let Some(Err(error)) = ticked {
                 self.write_failed(pid, &error);
             }
         }
         self.node_cap();
         self.raises.retain(|r| r.ts.saturating_add(self.limits.window_ns * 4) >= now);
+        if self.skipped_unsaid > 0 {
+            self.said.push(format!(
+                "warning: no post-mortem for {}: {MAX_PENDING} were being written already (gpuprof_daemon_postmortems_skipped_total counts them)",
+                gpuprof_model::findings::wording::count(std::mem::take(&mut self.skipped_unsaid), "finding", "findings")
+            ));
+        }
         if self.last_sweep.elapsed() >= SWEEP_INTERVAL {
             self.last_sweep = Instant::now();
             self.writer.sweep();

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use gpuprof_model::event::{Event, Source};
 use gpuprof_model::track::{ProcessMemory, Tracker};
-use gpuprof_recording::Writer;
+use gpuprof_recording::{Compressor, Writer};
 
 use super::holdings::{released_by, Held};
 
@@ -82,12 +82,12 @@ impl Chunk {
         body as u64 + self.freed_bytes
     }
 
-    fn close(&mut self) -> io::Result<()> {
+    fn close(&mut self, compressor: &mut Compressor) -> io::Result<()> {
         let Body::Open(writer) = std::mem::replace(&mut self.body, Body::Closed(Arc::from(Vec::new()))) else {
             return Ok(());
         };
         let plain = writer.finish(0)?;
-        self.body = Body::Closed(gpuprof_recording::compress(&plain)?.into());
+        self.body = Body::Closed(compressor.compress(&plain)?.into());
         Ok(())
     }
 }
@@ -149,6 +149,7 @@ impl Window {
         process: Option<&ProcessMemory>,
         tracker: &Tracker,
         limits: &Limits,
+        compressor: &mut Compressor,
     ) -> io::Result<bool> {
         let mut closed = false;
         if let Some(open) = self.open() {
@@ -157,7 +158,7 @@ impl Window {
                 Body::Closed(_) => false,
             };
             if full || event.ts >= open.first_ts.saturating_add(limits.chunk_ns) {
-                open.close()?;
+                open.close(compressor)?;
                 closed = true;
             }
         }
@@ -212,14 +213,22 @@ impl Window {
 
     /// Closes the chunk being written once its time is up at `now` (an idle process's chunk
     /// gives its writer back), and drops the chunks older than the window.
-    pub fn tick(&mut self, now: u64, limits: &Limits) -> io::Result<()> {
+    pub fn tick(&mut self, now: u64, limits: &Limits, compressor: &mut Compressor) -> io::Result<()> {
         if let Some(open) = self.open() {
             if now >= open.first_ts.saturating_add(limits.chunk_ns) {
-                open.close()?;
+                open.close(compressor)?;
             }
         }
         self.expire(now.saturating_sub(limits.window_ns));
         Ok(())
+    }
+
+    /// Closes the chunk being written now (the process exited: no event will follow).
+    pub fn close(&mut self, compressor: &mut Compressor) -> io::Result<()> {
+        match self.open() {
+            Some(open) => open.close(compressor),
+            None => Ok(()),
+        }
     }
 
     /// Drops closed chunks whose events all came before `horizon`.
@@ -257,10 +266,8 @@ impl Window {
 
     /// Everything kept, for a post-mortem: the chunk being written closes (the next event opens
     /// another).
-    pub fn kept(&mut self) -> io::Result<Kept> {
-        if let Some(open) = self.open() {
-            open.close()?;
-        }
+    pub fn kept(&mut self, compressor: &mut Compressor) -> io::Result<Kept> {
+        self.close(compressor)?;
         let before = self.chunks.front().map_or(self.max_ts, |c| c.before);
         let freed = self.chunks.iter().flat_map(|c| &c.freed).filter(|h| h.ts() <= before).cloned().collect();
         Ok(Kept {
@@ -300,7 +307,7 @@ mod tests {
 
     fn keep(window: &mut Window, tracker: &Tracker, limits: &Limits, ts: u64) -> bool {
         let event = event(ts);
-        let closed = window.prepare(&event, None, tracker, limits).unwrap();
+        let closed = window.prepare(&event, None, tracker, limits, &mut Compressor::new().unwrap()).unwrap();
         window.write(&event, None).unwrap();
         closed
     }
@@ -321,16 +328,17 @@ mod tests {
         // Closing the chunk of 14 s at 15 s dropped the one that ended before 11 s.
         assert_eq!(window.events(), 20);
         // At 16.2 s the chunks that ended before 12.2 s are gone: those of 10 s and 11 s.
-        window.tick(16 * S + S / 5, &limits).unwrap();
+        let mut compressor = Compressor::new().unwrap();
+        window.tick(16 * S + S / 5, &limits, &mut compressor).unwrap();
         assert_eq!(window.events(), 16);
-        let kept = window.kept().unwrap();
+        let kept = window.kept(&mut compressor).unwrap();
         assert_eq!(kept.chunks.len(), 4);
         assert_eq!((kept.first_ts, kept.before, kept.shed_until), (Some(12 * S), 11 * S + 3 * S / 4, 0));
         let times: Vec<u64> = kept.chunks.iter().flat_map(|c| read(c)).collect();
         assert_eq!(times, (8..24).map(|n| 10 * S + n * S / 4).collect::<Vec<u64>>());
         // The post-mortem closed the chunk being written: the next event opens another.
         assert!(!keep(&mut window, &tracker, &limits, 16 * S + S / 2));
-        assert_eq!(window.kept().unwrap().chunks.len(), 5);
+        assert_eq!(window.kept(&mut compressor).unwrap().chunks.len(), 5);
     }
 
     #[test]
@@ -352,6 +360,9 @@ mod tests {
         while window.shed_oldest().is_some() {}
         let written = 20_000 - closes[closes.len() - 1];
         assert_eq!((window.events(), window.shed_events), (written, closes[closes.len() - 1]));
-        assert_eq!(window.kept().unwrap().shed_until, S + (closes[closes.len() - 1] - 1) * 1000);
+        assert_eq!(
+            window.kept(&mut Compressor::new().unwrap()).unwrap().shed_until,
+            S + (closes[closes.len() - 1] - 1) * 1000
+        );
     }
 }
