@@ -14,6 +14,7 @@ pub mod escalation;
 pub mod event;
 pub mod findings;
 pub mod forward_stacks;
+pub mod hashing;
 pub mod hex;
 pub mod level;
 pub mod nvml;

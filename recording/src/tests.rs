@@ -216,6 +216,23 @@ fn every_field_survives_the_round_trip_compressed_or_not() {
 }
 
 #[test]
+fn a_string_at_an_address_another_had_is_still_itself() {
+    // Names are looked up by address first: text that changed in place is a new string.
+    let mut first = events()[2].clone();
+    first.api = Cow::Owned("cuMemAlloc_v2".to_string());
+    let mut second = first.clone();
+    second.api = Cow::Owned(String::new());
+    let mut writer = Writer::new(Vec::new(), false).unwrap();
+    writer.write(&first).unwrap();
+    first.api.to_mut().make_ascii_uppercase();
+    writer.write(&first).unwrap();
+    writer.write(&second).unwrap();
+    let (back, _) = read_all(writer.finish(0).unwrap());
+    let apis: Vec<&str> = back.iter().map(|e| e.api.as_ref()).collect();
+    assert_eq!(apis, ["cuMemAlloc_v2", "CUMEMALLOC_V2", ""]);
+}
+
+#[test]
 fn a_plain_recording_compressed_afterwards_reads_as_one_compressed_as_it_was_written() {
     let events = events();
     let plain = record(&events, false);

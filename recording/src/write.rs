@@ -16,6 +16,8 @@ use crate::varint;
 /// no more than this, and compression keeps working on large enough pieces.
 const FLUSH_INTERVAL: Duration = Duration::from_millis(500);
 const ZSTD_LEVEL: i32 = 3;
+/// Slots of the cache of strings met last, by address.
+const RECENT_STRINGS: usize = 16;
 
 /// What the writer remembers of the previous events (the reader keeps the same).
 #[derive(Default)]
@@ -24,7 +26,7 @@ pub(crate) struct Deltas {
     pub pid: u32,
     pub addr: u64,
     /// Per process: the allocator's allocated and reserved totals last written.
-    pub totals: HashMap<u32, (u64, u64)>,
+    pub totals: HashMap<u32, (u64, u64), gpuprof_model::hashing::Spread>,
 }
 
 enum Sink<W: Write> {
@@ -70,8 +72,14 @@ pub struct Writer<W: Write> {
     /// One entry's payload, built before its length is known.
     payload: Vec<u8>,
     strings: HashMap<Box<str>, u64>,
+    /// The same strings by id (from 1), and where the ones met last lay (address, id): an
+    /// event's command and entry point are the same shared text event after event, so most
+    /// lookups are an address and a short comparison rather than a hash of the text.
+    by_id: Vec<Box<str>>,
+    recent: [(usize, u64); RECENT_STRINGS],
     frames: HashMap<Frame, u64>,
-    stacks: HashMap<Stack, u64>,
+    /// Keyed by their content hash, computed once.
+    stacks: HashMap<Stack, u64, gpuprof_model::hashing::Spread>,
     deltas: Deltas,
     events: u64,
     last_flush: Instant,
@@ -92,8 +100,10 @@ impl<W: Write> Writer<W> {
             buffer: Vec::new(),
             payload: Vec::with_capacity(256),
             strings: HashMap::new(),
+            by_id: Vec::new(),
+            recent: [(0, 0); RECENT_STRINGS],
             frames: HashMap::new(),
-            stacks: HashMap::new(),
+            stacks: HashMap::default(),
             deltas: Deltas::default(),
             events: 0,
             last_flush: Instant::now(),
@@ -297,14 +307,26 @@ impl<W: Write> Writer<W> {
     }
 
     fn string_id(&mut self, text: &str) -> u64 {
-        if let Some(&id) = self.strings.get(text) {
+        let address = text.as_ptr() as usize;
+        let slot = (address >> 4) % RECENT_STRINGS;
+        let (seen_at, id) = self.recent[slot];
+        // The address is a hint: the text is compared, since freed memory may hold another.
+        if seen_at == address && id > 0 && *self.by_id[id as usize - 1] == *text {
             return id;
         }
-        let id = self.strings.len() as u64 + 1;
-        self.strings.insert(text.into(), id);
-        self.buffer.push(tag::STRING);
-        varint::put(&mut self.buffer, text.len() as u64);
-        self.buffer.extend_from_slice(text.as_bytes());
+        let id = match self.strings.get(text) {
+            Some(&id) => id,
+            None => {
+                let id = self.by_id.len() as u64 + 1;
+                self.strings.insert(text.into(), id);
+                self.by_id.push(text.into());
+                self.buffer.push(tag::STRING);
+                varint::put(&mut self.buffer, text.len() as u64);
+                self.buffer.extend_from_slice(text.as_bytes());
+                id
+            }
+        };
+        self.recent[slot] = (address, id);
         id
     }
 

@@ -42,8 +42,9 @@ const MAX_PENDING_OOM: usize = 16;
 const CHUNKS_PER_WINDOW: u64 = 12;
 /// How often the directory is swept when nothing is written.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(60);
-/// How long the end of a capture waits for post-mortems on their way.
-const FINISH_LIMIT: Duration = Duration::from_secs(30);
+/// How long the end of a capture waits for post-mortems on their way: within a pod's grace
+/// period (30 s by default) with the OTLP queue's drain after it.
+const FINISH_LIMIT: Duration = Duration::from_secs(10);
 
 /// What post-mortems keep and where they go.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -85,7 +86,8 @@ pub struct PostmortemStats {
 pub struct Postmortems {
     config: PostmortemConfig,
     limits: Limits,
-    windows: HashMap<u32, Window>,
+    /// By pid, looked up twice an event.
+    windows: HashMap<u32, Window, gpuprof_model::hashing::Spread>,
     /// One post-mortem per process instance (pid, since) and finding kind.
     taken: HashSet<(u32, u64, FindingKind)>,
     /// Files of post-mortems on their way, by finding id.
@@ -129,12 +131,12 @@ impl Postmortems {
             window_ns,
             chunk_ns: (window_ns / CHUNKS_PER_WINDOW).max(1),
             // A closed chunk compresses to several times less: a few of them fit any cap.
-            chunk_bytes: (config.process_bytes / 8).clamp(64 << 10, 4 << 20) as usize,
+            chunk_bytes: (config.process_bytes / 64).clamp(64 << 10, 1 << 20) as usize,
         };
         Ok(Postmortems {
             config,
             limits,
-            windows: HashMap::new(),
+            windows: HashMap::default(),
             taken: HashSet::new(),
             in_flight: HashMap::new(),
             raises: Vec::new(),
@@ -158,10 +160,11 @@ impl Postmortems {
             // It begins another instance: its window opens after the findings of the last one.
             return;
         }
-        let process = tracker.process(event.pid);
-        let since = process.map_or(event.ts, |p| p.first_ts);
-        let window = self.windows.entry(event.pid).or_insert_with(|| Window::new(since, event.source));
-        match window.prepare(event, process, tracker, &self.limits, &mut self.compressor) {
+        let window = self.windows.entry(event.pid).or_insert_with(|| {
+            let since = tracker.process(event.pid).map_or(event.ts, |p| p.first_ts);
+            Window::new(since, event.source)
+        });
+        match window.prepare(event, tracker, &self.limits, &mut self.compressor) {
             Ok(true) => {
                 self.process_cap(event.pid);
                 self.node_cap();
@@ -180,7 +183,7 @@ impl Postmortems {
             self.windows.insert(event.pid, Window::new(event.ts, event.source));
         }
         if let Some(window) = self.windows.get_mut(&event.pid) {
-            let mut kept = window.write(event, tracker.process(event.pid));
+            let mut kept = window.write(event, tracker);
             if event.layer == Layer::Process && event.op == Op::Exit {
                 // Nothing follows an exit: its writer goes now, not when its time is up.
                 kept = kept.and_then(|_| window.close(&mut self.compressor));
@@ -219,6 +222,8 @@ impl Postmortems {
             }
             self.taken.insert((finding.pid, since, finding.kind));
             match self.job(finding, since, tracker, ranks) {
+                // The tracker no longer knows the process: there is nothing to show.
+                Ok(job) if job.parts.is_empty() => {}
                 Ok(job) => {
                     finding.postmortem = Some(Postmortem {
                         node: self.config.node.clone(),

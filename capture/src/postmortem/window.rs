@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::io;
 use std::sync::Arc;
 
-use gpuprof_model::event::{Event, Source};
+use gpuprof_model::event::{Event, Op, Source};
 use gpuprof_model::track::{ProcessMemory, Tracker};
 use gpuprof_recording::{Compressor, Writer};
 
@@ -82,13 +82,15 @@ impl Chunk {
         body as u64 + self.freed_bytes
     }
 
-    fn close(&mut self, compressor: &mut Compressor) -> io::Result<()> {
+    /// Compresses it; returns its plain bytes' buffer, emptied (for the next chunk).
+    fn close(&mut self, compressor: &mut Compressor) -> io::Result<Vec<u8>> {
         let Body::Open(writer) = std::mem::replace(&mut self.body, Body::Closed(Arc::from(Vec::new()))) else {
-            return Ok(());
+            return Ok(Vec::new());
         };
-        let plain = writer.finish(0)?;
+        let mut plain = writer.finish(0)?;
         self.body = Body::Closed(compressor.compress(&plain)?.into());
-        Ok(())
+        plain.clear();
+        Ok(plain)
     }
 }
 
@@ -118,6 +120,9 @@ pub struct Window {
     pub allocator_settings: Option<Arc<str>>,
     chunks: VecDeque<Chunk>,
     max_ts: u64,
+    /// The last closed chunk's buffer, for the next of a process that keeps making events: a
+    /// buffer grown anew for each chunk costs a copy and fresh pages every time.
+    spare: Vec<u8>,
     /// Events a cap dropped before they were a window old, and the newest of them.
     pub shed_events: u64,
     shed_until: u64,
@@ -131,6 +136,7 @@ impl Window {
             allocator_settings: None,
             chunks: VecDeque::new(),
             max_ts: 0,
+            spare: Vec::new(),
             shed_events: 0,
             shed_until: 0,
         }
@@ -142,11 +148,11 @@ impl Window {
 
     /// Before the tracker applies `event`: a chunk open for it (the one before closed when its
     /// time or size is up), and what the event releases from before that chunk kept. Returns
-    /// whether a chunk closed.
+    /// whether a chunk closed. Its process (looked up only when needed: most events need not)
+    /// is `tracker`'s instance of the event's pid.
     pub fn prepare(
         &mut self,
         event: &Event,
-        process: Option<&ProcessMemory>,
         tracker: &Tracker,
         limits: &Limits,
         compressor: &mut Compressor,
@@ -158,7 +164,7 @@ impl Window {
                 Body::Closed(_) => false,
             };
             if full || event.ts >= open.first_ts.saturating_add(limits.chunk_ns) {
-                open.close(compressor)?;
+                self.spare = open.close(compressor)?;
                 closed = true;
             }
         }
@@ -166,9 +172,12 @@ impl Window {
             self.expire(event.ts.saturating_sub(limits.window_ns));
         }
         if self.open().is_none() {
-            self.begin_chunk(event, process)?;
+            self.begin_chunk(event, tracker.process(event.pid))?;
         }
-        if let (Some(process), Some(open)) = (process, self.chunks.back_mut()) {
+        if !event.succeeded() || !matches!(event.op, Op::Free | Op::Unmap | Op::IpcClose) {
+            return Ok(closed);
+        }
+        if let (Some(process), Some(open)) = (tracker.process(event.pid), self.chunks.back_mut()) {
             for held in released_by(event, process, tracker, open.before) {
                 open.freed_bytes += held.footprint();
                 open.freed.push(held);
@@ -178,8 +187,9 @@ impl Window {
     }
 
     fn begin_chunk(&mut self, event: &Event, process: Option<&ProcessMemory>) -> io::Result<()> {
+        let buffer = std::mem::take(&mut self.spare);
         self.chunks.push_back(Chunk {
-            body: Body::Open(Box::new(Writer::new(Vec::new(), false)?)),
+            body: Body::Open(Box::new(Writer::new(buffer, false)?)),
             first_ts: event.ts,
             last_ts: event.ts,
             events: 0,
@@ -191,11 +201,11 @@ impl Window {
         Ok(())
     }
 
-    /// Keeps `event` (after the tracker applied it); `process`: its instance, for a chunk that
-    /// opens now (the first event after a fork or exec).
-    pub fn write(&mut self, event: &Event, process: Option<&ProcessMemory>) -> io::Result<()> {
+    /// Keeps `event` (after the tracker applied it); the tracker's instance of its process
+    /// opens a chunk that opens now (the first event after a fork or exec).
+    pub fn write(&mut self, event: &Event, tracker: &Tracker) -> io::Result<()> {
         if self.open().is_none() {
-            self.begin_chunk(event, process)?;
+            self.begin_chunk(event, tracker.process(event.pid))?;
         }
         let Some(chunk) = self.chunks.back_mut() else { return Ok(()) };
         let Body::Open(writer) = &mut chunk.body else { return Ok(()) };
@@ -217,6 +227,8 @@ impl Window {
         if let Some(open) = self.open() {
             if now >= open.first_ts.saturating_add(limits.chunk_ns) {
                 open.close(compressor)?;
+                // An idle process's buffer goes back too.
+                self.spare = Vec::new();
             }
         }
         self.expire(now.saturating_sub(limits.window_ns));
@@ -225,8 +237,9 @@ impl Window {
 
     /// Closes the chunk being written now (the process exited: no event will follow).
     pub fn close(&mut self, compressor: &mut Compressor) -> io::Result<()> {
+        self.spare = Vec::new();
         match self.open() {
-            Some(open) => open.close(compressor),
+            Some(open) => open.close(compressor).map(drop),
             None => Ok(()),
         }
     }
@@ -256,7 +269,7 @@ impl Window {
 
     /// Bytes it holds.
     pub fn bytes(&self) -> u64 {
-        self.chunks.iter().map(Chunk::bytes).sum()
+        self.chunks.iter().map(Chunk::bytes).sum::<u64>() + self.spare.capacity() as u64
     }
 
     /// Events it holds.
@@ -307,8 +320,8 @@ mod tests {
 
     fn keep(window: &mut Window, tracker: &Tracker, limits: &Limits, ts: u64) -> bool {
         let event = event(ts);
-        let closed = window.prepare(&event, None, tracker, limits, &mut Compressor::new().unwrap()).unwrap();
-        window.write(&event, None).unwrap();
+        let closed = window.prepare(&event, tracker, limits, &mut Compressor::new().unwrap()).unwrap();
+        window.write(&event, tracker).unwrap();
         closed
     }
 
