@@ -130,8 +130,11 @@ impl Postmortems {
         let limits = Limits {
             window_ns,
             chunk_ns: (window_ns / CHUNKS_PER_WINDOW).max(1),
-            // A closed chunk compresses to several times less: a few of them fit any cap.
-            chunk_bytes: (config.process_bytes / 64).clamp(64 << 10, 1 << 20) as usize,
+            // A closed chunk compresses to several times less, so many fit the cap; each chunk
+            // writes its stacks' frames again, so fewer, larger ones cost less per event (1 MiB
+            // at the default cap: 1.5x the flow's tracker and rules against 1.6-1.8x at 256 KiB,
+            // docs/benchmarks.md).
+            chunk_bytes: (config.process_bytes / 16).clamp(64 << 10, 2 << 20) as usize,
         };
         Ok(Postmortems {
             config,
