@@ -33,7 +33,7 @@ impl CaptureArgs {
             return Ok(());
         }
         // The capture is done and kept: a report that fails is said, not the run's outcome.
-        match gpuprof_views::export::html::write_file(events, html) {
+        match gpuprof_views::export::html::write_file(events, html, &[]) {
             Ok(()) => eprintln!("gpuprof: wrote the report to {}; open it in a browser", html.display()),
             Err(error) => eprintln!(
                 "gpuprof: warning: no report written to {}: {error:#}; the events are in {}",

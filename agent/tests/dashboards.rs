@@ -544,6 +544,21 @@ fn two_nodes_and_a_sidecar_through_the_opentelemetry_collector_fill_shards_jaege
             .map(|s| (tag(&s["tags"], "gpu.memory.size"), tag(&s["tags"], "gpu.memory.leaked")))
             .collect();
         assert_eq!(segments, [(Value::from(8 << 20), Value::from(true))], "{trace:?}");
+        // Its post-mortem: named on the finding, linked from its span, served by its shard.
+        let url = finding["postmortem"]["url"].as_str().unwrap_or_else(|| panic!("no post-mortem in {finding}"));
+        assert_eq!(url, format!("/api/v1/findings/{}/report", finding["finding_id"].as_str().unwrap()));
+        assert_eq!(tag(&span["tags"], "gpuprof.postmortem.url"), url);
+        let shard = shard_of(finding["node"].as_str().unwrap());
+        let started = Instant::now();
+        let (status, page) = loop {
+            let (status, page) = on(&shards, shard).get_bytes(url);
+            if status == 200 || started.elapsed() > Duration::from_secs(30) {
+                break (status, page);
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&page));
+        assert!(page.starts_with(b"<!doctype html>"), "{url} is no page");
     }
 
     // Every panel shows something once a few scrapes have come in.

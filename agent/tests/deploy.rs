@@ -362,7 +362,20 @@ fn the_chart_renders_valid_objects_with_the_documented_security() {
     assert_eq!(container["ports"][0], serde_json::json!({"name": "metrics", "containerPort": 9464, "protocol": "TCP"}));
     let host_paths: Vec<&str> =
         pod["spec"]["volumes"].as_array().unwrap().iter().filter_map(|v| v["hostPath"]["path"].as_str()).collect();
-    assert_eq!(host_paths, ["/sys/kernel/btf"], "the daemon mounts only the kernel's BTF from the host");
+    assert_eq!(
+        host_paths,
+        ["/sys/kernel/btf", "/var/lib/gpuprof/postmortems"],
+        "the daemon mounts the kernel's BTF and the directory of its post-mortems from the host, nothing else"
+    );
+    // The one place it writes, its root file system read-only.
+    let writable: Vec<&str> = container["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["readOnly"] != true)
+        .filter_map(|m| m["mountPath"].as_str())
+        .collect();
+    assert_eq!((writable, &security["readOnlyRootFilesystem"]), (vec!["/var/lib/gpuprof/postmortems"], &true.into()));
     let annotations = &pod["metadata"]["annotations"];
     assert_eq!(
         (&annotations["prometheus.io/scrape"], &annotations["prometheus.io/port"]),
@@ -476,6 +489,10 @@ fn the_rendered_configuration_is_what_the_binaries_and_prometheus_accept() {
         );
     };
     daemon_accepts(&objects, "libcuda = \"/host/driver/libcuda.so.1\"");
+    // Post-mortems in the node's directory the DaemonSet mounts, or none.
+    daemon_accepts(&objects, "postmortem_dir = \"/var/lib/gpuprof/postmortems\"");
+    let without = yaml_documents(&render_with_token(&["--set", "daemon.postmortems.enabled=false"]));
+    daemon_accepts(&without, "no_postmortems = true");
     // Without eBPF, on the shims' socket in a host directory the workloads share.
     let shim_only = yaml_documents(&render_with_token(&[
         "--set",
@@ -608,6 +625,14 @@ fn dashboards() -> Vec<Dashboard> {
                 variables.push(variable["name"].as_str().unwrap().to_string());
                 if variable["type"] == "datasource" {
                     assert_eq!(variable["query"], "prometheus", "{title}: the data source variable picks a Prometheus");
+                    continue;
+                }
+                if variable["type"] == "textbox" {
+                    // An address links go to (the collector's): no query.
+                    assert!(
+                        variable["query"].as_str().is_some_and(|q| q.starts_with("http://")),
+                        "{title}: {variable}"
+                    );
                     continue;
                 }
                 let query = variable["query"]["query"].as_str().or(variable["query"].as_str()).unwrap();
@@ -839,8 +864,10 @@ fn the_dashboards_metrics_are_served_by_a_running_collector_and_daemon() {
     }
     collector.stop();
 
+    let postmortems = dir.join("postmortems");
     let mut daemon = Command::new(gpuprof())
-        .args(["daemon", "--output", "/dev/null", "--listen", "127.0.0.1:0"])
+        .args(["daemon", "--output", "/dev/null", "--listen", "127.0.0.1:0", "--postmortem-dir"])
+        .arg(&postmortems)
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();

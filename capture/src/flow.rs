@@ -1,7 +1,7 @@
 //! What happens to every event, whichever capture made it (eBPF or the in-process shim): one
 //! event per call where both capture it, the forward line of a backward-pass block, the exporter
-//! (OTLP), the tracker and leak rules, the output; and the end of a run: the last findings, the
-//! summaries, the findings table or file, the counters.
+//! (OTLP), the tracker and leak rules, a daemon's post-mortems, the output; and the end of a run:
+//! the last findings, the summaries, the findings table or file, the counters.
 
 use std::collections::BTreeMap;
 use std::io;
@@ -18,6 +18,7 @@ use gpuprof_model::{Analyzer, Event, Finding, RuleConfig, Tracker};
 use gpuprof_views::output::{self, EndOfRun, EventSink, Format};
 
 use crate::nvml::NvmlView;
+use crate::postmortem::{Done, PostmortemReport, PostmortemStats, Postmortems};
 
 /// Where the flow also sends what it sees, besides its output: the fleet's OTLP export
 /// (`gpuprof_fleet::telemetry`). Each call gets the tracker as it stands, for what the export
@@ -29,6 +30,8 @@ pub trait Exporter {
     fn after(&mut self, event: &Event, fired: &[Finding], tracker: &Tracker);
     /// Findings that fired without an event (time passed, the run ended).
     fn findings(&mut self, fired: &[Finding], tracker: &Tracker);
+    /// A post-mortem written (its finding went out already, naming it): its report.
+    fn postmortem(&mut self, report: &PostmortemReport);
     /// Device memory each followed process uses as the driver accounts it (NVML), by pid.
     fn device_used(&mut self, used: BTreeMap<u32, u64>);
     /// Hands what is batched to the transport (`now`: wall-clock ns).
@@ -91,6 +94,8 @@ pub struct EventFlow {
     /// A daemon's rules for raising a process's capture level, and what they decided.
     escalation: Option<Escalation>,
     raises: Vec<Raise>,
+    /// A daemon's windows of recent events and the post-mortems written from them.
+    postmortems: Option<Postmortems>,
 }
 
 impl EventFlow {
@@ -114,7 +119,20 @@ impl EventFlow {
             dedup: None,
             escalation: None,
             raises: Vec::new(),
+            postmortems: None,
         }
+    }
+
+    /// Keeps the last seconds of every process's events and writes a post-mortem when one runs
+    /// out of memory or a leak finding fires (`crate::postmortem`): before the exporter sees the
+    /// finding, which names it.
+    pub fn keep_postmortems(&mut self, postmortems: Postmortems) {
+        self.postmortems = Some(postmortems);
+    }
+
+    /// What the post-mortems have kept, dropped and written so far (none without them).
+    pub fn postmortem_stats(&self) -> Option<PostmortemStats> {
+        self.postmortems.as_ref().map(Postmortems::stats)
     }
 
     /// Events come from two captures (eBPF and the shim): a call both see is kept once.
@@ -137,6 +155,9 @@ impl EventFlow {
     fn decided(&mut self, raise: Raise, now: u64) {
         let detail = self.escalation.as_ref().map_or(0, |rules| rules.config().detail_ns);
         self.expect_tensors(raise.pid, now, detail);
+        if let Some(postmortems) = &mut self.postmortems {
+            postmortems.raised(raise.pid, now, raise.reason.sentence());
+        }
         self.raises.push(raise);
     }
 
@@ -158,6 +179,14 @@ impl EventFlow {
     /// Process `pid` is recorded at the tensors' level for `detail` ns from `now`.
     pub fn expect_tensors(&mut self, pid: u32, now: u64, detail: u64) {
         self.analyzer.expect_tensors(pid, now.saturating_add(detail));
+    }
+
+    /// Someone asked for process `pid`'s tensors from `now`, for `detail` ns.
+    pub fn tensors_requested(&mut self, pid: u32, now: u64, detail: u64) {
+        self.expect_tensors(pid, now, detail);
+        if let Some(postmortems) = &mut self.postmortems {
+            postmortems.raised(pid, now, gpuprof_model::escalation::Reason::Requested.sentence());
+        }
     }
 
     /// Processes the escalation rules decided to raise since the last call.
@@ -190,12 +219,18 @@ impl EventFlow {
         if let Some(exporter) = &mut self.exporter {
             exporter.before(&event, self.analyzer.tracker());
         }
+        if let Some(postmortems) = &mut self.postmortems {
+            postmortems.before(&event, self.analyzer.tracker());
+        }
         if let Some(raise) = self.escalation.as_mut().and_then(|rules| rules.observe(&event)) {
             self.decided(raise, event.ts);
         }
         self.close_escalation_windows(event.ts);
         let mut fired = self.analyzer.observe(&mut event);
         self.ranks.name(&mut fired);
+        if let Some(postmortems) = &mut self.postmortems {
+            postmortems.after(&event, &mut fired, self.analyzer.tracker(), &self.ranks);
+        }
         if let Some(exporter) = &mut self.exporter {
             exporter.after(&event, &fired, self.analyzer.tracker());
         }
@@ -210,6 +245,9 @@ impl EventFlow {
         let now = gpuprof_model::event::wall_clock_ns();
         let mut due = self.analyzer.tick(now);
         self.ranks.name(&mut due);
+        if let Some(postmortems) = &mut self.postmortems {
+            postmortems.found(&mut due, self.analyzer.tracker(), &self.ranks);
+        }
         if !due.is_empty() {
             if let Some(exporter) = &mut self.exporter {
                 exporter.findings(&due, self.analyzer.tracker());
@@ -221,6 +259,11 @@ impl EventFlow {
             self.observe(reading).context("cannot write the output")?;
         }
         self.close_escalation_windows(now);
+        if let Some(postmortems) = &mut self.postmortems {
+            let done = postmortems.tick(now);
+            let said = postmortems.take_said();
+            self.written(done, said);
+        }
         if let Some(exporter) = &mut self.exporter {
             exporter.device_used(self.nvml.now().iter().map(|(pid, r)| (*pid, r.nvml_used)).collect());
             exporter.flush(self.analyzer.tracker(), now);
@@ -235,6 +278,42 @@ impl EventFlow {
             eprintln!("gpuprof: {text}");
         } else {
             tracing::info!("{text}");
+        }
+    }
+
+    /// What the post-mortem writer did: said (with the keeper's `said`), and each report handed
+    /// to the exporter.
+    fn written(&mut self, done: Vec<Done>, said: Vec<String>) {
+        for line in said {
+            self.notice(line);
+        }
+        for item in done {
+            match item {
+                Done::Written(report) => {
+                    self.notice(format!(
+                        "post-mortem of the {} of pid {}: {} ({:.1} s, {}, {}; the recording {})",
+                        report.kind.as_str(),
+                        report.pid,
+                        report.report.display(),
+                        report.span_ns as f64 / 1e9,
+                        gpuprof_model::findings::wording::count(report.processes as u64, "process", "processes"),
+                        gpuprof_model::findings::wording::count(report.events, "event", "events"),
+                        report.recording.display()
+                    ));
+                    if let Some(exporter) = &mut self.exporter {
+                        exporter.postmortem(&report);
+                    }
+                }
+                Done::Failed { pid, kind, path, error, .. } => self.notice(format!(
+                    "warning: cannot write the post-mortem of the {} of pid {pid} to {}: {error}: free space there, or give --postmortem-dir another directory or a smaller --postmortem-max-mib",
+                    kind.as_str(),
+                    path.display()
+                )),
+                Done::Swept { error: Some(error), .. } => self.notice(format!(
+                    "warning: {error}: the post-mortem directory's cap and retention wait for the next sweep"
+                )),
+                Done::Swept { .. } => {}
+            }
         }
     }
 
@@ -258,6 +337,9 @@ impl EventFlow {
         // months.
         let tracker = self.analyzer.tracker();
         self.ranks.retain(|pid| tracker.process(pid).is_some());
+        if let Some(postmortems) = &mut self.postmortems {
+            postmortems.forget(tracker);
+        }
         forgotten
     }
 
@@ -293,10 +375,19 @@ impl EventFlow {
     pub fn finish(mut self, closing: &[String], lost_events: u64) -> Result<()> {
         let mut ended = self.analyzer.finish();
         self.ranks.name(&mut ended);
+        if let Some(postmortems) = &mut self.postmortems {
+            postmortems.found(&mut ended, self.analyzer.tracker(), &self.ranks);
+        }
         if let Some(exporter) = &mut self.exporter {
             exporter.findings(&ended, self.analyzer.tracker());
         }
         self.found(ended);
+        if let Some(mut postmortems) = self.postmortems.take() {
+            // Said and handed to the exporter before it sends what is left.
+            let said = postmortems.take_said();
+            let done = postmortems.finish();
+            self.written(done, said);
+        }
         let summaries = self.analyzer.tracker().summaries();
         let end =
             EndOfRun { processes: &summaries, findings: &self.findings, lost_events, nvml: self.nvml.last_seen() };

@@ -10,6 +10,8 @@
 //!   Python stacks, autograd nodes' names, parents and namespaces from /proc);
 //! - `flow`: every event, whichever source, through the tracker and leak rules
 //!   (`gpuprof_model::Analyzer`) to the outputs (`gpuprof_views::output`) and an exporter (OTLP);
+//! - `postmortem`: a daemon's windows of each process's last seconds, written with their HTML
+//!   report when a process runs out of memory or a leak finding fires;
 //! - `session`: the one capture loop over those sources, its stop conditions and hooks, and the
 //!   capture's statistics.
 //!
@@ -22,6 +24,7 @@ pub mod flow;
 pub mod kernel;
 pub mod libcuda;
 pub mod nvml;
+pub mod postmortem;
 pub mod preflight;
 pub mod session;
 pub mod shim_library;

@@ -1,6 +1,6 @@
 //! The collector's shared core: turns OTLP requests into the state — each node's events for its
-//! tracker, its findings, gauges and memory profiles — saves findings, hands spans to the
-//! forwarder, and counts everything it takes in or turns away. Both receivers (gRPC and HTTP)
+//! tracker, its findings, gauges and memory profiles, its post-mortems' reports — saves findings
+//! and reports, hands spans to the forwarder, and counts everything it takes in or turns away. Both receivers (gRPC and HTTP)
 //! call into this; neither decides anything itself.
 
 use std::collections::{BTreeMap, HashMap};
@@ -20,6 +20,7 @@ use gpuprof_otlp::resource::ProcessIdentity;
 
 use crate::config::Config;
 use crate::forward::Forwarder;
+use crate::reports::{ReportInfo, Reports};
 use crate::state::{AllocatorView, State, StoredFinding, StoredProfile, Workload};
 use crate::store::Store;
 
@@ -65,6 +66,8 @@ pub struct Stats {
     pub profiles: AtomicU64,
     /// Findings the nodes sent.
     pub findings_received: AtomicU64,
+    /// Post-mortems' reports the nodes sent (a note where a page was too large to send counts).
+    pub postmortems_received: AtomicU64,
     pub store_errors: AtomicU64,
     refused: Mutex<HashMap<Refusal, u64>>,
 }
@@ -84,6 +87,8 @@ impl Stats {
 pub struct Collector {
     pub config: Config,
     pub state: Mutex<State>,
+    /// Post-mortems' reports kept (their pages are in the store).
+    pub reports: Mutex<Reports>,
     pub store: Store,
     pub stats: Stats,
     pub forwarder: Option<Forwarder>,
@@ -99,10 +104,11 @@ struct Bucket {
 }
 
 impl Collector {
-    pub fn new(config: Config, state: State, store: Store, forwarder: Option<Forwarder>) -> Self {
+    pub fn new(config: Config, state: State, reports: Reports, store: Store, forwarder: Option<Forwarder>) -> Self {
         Collector {
             config,
             state: Mutex::new(state),
+            reports: Mutex::new(reports),
             store,
             stats: Stats::default(),
             forwarder,
@@ -145,6 +151,7 @@ impl Collector {
         let mut by_node: HashMap<String, Vec<Event>> = HashMap::new();
         let mut findings: HashMap<String, Vec<Finding>> = HashMap::new();
         let mut profiles: Vec<(String, u32, StoredProfile)> = Vec::new();
+        let mut postmortems: Vec<(ReportInfo, Vec<u8>)> = Vec::new();
         let (mut received, mut rejected, mut foreign) = (0u64, 0u64, 0u64);
         let mut first_error = None;
         let mut workloads: Vec<(String, u32, Workload)> = Vec::new();
@@ -179,6 +186,9 @@ impl Collector {
                     RecordKind::Profile => {
                         profile_of(&record).map(|profile| profiles.push((node.clone(), identity.pid, profile)))
                     }
+                    RecordKind::Postmortem => gpuprof_otlp::logs::postmortem_of(&record)
+                        .map(|report| postmortems.push(report_of(report, &node, identity.pid, record.time_unix_nano)))
+                        .map_err(|e| e.to_string()),
                 };
                 if let Err(error) = decoded {
                     rejected += 1;
@@ -209,6 +219,7 @@ impl Collector {
             }
         }
         self.keep(&stored);
+        self.keep_reports(postmortems);
         ExportLogsServiceResponse {
             partial_success: (rejected > 0).then(|| ExportLogsPartialSuccess {
                 rejected_log_records: rejected as i64,
@@ -325,6 +336,30 @@ impl Collector {
         }
     }
 
+    /// Post-mortems' reports the nodes sent: stored, counted, the oldest dropped past the cap.
+    fn keep_reports(&self, received: Vec<(ReportInfo, Vec<u8>)>) {
+        if received.is_empty() {
+            return;
+        }
+        self.stats.postmortems_received.fetch_add(received.len() as u64, Ordering::Relaxed);
+        let horizon = gpuprof_model::event::wall_clock_ns().saturating_sub(self.config.retention.as_nanos() as u64);
+        let mut reports = self.reports.lock().expect("reports lock");
+        for (info, page) in received {
+            match self.store.add_report(&info, &page) {
+                Ok(()) => reports.add(info),
+                Err(error) => {
+                    self.stats.store_errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::error!("{error:#}");
+                }
+            }
+        }
+        let dropped = reports.prune(horizon, self.config.max_report_bytes);
+        if let Err(error) = self.store.remove_reports(&dropped) {
+            self.stats.store_errors.fetch_add(1, Ordering::Relaxed);
+            tracing::error!("{error:#}");
+        }
+    }
+
     /// Saves what changed and applies retention. Nodes are serialized and saved a few at a
     /// time: a checkpoint of every node at once held all their saved forms (and the database's
     /// uncommitted pages) together, the shard's largest peak of memory.
@@ -352,6 +387,8 @@ impl Collector {
             }
         }
         self.store.checkpoint(&[], &dropped)?;
+        let dropped_reports = self.reports.lock().expect("reports lock").prune(horizon, self.config.max_report_bytes);
+        self.store.remove_reports(&dropped_reports)?;
         release_freed_memory();
         Ok(())
     }
@@ -377,6 +414,27 @@ fn node_name(identity: &ProcessIdentity) -> String {
     } else {
         identity.host_name.clone()
     }
+}
+
+/// A post-mortem record as the collector keeps it: what it is, and its page (gzipped; empty
+/// when the node did not send it).
+fn report_of(record: gpuprof_otlp::logs::PostmortemRecord, node: &str, pid: u32, ts: u64) -> (ReportInfo, Vec<u8>) {
+    use gpuprof_otlp::logs::PostmortemBody;
+    let (page, omitted) = match record.body {
+        PostmortemBody::Gzip(page) => (page, None),
+        PostmortemBody::Omitted(why) => (Vec::new(), Some(why)),
+    };
+    let info = ReportInfo {
+        finding_id: record.finding_id,
+        node: node.to_string(),
+        pid,
+        ts,
+        report: record.report,
+        html_bytes: record.html_bytes,
+        gzip_bytes: page.len() as u64,
+        omitted,
+    };
+    (info, page)
 }
 
 /// A profile record as the state keeps it: the pprof, and its largest samples decoded once.
@@ -413,9 +471,10 @@ mod tests {
             forward_endpoint: None,
             retention: Duration::from_secs(3600),
             max_findings: 1000,
+            max_report_bytes: 1 << 30,
             checkpoint_every: Duration::from_secs(10),
         };
-        Collector::new(config, State::new(Vec::new(), Vec::new()), store, None)
+        Collector::new(config, State::new(Vec::new(), Vec::new()), Reports::default(), store, None)
     }
 
     #[test]

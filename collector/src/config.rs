@@ -55,6 +55,10 @@ pub struct Args {
     /// Keep at most this many findings (the oldest go first).
     #[arg(long, env = "GPUPROF_COLLECTOR_MAX_FINDINGS", default_value_t = 100_000)]
     pub max_findings: usize,
+    /// MiB of post-mortems' reports kept (gzipped; the oldest go first), for
+    /// /api/v1/findings/{id}/report; kept no longer than findings (--retention-hours).
+    #[arg(long, env = "GPUPROF_COLLECTOR_MAX_REPORT_MIB", default_value_t = 1024)]
+    pub max_report_mib: u64,
     /// Save each node's state to the database this often (and at shutdown).
     #[arg(long, env = "GPUPROF_COLLECTOR_CHECKPOINT_SECS", default_value_t = 5.0)]
     pub checkpoint_secs: f64,
@@ -72,6 +76,8 @@ pub struct Config {
     pub forward_endpoint: Option<String>,
     pub retention: Duration,
     pub max_findings: usize,
+    /// Bytes of post-mortems' reports kept at most (gzipped).
+    pub max_report_bytes: u64,
     pub checkpoint_every: Duration,
 }
 
@@ -113,6 +119,7 @@ impl Args {
             forward_endpoint: self.forward_endpoint,
             retention: Duration::from_secs_f64(positive("--retention-hours", self.retention_hours)? * 3600.0),
             max_findings: self.max_findings.max(1),
+            max_report_bytes: self.max_report_mib << 20,
             checkpoint_every: Duration::from_secs_f64(positive("--checkpoint-secs", self.checkpoint_secs)?),
         })
     }

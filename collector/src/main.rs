@@ -7,6 +7,7 @@ mod config;
 mod forward;
 mod prometheus;
 mod receive;
+mod reports;
 mod state;
 mod store;
 
@@ -20,6 +21,7 @@ use clap::Parser;
 use crate::collector::Collector;
 use crate::config::{Args, Config};
 use crate::forward::Forwarder;
+use crate::reports::Reports;
 use crate::state::State;
 use crate::store::Store;
 
@@ -56,13 +58,14 @@ fn limit_malloc_arenas() {
 fn run(config: Config) -> Result<()> {
     let (store, loaded) = Store::open(&config.db)?;
     let state = State::new(loaded.nodes, loaded.findings);
+    let reports = Reports::new(loaded.reports);
     let forwarder = config
         .forward_endpoint
         .as_deref()
         .map(Forwarder::start)
         .transpose()
         .map_err(|e| anyhow::anyhow!("--forward-endpoint {e}"))?;
-    let collector = Arc::new(Collector::new(config.clone(), state, store, forwarder));
+    let collector = Arc::new(Collector::new(config.clone(), state, reports, store, forwarder));
     let runtime =
         tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the runtime")?;
     runtime.block_on(serve(collector.clone()))?;

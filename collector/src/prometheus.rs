@@ -75,6 +75,9 @@ struct RecentFindingLabels {
     severity: String,
     user_line: String,
     stack: String,
+    /// Where the collector serves its post-mortem (`/api/v1/findings/{finding_id}/report`);
+    /// empty when it has none.
+    report: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -110,6 +113,18 @@ pub fn render(collector: &Collector) -> String {
     let families = StateFamilies::of(&collector.state.lock().expect("state lock"));
     families.register(&mut registry);
     register_ingest(&mut registry, &collector.stats);
+    let (reports, report_bytes) = (Gauge::<i64>::default(), Gauge::<i64>::default());
+    {
+        let kept = collector.reports.lock().expect("reports lock");
+        reports.set(kept.len() as i64);
+        report_bytes.set(kept.bytes() as i64);
+    }
+    registry.register("gpuprof_collector_postmortem_reports", "Post-mortems' reports kept", reports);
+    registry.register(
+        "gpuprof_collector_postmortem_report_bytes",
+        "Bytes of post-mortems' reports kept (gzipped), within --max-report-mib",
+        report_bytes,
+    );
     if let Some(forwarder) = &collector.forwarder {
         register_forwarding(&mut registry, &forwarder.delivery());
     }
@@ -222,6 +237,7 @@ impl StateFamilies {
                 severity: finding.severity.as_str().into(),
                 user_line: finding.user_frame.as_ref().map(|f| f.to_string()).unwrap_or_default(),
                 stack: stack_label(&finding.stack),
+                report: finding.postmortem.as_ref().map(|p| p.url.clone()).unwrap_or_default(),
             };
             self.recent.get_or_create(&labels).set(finding.bytes as i64);
         }
@@ -315,6 +331,11 @@ fn register_ingest(registry: &mut Registry, stats: &Stats) {
         "gpuprof_collector_received_profiles",
         "Memory profiles the nodes sent",
         counter(stats.profiles.load(Ordering::Relaxed)),
+    );
+    registry.register(
+        "gpuprof_collector_received_postmortems",
+        "Post-mortems' reports the nodes sent (a note where one was too large to send counts)",
+        counter(stats.postmortems_received.load(Ordering::Relaxed)),
     );
     registry.register(
         "gpuprof_collector_store_errors",

@@ -345,6 +345,16 @@ impl State {
         live
     }
 
+    /// The finding the collector numbered `id`.
+    pub fn finding_numbered(&self, id: u64) -> Option<&StoredFinding> {
+        self.findings.iter().find(|f| f.id == id)
+    }
+
+    /// The finding whose `finding_id` is this (the latest, were a node to send it twice).
+    pub fn finding_with_id(&self, finding_id: &str) -> Option<&StoredFinding> {
+        self.findings.iter().rev().find(|f| f.finding.finding_id == finding_id)
+    }
+
     /// The `n` most recent findings, newest first.
     pub fn recent_findings(&self, n: usize) -> impl Iterator<Item = &StoredFinding> {
         self.findings.iter().rev().take(n)

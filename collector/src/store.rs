@@ -1,16 +1,21 @@
 //! The embedded database (redb): findings as they arrive, and each node's state (its tracker and
 //! its processes' summaries) at every checkpoint, so a restart resumes with the same processes,
-//! open allocations and IPC exports.
+//! open allocations and IPC exports; post-mortems' reports as they arrive (what each is, and its
+//! gzipped page apart, read only when served).
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
+use crate::reports::ReportInfo;
 use crate::state::{Node, StoredFinding};
 
 const FINDINGS: TableDefinition<u64, &[u8]> = TableDefinition::new("findings");
 const NODES: TableDefinition<&str, &[u8]> = TableDefinition::new("nodes");
+/// Post-mortems' reports by finding id: what each is (JSON), and its page gzipped.
+const REPORTS: TableDefinition<&str, &[u8]> = TableDefinition::new("reports");
+const REPORT_PAGES: TableDefinition<&str, &[u8]> = TableDefinition::new("report_pages");
 const CACHE_BYTES: usize = 64 << 20;
 /// Node states carry this first byte; a state of another version is not misread.
 const NODE_FORMAT: u8 = 4;
@@ -27,6 +32,7 @@ pub struct Store {
 pub struct Loaded {
     pub findings: Vec<StoredFinding>,
     pub nodes: Vec<(String, Node)>,
+    pub reports: Vec<ReportInfo>,
 }
 
 impl Store {
@@ -42,6 +48,8 @@ impl Store {
         let setup = db.begin_write().context("cannot write to the database")?;
         setup.open_table(FINDINGS).context("cannot create the findings table")?;
         setup.open_table(NODES).context("cannot create the nodes table")?;
+        setup.open_table(REPORTS).context("cannot create the reports table")?;
+        setup.open_table(REPORT_PAGES).context("cannot create the reports table")?;
         setup.commit().context("cannot write to the database")?;
         let store = Store { db, path: path.to_path_buf() };
         let loaded = store.load()?;
@@ -80,7 +88,55 @@ impl Store {
             })?;
             nodes.push((name.value().to_string(), node));
         }
-        Ok(Loaded { findings, nodes })
+        let mut reports = Vec::new();
+        for entry in read.open_table(REPORTS)?.iter()? {
+            let (id, bytes) = entry?;
+            let info: ReportInfo = serde_json::from_slice(bytes.value()).with_context(|| {
+                format!(
+                    "--db {}: the report of finding {} is corrupt; move the file away",
+                    self.path.display(),
+                    id.value()
+                )
+            })?;
+            reports.push(info);
+        }
+        Ok(Loaded { findings, nodes, reports })
+    }
+
+    /// Keeps a post-mortem's report (its page gzipped; empty when the node did not send it).
+    pub fn add_report(&self, info: &ReportInfo, page: &[u8]) -> Result<()> {
+        let write = self.db.begin_write()?;
+        {
+            write.open_table(REPORTS)?.insert(info.finding_id.as_str(), serde_json::to_vec(info)?.as_slice())?;
+            write.open_table(REPORT_PAGES)?.insert(info.finding_id.as_str(), page)?;
+        }
+        write.commit().context("cannot save a post-mortem's report")?;
+        Ok(())
+    }
+
+    /// The gzipped page of finding `finding_id`'s report.
+    pub fn report_page(&self, finding_id: &str) -> Result<Option<Vec<u8>>> {
+        let read = self.db.begin_read().context("cannot read the database")?;
+        let page = read.open_table(REPORT_PAGES)?.get(finding_id)?.map(|page| page.value().to_vec());
+        Ok(page)
+    }
+
+    /// Drops the reports of these findings.
+    pub fn remove_reports(&self, finding_ids: &[String]) -> Result<()> {
+        if finding_ids.is_empty() {
+            return Ok(());
+        }
+        let write = self.db.begin_write()?;
+        {
+            let mut reports = write.open_table(REPORTS)?;
+            let mut pages = write.open_table(REPORT_PAGES)?;
+            for id in finding_ids {
+                reports.remove(id.as_str())?;
+                pages.remove(id.as_str())?;
+            }
+        }
+        write.commit().context("cannot drop post-mortems' reports")?;
+        Ok(())
     }
 
     pub fn add_findings(&self, findings: &[StoredFinding]) -> Result<()> {
@@ -193,6 +249,33 @@ mod tests {
             error.to_string(),
             format!("--db {}: node node-old was saved by another version of gpuprof-collector; move the file away to start afresh", path.display())
         );
+    }
+
+    #[test]
+    fn reports_survive_a_reopen_with_their_pages_and_removed_ones_do_not() {
+        let path = scratch("reports");
+        let (store, _) = Store::open(&path).unwrap();
+        let info = |id: &str| ReportInfo {
+            finding_id: id.to_string(),
+            node: "node-a".to_string(),
+            pid: 7,
+            ts: 100,
+            report: format!("/pm/{id}.html"),
+            html_bytes: 10,
+            gzip_bytes: 3,
+            omitted: None,
+        };
+        store.add_report(&info("aaaaaaaaaaaaaaaa"), b"abc").unwrap();
+        store.add_report(&info("bbbbbbbbbbbbbbbb"), b"xyz").unwrap();
+        drop(store);
+        let (store, loaded) = Store::open(&path).unwrap();
+        assert_eq!(loaded.reports, [info("aaaaaaaaaaaaaaaa"), info("bbbbbbbbbbbbbbbb")]);
+        assert_eq!(store.report_page("bbbbbbbbbbbbbbbb").unwrap().as_deref(), Some(&b"xyz"[..]));
+        store.remove_reports(&["aaaaaaaaaaaaaaaa".to_string()]).unwrap();
+        assert_eq!(store.report_page("aaaaaaaaaaaaaaaa").unwrap(), None);
+        drop(store);
+        let (_, loaded) = Store::open(&path).unwrap();
+        assert_eq!(loaded.reports, [info("bbbbbbbbbbbbbbbb")]);
     }
 
     #[test]

@@ -245,6 +245,124 @@ fn a_restart_keeps_findings_open_allocations_and_the_nodes_summaries() {
     collector.stop();
 }
 
+/// A page as a node writes it: `bytes` that do not compress (a gzipped page keeps its size).
+fn page(seed: u64, bytes: usize) -> Vec<u8> {
+    let mut state = seed | 1;
+    let mut page = b"<!doctype html><title>post-mortem</title><pre>".to_vec();
+    page.extend((0..bytes).map(|_| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        b'!' + (state % 90) as u8
+    }));
+    page
+}
+
+fn gzip(bytes: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    encoder.write_all(bytes).unwrap();
+    encoder.finish().unwrap()
+}
+
+/// A node's oom finding that names its post-mortem, and the post-mortem's record.
+fn postmortem_of(pid: u32, ts: u64, body: gpuprof_otlp::logs::PostmortemBody, html_bytes: u64) -> (Finding, Vec<u8>) {
+    let mut finding =
+        Finding::new(gpuprof_model::FindingKind::Oom, pid, "trainer", MIB, 1, ts, ts, &[], "out of memory".into());
+    finding.finding_id = format!("{:016x}", 0xabc0_0000 + u64::from(pid));
+    let report = format!("/var/lib/gpuprof/postmortems/node-m-{pid}-trainer-oom.html");
+    finding.postmortem = Some(gpuprof_model::postmortem::Postmortem {
+        node: "node-m".into(),
+        recording: report.replace(".html", ".gpuprof"),
+        report: report.clone(),
+        window_start: ts - 60_000_000_000,
+        window_end: ts,
+        url: gpuprof_model::postmortem::report_url(&finding.finding_id),
+        pids: vec![pid],
+    });
+    let record = gpuprof_otlp::logs::postmortem_record(
+        gpuprof_otlp::logs::PostmortemRecord { finding_id: finding.finding_id.clone(), report, html_bytes, body },
+        ts,
+    );
+    let records = vec![gpuprof_otlp::logs::finding_record(&finding, ts), record];
+    (finding, records_request(&trainer("node-m", pid), records))
+}
+
+/// The nodes' post-mortems: their pages kept by finding and served by its finding_id or number,
+/// gzipped to who takes gzip; a page too large to send is a 404 saying where it is; the pages
+/// survive a restart, and the oldest go past --max-report-mib.
+#[test]
+fn post_mortems_are_served_by_finding_kept_through_a_restart_and_within_their_cap() {
+    use gpuprof_otlp::logs::PostmortemBody;
+    let dir = scratch("collector_postmortems");
+    let db = dir.join("c.redb");
+    let collector = Collector::start(&db, &["--max-report-mib", "1"]);
+    let ts = gpuprof_model::event::wall_clock_ns();
+    let first = page(1, 700 << 10);
+    let (a, request) = postmortem_of(601, ts, PostmortemBody::Gzip(gzip(&first)), first.len() as u64);
+    assert_eq!(collector.post("/v1/logs", "application/x-protobuf", &request, None).0, 200);
+    let (b, request) =
+        postmortem_of(602, ts + 1, PostmortemBody::Omitted("the report is 9.0 MiB gzipped".into()), 40 << 20);
+    assert_eq!(collector.post("/v1/logs", "application/x-protobuf", &request, None).0, 200);
+
+    let findings = collector.findings("?node=node-m");
+    assert_eq!(contract(&findings[0]), a);
+    let url = |id: &str| format!("/api/v1/findings/{id}/report");
+    assert_eq!(collector.get_bytes(&url(&a.finding_id)), (200, first.clone()));
+    assert_eq!(collector.get_bytes(&url(&findings[0]["id"].to_string())), (200, first.clone()));
+    // A browser takes it gzipped.
+    let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+    let mut response = agent
+        .get(&format!("{}{}", collector.http, url(&a.finding_id)))
+        .header("accept-encoding", "gzip, br")
+        .call()
+        .unwrap();
+    let headers = |name: &str| response.headers().get(name).map(|v| v.to_str().unwrap().to_string());
+    assert_eq!(
+        (headers("content-type"), headers("content-encoding")),
+        (Some("text/html; charset=utf-8".into()), Some("gzip".into()))
+    );
+    let mut plain = Vec::new();
+    std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(response.body_mut().as_reader()), &mut plain).unwrap();
+    assert_eq!(plain, first);
+    let (status, body) = collector.get(&url(&b.finding_id));
+    assert_eq!(
+        (status, body),
+        (
+            404,
+            format!(
+                "{{\"error\":\"the post-mortem report of finding {} was not sent: the report is 9.0 MiB gzipped\"}}",
+                b.finding_id
+            )
+        )
+    );
+    let (status, body) = collector.get(&url("nope"));
+    assert_eq!(
+        (status, body.as_str()),
+        (400, r#"{"error":"\"nope\" names no finding: give its finding_id (16 hex digits) or its id"}"#)
+    );
+    assert_eq!(collector.get(&url("99")).0, 404);
+    assert_eq!(collector.metric("gpuprof_collector_received_postmortems_total"), 2);
+    assert_eq!(collector.metric("gpuprof_collector_postmortem_reports"), 2);
+    collector.stop();
+
+    let collector = Collector::start(&db, &["--max-report-mib", "1"]);
+    assert_eq!(collector.get_bytes(&url(&a.finding_id)), (200, first));
+    // Another 700 KiB page: the first goes, the newer stays.
+    let second = page(2, 700 << 10);
+    let (c, request) = postmortem_of(603, ts + 2, PostmortemBody::Gzip(gzip(&second)), second.len() as u64);
+    assert_eq!(collector.post("/v1/logs", "application/x-protobuf", &request, None).0, 200);
+    assert_eq!(collector.get_bytes(&url(&c.finding_id)), (200, second));
+    let (status, body) = collector.get(&url(&a.finding_id));
+    assert_eq!(
+        (status, body),
+        (404, format!("{{\"error\":\"no post-mortem report of finding {} here: its node node-m has it at /var/lib/gpuprof/postmortems/node-m-601-trainer-oom.html (sent once written; dropped here past --max-report-mib or --retention-hours)\"}}", a.finding_id))
+    );
+    assert!(collector.metric("gpuprof_collector_postmortem_report_bytes") <= MIB);
+    assert_eq!(collector.metric("gpuprof_collector_postmortem_reports"), 2);
+    collector.stop();
+}
+
 #[test]
 fn bad_input_gets_the_right_status_and_the_collector_keeps_serving() {
     let dir = scratch("collector_bad_input");
@@ -483,7 +601,7 @@ fn promtool_accepts_the_metrics_and_the_values_are_the_nodes() {
         6 * MIB
     );
     assert_eq!(
-        collector.metric(&format!("gpuprof_recent_finding_bytes{{id=\"1\",finding_id=\"{finding_id}\",node=\"node-p\",namespace=\"\",pod=\"\",pid=\"701\",comm=\"trainer\",kind=\"exit_with_live_allocations\",severity=\"leak\",user_line=\"/srv/train.py:42 in step\",stack=\"step (/srv/train.py:42)\"}}")),
+        collector.metric(&format!("gpuprof_recent_finding_bytes{{id=\"1\",finding_id=\"{finding_id}\",node=\"node-p\",namespace=\"\",pod=\"\",pid=\"701\",comm=\"trainer\",kind=\"exit_with_live_allocations\",severity=\"leak\",user_line=\"/srv/train.py:42 in step\",stack=\"step (/srv/train.py:42)\",report=\"\"}}")),
         MIB
     );
     assert_eq!(

@@ -63,6 +63,11 @@ pub mod span {
     pub const FINDING_SECONDS_TO_FULL: &str = "gpuprof.finding.seconds_to_full";
     /// The process's rank in a distributed job (`RANK` in its environment).
     pub const RANK: &str = "gpuprof.rank";
+    /// A finding's post-mortem: where the collector serves its report
+    /// (`/api/v1/findings/{id}/report`), and its two files on the node.
+    pub const POSTMORTEM_URL: &str = "gpuprof.postmortem.url";
+    pub const POSTMORTEM_REPORT: &str = "gpuprof.postmortem.report";
+    pub const POSTMORTEM_RECORDING: &str = "gpuprof.postmortem.recording";
 }
 
 /// Names of the span events on an allocation's span.
@@ -75,7 +80,8 @@ pub mod span_event {
 }
 
 /// Log records (OpenTelemetry events): captured events (one record each: every driver and
-/// process event, allocator events only in the full stream), findings, and memory profiles.
+/// process event, allocator events only in the full stream), findings, memory profiles, and
+/// post-mortems' reports.
 pub mod log {
     /// `event_name` of a captured event's record: this prefix and the event's `op` (`gpuprof.alloc`).
     pub const EVENT_NAME_PREFIX: &str = "gpuprof.";
@@ -87,6 +93,18 @@ pub mod log {
     pub const ATTR_PROFILE_REASON: &str = "gpuprof.profile.reason";
     /// The body's format: `pprof`.
     pub const ATTR_PROFILE_FORMAT: &str = "gpuprof.profile.format";
+    /// `event_name` of a post-mortem's report; its body is the HTML report (bytes, gzipped), or
+    /// none when it was too large to send (`ATTR_POSTMORTEM_OMITTED` says so).
+    pub const POSTMORTEM: &str = "gpuprof.postmortem";
+    /// The finding the post-mortem is for (its `finding_id`).
+    pub const ATTR_FINDING_ID: &str = "gpuprof.finding.id";
+    /// How the body is encoded: `gzip`.
+    pub const ATTR_POSTMORTEM_ENCODING: &str = "gpuprof.postmortem.encoding";
+    /// The report's path on the node, and its size before encoding.
+    pub const ATTR_POSTMORTEM_REPORT: &str = "gpuprof.postmortem.report";
+    pub const ATTR_POSTMORTEM_HTML_BYTES: &str = "gpuprof.postmortem.html_bytes";
+    /// Why there is no body (the report was over the size one request carries).
+    pub const ATTR_POSTMORTEM_OMITTED: &str = "gpuprof.postmortem.omitted";
 }
 
 pub mod metric {

@@ -44,6 +44,12 @@ pub fn span_of(finding: &Finding, host: &str, since: u64, n: u64) -> Span {
     if let Some(api) = &finding.api {
         attributes.push(kv_str(attr::API, api));
     }
+    if let Some(postmortem) = &finding.postmortem {
+        // Where a person in a trace view goes for the picture of the minute before it.
+        attributes.push(kv_str(attr::POSTMORTEM_URL, &postmortem.url));
+        attributes.push(kv_str(attr::POSTMORTEM_REPORT, &postmortem.report));
+        attributes.push(kv_str(attr::POSTMORTEM_RECORDING, &postmortem.recording));
+    }
     attributes.extend(code_attributes(&finding.stack));
     Span {
         trace_id: trace.to_vec(),
@@ -59,5 +65,50 @@ pub fn span_of(finding: &Finding, host: &str, since: u64, n: u64) -> Span {
             Severity::Info => Status { message: String::new(), code: status::StatusCode::Unset as i32 },
         }),
         ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use gpuprof_model::postmortem::{report_url, Postmortem};
+    use gpuprof_model::{Finding, FindingKind};
+
+    use super::*;
+
+    #[test]
+    fn a_finding_with_a_post_mortem_says_where_it_is_on_its_span() {
+        let mut finding = Finding::new(FindingKind::Oom, 4711, "python3", 1 << 20, 1, 10, 20, &[], "oom".into());
+        finding.finding_id = "5f0c2a9d41e7b3c8".into();
+        let tags = |span: &Span| -> Vec<(String, String)> {
+            span.attributes
+                .iter()
+                .filter(|a| a.key.starts_with("gpuprof.postmortem."))
+                .map(|a| (a.key.clone(), crate::attribute_str(std::slice::from_ref(a), &a.key).unwrap().to_string()))
+                .collect()
+        };
+        assert!(tags(&span_of(&finding, "gpu-1", 5, 1)).is_empty());
+        finding.postmortem = Some(Postmortem {
+            node: "gpu-1".into(),
+            recording: "/pm/gpu-1-4711-python3-oom-20261127-011617.gpuprof".into(),
+            report: "/pm/gpu-1-4711-python3-oom-20261127-011617.html".into(),
+            window_start: 0,
+            window_end: 20,
+            url: report_url(&finding.finding_id),
+            pids: vec![4711],
+        });
+        assert_eq!(
+            tags(&span_of(&finding, "gpu-1", 5, 1)),
+            [
+                ("gpuprof.postmortem.url".to_string(), "/api/v1/findings/5f0c2a9d41e7b3c8/report".to_string()),
+                (
+                    "gpuprof.postmortem.report".to_string(),
+                    "/pm/gpu-1-4711-python3-oom-20261127-011617.html".to_string()
+                ),
+                (
+                    "gpuprof.postmortem.recording".to_string(),
+                    "/pm/gpu-1-4711-python3-oom-20261127-011617.gpuprof".to_string()
+                ),
+            ]
+        );
     }
 }

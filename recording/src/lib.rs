@@ -21,7 +21,7 @@ use gpuprof_model::Event;
 
 pub use format::{HEADER_LEN, MAGIC, VERSION};
 pub use read::{is_recording, Ending, ReadError, Reader};
-pub use write::Writer;
+pub use write::{compress, Compressor, Writer};
 
 /// An event file of either format, read in order.
 pub struct EventFile {

@@ -216,6 +216,42 @@ fn every_field_survives_the_round_trip_compressed_or_not() {
 }
 
 #[test]
+fn a_string_at_an_address_another_had_is_still_itself() {
+    // Names are looked up by address first: text that changed in place is a new string.
+    let mut first = events()[2].clone();
+    first.api = Cow::Owned("cuMemAlloc_v2".to_string());
+    let mut second = first.clone();
+    second.api = Cow::Owned(String::new());
+    let mut writer = Writer::new(Vec::new(), false).unwrap();
+    writer.write(&first).unwrap();
+    first.api.to_mut().make_ascii_uppercase();
+    writer.write(&first).unwrap();
+    writer.write(&second).unwrap();
+    let (back, _) = read_all(writer.finish(0).unwrap());
+    let apis: Vec<&str> = back.iter().map(|e| e.api.as_ref()).collect();
+    assert_eq!(apis, ["cuMemAlloc_v2", "CUMEMALLOC_V2", ""]);
+}
+
+#[test]
+fn a_plain_recording_compressed_afterwards_reads_as_one_compressed_as_it_was_written() {
+    let events = events();
+    let plain = record(&events, false);
+    let compressed = crate::compress(&plain).unwrap();
+    assert_eq!(&compressed[..crate::HEADER_LEN], &record(&events, true)[..crate::HEADER_LEN]);
+    assert!(compressed.len() < plain.len(), "{} of {} bytes", compressed.len(), plain.len());
+    let (back, ending) = read_all(compressed.clone());
+    assert_eq!(back, events);
+    assert_eq!(ending, Some(Ending::Closed { events: events.len() as u64, lost: 3 }));
+    // Only a plain recording is taken.
+    let error = crate::compress(&compressed).unwrap_err();
+    assert_eq!(
+        (error.kind(), error.to_string()),
+        (std::io::ErrorKind::InvalidInput, "not a plain recording".to_string())
+    );
+    assert!(crate::compress(b"GPUPROF").is_err());
+}
+
+#[test]
 fn a_recording_cut_anywhere_gives_its_whole_events_and_says_it_was_cut() {
     let events = events();
     let bytes = record(&events, false);

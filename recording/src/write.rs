@@ -9,13 +9,15 @@ use std::time::{Duration, Instant};
 use gpuprof_model::event::{Event, Frame};
 use gpuprof_model::Stack;
 
-use crate::format::{codes, tag, Field, FLAG_ZSTD, MAGIC, VERSION};
+use crate::format::{codes, tag, Field, FLAG_ZSTD, HEADER_LEN, MAGIC, VERSION};
 use crate::varint;
 
 /// How often buffered entries are handed to the file at most: a capture that is killed loses
 /// no more than this, and compression keeps working on large enough pieces.
 const FLUSH_INTERVAL: Duration = Duration::from_millis(500);
 const ZSTD_LEVEL: i32 = 3;
+/// Slots of the cache of strings met last, by address.
+const RECENT_STRINGS: usize = 16;
 
 /// What the writer remembers of the previous events (the reader keeps the same).
 #[derive(Default)]
@@ -24,7 +26,7 @@ pub(crate) struct Deltas {
     pub pid: u32,
     pub addr: u64,
     /// Per process: the allocator's allocated and reserved totals last written.
-    pub totals: HashMap<u32, (u64, u64)>,
+    pub totals: HashMap<u32, (u64, u64), gpuprof_model::hashing::Spread>,
 }
 
 enum Sink<W: Write> {
@@ -70,8 +72,14 @@ pub struct Writer<W: Write> {
     /// One entry's payload, built before its length is known.
     payload: Vec<u8>,
     strings: HashMap<Box<str>, u64>,
+    /// The same strings by id (from 1), and where the ones met last lay (address, id): an
+    /// event's command and entry point are the same shared text event after event, so most
+    /// lookups are an address and a short comparison rather than a hash of the text.
+    by_id: Vec<Box<str>>,
+    recent: [(usize, u64); RECENT_STRINGS],
     frames: HashMap<Frame, u64>,
-    stacks: HashMap<Stack, u64>,
+    /// Keyed by their content hash, computed once.
+    stacks: HashMap<Stack, u64, gpuprof_model::hashing::Spread>,
     deltas: Deltas,
     events: u64,
     last_flush: Instant,
@@ -88,11 +96,14 @@ impl<W: Write> Writer<W> {
             if compress { Sink::Zstd(zstd::stream::write::Encoder::new(out, ZSTD_LEVEL)?) } else { Sink::Plain(out) };
         Ok(Writer {
             sink,
-            buffer: Vec::with_capacity(1 << 16),
+            // Grown as entries come: a writer kept in memory for a few events stays small.
+            buffer: Vec::new(),
             payload: Vec::with_capacity(256),
             strings: HashMap::new(),
+            by_id: Vec::new(),
+            recent: [(0, 0); RECENT_STRINGS],
             frames: HashMap::new(),
-            stacks: HashMap::new(),
+            stacks: HashMap::default(),
             deltas: Deltas::default(),
             events: 0,
             last_flush: Instant::now(),
@@ -300,14 +311,26 @@ impl<W: Write> Writer<W> {
     }
 
     fn string_id(&mut self, text: &str) -> u64 {
-        if let Some(&id) = self.strings.get(text) {
+        let address = text.as_ptr() as usize;
+        let slot = (address >> 4) % RECENT_STRINGS;
+        let (seen_at, id) = self.recent[slot];
+        // The address is a hint: the text is compared, since freed memory may hold another.
+        if seen_at == address && id > 0 && *self.by_id[id as usize - 1] == *text {
             return id;
         }
-        let id = self.strings.len() as u64 + 1;
-        self.strings.insert(text.into(), id);
-        self.buffer.push(tag::STRING);
-        varint::put(&mut self.buffer, text.len() as u64);
-        self.buffer.extend_from_slice(text.as_bytes());
+        let id = match self.strings.get(text) {
+            Some(&id) => id,
+            None => {
+                let id = self.by_id.len() as u64 + 1;
+                self.strings.insert(text.into(), id);
+                self.by_id.push(text.into());
+                self.buffer.push(tag::STRING);
+                varint::put(&mut self.buffer, text.len() as u64);
+                self.buffer.extend_from_slice(text.as_bytes());
+                id
+            }
+        };
+        self.recent[slot] = (address, id);
         id
     }
 
@@ -348,5 +371,35 @@ impl<W: Write> Writer<W> {
         varint::put(&mut self.buffer, payload.len() as u64);
         self.buffer.extend_from_slice(&payload);
         id
+    }
+}
+
+/// A plain recording (`Writer::new(out, false)`, finished), compressed: the recording
+/// `Writer::new(out, true)` writes, made in one step. For recordings kept in memory, where a
+/// zstd stream open for each would cost more than the recordings.
+pub fn compress(plain: &[u8]) -> io::Result<Vec<u8>> {
+    Compressor::new()?.compress(plain)
+}
+
+/// `compress` for many recordings, with one zstd context for all (one made for each would be
+/// allocated and freed each time: memory a long-running process does not get back whole).
+pub struct Compressor(zstd::bulk::Compressor<'static>);
+
+impl Compressor {
+    pub fn new() -> io::Result<Compressor> {
+        Ok(Compressor(zstd::bulk::Compressor::new(ZSTD_LEVEL)?))
+    }
+
+    pub fn compress(&mut self, plain: &[u8]) -> io::Result<Vec<u8>> {
+        let header = plain.get(..HEADER_LEN).filter(|h| h.starts_with(MAGIC));
+        let Some(header) = header.filter(|h| u16::from_le_bytes([h[10], h[11]]) & FLAG_ZSTD == 0) else {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "not a plain recording"));
+        };
+        let body = self.0.compress(&plain[HEADER_LEN..])?;
+        let mut out = Vec::with_capacity(HEADER_LEN + body.len());
+        out.extend_from_slice(&header[..10]);
+        out.extend_from_slice(&FLAG_ZSTD.to_le_bytes());
+        out.extend_from_slice(&body);
+        Ok(out)
     }
 }

@@ -40,14 +40,16 @@ impl Daemon {
             }
             None => Command::new(gpuprof()),
         };
-        let mut child = command
-            .arg("daemon")
-            .args(["--listen", "127.0.0.1:0"])
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        command.arg("daemon").args(["--listen", "127.0.0.1:0"]);
+        // Post-mortems go to a directory of the test run's own, not the machine's.
+        let sidecar = args.contains(&"--sidecar") || std::env::var_os("GPUPROF_SIDECAR").is_some();
+        if !sidecar && !args.iter().any(|a| a.starts_with("--postmortem-dir") || *a == "--no-postmortems") {
+            static DAEMONS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+            let n = DAEMONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let dir = crate::scratch(&format!("daemon-postmortems-{}-{n}", std::process::id()));
+            command.arg("--postmortem-dir").arg(dir);
+        }
+        let mut child = command.args(args).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
         let (lines, stderr) = std::sync::mpsc::channel();
         let mut reader = BufReader::new(child.stderr.take().unwrap());
         std::thread::spawn(move || {

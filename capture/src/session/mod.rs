@@ -349,6 +349,7 @@ impl<'c> Session<'c> {
             kernel: self.ebpf.as_ref().map(EbpfSource::stats),
             shim: self.shim.as_ref().map(ShimSource::stats),
             export: self.flow.export_health(),
+            postmortems: self.flow.postmortem_stats(),
         }
     }
 

@@ -8,6 +8,7 @@ use gpuprof_model::findings::wording::count;
 pub use crate::enrich::python_stacks::StackCounts;
 use crate::flow::ExportHealth;
 use crate::kernel::DropCounters;
+use crate::postmortem::PostmortemStats;
 use crate::shim_socket::ShimTotals;
 
 #[derive(Debug, Clone, Default)]
@@ -29,6 +30,8 @@ pub struct CaptureStats {
     pub kernel: Option<KernelStats>,
     pub shim: Option<ShimStats>,
     pub export: Option<ExportHealth>,
+    /// A daemon's post-mortems: windows kept, events a cap dropped, post-mortems written.
+    pub postmortems: Option<PostmortemStats>,
 }
 
 /// The eBPF source's part.

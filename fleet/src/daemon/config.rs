@@ -14,6 +14,7 @@ use gpuprof_model::{Level, RuleConfig};
 use serde::Deserialize;
 
 use crate::telemetry::{OtlpOptions, OtlpTuning, Protocol};
+use gpuprof_capture::postmortem::PostmortemConfig;
 use gpuprof_capture::shim_socket::SocketAccess;
 
 /// `gpuprof daemon` flags. Each is optional here so that the file can fill what is not given.
@@ -117,7 +118,37 @@ pub struct DaemonArgs {
     /// Raise processes only when asked, never on what the rules see.
     #[arg(long, env = "GPUPROF_NO_AUTO_RAISE")]
     pub no_auto_raise: bool,
+    /// Where post-mortems go: when a process runs out of memory or a leak finding fires, the
+    /// last --postmortem-window seconds of its events as a recording and its HTML report
+    /// (docs/postmortem.md; default /var/lib/gpuprof/postmortems, a sidecar's DIR/postmortems;
+    /// made if missing).
+    #[arg(long, value_name = "DIR", env = "GPUPROF_POSTMORTEM_DIR")]
+    pub postmortem_dir: Option<PathBuf>,
+    /// Keep no window of events and write no post-mortem.
+    #[arg(long, env = "GPUPROF_NO_POSTMORTEMS")]
+    pub no_postmortems: bool,
+    /// Seconds of each process's last events a post-mortem holds (default 60; 0: none kept).
+    #[arg(long, value_name = "SECS", env = "GPUPROF_POSTMORTEM_WINDOW")]
+    pub postmortem_window: Option<f64>,
+    /// MiB of post-mortems the directory keeps; the oldest are deleted first (default 1024).
+    #[arg(long, value_name = "MIB", env = "GPUPROF_POSTMORTEM_MAX_MIB")]
+    pub postmortem_max_mib: Option<u64>,
+    /// Seconds a post-mortem is kept (default 604800: 7 days).
+    #[arg(long, value_name = "SECS", env = "GPUPROF_POSTMORTEM_RETENTION")]
+    pub postmortem_retention: Option<f64>,
+    /// MiB of memory one process's window of events takes at most (default 16); past it its
+    /// oldest events go (counted).
+    #[arg(long, value_name = "MIB", env = "GPUPROF_POSTMORTEM_PROCESS_MIB")]
+    pub postmortem_process_mib: Option<u64>,
+    /// MiB of memory all windows take together at most (default a quarter of --memory-cap-mib);
+    /// past it the oldest events of any process go (counted).
+    #[arg(long, value_name = "MIB", env = "GPUPROF_POSTMORTEM_NODE_MIB")]
+    pub postmortem_node_mib: Option<u64>,
 }
+
+/// Where post-mortems go unless told: a node's own directory, which the chart mounts from the
+/// host.
+pub const DEFAULT_POSTMORTEM_DIR: &str = "/var/lib/gpuprof/postmortems";
 
 /// How the daemon captures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Deserialize)]
@@ -165,6 +196,13 @@ struct FileConfig {
     level: Option<String>,
     detail: Option<f64>,
     no_auto_raise: Option<bool>,
+    postmortem_dir: Option<PathBuf>,
+    no_postmortems: Option<bool>,
+    postmortem_window: Option<f64>,
+    postmortem_max_mib: Option<u64>,
+    postmortem_retention: Option<f64>,
+    postmortem_process_mib: Option<u64>,
+    postmortem_node_mib: Option<u64>,
 }
 
 /// Everything the daemon runs with, resolved and checked.
@@ -193,6 +231,11 @@ pub struct DaemonConfig {
     pub detail: Duration,
     /// When the rules raise a process on their own (None: only when asked).
     pub escalation: Option<EscalationConfig>,
+    /// Windows kept and post-mortems written (None: off).
+    pub postmortems: Option<PostmortemConfig>,
+    /// The post-mortem directory was given (not the default): one that cannot be made is an
+    /// error rather than a warning.
+    pub postmortem_dir_given: bool,
 }
 
 impl DaemonArgs {
@@ -222,6 +265,8 @@ impl DaemonArgs {
         if memory_cap_mib < 64 {
             bail!("memory_cap_mib {memory_cap_mib}: give at least 64");
         }
+        let postmortem_dir_given = self.postmortem_dir.is_some() || file.postmortem_dir.is_some();
+        let postmortems = self.postmortems(&file, node_name.as_deref(), memory_cap_mib)?;
         let otlp = match self.otlp_endpoint.clone().or(file.otlp_endpoint.clone()) {
             Some(endpoint) => {
                 let mut tuning = self.otlp_tuning.or(&file.tuning());
@@ -294,6 +339,7 @@ impl DaemonArgs {
             detail_ns: detail.as_nanos() as u64,
             ..EscalationConfig::default()
         });
+
         Ok(DaemonConfig {
             otlp,
             node_name,
@@ -317,7 +363,53 @@ impl DaemonArgs {
             level,
             detail,
             escalation,
+            postmortems,
+            postmortem_dir_given,
         })
+    }
+
+    /// The post-mortems' settings (docs/postmortem.md), or None when they are off.
+    fn postmortems(
+        &self,
+        file: &FileConfig,
+        node_name: Option<&str>,
+        memory_cap_mib: u64,
+    ) -> Result<Option<PostmortemConfig>> {
+        let sidecar = self.sidecar.as_deref().or(file.sidecar.as_deref());
+        let window = self.postmortem_window.or(file.postmortem_window).unwrap_or(60.0);
+        if !(window.is_finite() && window >= 0.0) {
+            bail!("postmortem_window {window}: give a number of seconds (0 keeps none)");
+        }
+        if self.no_postmortems || file.no_postmortems.unwrap_or(false) || window == 0.0 {
+            return Ok(None);
+        }
+        let dir = match (self.postmortem_dir.clone().or(file.postmortem_dir.clone()), sidecar) {
+            (Some(dir), _) => dir,
+            // A sidecar's root is read-only; its pod's volume is its own.
+            (None, Some(sidecar)) => sidecar.join("postmortems"),
+            (None, None) => PathBuf::from(DEFAULT_POSTMORTEM_DIR),
+        };
+        let process_mib = self.postmortem_process_mib.or(file.postmortem_process_mib).unwrap_or(16);
+        let node_mib = self.postmortem_node_mib.or(file.postmortem_node_mib).unwrap_or(memory_cap_mib / 4);
+        if node_mib > memory_cap_mib / 2 {
+            bail!(
+                "postmortem_node_mib {node_mib}: at most half of memory_cap_mib ({memory_cap_mib}), which the windows share with the OTLP queue and the capture; give less, or a larger memory_cap_mib"
+            );
+        }
+        if process_mib == 0 || node_mib == 0 {
+            bail!("postmortem_process_mib and postmortem_node_mib: give at least 1 MiB each (or --no-postmortems)");
+        }
+        let max_mib = self.postmortem_max_mib.or(file.postmortem_max_mib).unwrap_or(1024);
+        let retention = self.postmortem_retention.or(file.postmortem_retention).unwrap_or(7.0 * 86400.0);
+        Ok(Some(PostmortemConfig {
+            dir,
+            node: crate::telemetry::node_name(node_name),
+            window: Duration::from_secs_f64(window),
+            process_bytes: process_mib << 20,
+            node_bytes: node_mib << 20,
+            max_bytes: max_mib << 20,
+            retention: seconds("postmortem_retention", retention)?,
+        }))
     }
 }
 
@@ -468,6 +560,49 @@ mod tests {
     fn nowhere_to_send_is_an_error() {
         let error = DaemonArgs::default().resolve().unwrap_err().to_string();
         assert!(error.contains("give --otlp-endpoint URL"), "{error}");
+    }
+
+    #[test]
+    fn post_mortems_are_on_by_default_and_each_setting_comes_from_flag_variable_or_file() {
+        let base = || DaemonArgs { output: Some("x".into()), node_name: Some("gpu-1".into()), ..Default::default() };
+        let defaults = base().resolve().unwrap();
+        assert_eq!(
+            defaults.postmortems,
+            Some(PostmortemConfig {
+                dir: PathBuf::from("/var/lib/gpuprof/postmortems"),
+                node: "gpu-1".into(),
+                window: Duration::from_secs(60),
+                process_bytes: 16 << 20,
+                // A quarter of the default memory cap of 256 MiB.
+                node_bytes: 64 << 20,
+                max_bytes: 1024 << 20,
+                retention: Duration::from_secs(7 * 86400),
+            })
+        );
+        assert!(!defaults.postmortem_dir_given);
+        let path = write("postmortem_dir = \"/srv/pm\"\npostmortem_window = 30\npostmortem_max_mib = 10\npostmortem_retention = 3600\npostmortem_process_mib = 4\npostmortem_node_mib = 8\n");
+        let from_file = DaemonArgs { config: Some(path.clone()), postmortem_window: Some(45.0), ..base() };
+        let config = from_file.resolve().unwrap();
+        let postmortems = config.postmortems.unwrap();
+        assert_eq!(
+            (postmortems.dir, postmortems.window, postmortems.max_bytes, postmortems.retention),
+            (PathBuf::from("/srv/pm"), Duration::from_secs(45), 10 << 20, Duration::from_secs(3600))
+        );
+        assert_eq!(
+            (postmortems.process_bytes, postmortems.node_bytes, config.postmortem_dir_given),
+            (4 << 20, 8 << 20, true)
+        );
+        // A sidecar's root is read-only: its pod's volume takes them.
+        let sidecar =
+            DaemonArgs { sidecar: Some("/gpuprof".into()), shim_socket: Some("/gpuprof/shim.sock".into()), ..base() };
+        assert_eq!(sidecar.resolve().unwrap().postmortems.unwrap().dir, PathBuf::from("/gpuprof/postmortems"));
+        // Off, two ways.
+        assert_eq!(DaemonArgs { no_postmortems: true, ..base() }.resolve().unwrap().postmortems, None);
+        assert_eq!(DaemonArgs { postmortem_window: Some(0.0), ..base() }.resolve().unwrap().postmortems, None);
+        let error = DaemonArgs { postmortem_node_mib: Some(200), ..base() }.resolve().unwrap_err().to_string();
+        assert_eq!(error, "postmortem_node_mib 200: at most half of memory_cap_mib (256), which the windows share with the OTLP queue and the capture; give less, or a larger memory_cap_mib");
+        let error = DaemonArgs { postmortem_window: Some(-1.0), ..base() }.resolve().unwrap_err().to_string();
+        assert_eq!(error, "postmortem_window -1: give a number of seconds (0 keeps none)");
     }
 
     #[test]

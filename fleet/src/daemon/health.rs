@@ -57,6 +57,14 @@ pub struct Snapshot {
     /// Processes recorded at another level than the daemon's now, and raises since the start.
     pub processes_raised: u64,
     pub raises_total: u64,
+    /// Post-mortems: what the windows hold, events a cap dropped before their time, and
+    /// post-mortems written, failed, skipped (too many at once) and deleted (cap, retention).
+    pub postmortem_window_bytes: u64,
+    pub postmortem_window_events_shed_total: u64,
+    pub postmortems_written_total: u64,
+    pub postmortems_failed_total: u64,
+    pub postmortems_skipped_total: u64,
+    pub postmortems_deleted_total: u64,
 }
 
 impl Snapshot {
@@ -80,6 +88,14 @@ impl Snapshot {
             raises_total: levels.raises_total,
             ..Snapshot::default()
         };
+        if let Some(postmortems) = &stats.postmortems {
+            snapshot.postmortem_window_bytes = postmortems.window_bytes;
+            snapshot.postmortem_window_events_shed_total = postmortems.window_events_shed;
+            snapshot.postmortems_written_total = postmortems.written;
+            snapshot.postmortems_failed_total = postmortems.failed;
+            snapshot.postmortems_skipped_total = postmortems.skipped;
+            snapshot.postmortems_deleted_total = postmortems.deleted;
+        }
         if let Some(shim) = &stats.shim {
             snapshot.processes_followed = shim.processes_open;
             snapshot.processes_followed_total = shim.totals.processes_seen;
@@ -404,6 +420,37 @@ fn render(s: &Snapshot) -> String {
         "gpuprof_daemon_duplicates_dropped",
         "Second copies of calls both the shim and the probes saw",
         s.duplicates_dropped_total,
+    );
+    gauge(
+        &mut registry,
+        "gpuprof_daemon_postmortem_window_bytes",
+        "Memory the windows of recent events kept for post-mortems take",
+        s.postmortem_window_bytes,
+    );
+    counter(
+        &mut registry,
+        "gpuprof_daemon_postmortem_window_events_shed",
+        "Events a memory cap dropped from a post-mortem window before they were a window old",
+        s.postmortem_window_events_shed_total,
+    );
+    counter(&mut registry, "gpuprof_daemon_postmortems_written", "Post-mortems written", s.postmortems_written_total);
+    counter(
+        &mut registry,
+        "gpuprof_daemon_postmortems_failed",
+        "Post-mortems that could not be written (disk full, no permission)",
+        s.postmortems_failed_total,
+    );
+    counter(
+        &mut registry,
+        "gpuprof_daemon_postmortems_skipped",
+        "Findings that got no post-mortem: too many were being written",
+        s.postmortems_skipped_total,
+    );
+    counter(
+        &mut registry,
+        "gpuprof_daemon_postmortems_deleted",
+        "Post-mortems the directory's size cap and retention deleted",
+        s.postmortems_deleted_total,
     );
     let mut text = String::new();
     encode(&mut text, &registry).expect("writing to a String cannot fail");

@@ -145,7 +145,7 @@ impl Levels {
         }
         let flow = session.flow_mut();
         if request.level.tensors() {
-            flow.expect_tensors(request.pid, gpuprof_model::event::wall_clock_ns(), detail.as_nanos() as u64);
+            flow.tensors_requested(request.pid, gpuprof_model::event::wall_clock_ns(), detail.as_nanos() as u64);
         }
         if let Some(rules) = flow.escalation_mut() {
             rules.raised(request.pid);

@@ -4,7 +4,9 @@
 //! or libc10 but have not called it yet, and library files not probed yet (a container's own
 //! copy). Exits close processes out; their tables are dropped `retain_exited` later, so memory
 //! stays bounded under churn. Everything goes out over OTLP (and/or to a jsonl file); health,
-//! readiness and the daemon's own counters are served over HTTP. SIGTERM flushes and exits 0.
+//! readiness and the daemon's own counters are served over HTTP. The last seconds of each
+//! process's events are kept, and written as a post-mortem when one runs out of memory or a leak
+//! finding fires (`gpuprof_capture::postmortem`). SIGTERM flushes and exits 0.
 
 pub mod config;
 mod health;
@@ -19,6 +21,7 @@ use crate::telemetry::Telemetry;
 use gpuprof_capture::flow::{EventFlow, FlowOptions};
 use gpuprof_capture::kernel::{Capture, CaptureOptions};
 use gpuprof_capture::libcuda::{self, LibraryFile};
+use gpuprof_capture::postmortem::Postmortems;
 use gpuprof_capture::session::{EbpfOptions, EbpfSource, Every, Scope, Session, ShimSource, Until};
 use gpuprof_capture::{preflight, shim_socket, signals};
 use gpuprof_views::output::{self, Format, NullSink};
@@ -74,6 +77,21 @@ pub fn run(args: &DaemonArgs) -> Result<u8> {
     if let Some(escalation) = config.escalation {
         flow.escalate(escalation);
     }
+    let postmortems_in = match &config.postmortems {
+        Some(settings) => match Postmortems::start(settings.clone()) {
+            Ok(postmortems) => {
+                flow.keep_postmortems(postmortems);
+                Some(settings.dir.clone())
+            }
+            // The default directory on a host that has none to give: the capture goes on.
+            Err(error) if !config.postmortem_dir_given => {
+                eprintln!("gpuprof: warning: {error:#}; post-mortems are off");
+                None
+            }
+            Err(error) => return Err(error),
+        },
+        None => None,
+    };
     // Its log keeps the counters: an operator reads them there.
     let mut session = Session::new(flow).with_counters(true);
     if let Some(capture) = &capture {
@@ -99,7 +117,7 @@ pub fn run(args: &DaemonArgs) -> Result<u8> {
     let mut forgotten_total = 0u64;
     health.publish(health::Snapshot::of(&session, forgotten_total, &levels.borrow()));
     health.set_ready(true);
-    eprintln!("gpuprof: {}", started_line(&config, &session, listening));
+    eprintln!("gpuprof: {}", started_line(&config, &session, listening, postmortems_in.as_deref()));
 
     let mut hooks = [
         Every::new(config.scan_interval, |session: &mut Session<'_>| {
@@ -123,11 +141,24 @@ pub fn run(args: &DaemonArgs) -> Result<u8> {
     Ok(0)
 }
 
-/// What the daemon says when it is ready: what it captures, from where, and where it sends it.
-fn started_line(config: &DaemonConfig, session: &Session<'_>, listening: std::net::SocketAddr) -> String {
+/// What the daemon says when it is ready: what it captures, from where, where it sends it and
+/// where its post-mortems go.
+fn started_line(
+    config: &DaemonConfig,
+    session: &Session<'_>,
+    listening: std::net::SocketAddr,
+    postmortems_in: Option<&std::path::Path>,
+) -> String {
     let node = crate::telemetry::node_name(config.node_name.as_deref());
     let followed = session.ebpf().map_or(0, |e| e.alive().len());
-    let endpoints = format!("/healthz /readyz /metrics on {listening}; exporting to {}", destinations(config));
+    let postmortems = match (postmortems_in, &config.postmortems) {
+        (Some(dir), Some(settings)) => {
+            format!("; post-mortems of the last {:.0} s in {}", settings.window.as_secs_f64(), dir.display())
+        }
+        _ => "; no post-mortems".to_string(),
+    };
+    let endpoints =
+        format!("/healthz /readyz /metrics on {listening}; exporting to {}{postmortems}", destinations(config));
     match (&config.sidecar, config.capture, &config.shim_socket) {
         (Some(dir), CaptureMode::Shim, Some(path)) => format!(
             "sidecar of pod {} on node {node}: the shim is in {}, events taken at {}; {endpoints}",

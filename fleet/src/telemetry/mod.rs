@@ -9,7 +9,9 @@
 //! - gauges every `metrics_interval`: per process and device, the allocator's allocated and
 //!   reserved bytes, and live bytes by layer and kind;
 //! - spans, one trace per process instance: driver allocations, tensor blocks from a size up,
-//!   findings — a bounded number per trace.
+//!   findings — a bounded number per trace;
+//! - the HTML report of each post-mortem the node writes (gzipped, one log record, when it fits
+//!   in a request; else a record saying where it is), which the collector serves by finding.
 //!
 //! The capture thread only builds requests; `gpuprof_otlp::client` queues and sends them, so
 //! the network never slows the capture, and whatever is not delivered is counted.
@@ -155,6 +157,7 @@ pub struct Telemetry {
     profiles_due: BTreeMap<u32, Reason>,
     findings_sent: u64,
     profiles_sent: u64,
+    postmortems_sent: u64,
     /// Log records, spans and metric points handed to the client so far.
     handed: Handed,
     last_metrics: u64,
@@ -168,6 +171,9 @@ pub struct Telemetry {
 
 /// Records are handed to the client when this much is waiting (between flushes, at high rates).
 const RECORDS_HANDOFF_BYTES: usize = 1 << 20;
+/// Room a post-mortem's record leaves in its request for the resource and the record's own
+/// fields: a report gzipped to more than a request less this goes as a note.
+const POSTMORTEM_MARGIN: usize = 64 << 10;
 
 impl Telemetry {
     pub fn start(options: OtlpOptions) -> Result<Self> {
@@ -194,6 +200,7 @@ impl Telemetry {
             profiles_due: BTreeMap::new(),
             findings_sent: 0,
             profiles_sent: 0,
+            postmortems_sent: 0,
             handed: Handed::default(),
             last_metrics: now,
             last_profiles: now,
@@ -255,6 +262,33 @@ impl Telemetry {
             self.spans.push((finding.pid, span));
             self.profile_due(finding.pid, Reason::Finding);
         }
+    }
+
+    /// A post-mortem written: its report, gzipped, for the collector to serve by finding; or,
+    /// over what one request carries, a record saying where it is on the node.
+    pub fn postmortem(&mut self, report: &gpuprof_capture::postmortem::PostmortemReport) {
+        use gpuprof_otlp::logs::{PostmortemBody, PostmortemRecord};
+        let limit = self.options.client.max_request_bytes.saturating_sub(POSTMORTEM_MARGIN);
+        let body = if report.gzip.len() <= limit {
+            PostmortemBody::Gzip(report.gzip.clone())
+        } else {
+            PostmortemBody::Omitted(format!(
+                "the report is {} gzipped, over the {} one OTLP request carries (--otlp-max-request-bytes); it is on node {} at {}",
+                gpuprof_model::bytes::human(report.gzip.len() as u64),
+                gpuprof_model::bytes::human(limit as u64),
+                self.node,
+                report.report.display()
+            ))
+        };
+        let record = PostmortemRecord {
+            finding_id: report.finding_id.clone(),
+            report: report.report.display().to_string(),
+            html_bytes: report.html_bytes,
+            body,
+        };
+        let now = gpuprof_model::event::wall_clock_ns();
+        self.postmortems_sent += 1;
+        self.push_record(report.pid, gpuprof_otlp::logs::postmortem_record(record, now));
     }
 
     fn profile_due(&mut self, pid: u32, reason: Reason) {
@@ -421,11 +455,17 @@ impl Telemetry {
         }
         self.profiles_due.clear();
         self.flush(tracker, now);
-        let (findings, profiles, shed, over_cap, handed) =
-            (self.findings_sent, self.profiles_sent, self.shed, self.lifetimes.over_cap(), self.handed);
+        let (findings, profiles, postmortems, shed, over_cap, handed) = (
+            self.findings_sent,
+            self.profiles_sent,
+            self.postmortems_sent,
+            self.shed,
+            self.lifetimes.over_cap(),
+            self.handed,
+        );
         let endpoint = self.client.endpoint();
         let delivery = self.client.finish(DRAIN_LIMIT);
-        Delivered { endpoint, handed, delivery, findings, profiles, shed, spans_over_cap: over_cap }
+        Delivered { endpoint, handed, delivery, findings, profiles, postmortems, shed, spans_over_cap: over_cap }
     }
 
     /// What was delivered so far (items the collector accepted, and lost).
@@ -455,6 +495,8 @@ pub struct Delivered {
     pub delivery: Delivery,
     pub findings: u64,
     pub profiles: u64,
+    /// Post-mortems' reports (or notes of where they are) among the log records.
+    pub postmortems: u64,
     /// Full-stream event records left out over the memory cap.
     pub shed: u64,
     /// Allocations that got no span (their trace had its share).
@@ -481,6 +523,9 @@ impl std::fmt::Display for Delivered {
             self.handed.points,
             self.delivery
         )?;
+        if self.postmortems > 0 {
+            write!(f, "; {} post-mortem reports among the log records", self.postmortems)?;
+        }
         if self.shed > 0 {
             write!(f, "; over the memory cap, {} allocator events not sent one by one", self.shed)?;
         }
@@ -524,6 +569,10 @@ impl gpuprof_capture::flow::Exporter for Telemetry {
 
     fn findings(&mut self, fired: &[Finding], tracker: &Tracker) {
         Telemetry::findings(self, fired, tracker);
+    }
+
+    fn postmortem(&mut self, report: &gpuprof_capture::postmortem::PostmortemReport) {
+        Telemetry::postmortem(self, report);
     }
 
     fn device_used(&mut self, used: BTreeMap<u32, u64>) {

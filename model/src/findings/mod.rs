@@ -199,6 +199,9 @@ pub struct Finding {
     /// driver or NVML last told it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seconds_to_full: Option<f64>,
+    /// Where the node kept the last seconds before it (a daemon's or sidecar's post-mortem).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub postmortem: Option<crate::postmortem::Postmortem>,
 }
 
 impl Finding {
@@ -238,6 +241,7 @@ impl Finding {
             diagnosis: None,
             bytes_per_second: None,
             seconds_to_full: None,
+            postmortem: None,
         }
     }
 

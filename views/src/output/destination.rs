@@ -91,7 +91,7 @@ impl Destination {
 /// "gpuprof-train-20261125-223001.gpuprof" in the current directory; "-2", "-3"… when taken.
 fn unused_name(name: &str) -> PathBuf {
     let stamp = local_time_stamp();
-    let base = format!("gpuprof-{}-{stamp}", clean(name));
+    let base = format!("gpuprof-{}-{stamp}", file_name_safe(name));
     (1..)
         .map(|n| {
             if n == 1 {
@@ -127,7 +127,7 @@ pub fn name_of_command(command: &[impl AsRef<OsStr>]) -> String {
 }
 
 /// File-name-safe: letters, digits, '.', '_' and '-'; the rest become '_'.
-fn clean(name: &str) -> String {
+pub fn file_name_safe(name: &str) -> String {
     let cleaned: String =
         name.chars().map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c } else { '_' }).collect();
     if cleaned.is_empty() {
@@ -167,8 +167,8 @@ mod tests {
         assert_eq!(name_of_command(&["torchrun", "--nproc-per-node", "2", "train.py"]), "torchrun");
         assert_eq!(name_of_command(&["python3", "-c", "import torch"]), "python3");
         assert_eq!(name_of_command(&["python", "-m", "pkg.main", "--lr", "3"]), "pkg.main");
-        assert_eq!(clean("my model"), "my_model");
-        assert_eq!(clean(""), "run");
+        assert_eq!(file_name_safe("my model"), "my_model");
+        assert_eq!(file_name_safe(""), "run");
     }
 
     #[test]

@@ -49,6 +49,9 @@ struct Report {
     first_ts: u64,
     /// Nanoseconds from the first event to the last.
     span: u64,
+    /// Sentences the page shows first, from whoever wrote the recording (a daemon's post-mortem
+    /// says what its window is and which part of it has tensor detail).
+    notes: Vec<String>,
     /// The first instant the processes held the most together, as the stack views count.
     peak: Option<PeakOut>,
     processes: Vec<ProcessOut>,
@@ -149,23 +152,24 @@ struct Initial {
 
 /// Writes the report of `request.input`. Returns gpuprof's exit code.
 pub fn export(request: &ExportRequest<'_>) -> Result<u8> {
-    let report = build(request.input, request.moment, request.layer, request.pid)?;
+    let report = build(request.input, request.moment, request.layer, request.pid, Vec::new())?;
     let mut writer = crate::output::open_writer(request.output.as_deref())?;
     page::write(&report, &mut writer).context("cannot write the report")?;
     writer.flush().context("cannot write the report")?;
     Ok(0)
 }
 
-/// The report of a capture just written (`run`/`attach --html FILE`): its peak, every process.
-pub fn write_file(input: &Path, output: &Path) -> Result<()> {
-    let report = build(input, Moment::Peak, StackLayer::Auto, None)?;
+/// The report of a capture just written (`run`/`attach --html FILE`, a daemon's post-mortem):
+/// its peak, every process, with `notes` shown first.
+pub fn write_file(input: &Path, output: &Path, notes: &[String]) -> Result<()> {
+    let report = build(input, Moment::Peak, StackLayer::Auto, None, notes.to_vec())?;
     let mut writer = crate::output::open_writer(Some(output))?;
     page::write(&report, &mut writer)
         .and_then(|_| writer.flush())
         .with_context(|| format!("cannot write {}", output.display()))
 }
 
-fn build(input: &Path, moment: Moment, layer: StackLayer, pid: Option<u32>) -> Result<Report> {
+fn build(input: &Path, moment: Moment, layer: StackLayer, pid: Option<u32>, notes: Vec<String>) -> Result<Report> {
     let (mut first_ts, mut last_ts) = (None, 0u64);
     let (peak, _, events) = peak::scan(input, layer, |event, _| {
         first_ts.get_or_insert(event.ts);
@@ -243,6 +247,7 @@ fn build(input: &Path, moment: Moment, layer: StackLayer, pid: Option<u32>) -> R
         truncated,
         first_ts,
         span,
+        notes,
         peak: builder.peak,
         processes: builder.processes,
         curves,

@@ -664,6 +664,13 @@
     const began = new Date(data.first_ts / 1e6).toISOString().replace("T", " ").slice(0, 19);
     byId("overview").textContent = `${data.input}: ${data.events.toLocaleString("en")} events over ${seconds(data.span)} from ${began} UTC, ` +
       `${cuda} process${cuda === 1 ? "" : "es"} using CUDA${peak}; ${data.findings.length} finding${data.findings.length === 1 ? "" : "s"} (${leaks} to act on).`;
+    const notes = byId("notes");
+    for (const note of data.notes) {
+      const item = document.createElement("li");
+      item.textContent = note;
+      notes.appendChild(item);
+    }
+    notes.hidden = data.notes.length === 0;
     const warning = byId("warning");
     if (data.truncated) { warning.textContent = "The recording was cut short (its capture did not finish): this covers the events it holds."; warning.hidden = false; }
     else if (data.lost) { warning.textContent = `The capture lost ${data.lost.toLocaleString("en")} events: the curves and stacks lack them.`; warning.hidden = false; }
