@@ -13,6 +13,7 @@ use std::path::Path;
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use gpuprof_model::event::{Event, Layer, Op};
 use gpuprof_testkit::collector::{Collector, Jaeger};
 use gpuprof_testkit::daemon::{one_daemon_at_a_time, Daemon};
 use gpuprof_testkit::*;
@@ -80,6 +81,7 @@ fn the_daemon_at_its_defaults_says_one_leak_per_problem_and_none_of_healthy_jobs
     let jaeger = Jaeger::start(&dir);
     let collector = Collector::start(&dir.join("c.redb"), &["--forward-endpoint", &jaeger.otlp_http]);
     let libcuda = standin_dir().join("libcuda.so.1");
+    let postmortems = dir.join("postmortems");
     let daemon = Daemon::start(&[
         "--otlp-endpoint",
         &collector.grpc,
@@ -87,6 +89,8 @@ fn the_daemon_at_its_defaults_says_one_leak_per_problem_and_none_of_healthy_jobs
         "always-on",
         "--libcuda",
         libcuda.to_str().unwrap(),
+        "--postmortem-dir",
+        postmortems.to_str().unwrap(),
     ]);
 
     // 45-second jobs side by side, as on a node; an OOM job, and a launcher killed under its
@@ -220,6 +224,47 @@ fn the_daemon_at_its_defaults_says_one_leak_per_problem_and_none_of_healthy_jobs
         }
         assert_eq!(tag(&span["tags"], "process.pid"), finding["pid"]);
     }
+
+    // The out-of-memory failure left its post-mortem: the job's last 60 s (it ran 62), on the
+    // node and at the collector, its page showing the failure.
+    let postmortem = &out_of_memory["postmortem"];
+    let (start, end) = (postmortem["window_start"].as_u64().unwrap(), postmortem["window_end"].as_u64().unwrap());
+    assert_eq!(end - start, 60_000_000_000, "{postmortem:#}");
+    let recording = std::path::PathBuf::from(postmortem["recording"].as_str().unwrap());
+    let report = std::path::PathBuf::from(postmortem["report"].as_str().unwrap());
+    assert_eq!((recording.parent(), report.parent()), (Some(postmortems.as_path()), Some(postmortems.as_path())));
+    daemon.wait_for_at_least("gpuprof_daemon_postmortems_written_total", 1, Duration::from_secs(30));
+    let mut file = gpuprof_recording::EventFile::open(&recording).unwrap();
+    let events: Vec<Event> = std::iter::from_fn(|| file.next_event().unwrap()).collect();
+    let of_job: Vec<&Event> = events.iter().filter(|e| e.pid == oom.pid).collect();
+    assert!(of_job.iter().all(|e| e.ts >= start && e.ts <= end));
+    // It opens at the window's start with the job's segments then; its training steps fill the
+    // minute; it ends at the failure.
+    assert!(of_job.iter().any(|e| e.ts == start && e.op == Op::Alloc && e.allocator_segment.is_some()), "{of_job:#?}");
+    let steps = of_job.iter().filter(|e| e.ts > start && e.layer == Layer::Allocator).count();
+    let failure = of_job.iter().rev().find(|e| e.layer == Layer::Driver && e.op == Op::Alloc).unwrap();
+    assert_eq!((failure.size, failure.result, failure.ts), (4 << 30, 2, end));
+    assert_eq!(failure.stack.first().map(|f| f.line as u64), Some(line_of("block = model.allocator.standin_caching_malloc(4 << 30)")));
+    eprintln!("post-mortem of pid {}: {} events, {steps} tensor events after its start", oom.pid, of_job.len());
+    let page = browse_report(
+        &report,
+        serde_json::json!([
+            {"eval": "[...document.querySelectorAll('#findings tbody tr')].filter(r => r.dataset.kind == 'oom').map(r => [r.dataset.kind, Number(r.dataset.pid)])"},
+        ]),
+    );
+    assert_eq!(page["results"][0], serde_json::json!([["oom", oom.pid]]));
+    let html = std::fs::read(&report).unwrap();
+    let finding_id = out_of_memory["finding_id"].as_str().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let served = loop {
+        let (status, body) = collector.get_bytes(&format!("/api/v1/findings/{finding_id}/report"));
+        if status == 200 || Instant::now() > deadline {
+            break (status, body);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(served == (200, html), "the collector does not serve {}", report.display());
+
     assert_eq!(daemon.metric("gpuprof_daemon_events_lost_total"), 0);
     daemon.stop();
     collector.stop();
