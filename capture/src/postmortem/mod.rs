@@ -153,10 +153,6 @@ impl Postmortems {
         })
     }
 
-    pub fn config(&self) -> &PostmortemConfig {
-        &self.config
-    }
-
     /// An event, before the tracker takes it: what it releases from before its chunk is kept.
     pub fn before(&mut self, event: &Event, tracker: &Tracker) {
         if event.layer == Layer::Process && matches!(event.op, Op::Fork | Op::Exec) {
