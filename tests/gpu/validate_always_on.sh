@@ -18,8 +18,8 @@
 source "$(dirname "$0")/env.sh"
 collector=${COLLECTOR_BIN:?set COLLECTOR_BIN to the gpuprof-collector binary}
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
-work=$out/always_on
-mkdir -p "$work"
+work=/tmp/gpuprof-always-on
+rm -rf "$work" && mkdir -p "$work"
 {
   echo "== machine"
   nvidia-smi --query-gpu=index,name,memory.total,memory.used,driver_version --format=csv,noheader
@@ -67,7 +67,8 @@ mkdir -p "$work"
   grep -E "capturing tensors|back to driver|finding|post-mortem|warning" "$work/daemon.stderr" | cut -c1-400
   grep -v '^#' "$work/daemon.metrics.txt" | grep -E "lost|raises|postmortem|findings|events_total"
   ls -la "$work/postmortems"
-  for recording in "$work"/postmortems/*.gpuprof; do
+  # The out-of-memory's post-mortem as readable events (the growths' raised windows are large).
+  for recording in "$work"/postmortems/*-oom-*.gpuprof; do
     "$bin" export "$recording" -f jsonl -o "${recording%.gpuprof}.jsonl"
   done
   "$py" "$here/summarize_always_on.py" "$work"
@@ -75,4 +76,7 @@ mkdir -p "$work"
   timeout 300 "$py" "$here/../../bench/overhead.py" --gpuprof "$bin" --collector "$collector" --workload encoder \
     --capture daemon --windows 4 --window 6 --json "$work/overhead.json" 2>&1 | tail -25
 } > "$out/always_on.log" 2>&1
+# What comes back: the small files and the out-of-memory's post-mortem, in one archive.
+(cd "$work" && tar czf "$out/always_on.tgz" ./*.facts ./*.err ./*.json ./*.txt ./*.stderr ./*.log ./*.html \
+  postmortems/*-oom-* 2> /dev/null)
 cat "$out/always_on.log"
