@@ -1024,3 +1024,25 @@ fn a_short_job_running_out_of_memory_has_its_growth_named_before_its_oom() {
     let left = ((1u64 << 30) as f64 - rate * (growth.last_ts - 900_001_000) as f64 / 1e9) / rate;
     assert!((growth.seconds_to_full.unwrap() - left).abs() < 1e-9 && (16.0..17.0).contains(&left), "{left}");
 }
+
+#[test]
+fn segments_a_frameworks_allocator_took_until_the_device_was_full_are_its_oom_not_a_growth() {
+    // Recorded at the driver's level: PyTorch's caching allocator takes a 20 MiB segment every
+    // 20 ms for 4 s (the job fills the device, keeping a block in each), then a request fails.
+    let mut marked = Stream::new();
+    let mut own = Stream::new();
+    for step in 0..200u64 {
+        let addr = 0x7000_0000 + step * 20 * MIB;
+        marked.at(1_000_000_000 + step * 20_000_000).segment(71, addr, 20 * MIB, &frame("fill", 30));
+        own.at(1_000_000_000 + step * 20_000_000).alloc(72, addr, 20 * MIB, &frame("fill", 30));
+    }
+    marked.failed_alloc(71, 8 << 30, &frame("load", 50));
+    own.failed_alloc(72, 8 << 30, &frame("load", 50));
+    let kinds = |s: &Stream| -> Vec<FindingKind> {
+        s.findings(RuleConfig::default()).iter().filter(|f| f.severity == Severity::Leak).map(|f| f.kind).collect()
+    };
+    // The allocator's cache and tensors: one problem, the out-of-memory, which tells who held what.
+    assert_eq!(kinds(&marked), [FindingKind::Oom]);
+    // A program's own memory that rose until the device was full: its growth, then the failure.
+    assert_eq!(kinds(&own), [FindingKind::Growth, FindingKind::Oom]);
+}

@@ -137,6 +137,10 @@ pub struct Rule {
     /// Each device's latest readings, oldest first (a life judged at its end takes the last
     /// one from before its teardown).
     devices: BTreeMap<i32, VecDeque<DeviceMemory>>,
+    /// Processes run by a framework's allocator that ran out of memory: the segments it took
+    /// until then are that failure's story (its oom finding), not a growth of their own.
+    #[serde(default)]
+    ran_out: HashSet<ProcessRef>,
 }
 
 impl Rule {
@@ -152,6 +156,7 @@ impl Rule {
             autograd: cause::Autograd::default(),
             allocating: HashMap::new(),
             devices: BTreeMap::new(),
+            ran_out: HashSet::new(),
         }
     }
 
@@ -175,6 +180,7 @@ impl Rule {
     /// Drops what is kept of processes the tracker no longer knows.
     pub fn forget_unless(&mut self, known: impl Fn(ProcessRef) -> bool) {
         self.reported.retain(|process| known(*process));
+        self.ran_out.retain(|process| known(*process));
         self.allocating.retain(|process, _| known(*process));
     }
 
@@ -188,7 +194,10 @@ impl Rule {
             self.awaiting.remove(&event.pid);
             let life = world
                 .process(event.pid)
-                .and_then(|process| self.judge_life(process.as_ref(), event.ts, LifeEnd::Exited, world));
+                .and_then(|process| {
+                    let segments_too = !self.ran_out.contains(&process.as_ref());
+                    self.judge_life(process.as_ref(), event.ts, LifeEnd::Exited, segments_too, world)
+                });
             let held = self.release(|process| process.pid == event.pid);
             match life {
                 Some(life) if life.api.as_deref() == Some(crate::event::PYTORCH_ALLOCATOR_API) => found.push(life),
@@ -201,9 +210,17 @@ impl Rule {
             && event.result == crate::event::CUDA_ERROR_OUT_OF_MEMORY
         {
             // The device ran out: what grew until now is judged before the failure is told, so
-            // a job shorter than the windows has its growth named first.
+            // a job shorter than the windows has its growth named first. Segments a framework's
+            // allocator took until the device was full are its cache and tensors, which the
+            // driver's level does not tell apart: the oom finding tells who held what, and
+            // whether the cache was in pieces; a growth is said of tensors, or of a program's
+            // own memory.
             if let Some(process) = world.process(event.pid) {
-                found.extend(self.judge_life(process.as_ref(), event.ts, LifeEnd::OutOfMemory, world));
+                if process.framework().is_some() {
+                    self.ran_out.insert(process.as_ref());
+                }
+                let segments_too = !self.ran_out.contains(&process.as_ref());
+                found.extend(self.judge_life(process.as_ref(), event.ts, LifeEnd::OutOfMemory, segments_too, world));
             }
         }
         if event.layer == Layer::Driver && event.op == Op::MemInfo && event.succeeded() {
@@ -292,7 +309,8 @@ impl Rule {
         processes.sort_by_key(|process| (process.pid, process.since));
         processes.dedup();
         for process in processes {
-            found.extend(self.judge_life(process, ts, LifeEnd::CaptureEnded, world));
+            let segments_too = !self.ran_out.contains(&process);
+            found.extend(self.judge_life(process, ts, LifeEnd::CaptureEnded, segments_too, world));
         }
         found.sort_by_key(|f| (f.pid, f.first_ts));
         found
@@ -395,8 +413,16 @@ impl Rule {
 
     /// Judges a process over its whole life, unless it already has its finding: at its end
     /// (`ended`; what it gave back after its last allocation was teardown), or at `end` of the
-    /// capture.
-    fn judge_life(&mut self, process: ProcessRef, end: u64, how: LifeEnd, world: &Tracker) -> Option<Finding> {
+    /// capture. Its driver allocations are judged when its tensors did not grow and
+    /// `segments_too`.
+    fn judge_life(
+        &mut self,
+        process: ProcessRef,
+        end: u64,
+        how: LifeEnd,
+        segments_too: bool,
+        world: &Tracker,
+    ) -> Option<Finding> {
         let ended = how == LifeEnd::Exited;
         if self.reported.contains(&process) {
             return None;
@@ -419,6 +445,9 @@ impl Rule {
                 .collect()
         };
         let tensors = rising(Layer::Allocator);
+        if tensors.is_empty() && !segments_too {
+            return None;
+        }
         let layer = if tensors.is_empty() { Layer::Driver } else { Layer::Allocator };
         let grew = if tensors.is_empty() { rising(Layer::Driver) } else { tensors };
         if grew.iter().map(|(g, _)| g.bytes).sum::<u64>() < MIN_LIFE_GROWTH {
