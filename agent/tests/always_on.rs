@@ -172,10 +172,14 @@ fn the_daemon_at_its_defaults_says_one_leak_per_problem_and_none_of_healthy_jobs
     assert_eq!(at(growth), (workload.clone(), line_of("kept.append(model.allocator.standin_caching_malloc(1 * MiB))")));
     assert_eq!(growth["diagnosis"], "tensors_kept_by_user_code", "{growth:#}");
     assert_eq!(growth["api"], "c10::reportMemoryUsageToProfiler");
+    // The out-of-memory as PyTorch's allocator told it (it is probed at every level): the
+    // request at its line, and its totals then: enough cached, in pieces too small.
     let out_of_memory = findings.iter().find(|f| f["kind"] == "oom").unwrap();
+    let load_line = line_of("block = model.allocator.standin_caching_malloc(512 * MiB)");
+    assert_eq!(at(out_of_memory), (workload.clone(), load_line));
     assert_eq!(
-        at(out_of_memory),
-        (workload.clone(), line_of("block = model.allocator.standin_caching_malloc(4 << 30)"))
+        (&out_of_memory["api"], &out_of_memory["diagnosis"], &out_of_memory["bytes"]),
+        (&Value::from("c10::reportOutOfMemoryToProfiler"), &Value::from("fragmentation"), &Value::from(512u64 << 20))
     );
     let healthy_exit = findings.iter().find(|f| f["pid"] == healthy.pid).unwrap();
     assert!(
@@ -242,9 +246,17 @@ fn the_daemon_at_its_defaults_says_one_leak_per_problem_and_none_of_healthy_jobs
     // minute; it ends at the failure.
     assert!(of_job.iter().any(|e| e.ts == start && e.op == Op::Alloc && e.allocator_segment.is_some()), "{of_job:#?}");
     let steps = of_job.iter().filter(|e| e.ts > start && e.layer == Layer::Allocator).count();
-    let failure = of_job.iter().rev().find(|e| e.layer == Layer::Driver && e.op == Op::Alloc).unwrap();
-    assert_eq!((failure.size, failure.result, failure.ts), (4 << 30, 2, end));
-    assert_eq!(failure.stack.first().map(|f| f.line as u64), Some(line_of("block = model.allocator.standin_caching_malloc(4 << 30)")));
+    // The driver refused the 512 MiB segment twice (the allocator emptied its cache between),
+    // then the allocator gave up: the report the finding is made of ends the window.
+    let failed: Vec<(Layer, u64, i32)> =
+        of_job.iter().filter(|e| e.result != 0).map(|e| (e.layer, e.size, e.result)).collect();
+    assert_eq!(
+        failed,
+        [(Layer::Driver, 512 << 20, 2), (Layer::Driver, 512 << 20, 2), (Layer::Allocator, 512 << 20, 2)]
+    );
+    let failure = of_job.last().unwrap();
+    assert_eq!((failure.api.as_ref(), failure.ts), ("c10::reportOutOfMemoryToProfiler", end));
+    assert_eq!(failure.stack.first().map(|f| f.line as u64), Some(load_line));
     eprintln!("post-mortem of pid {}: {} events, {steps} tensor events after its start", oom.pid, of_job.len());
     let page = browse_report(
         &report,

@@ -10,7 +10,9 @@ use std::sync::Arc;
 
 use gpuprof_ebpf::types::{gp_record, gp_record_kind};
 use gpuprof_model::driver_api::{self, CallValues};
-use gpuprof_model::event::{Event, Kind, Layer, Op, Source, PYTORCH_ALLOCATOR_API};
+use gpuprof_model::event::{
+    Event, Kind, Layer, Op, Source, CUDA_ERROR_OUT_OF_MEMORY, PYTORCH_ALLOCATOR_API, PYTORCH_OOM_API,
+};
 use gpuprof_model::Framework;
 
 use crate::clock::Clock;
@@ -67,6 +69,7 @@ impl Decoder {
                 let op = if (record.aux as i64) < 0 { Op::Free } else { Op::Alloc };
                 (Layer::Allocator, op, Cow::Borrowed(PYTORCH_ALLOCATOR_API))
             }
+            gp_record_kind::GP_RECORD_ALLOCATOR_OOM => (Layer::Allocator, Op::Alloc, Cow::Borrowed(PYTORCH_OOM_API)),
             _ => return Err(DecodeError::UnknownKind(record.kind)),
         };
         let mut event =
@@ -143,8 +146,13 @@ fn fill_allocator(full: &Record, event: &mut Event, unnamed_node: &Arc<str>) {
     let record = &full.header;
     event.kind = Some(Kind::Device);
     event.device = Some(record.device);
-    event.addr = Some(record.addr);
     event.size = record.size;
+    if record.kind == gp_record_kind::GP_RECORD_ALLOCATOR_OOM.0 {
+        // The request the allocator gave up on: no block, a failed allocation.
+        event.result = CUDA_ERROR_OUT_OF_MEMORY;
+    } else {
+        event.addr = Some(record.addr);
+    }
     let Some(totals) = full.totals else { return };
     event.allocated = Some(totals.allocated);
     event.reserved = Some(totals.reserved);

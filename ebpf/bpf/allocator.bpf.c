@@ -129,13 +129,18 @@ struct {
 	__type(value, struct allocator_thread);
 } allocator_threads SEC(".maps");
 
-static __always_inline int on_report(struct pt_regs *ctx)
+/*
+ * One record of the allocator: a block handed out or taken back (GP_RECORD_ALLOCATOR: `ptr`, the
+ * signed `size`), or a request it gave up on (GP_RECORD_ALLOCATOR_OOM: no block, `size` the
+ * request), with its totals after it, the Python stack and autograd's state of the calling thread.
+ */
+static __always_inline int on_report(struct pt_regs *ctx, __u32 kind, __u64 ptr, __s64 size, __u64 allocated,
+				     __u64 reserved, __u64 device)
 {
 	__u64 pid_tgid;
 
 	if (!current_ids(&pid_tgid) || !record_call_of(pid_tgid >> 32))
 		return 0;
-	__u64 device = PT_REGS_PARM5(ctx);
 	if ((__u8)device != GP_C10_DEVICE_CUDA) {
 		count(GP_COUNTER_ALLOCATOR_OTHER_DEVICE);
 		return 0;
@@ -148,20 +153,19 @@ static __always_inline int on_report(struct pt_regs *ctx)
 		return 0;
 	}
 	struct gp_record *rec = &thread->out.rec;
-	__s64 size = (__s64)PT_REGS_PARM2(ctx);
 	__u64 now = bpf_ktime_get_ns();
 
 	__builtin_memset(rec, 0, sizeof(*rec));
-	rec->kind = GP_RECORD_ALLOCATOR;
+	rec->kind = kind;
 	rec->ts_ns = now;
 	rec->pid = pid_tgid >> 32;
 	rec->tid = (__u32)pid_tgid;
 	rec->device = (__s8)(device >> 8);
-	rec->addr = PT_REGS_PARM1(ctx);
+	rec->addr = ptr;
 	rec->size = size < 0 ? -size : size;
 	rec->aux = (__u64)size;
-	thread->out.totals.allocated = PT_REGS_PARM3(ctx);
-	thread->out.totals.reserved = PT_REGS_PARM4(ctx);
+	thread->out.totals.allocated = allocated;
+	thread->out.totals.reserved = reserved;
 	thread->out.totals.autograd_node = 0;
 	thread->out.totals.autograd_seq = 0;
 	thread->out.totals.autograd_thread = 0;
@@ -206,17 +210,48 @@ static __always_inline int on_report(struct pt_regs *ctx)
 	return 0;
 }
 
+/* c10::reportMemoryUsageToProfiler(void *ptr, int64_t alloc_size, size_t total_allocated,
+ * size_t total_reserved, c10::Device device). */
+static __always_inline int on_usage_report(struct pt_regs *ctx)
+{
+	return on_report(ctx, GP_RECORD_ALLOCATOR, PT_REGS_PARM1(ctx), (__s64)PT_REGS_PARM2(ctx), PT_REGS_PARM3(ctx),
+			 PT_REGS_PARM4(ctx), PT_REGS_PARM5(ctx));
+}
+
+/* c10::reportOutOfMemoryToProfiler(int64_t alloc_size, size_t total_allocated, size_t
+ * total_reserved, c10::Device device): PyTorch's caching allocator gave up on a request (its cache
+ * emptied and the driver asked again) and is about to raise OutOfMemoryError. Probed at every
+ * level (it runs once per failure): the allocator's own totals at the failure, which the driver's
+ * calls do not tell. */
+static __always_inline int on_oom_report(struct pt_regs *ctx)
+{
+	return on_report(ctx, GP_RECORD_ALLOCATOR_OOM, 0, (__s64)PT_REGS_PARM1(ctx), PT_REGS_PARM2(ctx),
+			 PT_REGS_PARM3(ctx), PT_REGS_PARM4(ctx));
+}
+
 /* As in driver.bpf.c: a uprobe-multi link on 6.6+, a perf-event link before. */
 SEC("uprobe.multi")
 int allocator_report_multi(struct pt_regs *ctx)
 {
-	return on_report(ctx);
+	return on_usage_report(ctx);
 }
 
 SEC("uprobe")
 int allocator_report(struct pt_regs *ctx)
 {
-	return on_report(ctx);
+	return on_usage_report(ctx);
+}
+
+SEC("uprobe.multi")
+int allocator_oom_multi(struct pt_regs *ctx)
+{
+	return on_oom_report(ctx);
+}
+
+SEC("uprobe")
+int allocator_oom(struct pt_regs *ctx)
+{
+	return on_oom_report(ctx);
 }
 
 /*

@@ -21,12 +21,14 @@
 
 /* What a ring-buffer record carries. */
 enum gp_record_kind {
-	GP_RECORD_DRIVER = 1,	 /* one libcuda call, after it returned */
-	GP_RECORD_FORK = 2,	 /* a tracked process created a child process */
-	GP_RECORD_EXEC = 3,	 /* a tracked process replaced its program */
-	GP_RECORD_EXIT = 4,	 /* the last thread of a tracked process exited */
-	GP_RECORD_CODE = 5,	 /* a Python code object, the first time a thread's stack names it */
-	GP_RECORD_ALLOCATOR = 6, /* a framework allocator's block alloc/free (PyTorch's caching allocator) */
+	GP_RECORD_DRIVER = 1,	     /* one libcuda call, after it returned */
+	GP_RECORD_FORK = 2,	     /* a tracked process created a child process */
+	GP_RECORD_EXEC = 3,	     /* a tracked process replaced its program */
+	GP_RECORD_EXIT = 4,	     /* the last thread of a tracked process exited */
+	GP_RECORD_CODE = 5,	     /* a Python code object, the first time a thread's stack names it */
+	GP_RECORD_ALLOCATOR = 6,     /* a framework allocator's block alloc/free (PyTorch's caching allocator) */
+	GP_RECORD_ALLOCATOR_OOM = 7, /* the allocator gave up on a request: out of memory (same layout:
+				      * size = the request, no block; its totals at the failure) */
 };
 
 /*

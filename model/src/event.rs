@@ -317,6 +317,10 @@ pub fn wall_clock_ns() -> u64 {
 /// The `api` of allocator-level events from PyTorch.
 pub const PYTORCH_ALLOCATOR_API: &str = "c10::reportMemoryUsageToProfiler";
 
+/// The `api` of an allocator-level failed allocation from PyTorch: its caching allocator gave up
+/// on a request (out of memory), with its totals at the failure.
+pub const PYTORCH_OOM_API: &str = "c10::reportOutOfMemoryToProfiler";
+
 /// `CUDA_ERROR_OUT_OF_MEMORY`.
 pub const CUDA_ERROR_OUT_OF_MEMORY: i32 = 2;
 

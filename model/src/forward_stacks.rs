@@ -40,7 +40,7 @@ struct Seen {
 impl ForwardStacks {
     /// Learns from a forward allocation; gives a backward block its node's forward stack.
     pub fn attribute(&mut self, event: &mut Event) {
-        if event.layer != Layer::Allocator {
+        if event.layer != Layer::Allocator || !event.succeeded() {
             return;
         }
         let (Some(seq), Some(thread)) = (event.autograd_seq, event.autograd_thread) else { return };

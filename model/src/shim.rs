@@ -42,6 +42,19 @@ macro_rules! allocator_symbol {
 /// shim interposes it.
 pub const ALLOCATOR_SYMBOL: &str = allocator_symbol!();
 
+/// The exported (mangled) name of PyTorch's `c10::reportOutOfMemoryToProfiler(int64_t, size_t,
+/// size_t, c10::Device)` in libc10.so, which its caching allocator calls when it gives up on a
+/// request: the allocator's totals at an out-of-memory failure.
+#[macro_export]
+macro_rules! oom_report_symbol {
+    () => {
+        "_ZN3c1027reportOutOfMemoryToProfilerElmmNS_6DeviceE"
+    };
+}
+
+/// PyTorch's out-of-memory report: the eBPF capture probes it at every level.
+pub const OOM_REPORT_SYMBOL: &str = oom_report_symbol!();
+
 /// The last line a shim sends on its connection (and writes to stderr with `GPUPROF_SHIM_REPORT`):
 /// `{"gpuprof_shim":{…}}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

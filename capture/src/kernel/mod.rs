@@ -28,7 +28,7 @@ use gpuprof_ebpf::process::{ProcessSkel, ProcessSkelBuilder};
 use gpuprof_ebpf::types::gp_counter;
 // PyTorch's allocator report, probed here and interposed by the shim: spelled once, in the model.
 use gpuprof_model::framework::PYTORCH_SEGMENT_FUNCTIONS;
-use gpuprof_model::shim::ALLOCATOR_SYMBOL;
+use gpuprof_model::shim::{ALLOCATOR_SYMBOL, OOM_REPORT_SYMBOL};
 use gpuprof_procfs::elf;
 
 use crate::libcuda::LibraryFile;
@@ -224,6 +224,8 @@ pub struct Capture {
     received: Rc<RefCell<Received>>,
     uprobes: RefCell<Vec<Link>>,
     attached: RefCell<Vec<Attachment>>,
+    /// libc10 files whose out-of-memory report is probed (beside their allocator report, or not).
+    oom_reports: RefCell<Vec<(u64, u64)>>,
 }
 
 impl Capture {
@@ -288,6 +290,8 @@ impl Capture {
         open_allocator.progs.allocator_report.set_autoload(!multi && real);
         open_allocator.progs.allocator_empty_multi.set_autoload(multi && empty);
         open_allocator.progs.allocator_empty.set_autoload(!multi && empty);
+        open_allocator.progs.allocator_oom_multi.set_autoload(multi);
+        open_allocator.progs.allocator_oom.set_autoload(!multi);
         share_maps!(driver.maps, open_allocator.maps, "the allocator probe");
         let allocator = open_allocator.load().map_err(|e| load_error("load the allocator probe", e))?;
 
@@ -321,6 +325,7 @@ impl Capture {
             received,
             uprobes: RefCell::new(Vec::new()),
             attached: RefCell::new(Vec::new()),
+            oom_reports: RefCell::new(Vec::new()),
         })
     }
 
@@ -484,6 +489,31 @@ impl Capture {
         self.uprobes.borrow_mut().extend(links);
         self.attached.borrow_mut().push(attachment.clone());
         Ok(attachment)
+    }
+
+    /// Puts the out-of-memory report's probe on a libc10 file for every process using it, once
+    /// (`c10::reportOutOfMemoryToProfiler`, called when PyTorch's caching allocator gives up on
+    /// a request): every level records it. Ok(false) for a libc10 that does not export it.
+    pub fn attach_oom_report(&self, library: &LibraryFile) -> Result<bool> {
+        if self.oom_reports.borrow().contains(&library.identity) {
+            return Ok(true);
+        }
+        let (found, _) = self.probe_offsets(library, [(OOM_REPORT_SYMBOL, 0)])?;
+        let Some(&(offset, _, _)) = found.first() else { return Ok(false) };
+        let progs = &self.allocator.progs;
+        let link = match self.probe_links {
+            ProbeLinks::Multi => {
+                let opts = UprobeMultiOpts { offsets: vec![offset], cookies: vec![0], ..Default::default() };
+                progs.allocator_oom_multi.attach_uprobe_multi_with_opts(-1, &library.path, "", opts)
+            }
+            ProbeLinks::PerfEvent => progs.allocator_oom.attach_uprobe(false, -1, &library.path, offset),
+        }
+        .with_context(|| {
+            format!("cannot attach a uprobe to c10::reportOutOfMemoryToProfiler in {}", library.path.display())
+        })?;
+        self.uprobes.borrow_mut().push(link);
+        self.oom_reports.borrow_mut().push(library.identity);
+        Ok(true)
     }
 
     /// Puts an entry and a return probe on every table entry point the library exports.

@@ -73,7 +73,9 @@ impl Record {
             self.handle = Some(data.get(at..at + HANDLE_LEN)?.try_into().ok()?);
             at += HANDLE_LEN;
         }
-        if header.kind == gp_record_kind::GP_RECORD_ALLOCATOR.0 {
+        if header.kind == gp_record_kind::GP_RECORD_ALLOCATOR.0
+            || header.kind == gp_record_kind::GP_RECORD_ALLOCATOR_OOM.0
+        {
             self.totals = Some(read(data, at)?);
             at += std::mem::size_of::<gp_allocator>();
         }

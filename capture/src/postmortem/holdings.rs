@@ -209,6 +209,7 @@ impl Holdings {
             event.addr = Some(allocation.addr);
             event.size = allocation.size;
             event.stack = allocation.stack.clone();
+            event.allocator_segment = allocation.framework;
             own.push(event);
         }
         for mapping in held.iter().filter_map(|h| if let Held::Mapping(m) = h { Some(m) } else { None }) {
@@ -217,6 +218,7 @@ impl Holdings {
             event.addr = Some(mapping.addr);
             event.size = mapping.size;
             event.stack = mapping.stack.clone();
+            event.allocator_segment = mapping.framework;
             own.push(event);
         }
         own.extend(self.block_events(&held, &base));

@@ -252,7 +252,7 @@ impl Postmortems {
             pids.extend(finding.processes.iter().map(|p| p.pid).filter(|&pid| pid != finding.pid));
         }
         let mut parts = Vec::new();
-        // The first event the finding's own window keeps: the recording opens no earlier.
+        // Where the finding's own window can begin: the recording opens no earlier.
         let mut own_first = None;
         for pid in pids {
             let process = if pid == finding.pid { instance(tracker, pid, since) } else { tracker.process(pid) };
@@ -273,7 +273,9 @@ impl Postmortems {
             };
             let kept = window.kept(&mut self.compressor)?;
             if pid == finding.pid {
-                own_first = kept.first_ts;
+                // Nothing of the process before it began, or before what a cap dropped; a quiet
+                // stretch (a warm training loop makes no driver call) is part of the window.
+                own_first = if kept.shed_until > 0 { kept.first_ts } else { Some(window.since) };
             }
             let mut start = Holdings::of(process, tracker, Some(kept.before));
             start.held.extend(kept.freed);

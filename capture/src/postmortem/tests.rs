@@ -7,7 +7,9 @@ use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use gpuprof_model::event::{Event, Frame, Kind, Layer, Op, Source, CUDA_ERROR_OUT_OF_MEMORY, PYTORCH_ALLOCATOR_API};
+use gpuprof_model::event::{
+    Event, Frame, Kind, Layer, Op, Source, CUDA_ERROR_OUT_OF_MEMORY, PYTORCH_ALLOCATOR_API, PYTORCH_OOM_API,
+};
 use gpuprof_model::{Finding, FindingKind, RuleConfig, Tracker};
 use gpuprof_views::output::{Format, NullSink};
 
@@ -86,6 +88,21 @@ fn failed(ts: u64, pid: u32, size: u64) -> Event {
     event
 }
 
+/// PyTorch's caching allocator gives up on a request (`c10::reportOutOfMemoryToProfiler`), with its
+/// totals then.
+fn gave_up(ts: u64, pid: u32, size: u64, allocated: u64, reserved: u64) -> Event {
+    let mut event = Event::new(ts, pid, pid, Source::Ebpf, Layer::Allocator, Op::Alloc, Cow::Borrowed(PYTORCH_OOM_API));
+    event.comm = "trainer".into();
+    event.kind = Some(Kind::Device);
+    event.device = Some(0);
+    event.size = size;
+    event.result = CUDA_ERROR_OUT_OF_MEMORY;
+    event.allocated = Some(allocated);
+    event.reserved = Some(reserved);
+    event.stack = vec![frame("load", 90)].into();
+    event
+}
+
 /// Turns the flow until `done` holds (the writer works on its own thread), for at most 30 s.
 fn flush_until(flow: &mut EventFlow, done: impl Fn(&EventFlow) -> bool) {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -157,8 +174,10 @@ fn a_post_mortem_opens_with_what_was_held_and_replays_to_what_the_job_held_at_th
             flow.observe(block(ts + 70 * MS, pid, Op::Free, 0x7f20_0010_0000, 2 * MIB, MIB, 64 * MIB)).unwrap();
         }
     }
+    // The driver refuses a segment; the allocator, its cache emptied, gives up on the request.
+    flow.observe(failed(at(29_999), pid, 100 << 30)).unwrap();
     let failure = at(30_000);
-    flow.observe(failed(failure, pid, 100 << 30)).unwrap();
+    flow.observe(gave_up(failure, pid, 100 << 30, MIB, 64 * MIB)).unwrap();
 
     let postmortem = oom(&flow).postmortem.clone().expect("the oom names its post-mortem");
     let start = failure - 5 * S;
@@ -189,8 +208,9 @@ fn a_post_mortem_opens_with_what_was_held_and_replays_to_what_the_job_held_at_th
         ]
     );
     assert!(events[..6].iter().all(|e| e.ts == start && e.pid == pid));
-    // Then the window: 50 churn pairs from 25.0 s, the two frees, the failure.
-    assert_eq!(events.len(), 6 + 100 + 2 + 1);
+    // Then the window: 50 churn pairs from 25.0 s, the two frees, the failed segment and the
+    // allocator's giving up.
+    assert_eq!(events.len(), 6 + 100 + 2 + 2);
     assert!(events[6..].iter().all(|e| e.ts >= start && e.ts <= failure));
     assert_eq!(events[6].ts, at(25_000));
     assert_eq!(events.last().map(|e| (e.ts, e.result)), Some((failure, CUDA_ERROR_OUT_OF_MEMORY)));

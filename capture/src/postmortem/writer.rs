@@ -355,7 +355,8 @@ fn write_recording(job: &Job, path: &Path) -> io::Result<(u64, Vec<ProcessDetail
     }
     let index: HashMap<u32, usize> = job.parts.iter().enumerate().map(|(n, p)| (p.pid, n)).collect();
     while let Some(event) = merged.next_event()? {
-        if event.layer == Layer::Allocator {
+        // Tensor detail: blocks, not the allocator's out-of-memory report (recorded at every level).
+        if event.layer == Layer::Allocator && event.succeeded() {
             if let Some(detail) = index.get(&event.pid).map(|&n| &mut details[n]) {
                 detail.tensor_events += 1;
                 detail.first_tensor.get_or_insert(event.ts);

@@ -43,13 +43,15 @@ struct Probed {
     libc10: bool,
     /// The caching allocator's segment functions of its libc10_cuda (every level).
     segments: bool,
+    /// PyTorch's out-of-memory report in its libc10 (every level).
+    oom_report: bool,
     /// Backward attribution configured (or known impossible) for the process's libtorch_cpu.
     autograd: bool,
 }
 
 impl Probed {
     fn all(&self) -> bool {
-        self.libcuda && self.libc10 && self.segments && self.autograd
+        self.libcuda && self.libc10 && self.segments && self.oom_report && self.autograd
     }
 }
 
@@ -260,6 +262,19 @@ impl<'c> EbpfSource<'c> {
                     self.attach_segment_functions(flow, library);
                 }
                 probed.segments = !libraries.is_empty();
+            }
+            if !probed.oom_report {
+                let Ok(libraries) = libcuda::mapped_matching(pid, libcuda::is_libc10) else { continue };
+                for library in &libraries {
+                    match self.capture.attach_oom_report(library) {
+                        Ok(true) => {}
+                        Ok(false) => {
+                            tracing::debug!(path = %library.path.display(), "no out-of-memory report to probe")
+                        }
+                        Err(error) => flow.notice(format!("warning: {error:#}")),
+                    }
+                }
+                probed.oom_report = !libraries.is_empty();
             }
             if !probed.libc10 && !self.level.tensors() {
                 // Tensor events are not recorded at this level: libc10 stays unprobed (and its

@@ -157,7 +157,10 @@ impl TraceBuilder {
             self.started_with(event.pid, settings);
         }
         match event.layer {
-            Layer::Allocator => self.allocator_report(event, origin),
+            Layer::Allocator if event.succeeded() => self.allocator_report(event, origin),
+            // The allocator's own out-of-memory report: the failure is read from the driver's
+            // calls and PyTorch's error message (above), as before the report was recorded.
+            Layer::Allocator => {}
             Layer::Driver => self.driver_call(event, origin),
             Layer::Process => {
                 if matches!(event.op, Op::Exec | Op::Exit) {

@@ -380,6 +380,7 @@ impl Analyzer {
         let mut found = self.orphans.check(Some(now), self.config.orphan_grace_ns, &self.tracker);
         self.worker_context.orphaned(&orphan_pids(&found));
         found.extend(self.worker_context.due(Some(now)));
+        found.extend(self.oom.due(Some(now), &self.tracker));
         self.reported.note(&found, &self.tracker);
         self.completed(found)
     }
@@ -395,6 +396,7 @@ impl Analyzer {
         let mut found = self.orphans.check(None, self.config.orphan_grace_ns, &self.tracker);
         self.worker_context.orphaned(&orphan_pids(&found));
         found.extend(self.worker_context.due(None));
+        found.extend(self.oom.due(None, &self.tracker));
         found.extend(self.growth.finish(self.last_ts, &self.tracker));
         found.extend(ipc_handle_not_closed::at_end(self.last_ts, &self.tracker));
         self.completed(found)

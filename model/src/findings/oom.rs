@@ -10,6 +10,12 @@
 //! from the driver successfully; a failure of another size or at another line is another
 //! incident.
 //!
+//! PyTorch's allocator then tells the failure itself (`c10::reportOutOfMemoryToProfiler`, probed
+//! at every level): the request the program made, at its line, and the allocator's totals at that
+//! moment — what it had cached, which the driver's calls alone do not say. A failed driver call of
+//! a PyTorch process waits for that report (`REPORT_WAIT_NS`); a retry that made room ends it
+//! with no finding; without a report (an older PyTorch) the driver's call is told.
+//!
 //! Its diagnosis says what would have made room: the process's own cache (`fragmentation`), a
 //! neighbour's (`neighbour_cache`), or nothing cached anywhere (`device_full`: the largest
 //! holders, at their lines).
@@ -18,10 +24,16 @@ use std::collections::{BTreeMap, HashMap};
 
 use super::{wording, Diagnosis, Finding, FindingKind, ProcessSnapshot, StackBytes};
 use crate::event::{Event, Frame, Kind, Layer, Op, CUDA_ERROR_OUT_OF_MEMORY};
+use crate::framework::Framework;
 use crate::track::{ProcessMemory, ProcessRef, Tracker};
 
 /// Stacks listed per process.
 const TOP_STACKS: usize = 3;
+
+/// How long a failed driver allocation of a PyTorch process waits for its allocator's own
+/// out-of-memory report (which follows within microseconds, once its cache is emptied and the
+/// driver asked again); past it the failure is told from the driver's call alone.
+pub const REPORT_WAIT_NS: u64 = 2_000_000_000;
 
 #[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct Rule {
@@ -29,27 +41,80 @@ pub struct Rule {
     /// size and the user's line that made it; the allocator's retry may come from another line of
     /// its own).
     failing: HashMap<ProcessRef, (u64, Option<Frame>)>,
+    /// A failed driver allocation of a process whose caching allocator reports its out-of-memory
+    /// failures itself (PyTorch's `c10::reportOutOfMemoryToProfiler`): held for that report,
+    /// which names the request the program made, at its line, and the allocator's totals at the
+    /// failure (what it had cached: fragmentation or not), or for the allocator's retry to
+    /// succeed (no OutOfMemoryError: nothing to tell), or for `REPORT_WAIT_NS`.
+    #[serde(default)]
+    held: HashMap<ProcessRef, Event>,
 }
 
 impl Rule {
     /// Drops what is kept of processes the tracker no longer knows.
     pub fn forget_unless(&mut self, known: impl Fn(ProcessRef) -> bool) {
         self.failing.retain(|process, _| known(*process));
+        self.held.retain(|process, _| known(*process));
     }
 
     pub fn check(&mut self, event: &Event, world: &Tracker) -> Option<Finding> {
-        if event.layer != Layer::Driver || event.op != Op::Alloc {
-            return None;
-        }
         let process =
             world.process(event.pid).map(|p| p.as_ref()).unwrap_or(ProcessRef { pid: event.pid, since: event.ts });
-        if event.succeeded() {
-            self.failing.remove(&process);
-            return None;
+        match (event.layer, event.op) {
+            (Layer::Driver, Op::Alloc) if event.succeeded() => {
+                // A new segment: the incident is over. The same request again is the allocator's
+                // retry once it emptied its cache, which made room (no OutOfMemoryError: nothing
+                // to tell); another one comes after a failure no report followed (a PyTorch
+                // without it): the held failure is told.
+                self.failing.remove(&process);
+                let held = self.held.remove(&process)?;
+                if held.size == event.size {
+                    return None;
+                }
+                self.incident(process, &held, world)
+            }
+            (Layer::Driver, Op::Alloc) if event.result == CUDA_ERROR_OUT_OF_MEMORY => {
+                let pytorch = world.process(event.pid).and_then(|p| p.framework()) == Some(Framework::Pytorch);
+                if pytorch {
+                    self.held.entry(process).or_insert_with(|| event.clone());
+                    return None;
+                }
+                self.incident(process, event, world)
+            }
+            (Layer::Allocator, Op::Alloc) if event.result == CUDA_ERROR_OUT_OF_MEMORY => {
+                // PyTorch gave up on the request: the failure its program sees.
+                self.held.remove(&process);
+                self.failing.remove(&process);
+                self.incident(process, event, world)
+            }
+            (Layer::Process, Op::Exit | Op::Exec) => {
+                let held = self.held.remove(&process)?;
+                self.incident(process, &held, world)
+            }
+            _ => None,
         }
-        if event.result != CUDA_ERROR_OUT_OF_MEMORY {
-            return None;
+    }
+
+    /// Held failures whose report did not come by `now` (None: the capture ends), told from the
+    /// driver's calls.
+    pub fn due(&mut self, now: Option<u64>, world: &Tracker) -> Vec<Finding> {
+        let due: Vec<ProcessRef> = self
+            .held
+            .iter()
+            .filter(|(_, event)| now.is_none_or(|now| now >= event.ts.saturating_add(REPORT_WAIT_NS)))
+            .map(|(process, _)| *process)
+            .collect();
+        let mut found = Vec::new();
+        for process in due {
+            if let Some(event) = self.held.remove(&process) {
+                found.extend(self.incident(process, &event, world));
+            }
         }
+        found.sort_by_key(|f| (f.first_ts, f.pid));
+        found
+    }
+
+    fn incident(&mut self, process: ProcessRef, event: &Event, world: &Tracker) -> Option<Finding> {
         let request = (event.size, super::user_frame(&event.attributed_stack()).cloned());
         if self.failing.get(&process) == Some(&request) {
             // The allocator's retry of the same request.
@@ -67,6 +132,12 @@ fn picture(event: &Event, world: &Tracker) -> Finding {
         .filter(|p| p.pid == event.pid || !p.allocations().is_empty())
         .map(|p| snapshot(p, event.device))
         .collect();
+    if let (Some(allocated), Some(reserved)) = (event.allocated, event.reserved) {
+        // The allocator's own totals at the failure (its out-of-memory report).
+        if let Some(failing) = processes.iter_mut().find(|p| p.pid == event.pid) {
+            (failing.allocated, failing.reserved) = (Some(allocated), Some(reserved));
+        }
+    }
     processes.sort_by_key(|p| std::cmp::Reverse(device_bytes(p)));
     let total: u64 = processes.iter().map(device_bytes).sum();
     let holders: Vec<String> = processes
@@ -124,10 +195,13 @@ fn picture(event: &Event, world: &Tracker) -> Finding {
         advice.join("; ")
     };
     let stack = event.attributed_stack();
+    let request = match event.layer {
+        // The allocator's own report: the request the program made of it.
+        Layer::Allocator => format!("A request of {} to PyTorch's caching allocator", wording::bytes(event.size)),
+        _ => format!("{} of {}", event.api, wording::bytes(event.size)),
+    };
     let detail = format!(
-        "{} of {} failed with out of memory in {} {}; at that moment gpuprof saw {} of device memory live in the processes it follows ({holders}): {advice}.",
-        event.api,
-        wording::bytes(event.size),
+        "{request} failed with out of memory in {} {}; at that moment gpuprof saw {} of device memory live in the processes it follows ({holders}): {advice}.",
         wording::process(event.pid, &event.comm),
         wording::at(&stack),
         wording::bytes(total),

@@ -398,6 +398,27 @@ impl Stream {
         self
     }
 
+    /// PyTorch's caching allocator gives up on a request (`c10::reportOutOfMemoryToProfiler`).
+    fn oom_report(&mut self, pid: u32, size: u64, totals: (u64, u64), stack: &[Frame]) -> &mut Self {
+        let mut event = Event::new(
+            0,
+            pid,
+            pid,
+            Source::Ebpf,
+            Layer::Allocator,
+            Op::Alloc,
+            Cow::Borrowed(crate::event::PYTORCH_OOM_API),
+        );
+        event.kind = Some(Kind::Device);
+        event.device = Some(0);
+        event.size = size;
+        event.result = 2;
+        event.allocated = Some(totals.0);
+        event.reserved = Some(totals.1);
+        event.stack = stack.to_vec().into();
+        self.push(event)
+    }
+
     fn killed(&mut self, pid: u32, ppid: u32, signal: i32) -> &mut Self {
         self.process(pid, Op::Exit, ppid);
         let event = self.events.last_mut().unwrap();
@@ -1045,4 +1066,50 @@ fn segments_a_frameworks_allocator_took_until_the_device_was_full_are_its_oom_no
     assert_eq!(kinds(&marked), [FindingKind::Oom]);
     // A program's own memory that rose until the device was full: its growth, then the failure.
     assert_eq!(kinds(&own), [FindingKind::Growth, FindingKind::Oom]);
+}
+
+#[test]
+fn at_the_drivers_level_pytorchs_own_oom_report_tells_the_request_its_line_and_the_cache() {
+    // Recorded at the driver's level: PyTorch's allocator holds 60 MiB of segments (its totals
+    // unknown until it reports); a 20 MiB segment fails, the allocator gives back an empty 2 MiB
+    // segment and fails again, then reports the request it gives up on, 16 MiB at the user's line,
+    // with 24 MiB of its 58 MiB in tensors: fragmentation.
+    let mut s = Stream::new();
+    let library = vec![Frame { function: "[libcudart.so.13]".into(), file: crate::stack::NATIVE_FILE.into(), line: 0 }];
+    s.segment(80, 0xA000_0000, 20 * MIB, &frame("fill", 30)).segment(80, 0xB000_0000, 20 * MIB, &frame("fill", 30));
+    s.segment(80, 0xC000_0000, 18 * MIB, &frame("fill", 30)).segment(80, 0xD000_0000, 2 * MIB, &frame("fill", 31));
+    s.failed_alloc(80, 20 * MIB, &library).free(80, 0xD000_0000).failed_alloc(80, 20 * MIB, &library);
+    s.oom_report(80, 16 * MIB, (24 * MIB, 58 * MIB), &frame("load", 50));
+    let found: Vec<Finding> =
+        s.findings(RuleConfig::default()).into_iter().filter(|f| f.kind == FindingKind::Oom).collect();
+    assert_eq!(found.len(), 1, "{found:#?}");
+    let f = &found[0];
+    assert_eq!(
+        (f.pid, f.bytes, f.stack.clone(), f.api.as_deref()),
+        (80, 16 * MIB, frame("load", 50), Some("c10::reportOutOfMemoryToProfiler"))
+    );
+    assert_eq!((f.diagnosis, f.fragmentation), (Some(Diagnosis::Fragmentation), true));
+    let failing = f.processes.iter().find(|p| p.pid == 80).unwrap();
+    assert_eq!((failing.allocated, failing.reserved), (Some(24 * MIB), Some(58 * MIB)));
+    assert!(f.detail.starts_with("A request of 16.0 MiB to PyTorch's caching allocator failed with out of memory in pid 80 (python3) at train.py:50 in load;"), "{}", f.detail);
+
+    // The allocator's retry made room (the same segment, asked again, granted): no failure for
+    // the program, no finding.
+    let mut s = Stream::new();
+    s.segment(81, 0xA000_0000, 20 * MIB, &frame("fill", 30)).failed_alloc(81, 20 * MIB, &library);
+    s.segment(81, 0xB000_0000, 20 * MIB, &library).process(81, Op::Exit, 1);
+    assert!(s.findings(RuleConfig::default()).iter().all(|f| f.kind != FindingKind::Oom));
+
+    // No report came (a PyTorch without it): the failure is told from the driver's call when
+    // the process goes on, or REPORT_WAIT_NS later on the agent's clock.
+    let mut s = Stream::new();
+    s.segment(82, 0xA000_0000, 20 * MIB, &frame("fill", 30)).failed_alloc(82, 20 * MIB, &frame("load", 50));
+    let mut analyzer = Analyzer::new(RuleConfig::default());
+    for event in &s.events {
+        assert!(analyzer.observe(&mut event.clone()).is_empty());
+    }
+    let failed_at = s.ts;
+    assert!(analyzer.tick(failed_at + oom::REPORT_WAIT_NS - 1).is_empty());
+    let told = analyzer.tick(failed_at + oom::REPORT_WAIT_NS);
+    assert_eq!(told.iter().map(|f| (f.kind, f.pid, f.bytes)).collect::<Vec<_>>(), [(FindingKind::Oom, 82, 20 * MIB)]);
 }

@@ -469,9 +469,11 @@ impl ProcessMemory {
     }
 
     fn apply_allocator(&mut self, event: &Event) {
-        let Some(addr) = event.addr else { return };
-        match event.op {
-            Op::Alloc => {
+        // A request the allocator gave up on (out of memory) moves no block, only its totals.
+        let block = event.addr.filter(|_| event.succeeded());
+        match (event.op, block) {
+            (_, None) => {}
+            (Op::Alloc, Some(addr)) => {
                 if let Some(segment) = self.segment_of(addr) {
                     self.allocator_segments.insert(segment, event.device.unwrap_or(0));
                 }
@@ -481,7 +483,7 @@ impl ProcessMemory {
                     self.block_bytes -= replaced.size;
                 }
             }
-            Op::Free => {
+            (Op::Free, Some(addr)) => {
                 if let Some(freed) = self.blocks.remove(&addr) {
                     self.block_bytes -= freed.size;
                 }
@@ -492,9 +494,9 @@ impl ProcessMemory {
             if self.before_capture.is_none() {
                 // The report's totals already count this event's block; segments gpuprof saw
                 // allocated are not from before.
-                let allocated_before = match event.op {
-                    Op::Alloc => allocated.saturating_sub(event.size),
-                    Op::Free => allocated + event.size,
+                let allocated_before = match (event.op, block) {
+                    (Op::Alloc, Some(_)) => allocated.saturating_sub(event.size),
+                    (Op::Free, Some(_)) => allocated + event.size,
                     _ => allocated,
                 };
                 let seen_segments: u64 =
@@ -619,6 +621,9 @@ fn api_name(api: &Cow<'static, str>) -> Cow<'static, str> {
     if let Cow::Owned(name) = api {
         if name == crate::event::PYTORCH_ALLOCATOR_API {
             return Cow::Borrowed(crate::event::PYTORCH_ALLOCATOR_API);
+        }
+        if name == crate::event::PYTORCH_OOM_API {
+            return Cow::Borrowed(crate::event::PYTORCH_OOM_API);
         }
         if let Some((_, known)) = crate::driver_api::by_name(name) {
             return Cow::Borrowed(known.name);

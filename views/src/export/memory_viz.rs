@@ -110,7 +110,7 @@ fn actions(event: &Event, ours: &HashSet<u64>, segment_sizes: &mut HashMap<u64, 
             }
         }
         (Layer::Driver, Op::Alloc) if event.result == CUDA_ERROR_OUT_OF_MEMORY => vec![("oom", event.size)],
-        (Layer::Allocator, Op::Alloc) => vec![("alloc", event.size)],
+        (Layer::Allocator, Op::Alloc) if event.succeeded() => vec![("alloc", event.size)],
         // PyTorch records a free as requested, then completed once the stream is done.
         (Layer::Allocator, Op::Free) => vec![("free_requested", event.size), ("free_completed", event.size)],
         _ => Vec::new(),

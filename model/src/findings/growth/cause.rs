@@ -105,7 +105,7 @@ pub struct Autograd {
 impl Autograd {
     /// Learns from an allocator event; for a forward allocation, what made it.
     pub fn observe(&mut self, event: &Event) -> Option<Made> {
-        if event.layer != Layer::Allocator {
+        if event.layer != Layer::Allocator || !event.succeeded() {
             return None;
         }
         let (Some(seq), Some(thread)) = (event.autograd_seq, event.autograd_thread) else { return None };

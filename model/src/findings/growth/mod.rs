@@ -192,12 +192,10 @@ impl Rule {
             // finding held for the tensors gives way to the tensors' growth over the life, if
             // they grew: it names the line that keeps them.
             self.awaiting.remove(&event.pid);
-            let life = world
-                .process(event.pid)
-                .and_then(|process| {
-                    let segments_too = !self.ran_out.contains(&process.as_ref());
-                    self.judge_life(process.as_ref(), event.ts, LifeEnd::Exited, segments_too, world)
-                });
+            let life = world.process(event.pid).and_then(|process| {
+                let segments_too = !self.ran_out.contains(&process.as_ref());
+                self.judge_life(process.as_ref(), event.ts, LifeEnd::Exited, segments_too, world)
+            });
             let held = self.release(|process| process.pid == event.pid);
             match life {
                 Some(life) if life.api.as_deref() == Some(crate::event::PYTORCH_ALLOCATOR_API) => found.push(life),
