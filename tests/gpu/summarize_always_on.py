@@ -47,8 +47,10 @@ def describe(pid):
 
 print(f"{len(findings)} findings at the collector, {sum(f['severity'] == 'leak' for f in findings)} leaks")
 for finding in findings:
-    print(f"  pid {finding['pid']} {finding['kind']} [{finding['severity']}] {where(finding)} "
-          f"{finding.get('diagnosis') or ''} {finding['detail'][:160]}")
+    print(
+        f"  pid {finding['pid']} {finding['kind']} [{finding['severity']}] {where(finding)} "
+        f"{finding.get('diagnosis') or ''} {finding['detail'][:160]}"
+    )
 
 healthy = facts("healthy")[0]
 check("healthy loop: no leak", not leaks(healthy["pid"]), describe(healthy["pid"]))
@@ -65,19 +67,28 @@ for name, diagnosis in [("list_keep", "tensors_kept_by_user_code"), ("loss_sum",
 
 loader = facts("dataloader")[0]
 workers = [f for f in findings if f["kind"] == "worker_cuda_context" and f.get("peer_pid") == loader["parent_pid"]]
-check("dataloader: a worker_cuda_context leak per worker", len(workers) == 2 and all(f["severity"] == "leak" for f in workers),
-      [(f["pid"], f["severity"]) for f in workers])
+check(
+    "dataloader: a worker_cuda_context leak per worker",
+    len(workers) == 2 and all(f["severity"] == "leak" for f in workers),
+    [(f["pid"], f["severity"]) for f in workers],
+)
 for worker in workers:
-    check(f"dataloader worker {worker['pid']}: no other leak", [f["kind"] for f in leaks(worker["pid"])] == ["worker_cuda_context"],
-          describe(worker["pid"]))
+    check(
+        f"dataloader worker {worker['pid']}: no other leak",
+        [f["kind"] for f in leaks(worker["pid"])] == ["worker_cuda_context"],
+        describe(worker["pid"]),
+    )
 check("dataloader parent: no leak", not leaks(loader["parent_pid"]), describe(loader["parent_pid"]))
 
 stories = facts("orphans")
 launcher = next(line for line in stories if line["role"] == "launcher")
 orphans = [line for line in stories if line["role"] == "worker"]
 for orphan in orphans:
-    check(f"orphan {orphan['pid']}: one leak, orphan_holding_memory",
-          [f["kind"] for f in leaks(orphan["pid"])] == ["orphan_holding_memory"], describe(orphan["pid"]))
+    check(
+        f"orphan {orphan['pid']}: one leak, orphan_holding_memory",
+        [f["kind"] for f in leaks(orphan["pid"])] == ["orphan_holding_memory"],
+        describe(orphan["pid"]),
+    )
 check("launcher: no leak", not leaks(launcher["pid"]), describe(launcher["pid"]))
 
 oom = facts("oom")[0]
@@ -86,8 +97,18 @@ check("oom: exactly one leak, an oom", [f["kind"] for f in found] == ["oom"], de
 found = [f for f in found if f["kind"] == "oom"]
 if found:
     finding = found[0]
-    check("oom: at the failing request's line", (finding.get("user_frame") or {}).get("line") == oom["request_line"], where(finding))
+    check(
+        "oom: at the failing request's line",
+        (finding.get("user_frame") or {}).get("line") == oom["request_line"],
+        where(finding),
+    )
     check("oom: diagnosis fragmentation", finding.get("diagnosis") == "fragmentation", finding.get("diagnosis"))
+    failing = next((p for p in finding.get("processes", []) if p["pid"] == oom["pid"]), {})
+    check(
+        "oom: the failing process's allocated and reserved bytes are memory_stats()'s",
+        (failing.get("allocated"), failing.get("reserved")) == (oom["allocated_bytes"], oom["reserved_bytes"]),
+        f"{(failing.get('allocated'), failing.get('reserved'))} vs {(oom['allocated_bytes'], oom['reserved_bytes'])}",
+    )
     postmortem = finding.get("postmortem") or {}
     check("oom: the finding names its post-mortem", bool(postmortem.get("recording")), postmortem)
     recording = postmortem.get("recording", "")
@@ -113,27 +134,39 @@ if found:
         failed = [e for e in mine if e["layer"] == "driver" and e["op"] == "alloc" and e.get("result") == 2]
         span = (mine[-1]["ts"] - mine[0]["ts"]) / 1e9 if mine else 0
         reports = [e for e in mine if e["layer"] == "allocator"]
-        # At the failure (the first failed cudaMalloc, where the post-mortem ends) against
-        # PyTorch's own figures: what its allocator reported last, and memory_stats() in the
-        # except block; between the two PyTorch's retry gave its empty segments back.
-        check("post-mortem: its allocator's segments at the failure are what PyTorch reported reserved then",
-              bool(reports) and reserved == reports[-1].get("reserved"),
-              f"{reserved} vs {reports[-1].get('reserved') if reports else None}")
-        check("post-mortem: live tensors at the failure are memory_stats()'s allocated bytes",
-              bool(reports) and reports[-1].get("allocated") == oom["allocated_bytes"],
-              f"{reports[-1].get('allocated') if reports else None} vs {oom['allocated_bytes']}")
-        print(f"     memory_stats() after PyTorch's retry: reserved {oom['reserved_bytes']} in {oom['segments']} "
-              f"segments; the post-mortem at the failure: {reserved} in {len(segments)} segments of the allocator, "
-              f"{sum(live.values()) - reserved} outside it (cuBLAS)")
+        last = reports[-1] if reports else {}
+        # At the failure (the allocator's report, where the post-mortem ends) against
+        # torch.cuda.memory_stats() in the except block that caught the OutOfMemoryError.
+        check(
+            "post-mortem: it ends with PyTorch's own out-of-memory report",
+            last.get("api") == "c10::reportOutOfMemoryToProfiler" and last.get("result") == 2,
+            last.get("api"),
+        )
+        check(
+            "post-mortem: its replayed allocator segments at the failure are memory_stats()'s reserved bytes",
+            reserved == oom["reserved_bytes"] and len(segments) == oom["segments"],
+            f"{reserved} in {len(segments)} vs {oom['reserved_bytes']} in {oom['segments']}",
+        )
+        check(
+            "post-mortem: the allocator's totals at the failure are memory_stats()'s",
+            (last.get("allocated"), last.get("reserved")) == (oom["allocated_bytes"], oom["reserved_bytes"]),
+            f"{(last.get('allocated'), last.get('reserved'))} vs {(oom['allocated_bytes'], oom['reserved_bytes'])}",
+        )
+        print(f"     outside the allocator: {sum(live.values()) - reserved} bytes (cuBLAS's workspace)")
         check("post-mortem: holds the failed request", bool(failed), [(e["size"], e["result"]) for e in failed][:3])
-        print(f"     post-mortem: {len(mine)} events of pid {oom['pid']} over {span:.1f} s; "
-              f"tensor events {sum(e['layer'] == 'allocator' for e in mine)}")
+        print(
+            f"     post-mortem: {len(mine)} events of pid {oom['pid']} over {span:.1f} s; "
+            f"tensor events {sum(e['layer'] == 'allocator' for e in mine)}"
+        )
     report = os.path.join(work, "oom-report.html")
     size = os.path.getsize(report) if os.path.exists(report) else 0
     check("post-mortem: the collector serves its HTML report", size > 10_000, f"{size} bytes")
 
 extra = [f for f in findings if f["severity"] == "leak"]
 expected = 2 + 2 + 2 + 1  # two growths, two workers, two orphans, one oom
-check("one leak per problem and process, no other", len(extra) == expected,
-      f"{len(extra)} leaks: {[(f['pid'], f['kind']) for f in extra]}")
+check(
+    "one leak per problem and process, no other",
+    len(extra) == expected,
+    f"{len(extra)} leaks: {[(f['pid'], f['kind']) for f in extra]}",
+)
 print(f"{sum(checks)} of {len(checks)} checks ok")

@@ -74,7 +74,7 @@ rm -rf "$work" && mkdir -p "$work"
   "$py" "$here/summarize_always_on.py" "$work"
   echo "== the daemon's cost to a training step, in one process"
   timeout 300 "$py" "$here/../../bench/overhead.py" --gpuprof "$bin" --collector "$collector" --workload encoder \
-    --capture daemon --windows 10 --window 6 --json "$work/overhead.json" 2>&1 | tail -25
+    --capture daemon --windows 20 --window 5 --json "$work/overhead.json" 2>&1 | tail -25
 } > "$out/always_on.log" 2>&1
 # What comes back: the small files and the out-of-memory's post-mortem, in one archive.
 (cd "$work" && tar czf "$out/always_on.tgz" ./*.facts ./*.err ./*.json ./*.txt ./*.stderr ./*.log ./*.html \
