@@ -294,7 +294,7 @@ impl<'c> EbpfSource<'c> {
             // it): read once PyTorch's CUDA library is loaded, at every level.
             let torch_loaded = probed.segments || (self.level.tensors() && probed.libc10);
             if torch_loaded && !probed.autograd {
-                probed.autograd = self.configure_autograd(flow, pid);
+                probed.autograd = self.configure_autograd(flow, pid, self.level.tensors());
             }
             self.probed.insert(pid, probed);
         }
@@ -302,7 +302,9 @@ impl<'c> EbpfSource<'c> {
 
     /// True once there is nothing more to do for this process's autograd (configured, off, or
     /// impossible: said once); false to look again (libtorch_cpu not loaded yet).
-    fn configure_autograd(&mut self, flow: &EventFlow, pid: u32) -> bool {
+    /// `say`: a failure is a warning (where tensor events are recorded); else it is logged only
+    /// (at the driver's level autograd's state only names the line running a backward pass).
+    fn configure_autograd(&mut self, flow: &EventFlow, pid: u32, say: bool) -> bool {
         let Some(autograd) = self.autograd.as_mut() else { return true };
         match autograd.configure(self.capture, pid) {
             Configured::Yes => {
@@ -311,8 +313,10 @@ impl<'c> EbpfSource<'c> {
             }
             Configured::NoLibrary => false,
             Configured::No(reason) => {
-                if let Some(reason) = reason {
-                    flow.notice(format!("warning: {reason}"));
+                match reason {
+                    Some(reason) if say => flow.notice(format!("warning: {reason}")),
+                    Some(reason) => tracing::debug!(pid, "{reason}"),
+                    None => {}
                 }
                 true
             }
@@ -343,7 +347,7 @@ impl<'c> EbpfSource<'c> {
         if !probes.is_empty() {
             // Backward attribution, as for a process probed from the start.
             let mut probed = self.probed.get(&pid).copied().unwrap_or_default();
-            probed.autograd = self.configure_autograd(flow, pid);
+            probed.autograd = self.configure_autograd(flow, pid, true);
             self.probed.insert(pid, probed);
         }
         self.raised.insert(pid, probes);
