@@ -53,25 +53,7 @@ pub fn names(
     names
 }
 
-/// `YYYYmmdd-HHMMSS` in UTC.
-pub fn utc_stamp(ts: u64) -> String {
-    let seconds = (ts / 1_000_000_000) as libc::time_t;
-    // SAFETY: gmtime_r with pointers to our own stack.
-    let tm = unsafe {
-        let mut tm: libc::tm = std::mem::zeroed();
-        libc::gmtime_r(&seconds, &mut tm);
-        tm
-    };
-    format!(
-        "{:04}{:02}{:02}-{:02}{:02}{:02}",
-        tm.tm_year + 1900,
-        tm.tm_mon + 1,
-        tm.tm_mday,
-        tm.tm_hour,
-        tm.tm_min,
-        tm.tm_sec
-    )
-}
+pub use gpuprof_views::output::utc_stamp;
 
 /// How much the directory keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -140,20 +140,39 @@ pub fn file_name_safe(name: &str) -> String {
 /// YYYYMMDD-HHMMSS in local time.
 fn local_time_stamp() -> String {
     // SAFETY: time(2) and localtime_r(3) with valid pointers to our own stack.
-    unsafe {
+    let tm = unsafe {
         let now = libc::time(std::ptr::null_mut());
         let mut tm: libc::tm = std::mem::zeroed();
         libc::localtime_r(&now, &mut tm);
-        format!(
-            "{:04}{:02}{:02}-{:02}{:02}{:02}",
-            tm.tm_year + 1900,
-            tm.tm_mon + 1,
-            tm.tm_mday,
-            tm.tm_hour,
-            tm.tm_min,
-            tm.tm_sec
-        )
-    }
+        tm
+    };
+    time_stamp(&tm)
+}
+
+/// `YYYYmmdd-HHMMSS` of `ts` (ns since the Unix epoch) in UTC: files named after a moment of a
+/// capture (post-mortems), the same on every node.
+pub fn utc_stamp(ts: u64) -> String {
+    let seconds = (ts / 1_000_000_000) as libc::time_t;
+    // SAFETY: gmtime_r with pointers to our own stack.
+    let tm = unsafe {
+        let mut tm: libc::tm = std::mem::zeroed();
+        libc::gmtime_r(&seconds, &mut tm);
+        tm
+    };
+    time_stamp(&tm)
+}
+
+/// The broken-down time as file names carry it.
+fn time_stamp(tm: &libc::tm) -> String {
+    format!(
+        "{:04}{:02}{:02}-{:02}{:02}{:02}",
+        tm.tm_year + 1900,
+        tm.tm_mon + 1,
+        tm.tm_mday,
+        tm.tm_hour,
+        tm.tm_min,
+        tm.tm_sec
+    )
 }
 
 #[cfg(test)]

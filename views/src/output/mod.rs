@@ -21,7 +21,7 @@ use gpuprof_model::track::LiveSummary;
 use gpuprof_model::Finding;
 
 pub use cuda_only::CudaProcessesOnly;
-pub use destination::{file_name_safe, name_of_command, ChosenFileSink, Destination};
+pub use destination::{file_name_safe, name_of_command, utc_stamp, ChosenFileSink, Destination};
 pub use jsonl::JsonlSink;
 pub use recording::RecordingSink;
 pub use table::{python_column, write_end_of_run, write_live_summary, TableSink};
