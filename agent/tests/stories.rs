@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use gpuprof_model::{Diagnosis, Finding, FindingKind, Frame, Kind, Severity};
+use gpuprof_model::{Diagnosis, Finding, FindingKind, Frame, Kind, Layer, Severity};
 use gpuprof_testkit::collector::Collector;
 use gpuprof_testkit::*;
 use serde_json::Value;
@@ -154,10 +154,15 @@ fn evaluation_without_no_grad_next_to_a_caching_neighbour_is_one_growth_and_one_
     );
 
     // One OutOfMemoryError, two failed cuMemAlloc_v2 (the allocator retried after returning its
-    // cache): one oom. The device: 96 MiB; the neighbour holds 40 (all cached), the evaluation
-    // 54 (8 of weights, a 2 MiB segment of small blocks, 7 steps of 6 MiB and the 8th's batch).
-    let failed = read_events(&story.events).iter().filter(|e| e.pid == parent && e.result == 2).count();
-    assert_eq!(failed, 2);
+    // cache), then the allocator's own report of the request it gave up on: one oom, made of that
+    // report. The device: 96 MiB; the neighbour holds 40 (all cached), the evaluation 54 (8 of
+    // weights, a 2 MiB segment of small blocks, 7 steps of 6 MiB and the 8th's batch).
+    let failed: Vec<(Layer, u64)> = read_events(&story.events)
+        .iter()
+        .filter(|e| e.pid == parent && e.result == 2)
+        .map(|e| (e.layer, e.size))
+        .collect();
+    assert_eq!(failed, [(Layer::Driver, 4 * MIB), (Layer::Driver, 4 * MIB), (Layer::Allocator, 4 * MIB)]);
     let oom = &story.findings[1];
     assert_eq!((oom.bytes, oom.count, oom.fragmentation), (4 * MIB, 1, false));
     assert_eq!(oom.user_frame.as_ref(), Some(&forward));
@@ -175,7 +180,7 @@ fn evaluation_without_no_grad_next_to_a_caching_neighbour_is_one_growth_and_one_
     assert_eq!(
         oom.detail,
         format!(
-            "cuMemAlloc_v2 of 4.0 MiB failed with out of memory in pid {parent} (python3) at {}:{} in evaluate (through _Driver.alloc); at that moment gpuprof saw 94.0 MiB of device memory live in the processes it follows (pid {parent} (python3) 54.0 MiB, most at {}:{} in evaluate (through _Driver.alloc); pid {neighbour} (python3) 40.0 MiB, most at {}:{} in neighbour (through _Driver.alloc)): pid {neighbour} (python3) caches 40.0 MiB it does not use, enough on its own: torch.cuda.empty_cache() there would have made room.",
+            "A request of 4.0 MiB to PyTorch's caching allocator failed with out of memory in pid {parent} (python3) at {}:{} in evaluate (through _CachingAllocator.malloc); at that moment gpuprof saw 94.0 MiB of device memory live in the processes it follows (pid {parent} (python3) 54.0 MiB, most at {}:{} in evaluate (through _Driver.alloc); pid {neighbour} (python3) 40.0 MiB, most at {}:{} in neighbour (through _Driver.alloc)): pid {neighbour} (python3) caches 40.0 MiB it does not use, enough on its own: torch.cuda.empty_cache() there would have made room.",
             forward.file, forward.line, forward.file, forward.line, neighbour_line.file, neighbour_line.line
         )
     );
