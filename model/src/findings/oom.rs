@@ -182,17 +182,22 @@ fn picture(event: &Event, world: &Tracker) -> Finding {
             wording::bytes(neighbours_cached)
         ));
     }
+    // A framework process recorded at the driver's level with no report of its allocator's
+    // totals: what it had cached is not known, so neither is whether the device was full.
+    let own_unknown = own_cache.is_none() && world.process(event.pid).and_then(|p| p.framework()).is_some();
     let diagnosis = if fragmentation {
-        Diagnosis::Fragmentation
+        Some(Diagnosis::Fragmentation)
     } else if neighbours_cached >= event.size {
-        Diagnosis::NeighbourCache
+        Some(Diagnosis::NeighbourCache)
+    } else if own_unknown {
+        None
     } else {
-        Diagnosis::DeviceFull
+        Some(Diagnosis::DeviceFull)
     };
-    let advice = if advice.is_empty() {
-        "nothing was cached to give back: the device was full of live memory; free or shrink the largest holders, or allocate less at once".to_string()
-    } else {
-        advice.join("; ")
+    let advice = match (advice.is_empty(), own_unknown) {
+        (false, _) => advice.join("; "),
+        (true, true) => "its allocator's segments hold its tensors and its cache, which its driver calls do not tell apart, and its allocator reported no totals: whether a cache in pieces (fragmentation) or live memory filled the device is not known; free or shrink the largest holders, or allocate less at once".to_string(),
+        (true, false) => "nothing was cached to give back: the device was full of live memory; free or shrink the largest holders, or allocate less at once".to_string(),
     };
     let stack = event.attributed_stack();
     let request = match event.layer {
@@ -211,7 +216,7 @@ fn picture(event: &Event, world: &Tracker) -> Finding {
     finding.api = Some(event.api.to_string());
     finding.processes = processes;
     finding.fragmentation = fragmentation;
-    finding.diagnosis = Some(diagnosis);
+    finding.diagnosis = diagnosis;
     finding
 }
 

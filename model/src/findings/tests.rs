@@ -1112,4 +1112,7 @@ fn at_the_drivers_level_pytorchs_own_oom_report_tells_the_request_its_line_and_t
     assert!(analyzer.tick(failed_at + oom::REPORT_WAIT_NS - 1).is_empty());
     let told = analyzer.tick(failed_at + oom::REPORT_WAIT_NS);
     assert_eq!(told.iter().map(|f| (f.kind, f.pid, f.bytes)).collect::<Vec<_>>(), [(FindingKind::Oom, 82, 20 * MIB)]);
+    // What the allocator had cached is not known: no diagnosis, and the sentence says so.
+    assert_eq!(told[0].diagnosis, None);
+    assert!(told[0].detail.ends_with("whether a cache in pieces (fragmentation) or live memory filled the device is not known; free or shrink the largest holders, or allocate less at once."), "{}", told[0].detail);
 }
