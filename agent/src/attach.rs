@@ -39,7 +39,8 @@ pub fn attach(pid: u32, wait: bool, args: &CaptureArgs) -> Result<u8> {
     let mut ebpf = EbpfSource::new(&capture, args.ebpf_options(), Some(pid));
     ebpf.add_process(pid)?;
     let session = Session::new(args.flow(&destination)?).with_ebpf(ebpf);
-    let mut session = args.watched(session, &destination);
+    let mut session = args.watched(session);
+    let mut hooks = args.watching(&destination);
     session.follow(Scope::Tree(pid));
     tracing::debug!(elapsed_ms = started.elapsed().as_millis() as u64, "processes tracked, interpreters found");
     if libraries.is_empty() {
@@ -59,8 +60,8 @@ pub fn attach(pid: u32, wait: bool, args: &CaptureArgs) -> Result<u8> {
     );
 
     let deadline = duration.map(|d| Instant::now() + d);
-    if session.run(Until::RootExits, deadline, &mut [])? == gpuprof_capture::session::Ended::RootExited {
-        gpuprof_capture::session::leftovers::follow(&mut session, deadline, "process")?;
+    if session.run(Until::RootExits, deadline, &mut hooks)? == gpuprof_capture::session::Ended::RootExited {
+        gpuprof_capture::session::leftovers::follow(&mut session, deadline, "process", &mut hooks)?;
     }
     session.finish()?;
     args.write_html(&destination)?;

@@ -339,7 +339,7 @@ pub struct OtlpArgs {
     #[arg(long, value_name = "URL")]
     pub otlp_endpoint: Option<String>,
     #[arg(long, value_enum, default_value = "grpc", requires = "otlp_endpoint")]
-    pub otlp_protocol: gpuprof_fleet::telemetry::Protocol,
+    pub otlp_protocol: gpuprof_otlp::client::Protocol,
     /// Bearer token the collector asks for.
     #[arg(long, value_name = "TOKEN", env = "GPUPROF_OTLP_TOKEN", hide_env_values = true)]
     pub otlp_token: Option<String>,
@@ -347,7 +347,7 @@ pub struct OtlpArgs {
     #[arg(long, value_name = "NAME")]
     pub node_name: Option<String>,
     #[command(flatten, next_help_heading = "Fleet (OTLP)")]
-    pub tuning: gpuprof_fleet::telemetry::OtlpTuning,
+    pub tuning: gpuprof_otlp::reporter::OtlpTuning,
 }
 
 /// Thresholds of the leak rules, the same for live capture and `report`.

@@ -28,6 +28,7 @@ fn main() -> ExitCode {
         // The reader went away (`gpuprof export … | head`): what it wanted was written.
         Err(error) if reader_went_away(&error) => ExitCode::SUCCESS,
         Err(error) => {
+            gpuprof_views::output::live_line::clear();
             eprintln!("gpuprof: error: {error:#}");
             ExitCode::from(1)
         }

@@ -5,10 +5,15 @@
 
 use std::path::PathBuf;
 
-use gpuprof_capture::flow::{EventFlow, Exporter, FlowOptions};
+use std::ops::ControlFlow;
+use std::time::Duration;
+
+use gpuprof_capture::flow::{EventFlow, FlowOptions};
 use gpuprof_capture::kernel::CaptureOptions;
-use gpuprof_capture::session::{EbpfOptions, Session};
-use gpuprof_views::output::{self, Destination, EventSink, Format};
+use gpuprof_capture::session::{EbpfOptions, Every, Session};
+use gpuprof_model::Reporter;
+use gpuprof_views::output::live_line::{self, LiveLine, Progress};
+use gpuprof_views::output::{self, Destination, EventOutput, EventSink, Format, Terminal, TerminalOptions};
 
 use crate::cli::{CaptureArgs, Compression, OtlpArgs, RuleArgs};
 
@@ -48,35 +53,48 @@ impl CaptureArgs {
         output::capture_sink(destination, self.compress == Compression::Zstd, self.all_processes)
     }
 
-    /// The flow the capture's events go through: rules, output, findings, OTLP.
+    /// The flow the capture's events go through, to its reporters: what the terminal says, the
+    /// events' output, OTLP.
     pub fn flow(&self, destination: &Destination) -> anyhow::Result<EventFlow> {
-        let options = FlowOptions {
-            rules: self.rules.config()?,
+        let options = FlowOptions { rules: self.rules.config()?, keep_findings: true, pids_are_ours: true };
+        let terminal = TerminalOptions {
             format: destination.format,
             output_file: destination.file.clone(),
             findings_file: self.findings.clone(),
             notices: true,
-            keep_findings: true,
-            pids_are_ours: true,
+            findings_at_the_end: true,
         };
-        let mut flow = EventFlow::new(options, self.sink(destination)?);
-        flow.set_exporter(self.otlp.start()?);
-        Ok(flow)
+        let mut reporters: Vec<Box<dyn Reporter>> =
+            vec![Box::new(Terminal::new(terminal)), Box::new(EventOutput::new(self.sink(destination)?))];
+        reporters.extend(self.otlp.start()?);
+        Ok(EventFlow::new(options, reporters))
     }
 
-    /// How a person sees the capture go: the live line on a terminal (unless the events
-    /// themselves stream to stdout), the counters at the end with `--stats`.
-    pub fn watched<'c>(&self, session: Session<'c>, destination: &Destination) -> Session<'c> {
+    /// The counters at the end of the run with `--stats` (always when events were lost).
+    pub fn watched<'c>(&self, session: Session<'c>) -> Session<'c> {
+        session.with_counters(self.stats)
+    }
+
+    /// How a person sees the capture go, as the capture loop's hooks: the live line on a
+    /// terminal (unless the events themselves stream to stdout), the counters each second with
+    /// `--stats`.
+    pub fn watching<'h, 'c: 'h>(&self, destination: &Destination) -> Vec<Every<'h, 'c>> {
+        let mut hooks = Vec::new();
         let events_on_stdout = destination.file.is_none() && destination.format != Format::None;
-        let mut session = session.with_counters(self.stats);
+        if let Some(mut line) = LiveLine::for_stderr().filter(|_| !events_on_stdout) {
+            hooks.push(Every::new(Duration::ZERO, move |session: &mut Session<'c>| {
+                line.tick(|| progress(session));
+                Ok(ControlFlow::Continue(()))
+            }));
+        }
         if self.stats {
-            session = session.with_counters_each_second();
+            hooks.push(Every::new(Duration::from_secs(1), |session: &mut Session<'c>| {
+                live_line::clear();
+                eprintln!("gpuprof: {}", session.stats());
+                Ok(ControlFlow::Continue(()))
+            }));
         }
-        if events_on_stdout {
-            session
-        } else {
-            session.with_live_line()
-        }
+        hooks
     }
 
     /// `--duration`, checked.
@@ -116,12 +134,25 @@ impl CaptureArgs {
 
 impl OtlpArgs {
     /// The OTLP export, when `--otlp-endpoint` names a collector.
-    pub fn start(&self) -> anyhow::Result<Option<Box<dyn Exporter>>> {
+    pub fn start(&self) -> anyhow::Result<Option<Box<dyn Reporter>>> {
         let Some(endpoint) = &self.otlp_endpoint else { return Ok(None) };
         let options =
             self.tuning.options(endpoint, self.otlp_protocol, self.otlp_token.clone(), self.node_name.clone())?;
-        let telemetry = gpuprof_fleet::telemetry::Telemetry::start(options)?;
+        let telemetry = gpuprof_otlp::reporter::Telemetry::start(options)?;
         Ok(Some(Box::new(telemetry)))
+    }
+}
+
+/// What the live line says of the capture so far.
+fn progress(session: &Session<'_>) -> Progress {
+    let flow = session.flow();
+    let mut live = flow.analyzer().tracker().live_processes();
+    live.retain(|p| p.uses_cuda());
+    Progress {
+        events: flow.events(),
+        processes: live.len() as u64,
+        live_bytes: live.iter().map(|p| p.device_bytes()).sum(),
+        lost: session.lost_events(),
     }
 }
 

@@ -16,7 +16,6 @@ use gpuprof_capture::flow::{EventFlow, FlowOptions};
 use gpuprof_capture::postmortem::{PostmortemConfig, Postmortems};
 use gpuprof_model::event::{Event, Frame, Kind, Layer, Op, Source, PYTORCH_ALLOCATOR_API};
 use gpuprof_model::{RuleConfig, Stack};
-use gpuprof_views::output::{Format, NullSink};
 
 const EVENTS: u64 = 1_000_000;
 const ROUNDS: usize = 7;
@@ -86,16 +85,8 @@ fn cpu_ns() -> u64 {
 }
 
 fn flow(postmortems: Option<&std::path::Path>) -> EventFlow {
-    let options = FlowOptions {
-        rules: RuleConfig::default(),
-        format: Format::None,
-        output_file: None,
-        findings_file: None,
-        notices: false,
-        keep_findings: false,
-        pids_are_ours: false,
-    };
-    let mut flow = EventFlow::new(options, Box::new(NullSink));
+    let options = FlowOptions { rules: RuleConfig::default(), keep_findings: false, pids_are_ours: false };
+    let mut flow = EventFlow::new(options, Vec::new());
     if let Some(dir) = postmortems {
         let config = PostmortemConfig {
             dir: dir.to_path_buf(),
@@ -106,9 +97,15 @@ fn flow(postmortems: Option<&std::path::Path>) -> EventFlow {
             max_bytes: 1 << 30,
             retention: Duration::from_secs(86400),
         };
-        flow.keep_postmortems(Postmortems::start(config).expect("a scratch directory for the bench"));
+        flow.keep_postmortems(Postmortems::start(config, notes_page).expect("a scratch directory for the bench"));
     }
     flow
+}
+
+/// A post-mortem's report as its notes alone: the page around them is the views' to draw, and
+/// is written on the writer's thread, not the capture's.
+fn notes_page(_recording: &std::path::Path, report: &std::path::Path, notes: &[String]) -> anyhow::Result<()> {
+    Ok(std::fs::write(report, notes.join("\n"))?)
 }
 
 /// ns per event of one round, and what the windows hold at its end.

@@ -1,11 +1,11 @@
 //! What happens to every event, whichever capture made it (eBPF or the in-process shim): one
-//! event per call where both capture it, the forward line of a backward-pass block, the exporter
-//! (OTLP), the tracker and leak rules, a daemon's post-mortems, the output; and the end of a run:
-//! the last findings, the summaries, the findings table or file, the counters.
+//! event per call where both capture it, the forward line of a backward-pass block, the tracker
+//! and leak rules, a daemon's post-mortems, and then the reporters (`gpuprof_model::Reporter`:
+//! the views' outputs, the OTLP reporter), each handed the event and its findings alike; and the
+//! end of a run: the last findings, and the reporters finished in turn.
 
 use std::collections::BTreeMap;
 use std::io;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -13,54 +13,16 @@ use gpuprof_model::dedup::Dedup;
 use gpuprof_model::escalation::{Escalation, EscalationConfig, Raise};
 use gpuprof_model::forward_stacks::ForwardStacks;
 use gpuprof_model::rank::Ranks;
-use gpuprof_model::{Analyzer, Event, Finding, RuleConfig, Tracker};
-
-use gpuprof_views::output::{self, EndOfRun, EventSink, Format};
+use gpuprof_model::report::{EndOfRun, ExportHealth, Notice, Reporter};
+use gpuprof_model::{Analyzer, Event, Finding, RuleConfig};
 
 use crate::nvml::NvmlView;
-use crate::postmortem::{Done, PostmortemReport, PostmortemStats, Postmortems};
+use crate::postmortem::{Done, PostmortemStats, Postmortems};
 
-/// Where the flow also sends what it sees, besides its output: the fleet's OTLP export
-/// (`gpuprof_fleet::telemetry`). Each call gets the tracker as it stands, for what the export
-/// summarizes.
-pub trait Exporter {
-    /// An event, before the tracker takes it.
-    fn before(&mut self, event: &Event, tracker: &Tracker);
-    /// The same event once tracked, with the findings it fired.
-    fn after(&mut self, event: &Event, fired: &[Finding], tracker: &Tracker);
-    /// Findings that fired without an event (time passed, the run ended).
-    fn findings(&mut self, fired: &[Finding], tracker: &Tracker);
-    /// A post-mortem written (its finding went out already, naming it): its report.
-    fn postmortem(&mut self, report: &PostmortemReport);
-    /// Device memory each followed process uses as the driver accounts it (NVML), by pid.
-    fn device_used(&mut self, used: BTreeMap<u32, u64>);
-    /// Hands what is batched to the transport (`now`: wall-clock ns).
-    fn flush(&mut self, tracker: &Tracker, now: u64);
-    /// Sends what is left; what was delivered, in words.
-    fn finish(self: Box<Self>, tracker: &Tracker) -> String;
-    /// Delivered, lost and waiting so far (the daemon's health).
-    fn health(&self) -> ExportHealth;
-}
-
-/// What an exporter has delivered so far.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ExportHealth {
-    pub sent: u64,
-    pub lost: u64,
-    /// Encoded bytes waiting to be sent.
-    pub queued_bytes: u64,
-}
-
-/// What a run does with its events besides tracking them.
+/// What a run does with its events besides handing them to its reporters.
 pub struct FlowOptions {
     pub rules: RuleConfig,
-    pub format: Format,
-    /// The file the events go to (None: stdout): its end-of-run summary goes to stderr then.
-    pub output_file: Option<PathBuf>,
-    pub findings_file: Option<PathBuf>,
-    /// Say findings and notices on stderr (off under a full-screen view).
-    pub notices: bool,
-    /// Keep every finding for the end of the run. A daemon runs for months: it logs each one
+    /// Keep every finding for the end of the run. A daemon runs for months: it says each one
     /// as it fires and keeps only the count.
     pub keep_findings: bool,
     /// The events' pids are this agent's (its /proc shows them): false for a pod's shim sidecar,
@@ -73,13 +35,9 @@ pub struct EventFlow {
     findings: Vec<Finding>,
     keep_findings: bool,
     findings_fired: u64,
-    sink: Box<dyn EventSink>,
-    /// OTLP export, when `--otlp-endpoint` names a collector.
-    exporter: Option<Box<dyn Exporter>>,
-    format: Format,
-    output_file: Option<PathBuf>,
-    findings_file: Option<PathBuf>,
-    notices: bool,
+    /// Whatever consumes the run (outputs, the OTLP reporter), in the order each is handed
+    /// things; the last is finished first.
+    reporters: Vec<Box<dyn Reporter>>,
     events: u64,
     /// What the driver says each followed process uses (nvidia-smi's figure), where NVML is.
     nvml: NvmlView,
@@ -99,18 +57,13 @@ pub struct EventFlow {
 }
 
 impl EventFlow {
-    pub fn new(options: FlowOptions, sink: Box<dyn EventSink>) -> Self {
+    pub fn new(options: FlowOptions, reporters: Vec<Box<dyn Reporter>>) -> Self {
         EventFlow {
             analyzer: Analyzer::new(options.rules),
             findings: Vec::new(),
             keep_findings: options.keep_findings,
             findings_fired: 0,
-            sink,
-            exporter: None,
-            format: options.format,
-            output_file: options.output_file,
-            findings_file: options.findings_file,
-            notices: options.notices,
+            reporters,
             events: 0,
             nvml: NvmlView::open(),
             forward_stacks: ForwardStacks::default(),
@@ -124,7 +77,7 @@ impl EventFlow {
     }
 
     /// Keeps the last seconds of every process's events and writes a post-mortem when one runs
-    /// out of memory or a leak finding fires (`crate::postmortem`): before the exporter sees the
+    /// out of memory or a leak finding fires (`crate::postmortem`): before the reporters see the
     /// finding, which names it.
     pub fn keep_postmortems(&mut self, postmortems: Postmortems) {
         self.postmortems = Some(postmortems);
@@ -199,11 +152,12 @@ impl EventFlow {
         self.escalation.as_mut()
     }
 
-    pub fn set_exporter(&mut self, exporter: Option<Box<dyn Exporter>>) {
-        self.exporter = exporter;
+    /// One more consumer of the run, handed things after those before it.
+    pub fn add_reporter(&mut self, reporter: Box<dyn Reporter>) {
+        self.reporters.push(reporter);
     }
 
-    /// One event through backward attribution, export, tracker, rules and output.
+    /// One event through backward attribution, tracker and rules, to the reporters.
     pub fn observe(&mut self, mut event: Event) -> io::Result<()> {
         if self.dedup.as_mut().is_some_and(|d| !d.admit(&event)) {
             return Ok(());
@@ -216,8 +170,8 @@ impl EventFlow {
                 event.allocator_settings.take().or(started_with.allocator_settings.map(Into::into));
         }
         self.ranks.observe(&event);
-        if let Some(exporter) = &mut self.exporter {
-            exporter.before(&event, self.analyzer.tracker());
+        for reporter in &mut self.reporters {
+            reporter.before(&event, self.analyzer.tracker());
         }
         if let Some(postmortems) = &mut self.postmortems {
             postmortems.before(&event, self.analyzer.tracker());
@@ -231,16 +185,14 @@ impl EventFlow {
         if let Some(postmortems) = &mut self.postmortems {
             postmortems.after(&event, &mut fired, self.analyzer.tracker(), &self.ranks);
         }
-        if let Some(exporter) = &mut self.exporter {
-            exporter.after(&event, &fired, self.analyzer.tracker());
-        }
-        self.found(fired);
         self.events += 1;
-        self.sink.event(&event)
+        let handed = self.reporters.iter_mut().try_for_each(|r| r.event(&event, &fired, self.analyzer.tracker()));
+        self.found(fired);
+        handed
     }
 
-    /// Findings that wait for time to pass (orphans after their grace period); hands batches to
-    /// the exporter and writes buffered output.
+    /// Findings that wait for time to pass (orphans after their grace period); the reporters'
+    /// batches go on.
     pub fn flush(&mut self) -> Result<()> {
         let now = gpuprof_model::event::wall_clock_ns();
         let mut due = self.analyzer.tick(now);
@@ -249,12 +201,15 @@ impl EventFlow {
             postmortems.found(&mut due, self.analyzer.tracker(), &self.ranks);
         }
         if !due.is_empty() {
-            if let Some(exporter) = &mut self.exporter {
-                exporter.findings(&due, self.analyzer.tracker());
+            for reporter in &mut self.reporters {
+                reporter.findings(&due, self.analyzer.tracker());
             }
             self.found(due);
         }
         self.nvml.sample(self.analyzer.tracker(), now);
+        for warning in self.nvml.take_warnings() {
+            self.warn(warning);
+        }
         for reading in self.nvml.take_readings(self.analyzer.tracker(), now) {
             self.observe(reading).context("cannot write the output")?;
         }
@@ -264,25 +219,32 @@ impl EventFlow {
             let said = postmortems.take_said();
             self.written(done, said);
         }
-        if let Some(exporter) = &mut self.exporter {
-            exporter.device_used(self.nvml.now().iter().map(|(pid, r)| (*pid, r.nvml_used)).collect());
-            exporter.flush(self.analyzer.tracker(), now);
+        let used: BTreeMap<u32, u64> = self.nvml.now().iter().map(|(pid, r)| (*pid, r.nvml_used)).collect();
+        for reporter in &mut self.reporters {
+            reporter.device_used(&used);
+            reporter.flush(self.analyzer.tracker(), now).context("cannot write the output")?;
         }
-        self.sink.flush().context("cannot write the output")
+        Ok(())
     }
 
-    /// A line for the person at the terminal (quiet while a full-screen view owns it).
-    pub fn notice(&self, text: String) {
-        if self.notices {
-            output::live_line::clear();
-            eprintln!("gpuprof: {text}");
-        } else {
-            tracing::info!("{text}");
+    /// A line for the person who runs the capture (a full-screen view or a daemon logs it).
+    pub fn notice(&mut self, text: String) {
+        self.tell(Notice::Info(text));
+    }
+
+    /// A warning for the person who runs the capture, whoever that is.
+    pub fn warn(&mut self, text: String) {
+        self.tell(Notice::Warning(text));
+    }
+
+    pub fn tell(&mut self, notice: Notice) {
+        for reporter in &mut self.reporters {
+            reporter.notice(&notice);
         }
     }
 
     /// What the post-mortem writer did: said (with the keeper's `said`), and each report handed
-    /// to the exporter.
+    /// to the reporters.
     fn written(&mut self, done: Vec<Done>, said: Vec<String>) {
         for line in said {
             self.notice(line);
@@ -300,8 +262,8 @@ impl EventFlow {
                         gpuprof_model::findings::wording::count(report.events, "event", "events"),
                         report.recording.display()
                     ));
-                    if let Some(exporter) = &mut self.exporter {
-                        exporter.postmortem(&report);
+                    for reporter in &mut self.reporters {
+                        reporter.postmortem(&report);
                     }
                 }
                 Done::Failed { pid, kind, path, error, .. } => self.notice(format!(
@@ -351,9 +313,9 @@ impl EventFlow {
         &self.nvml
     }
 
-    /// What the exporter has delivered so far (none without one).
+    /// What the export has delivered so far (none without one).
     pub fn export_health(&self) -> Option<ExportHealth> {
-        self.exporter.as_ref().map(|exporter| exporter.health())
+        self.reporters.iter().find_map(|reporter| reporter.health())
     }
 
     /// Findings so far, in the order they fired (none kept without `keep_findings`).
@@ -369,57 +331,40 @@ impl EventFlow {
         self.events
     }
 
-    /// The end of the run: findings the rules give only now, the output's summary, findings on
-    /// stderr (and in `--findings`), then the `closing` lines and the export's own account.
-    /// `lost_events`: what the capture dropped (a recording keeps the count).
-    pub fn finish(mut self, closing: &[String], lost_events: u64) -> Result<()> {
+    /// The end of the run: findings the rules give only now, post-mortems still being written,
+    /// then each reporter finished, the last first: what one says it delivered joins `closing`
+    /// (what the capture took in, in words) for those finished after it. `lost_events`: what the
+    /// capture dropped (a recording keeps the count).
+    pub fn finish(mut self, mut closing: Vec<String>, lost_events: u64) -> Result<()> {
         let mut ended = self.analyzer.finish();
         self.ranks.name(&mut ended);
         if let Some(postmortems) = &mut self.postmortems {
             postmortems.found(&mut ended, self.analyzer.tracker(), &self.ranks);
         }
-        if let Some(exporter) = &mut self.exporter {
-            exporter.findings(&ended, self.analyzer.tracker());
+        for reporter in &mut self.reporters {
+            reporter.findings(&ended, self.analyzer.tracker());
         }
         self.found(ended);
         if let Some(mut postmortems) = self.postmortems.take() {
-            // Said and handed to the exporter before it sends what is left.
+            // Said and handed to the reporters before they finish.
             let said = postmortems.take_said();
             let done = postmortems.finish();
             self.written(done, said);
         }
         let summaries = self.analyzer.tracker().summaries();
-        let end =
-            EndOfRun { processes: &summaries, findings: &self.findings, lost_events, nvml: self.nvml.last_seen() };
-        self.sink.finish(&end).context("cannot write the output")?;
-        // A file gpuprof named is not kept when nothing was captured (its sink removed it).
-        let to_file = self.output_file.as_deref().filter(|f| self.format != Format::None && f.exists());
-        match to_file {
-            // The events went to a file: the terminal gets what they add up to.
-            Some(_) if self.format != Format::Table && self.keep_findings => {
-                output::write_end_of_run(&mut io::stderr(), &end, output::colour::on_stderr())
-                    .context("cannot write to stderr")?
+        while let Some(reporter) = self.reporters.pop() {
+            let end = EndOfRun {
+                tracker: self.analyzer.tracker(),
+                processes: &summaries,
+                findings: &self.findings,
+                lost_events,
+                events: self.events,
+                nvml: self.nvml.last_seen(),
+                closing: &closing,
+            };
+            if let Some(delivered) = reporter.finish(&end).context("cannot write the output")? {
+                closing.push(delivered);
             }
-            // The event stream stays pure jsonl; people read the findings on stderr.
-            None if self.format != Format::Table && self.keep_findings => {
-                output::findings::write_table(&mut io::stderr(), &self.findings, output::colour::on_stderr())
-                    .context("cannot write to stderr")?
-            }
-            _ => {}
-        }
-        if let Some(path) = &self.findings_file {
-            output::findings::save_json(path, &self.findings)?;
-        }
-        for line in closing {
-            eprintln!("gpuprof: {line}");
-        }
-        if let Some(exporter) = self.exporter.take() {
-            eprintln!("gpuprof: {}", exporter.finish(self.analyzer.tracker()));
-        }
-        // For files `summary`, `report` and `export` read; not for /dev/null and the like.
-        let readable = matches!(self.format, Format::Recording | Format::Jsonl);
-        if let Some(file) = to_file.filter(|f| self.notices && readable && f.is_file()) {
-            output::write_next_steps(&mut io::stderr(), file, self.events).context("cannot write to stderr")?;
         }
         Ok(())
     }

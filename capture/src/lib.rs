@@ -9,13 +9,16 @@
 //! - `enrich`: what a record points at, read from the process it came from (callers' modules,
 //!   Python stacks, autograd nodes' names, parents and namespaces from /proc);
 //! - `flow`: every event, whichever source, through the tracker and leak rules
-//!   (`gpuprof_model::Analyzer`) to the outputs (`gpuprof_views::output`) and an exporter (OTLP);
+//!   (`gpuprof_model::Analyzer`) to the reporters (`gpuprof_model::Reporter`: the views' outputs
+//!   and the OTLP reporter, each below the capture), handed the event and its findings alike;
 //! - `postmortem`: a daemon's windows of each process's last seconds, written with their HTML
 //!   report when a process runs out of memory or a leak finding fires;
 //! - `session`: the one capture loop over those sources, its stop conditions and hooks, and the
 //!   capture's statistics.
 //!
-//! `attach`, `run`, `top` and the daemon are configurations of a `session::Session`.
+//! `attach`, `run`, `top` and the daemon are configurations of a `session::Session`. Nothing here
+//! prints: what a person is to read goes to the reporters as a notice, and the binary or the
+//! views write it.
 
 pub mod clock;
 pub mod decode;

@@ -203,22 +203,27 @@ pub struct NvmlView {
     last_seen: BTreeMap<u32, Reconciled>,
     /// Each device's (free, total) memory in the latest sample, until taken.
     devices: BTreeMap<u32, (u64, u64)>,
+    /// Why NVML is left out, until the flow says it.
+    warnings: Vec<String>,
 }
 
 impl NvmlView {
-    /// Opens NVML when the machine has it; says once on stderr why it cannot when it is there
+    /// Opens NVML when the machine has it; keeps a warning saying why it cannot when it is there
     /// but broken.
     pub fn open() -> NvmlView {
-        let nvml = match Nvml::open() {
-            Ok(nvml) => nvml,
-            Err(error) => {
-                eprintln!(
-                    "gpuprof: warning: {LIBRARY}: {error}; per-process used memory as nvidia-smi shows it is left out"
-                );
-                None
-            }
-        };
-        NvmlView { nvml, last_sample: None, now: BTreeMap::new(), last_seen: BTreeMap::new(), devices: BTreeMap::new() }
+        let mut view = NvmlView::none();
+        match Nvml::open() {
+            Ok(nvml) => view.nvml = nvml,
+            Err(error) => view
+                .warnings
+                .push(format!("{LIBRARY}: {error}; per-process used memory as nvidia-smi shows it is left out")),
+        }
+        view
+    }
+
+    /// What went wrong with NVML since the last call, to be said.
+    pub fn take_warnings(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.warnings)
     }
 
     /// A view with no NVML (a replay on another machine).
@@ -229,6 +234,7 @@ impl NvmlView {
             now: BTreeMap::new(),
             last_seen: BTreeMap::new(),
             devices: BTreeMap::new(),
+            warnings: Vec::new(),
         }
     }
 
@@ -247,7 +253,9 @@ impl NvmlView {
         let used = match nvml.used_by_process() {
             Ok(used) => used,
             Err(error) => {
-                eprintln!("gpuprof: warning: {LIBRARY}: {error}; per-process used memory as nvidia-smi shows it is left out from now on");
+                self.warnings.push(format!(
+                    "{LIBRARY}: {error}; per-process used memory as nvidia-smi shows it is left out from now on"
+                ));
                 self.nvml = None;
                 return;
             }

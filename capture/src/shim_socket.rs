@@ -24,6 +24,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use gpuprof_model::event::{wall_clock_ns, Event, Layer, Op, Source};
 use gpuprof_model::level::Level;
+use gpuprof_model::report::Notice;
 use gpuprof_model::shim::wire::{self, Message};
 use gpuprof_model::shim::{self, CountersLine, CuptiState};
 use gpuprof_model::stack::Stack;
@@ -438,6 +439,8 @@ pub struct ShimProcesses {
     /// Processes with an open connection that said they exit.
     said_exit: HashSet<u32>,
     pub totals: ShimTotals,
+    /// What is to be said of the processes (a level changed, a connection refused), until taken.
+    said: Vec<Notice>,
     /// The pids the processes name are this agent's (its /proc shows them); false in a pod's
     /// sidecar, where /proc/PID is another process.
     pub pids_are_ours: bool,
@@ -447,6 +450,11 @@ impl ShimProcesses {
     /// `pids_are_ours`: see the field.
     pub fn new(pids_are_ours: bool) -> ShimProcesses {
         ShimProcesses { pids_are_ours, ..ShimProcesses::default() }
+    }
+
+    /// What is to be said since the last call.
+    pub fn take_said(&mut self) -> Vec<Notice> {
+        std::mem::take(&mut self.said)
     }
 
     /// Hands what arrived (waiting up to `wait` for the first) to `observe`, exits included.
@@ -475,7 +483,7 @@ impl ShimProcesses {
                     if let Some(pid) = self.speakers.get(&connection) {
                         // A process's first word is the level it starts at; a change is said.
                         if self.levels.insert(*pid, (level, ts)).is_some_and(|(before, _)| before != level) {
-                            eprintln!("gpuprof: pid {pid}: the shim records at {level} from now on");
+                            self.said.push(Notice::Info(format!("pid {pid}: the shim records at {level} from now on")));
                         }
                     }
                 }
@@ -495,7 +503,7 @@ impl ShimProcesses {
                 ShimMessage::Refused { first, claimed, peer, uid } => {
                     self.totals.refused += 1;
                     if first {
-                        eprintln!("gpuprof: warning: {}", ShimMessage::refusal_text(claimed, peer, uid));
+                        self.said.push(Notice::Warning(ShimMessage::refusal_text(claimed, peer, uid)));
                     }
                 }
                 ShimMessage::Closed { connection } => {

@@ -3,10 +3,7 @@
 //! - `daemon`: `gpuprof daemon`, the node's capture for as long as it runs (a DaemonSet), or a
 //!   pod's sidecar (the shims' events, no privileges), with its health, metrics and level
 //!   endpoints;
-//! - `telemetry`: the capture summarized over OTLP (events, findings, gauges, profiles, spans),
-//!   the flow's exporter;
 //! - `inject`: `gpuprof inject`, the sidecar added to Kubernetes manifests.
 
 pub mod daemon;
 pub mod inject;
-pub mod telemetry;

@@ -1,7 +1,8 @@
-//! gpuprof over OTLP, both ways: the agent turns events into log records (the lossless event
-//! stream), allocation lifetimes into spans and live bytes into gauges; the collector turns the
-//! log records back into the same events and its findings into spans. Both sides use this crate,
-//! so the encoding is written once. Attribute names come from `gpuprof_model::otel`.
+//! gpuprof over OTLP, both ways: the agent's `reporter` turns a capture's events into log records
+//! (the lossless event stream), allocation lifetimes into spans and live bytes into gauges and
+//! profiles; the collector turns the log records back into the same events and its findings into
+//! spans. Both sides use this crate, so the encoding is written once. Attribute names come from
+//! `gpuprof_model::otel`.
 
 pub mod bearer;
 pub mod client;
@@ -11,6 +12,7 @@ pub mod lifetimes;
 pub mod logs;
 pub mod metrics;
 pub mod pprof;
+pub mod reporter;
 pub mod resource;
 
 pub use opentelemetry_proto::tonic as proto;

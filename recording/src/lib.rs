@@ -9,6 +9,7 @@
 
 mod format;
 mod jsonl;
+pub mod naming;
 mod read;
 mod varint;
 mod write;

@@ -50,11 +50,12 @@ pub fn run(command: &[OsString], args: &CaptureArgs) -> Result<u8> {
 
     let mut child = spawn_tracked(&capture, &program, program_args)?;
     let session = Session::new(flow).with_ebpf(EbpfSource::new(&capture, args.ebpf_options(), Some(child.id())));
-    let mut session = args.watched(session, &destination);
+    let mut session = args.watched(session);
+    let mut hooks = args.watching(&destination);
     let deadline = duration.map(|d| Instant::now() + d);
-    let ended = session.run(Until::CommandExits(&mut child), deadline, &mut [])?;
+    let ended = session.run(Until::CommandExits(&mut child), deadline, &mut hooks)?;
     if let Ended::CommandExited(_) = ended {
-        gpuprof_capture::session::leftovers::follow(&mut session, deadline, "command")?;
+        gpuprof_capture::session::leftovers::follow(&mut session, deadline, "command", &mut hooks)?;
     }
     session.finish()?;
     args.write_html(&destination)?;

@@ -37,7 +37,8 @@ pub fn run(command: &[OsString], args: &CaptureArgs, shim: Option<&Path>) -> Res
 
     let destination = args.destination(&gpuprof_views::output::name_of_command(command))?;
     let session = Session::new(args.flow(&destination)?).with_shim(ShimSource::new(received, true));
-    let mut session = args.watched(session, &destination);
+    let mut session = args.watched(session);
+    let mut hooks = args.watching(&destination);
     let mut child = Command::new(&program)
         .args(program_args)
         .env("LD_PRELOAD", preload_with(&shim))
@@ -49,7 +50,7 @@ pub fn run(command: &[OsString], args: &CaptureArgs, shim: Option<&Path>) -> Res
     eprintln!("gpuprof: capturing `{}` through {} (no eBPF)", program.display(), shim.display());
 
     let deadline = duration.map(|d| Instant::now() + d);
-    let ended = session.run(Until::CommandExits(&mut child), deadline, &mut [])?;
+    let ended = session.run(Until::CommandExits(&mut child), deadline, &mut hooks)?;
     // The command's processes send what they still hold as they exit; signals wait (a Ctrl-C
     // that ended the command must not cut its workers' last words short).
     let waited = Instant::now();

@@ -18,7 +18,7 @@ use gpuprof_capture::kernel::{Capture, CaptureOptions};
 use gpuprof_capture::session::{EbpfOptions, EbpfSource, Every, Scope, Session, Until};
 use gpuprof_capture::{preflight, signals};
 use gpuprof_procfs::process;
-use gpuprof_views::output::{Format, NullSink};
+use gpuprof_views::output::{Format, Terminal, TerminalOptions};
 
 const RESCAN: Duration = Duration::from_secs(1);
 const POLL: Duration = Duration::from_millis(50);
@@ -42,17 +42,17 @@ pub fn run(args: &TopArgs) -> Result<u8> {
     preflight::check_ebpf_capture()?;
     signals::install();
     let capture = Capture::load(CaptureOptions::default())?;
+    // The screen is the view's: notices are logged, findings kept for the end.
+    let log = TerminalOptions {
+        format: Format::None,
+        output_file: None,
+        findings_file: None,
+        notices: false,
+        findings_at_the_end: true,
+    };
     let flow = EventFlow::new(
-        FlowOptions {
-            rules: RuleConfig::default(),
-            format: Format::Jsonl,
-            output_file: None,
-            findings_file: None,
-            notices: false,
-            keep_findings: true,
-            pids_are_ours: true,
-        },
-        Box::new(NullSink),
+        FlowOptions { rules: RuleConfig::default(), keep_findings: true, pids_are_ours: true },
+        vec![Box::new(Terminal::new(log))],
     );
     let ebpf = EbpfSource::new(&capture, EbpfOptions { autograd: true, level: gpuprof_model::Level::Tensors }, None);
     let mut session = Session::new(flow).with_ebpf(ebpf).with_poll(POLL);

@@ -60,6 +60,8 @@ pub struct Pythons {
     looking: HashMap<u32, Instant>,
     generations: u32,
     pub counts: StackCounts,
+    /// Processes whose stacks cannot be read, and why, until said.
+    warnings: Vec<String>,
 }
 
 /// The kernel-side walk's view of an interpreter; `generation` tells one program from the next,
@@ -121,6 +123,11 @@ fn tstate_read(o: &gpuprof_pystack::Offsets) -> (u16, u16) {
 }
 
 impl Pythons {
+    /// Why some processes have no stacks, since the last call.
+    pub fn take_warnings(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.warnings)
+    }
+
     /// Starts looking for the interpreter of a process (a new program, or one attached to).
     pub fn look_for(&mut self, pid: u32) {
         self.processes.remove(&pid);
@@ -157,7 +164,7 @@ impl Pythons {
                     self.looking.remove(&pid);
                     // A process that already exited has no stacks left to walk: nothing to say.
                     if gpuprof_procfs::process::exists(pid) {
-                        eprintln!("gpuprof: warning: no Python stacks for pid {pid}: {error}");
+                        self.warnings.push(format!("no Python stacks for pid {pid}: {error}"));
                     }
                 }
             }

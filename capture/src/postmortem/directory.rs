@@ -34,12 +34,7 @@ pub fn names(
     ts: u64,
     taken: impl Fn(&Path) -> bool,
 ) -> Names {
-    let stem = format!(
-        "{}-{pid}-{}-{kind}-{}",
-        gpuprof_views::output::file_name_safe(node),
-        gpuprof_views::output::file_name_safe(comm),
-        utc_stamp(ts)
-    );
+    let stem = format!("{}-{pid}-{}-{kind}-{}", file_name_safe(node), file_name_safe(comm), utc_stamp(ts));
     let of = |stem: &str| Names {
         recording: dir.join(format!("{stem}.{RECORDING_EXTENSION}")),
         report: dir.join(format!("{stem}.{REPORT_EXTENSION}")),
@@ -53,7 +48,8 @@ pub fn names(
     names
 }
 
-pub use gpuprof_views::output::utc_stamp;
+use gpuprof_recording::naming::file_name_safe;
+pub use gpuprof_recording::naming::utc_stamp;
 
 /// How much the directory keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -17,7 +17,7 @@ mod window;
 mod writer;
 
 use std::collections::{HashMap, HashSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use gpuprof_model::event::{Event, Layer, Op};
@@ -28,7 +28,7 @@ use gpuprof_model::track::ProcessMemory;
 use gpuprof_model::{Finding, FindingKind, Tracker};
 
 pub use detail::Raise;
-pub use writer::{Done, PostmortemReport};
+pub use writer::Done;
 
 use holdings::Holdings;
 use window::{Limits, Window};
@@ -45,6 +45,9 @@ const SWEEP_INTERVAL: Duration = Duration::from_secs(60);
 /// How long the end of a capture waits for post-mortems on their way: within a pod's grace
 /// period (30 s by default) with the OTLP queue's drain after it.
 const FINISH_LIMIT: Duration = Duration::from_secs(10);
+
+/// Writes the HTML report of the recording at `recording` to `report`, with `notes` on it.
+pub type RenderReport = fn(recording: &Path, report: &Path, notes: &[String]) -> anyhow::Result<()>;
 
 /// What post-mortems keep and where they go.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -108,7 +111,9 @@ pub struct Postmortems {
 impl Postmortems {
     /// Makes the directory if missing and starts the writing thread; an error names the
     /// directory and what to do.
-    pub fn start(config: PostmortemConfig) -> anyhow::Result<Postmortems> {
+    /// `render` writes a recording's HTML report (the views' report, which stands apart from
+    /// the capture).
+    pub fn start(config: PostmortemConfig, render: RenderReport) -> anyhow::Result<Postmortems> {
         use anyhow::Context;
         std::fs::create_dir_all(&config.dir).with_context(|| {
             format!(
@@ -124,7 +129,8 @@ impl Postmortems {
             )
         })?;
         let policy = directory::Policy { max_bytes: config.max_bytes, retention: config.retention };
-        let writer = WriterThread::start(config.dir.clone(), policy).context("cannot start the post-mortem writer")?;
+        let writer =
+            WriterThread::start(config.dir.clone(), policy, render).context("cannot start the post-mortem writer")?;
         writer.sweep();
         let window_ns = config.window.as_nanos() as u64;
         let limits = Limits {

@@ -7,15 +7,13 @@ use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use super::holdings::Holdings;
+use super::*;
+use crate::flow::{EventFlow, FlowOptions};
 use gpuprof_model::event::{
     Event, Frame, Kind, Layer, Op, Source, CUDA_ERROR_OUT_OF_MEMORY, PYTORCH_ALLOCATOR_API, PYTORCH_OOM_API,
 };
 use gpuprof_model::{Finding, FindingKind, RuleConfig, Tracker};
-use gpuprof_views::output::{Format, NullSink};
-
-use super::holdings::Holdings;
-use super::*;
-use crate::flow::{EventFlow, FlowOptions};
 
 const S: u64 = 1_000_000_000;
 const MS: u64 = 1_000_000;
@@ -40,18 +38,16 @@ fn config(dir: &Path, window: Duration) -> PostmortemConfig {
 }
 
 fn flow_with(config: PostmortemConfig) -> EventFlow {
-    let options = FlowOptions {
-        rules: RuleConfig::default(),
-        format: Format::None,
-        output_file: None,
-        findings_file: None,
-        notices: false,
-        keep_findings: true,
-        pids_are_ours: false,
-    };
-    let mut flow = EventFlow::new(options, Box::new(NullSink));
-    flow.keep_postmortems(Postmortems::start(config).unwrap());
+    let options = FlowOptions { rules: RuleConfig::default(), keep_findings: true, pids_are_ours: false };
+    let mut flow = EventFlow::new(options, Vec::new());
+    flow.keep_postmortems(Postmortems::start(config, notes_page).unwrap());
     flow
+}
+
+/// The report as these tests read it: its notes, a line each (the page around them is the
+/// views', tested there).
+fn notes_page(_recording: &Path, report: &Path, notes: &[String]) -> anyhow::Result<()> {
+    Ok(std::fs::write(report, notes.join("\n"))?)
 }
 
 fn frame(function: &str, line: u32) -> Frame {
@@ -317,7 +313,7 @@ fn an_oom_post_mortem_holds_its_neighbours_and_a_process_gets_one_per_kind() {
 #[test]
 fn a_post_mortem_that_cannot_be_written_is_said_and_counted() {
     let dir = scratch("unwritable");
-    let mut keeper = Postmortems::start(config(&dir, Duration::from_secs(5))).unwrap();
+    let mut keeper = Postmortems::start(config(&dir, Duration::from_secs(5)), notes_page).unwrap();
     // The directory goes, and a file takes its name.
     std::fs::remove_dir_all(&dir).unwrap();
     std::fs::write(&dir, b"not a directory").unwrap();

@@ -14,12 +14,14 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
 use gpuprof_model::event::{Event, Layer, Source};
+use gpuprof_model::report::PostmortemReport;
 use gpuprof_model::{FindingKind, Tracker};
 use gpuprof_recording::{Reader, Writer};
 
 use super::detail::{self, ProcessDetail, Raise};
 use super::directory::{self, Policy, PARTIAL_SUFFIX};
 use super::holdings::{Held, Holdings};
+use super::RenderReport;
 
 /// One process's share of a post-mortem.
 pub struct Part {
@@ -52,23 +54,6 @@ pub struct Job {
     /// The finding's process first.
     pub parts: Vec<Part>,
     pub raises: Vec<Raise>,
-}
-
-/// A post-mortem written: its files, and its report gzipped for the collector.
-#[derive(Debug, Clone)]
-pub struct PostmortemReport {
-    pub finding_id: String,
-    pub kind: FindingKind,
-    pub pid: u32,
-    pub recording: PathBuf,
-    pub report: PathBuf,
-    /// The recording's events (the prologue's included) and processes, the window's length (ns).
-    pub events: u64,
-    pub processes: usize,
-    pub span_ns: u64,
-    /// The report's size, and the report gzipped.
-    pub html_bytes: u64,
-    pub gzip: Vec<u8>,
 }
 
 /// What became of a job or a sweep.
@@ -104,12 +89,12 @@ pub struct WriterThread {
 }
 
 impl WriterThread {
-    pub fn start(dir: PathBuf, policy: Policy) -> io::Result<WriterThread> {
+    pub fn start(dir: PathBuf, policy: Policy, render: RenderReport) -> io::Result<WriterThread> {
         let (work, jobs) = mpsc::channel();
         let (done_in, done) = mpsc::channel();
         let handle = std::thread::Builder::new()
             .name("gpuprof-postmortem".into())
-            .spawn(move || serve(&dir, policy, &jobs, &done_in))?;
+            .spawn(move || serve(&dir, policy, render, &jobs, &done_in))?;
         Ok(WriterThread { work: Some(work), done, handle: Some(handle), pending: 0 })
     }
 
@@ -171,11 +156,11 @@ impl WriterThread {
     }
 }
 
-fn serve(dir: &Path, policy: Policy, jobs: &Receiver<Work>, done: &Sender<Done>) {
+fn serve(dir: &Path, policy: Policy, render: RenderReport, jobs: &Receiver<Work>, done: &Sender<Done>) {
     for work in jobs {
         let outcome = match work {
             Work::Write(job) => {
-                let written = write(&job).map_err(|(path, error)| Done::Failed {
+                let written = write(&job, render).map_err(|(path, error)| Done::Failed {
                     finding_id: job.finding_id.clone(),
                     pid: job.pid,
                     kind: job.kind,
@@ -213,7 +198,7 @@ fn sweep(dir: &Path, policy: Policy) -> Done {
 }
 
 /// Writes the recording, then its report; an error names the file it could not write.
-fn write(job: &Job) -> Result<PostmortemReport, (PathBuf, String)> {
+fn write(job: &Job, render: RenderReport) -> Result<PostmortemReport, (PathBuf, String)> {
     let partial = |path: &Path| {
         let mut name = path.as_os_str().to_owned();
         name.push(PARTIAL_SUFFIX);
@@ -230,8 +215,7 @@ fn write(job: &Job) -> Result<PostmortemReport, (PathBuf, String)> {
     let about = detail::About { kind: job.kind.as_str(), pid: job.pid, comm: &job.comm, node: &job.node };
     let notes = detail::notes(&about, job.start, job.end, job.window_ns, &details, &job.raises);
     let report_partial = partial(&job.report);
-    gpuprof_views::export::html::write_file(&job.recording, &report_partial, &notes)
-        .map_err(|e| failed(&job.report, format!("{e:#}")))?;
+    render(&job.recording, &report_partial, &notes).map_err(|e| failed(&job.report, format!("{e:#}")))?;
     std::fs::rename(&report_partial, &job.report).map_err(|e| failed(&job.report, e.to_string()))?;
     let html = std::fs::read(&job.report).map_err(|e| (job.report.clone(), e.to_string()))?;
     let mut gzip = flate2::write::GzEncoder::new(Vec::with_capacity(html.len() / 4), flate2::Compression::default());

@@ -146,7 +146,7 @@ impl<'c> EbpfSource<'c> {
         &self.alive
     }
 
-    pub fn attach(&mut self, flow: &EventFlow, library: &LibraryFile) -> Result<()> {
+    pub fn attach(&mut self, flow: &mut EventFlow, library: &LibraryFile) -> Result<()> {
         if self.capture.is_attached(library) {
             return Ok(());
         }
@@ -172,6 +172,9 @@ impl<'c> EbpfSource<'c> {
         self.enricher.pythons.refresh_epochs(capture);
         if self.enricher.pythons.is_looking() {
             self.enricher.pythons.discover(capture);
+            for warning in self.enricher.pythons.take_warnings() {
+                flow.warn(warning);
+            }
             // A new program maps its libraries now: probe them before its first calls.
             self.discover_libraries(flow);
         }
@@ -233,7 +236,7 @@ impl<'c> EbpfSource<'c> {
     }
 
     /// Periodic work between polls: new libcuda files.
-    pub fn tick(&mut self, flow: &EventFlow) {
+    pub fn tick(&mut self, flow: &mut EventFlow) {
         if self.last_discovery.elapsed() >= DISCOVERY_INTERVAL {
             self.last_discovery = Instant::now();
             self.discover_libraries(flow);
@@ -242,7 +245,7 @@ impl<'c> EbpfSource<'c> {
 
     /// A tracked process may load a libcuda other than the one probed (another path, a
     /// container's copy): probe it as soon as it appears in the process's maps.
-    pub fn discover_libraries(&mut self, flow: &EventFlow) {
+    pub fn discover_libraries(&mut self, flow: &mut EventFlow) {
         let pending: Vec<u32> =
             self.alive.iter().copied().filter(|pid| !self.probed.get(pid).is_some_and(Probed::all)).collect();
         for pid in pending {
@@ -304,7 +307,7 @@ impl<'c> EbpfSource<'c> {
     /// impossible: said once); false to look again (libtorch_cpu not loaded yet).
     /// `say`: a failure is a warning (where tensor events are recorded); else it is logged only
     /// (at the driver's level autograd's state only names the line running a backward pass).
-    fn configure_autograd(&mut self, flow: &EventFlow, pid: u32, say: bool) -> bool {
+    fn configure_autograd(&mut self, flow: &mut EventFlow, pid: u32, say: bool) -> bool {
         let Some(autograd) = self.autograd.as_mut() else { return true };
         match autograd.configure(self.capture, pid) {
             Configured::Yes => {
@@ -327,7 +330,7 @@ impl<'c> EbpfSource<'c> {
     /// events through allocator probes of its own on the libc10 files it maps (no other process
     /// gets a breakpoint), dropped again at a lower level. Returns false for a process this
     /// source does not follow.
-    pub fn set_level(&mut self, flow: &EventFlow, pid: u32, level: Level) -> Result<bool> {
+    pub fn set_level(&mut self, flow: &mut EventFlow, pid: u32, level: Level) -> Result<bool> {
         if !self.alive.contains(&pid) {
             return Ok(false);
         }
@@ -356,7 +359,7 @@ impl<'c> EbpfSource<'c> {
 
     /// The caching allocator's segment probes on a libc10_cuda file, once; a file without them
     /// (stripped) is said once.
-    fn attach_segment_functions(&mut self, flow: &EventFlow, library: &LibraryFile) {
+    fn attach_segment_functions(&mut self, flow: &mut EventFlow, library: &LibraryFile) {
         if self.capture.is_attached(library) || self.unprobed_allocators.contains(&library.identity) {
             return;
         }
@@ -373,7 +376,7 @@ impl<'c> EbpfSource<'c> {
         }
     }
 
-    fn attach_allocator(&mut self, flow: &EventFlow, library: &LibraryFile) -> Result<()> {
+    fn attach_allocator(&mut self, flow: &mut EventFlow, library: &LibraryFile) -> Result<()> {
         if self.capture.is_attached(library) {
             return Ok(());
         }

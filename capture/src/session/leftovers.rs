@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use anyhow::Result;
 
-use super::{Ended, Session, Until};
+use super::{Ended, Every, Session, Until};
 use gpuprof_procfs::process;
 
 /// A live followed process holding device memory or a CUDA context.
@@ -17,32 +17,38 @@ struct Holder {
     contexts: u32,
 }
 
-/// `what` names the target in the messages ("process", "command").
-pub fn follow(session: &mut Session<'_>, deadline: Option<Instant>, what: &str) -> Result<()> {
+/// `what` names the target in the messages ("process", "command"); `hooks` run as they do in
+/// the capture's own loop.
+pub fn follow<'c>(
+    session: &mut Session<'c>,
+    deadline: Option<Instant>,
+    what: &str,
+    hooks: &mut [Every<'_, 'c>],
+) -> Result<()> {
     let holding = holders(session);
     if holding.is_empty() {
         return Ok(());
     }
-    eprintln!(
-        "gpuprof: the {what} exited, but {} still {}: following until they exit (Ctrl-C stops gpuprof and leaves them running; `kill {}` ends them)",
+    session.flow_mut().notice(format!(
+        "the {what} exited, but {} still {}: following until they exit (Ctrl-C stops gpuprof and leaves them running; `kill {}` ends them)",
         describe(&holding),
         if holding.len() == 1 { "holds GPU memory" } else { "hold GPU memory" },
         pids(&holding),
-    );
+    ));
     let none_left = |session: &Session<'_>| holders(session).is_empty();
-    match session.run(Until::Holds(&none_left), deadline, &mut [])? {
-        Ended::Held => eprintln!("gpuprof: the processes left behind have exited"),
+    let ended = session.run(Until::Holds(&none_left), deadline, hooks)?;
+    let holding = holders(session);
+    let said = match ended {
+        Ended::Held => "the processes left behind have exited".to_string(),
         // The last one may have gone between the loop's check and this one.
-        _ if holders(session).is_empty() => eprintln!("gpuprof: the processes left behind have exited"),
-        _ => {
-            let holding = holders(session);
-            eprintln!(
-                "gpuprof: stopped following; still running and holding GPU memory: {} (follow them with `gpuprof attach PID`, end them with `kill {}`)",
-                describe(&holding),
-                pids(&holding)
-            );
-        }
-    }
+        _ if holding.is_empty() => "the processes left behind have exited".to_string(),
+        _ => format!(
+            "stopped following; still running and holding GPU memory: {} (follow them with `gpuprof attach PID`, end them with `kill {}`)",
+            describe(&holding),
+            pids(&holding)
+        ),
+    };
+    session.flow_mut().notice(said);
     Ok(())
 }
 

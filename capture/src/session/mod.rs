@@ -19,7 +19,6 @@ use crate::flow::EventFlow;
 use crate::{libcuda, signals};
 pub use ebpf_source::{EbpfOptions, EbpfSource};
 use gpuprof_procfs::process;
-use gpuprof_views::output::live_line::{self, LiveLine, Progress};
 pub use shim_source::ShimSource;
 pub use stats::{CaptureStats, KernelStats, ShimStats, StackCounts};
 
@@ -83,43 +82,18 @@ pub struct Session<'c> {
     shim: Option<ShimSource>,
     poll: Duration,
     started: Instant,
-    /// What the capture has seen so far, on a terminal.
-    live_line: Option<LiveLine>,
     /// The capture's counters at the end (`--stats`); said anyway when events were lost.
     counters: bool,
-    /// The counters each second too (`--stats`), and when they were said last.
-    counters_each_second: Option<Instant>,
 }
 
 impl<'c> Session<'c> {
     pub fn new(flow: EventFlow) -> Self {
-        Session {
-            flow,
-            ebpf: None,
-            shim: None,
-            poll: POLL,
-            started: Instant::now(),
-            live_line: None,
-            counters: false,
-            counters_each_second: None,
-        }
-    }
-
-    /// A person watches (`attach`, `run`): a live line on stderr when it is a terminal.
-    pub fn with_live_line(mut self) -> Self {
-        self.live_line = LiveLine::for_stderr();
-        self
+        Session { flow, ebpf: None, shim: None, poll: POLL, started: Instant::now(), counters: false }
     }
 
     /// The counters at the end of the run, always (`--stats`, a daemon's log).
     pub fn with_counters(mut self, counters: bool) -> Self {
         self.counters = counters;
-        self
-    }
-
-    /// The counters each second on stderr as well (`--stats`).
-    pub fn with_counters_each_second(mut self) -> Self {
-        self.counters_each_second = Some(Instant::now());
         self
     }
 
@@ -170,9 +144,7 @@ impl<'c> Session<'c> {
         deadline: Option<Instant>,
         hooks: &mut [Every<'_, 'c>],
     ) -> Result<Ended> {
-        let ended = self.turn_until(&mut until, deadline, hooks);
-        live_line::clear();
-        ended
+        self.turn_until(&mut until, deadline, hooks)
     }
 
     fn turn_until(
@@ -185,7 +157,6 @@ impl<'c> Session<'c> {
         loop {
             self.pump(self.poll)?;
             self.tick();
-            self.draw_live_line();
             for hook in hooks.iter_mut() {
                 if hook.last.elapsed() >= hook.period {
                     hook.last = Instant::now();
@@ -247,33 +218,10 @@ impl<'c> Session<'c> {
         self.flow.flush()
     }
 
-    fn draw_live_line(&mut self) {
-        if self.live_line.is_none() {
-            return;
-        }
-        let lost = self.lost_events();
-        let (Some(line), flow) = (&mut self.live_line, &self.flow) else { return };
-        line.tick(|| {
-            let mut live = flow.analyzer().tracker().live_processes();
-            live.retain(|p| p.uses_cuda());
-            Progress {
-                events: flow.events(),
-                processes: live.len() as u64,
-                live_bytes: live.iter().map(|p| p.device_bytes()).sum(),
-                lost,
-            }
-        });
-    }
-
-    /// Periodic work between polls: the sources' (new libraries), the counters each second.
+    /// Periodic work between polls: the sources' (new libraries).
     fn tick(&mut self) {
         if let Some(ebpf) = &mut self.ebpf {
-            ebpf.tick(&self.flow);
-        }
-        if self.counters_each_second.is_some_and(|last| last.elapsed() >= Duration::from_secs(1)) {
-            self.counters_each_second = Some(Instant::now());
-            live_line::clear();
-            eprintln!("gpuprof: {}", self.stats());
+            ebpf.tick(&mut self.flow);
         }
     }
 
@@ -294,7 +242,7 @@ impl<'c> Session<'c> {
         // Now rather than at the next poll: a process found by a scan may make its first call
         // at any moment.
         ebpf.discover_interpreters();
-        ebpf.discover_libraries(&self.flow);
+        ebpf.discover_libraries(&mut self.flow);
     }
 
     /// Records process `pid` at `level` from now on, in whichever capture follows it: the kernel's
@@ -302,7 +250,7 @@ impl<'c> Session<'c> {
     pub fn set_level(&mut self, pid: u32, level: gpuprof_model::Level) -> Result<bool> {
         let mut known = false;
         if let Some(ebpf) = &mut self.ebpf {
-            known |= ebpf.set_level(&self.flow, pid, level)?;
+            known |= ebpf.set_level(&mut self.flow, pid, level)?;
         }
         if let Some(shim) = &mut self.shim {
             known |= shim.set_level(pid, level);
@@ -317,7 +265,7 @@ impl<'c> Session<'c> {
     /// Probes a libcuda file (no-op without eBPF, or when it is probed already).
     pub fn attach(&mut self, library: &libcuda::LibraryFile) -> Result<()> {
         match &mut self.ebpf {
-            Some(ebpf) => ebpf.attach(&self.flow, library),
+            Some(ebpf) => ebpf.attach(&mut self.flow, library),
             None => Ok(()),
         }
     }
@@ -366,30 +314,27 @@ impl<'c> Session<'c> {
         )
     }
 
-    /// The end of the run: the flow's last findings and summaries, what was captured in words
-    /// (and the counters, with `--stats` or when something was lost), and a warning when the
-    /// kernel lost events.
+    /// The end of the run: the flow's last findings, and its reporters finished with what was
+    /// captured in words (and the counters, with `--stats` or when something was lost; the
+    /// phases' costs when they were measured; a warning when the kernel lost events).
     pub fn finish(self) -> Result<()> {
-        live_line::clear();
         let lost = self.lost_events();
         let mut closing = vec![self.account(lost)];
         if self.counters || lost > 0 {
             closing.push(self.stats().to_string());
         }
-        let drops = self.ebpf.as_ref().map(EbpfSource::drops).unwrap_or_default();
-        let phases = self.ebpf.as_ref().and_then(EbpfSource::phase_profile);
-        self.flow.finish(&closing, lost)?;
-        if let Some(phases) = phases {
-            eprintln!("gpuprof: {phases}");
+        if let Some(phases) = self.ebpf.as_ref().and_then(EbpfSource::phase_profile) {
+            closing.push(phases.to_string());
         }
+        let drops = self.ebpf.as_ref().map(EbpfSource::drops).unwrap_or_default();
         if drops.lost_events() > 0 {
-            eprintln!(
-                "gpuprof: warning: {} events were lost; give a larger --buffer-mib (ring buffer full {}, call table full {})",
+            closing.push(format!(
+                "warning: {} events were lost; give a larger --buffer-mib (ring buffer full {}, call table full {})",
                 drops.lost_events(),
                 drops.ring_buffer_full,
                 drops.pending_full
-            );
+            ));
         }
-        Ok(())
+        self.flow.finish(closing, lost)
     }
 }

@@ -49,7 +49,11 @@ impl ShimSource {
             heard_of(event.pid);
             *events += 1;
             flow.observe(event).context("cannot write the output")
-        })
+        })?;
+        for notice in self.processes.take_said() {
+            flow.tell(notice);
+        }
+        Ok(())
     }
 
     /// Tells process `pid` to record at `level`; false when it is not connected.

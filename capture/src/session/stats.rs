@@ -6,10 +6,10 @@ use std::fmt;
 use gpuprof_model::findings::wording::count;
 
 pub use crate::enrich::python_stacks::StackCounts;
-use crate::flow::ExportHealth;
 use crate::kernel::DropCounters;
 use crate::postmortem::PostmortemStats;
 use crate::shim_socket::ShimTotals;
+use gpuprof_model::report::ExportHealth;
 
 #[derive(Debug, Clone, Default)]
 pub struct CaptureStats {

@@ -13,9 +13,10 @@ use gpuprof_model::escalation::EscalationConfig;
 use gpuprof_model::{Level, RuleConfig};
 use serde::Deserialize;
 
-use crate::telemetry::{OtlpOptions, OtlpTuning, Protocol};
 use gpuprof_capture::postmortem::PostmortemConfig;
 use gpuprof_capture::shim_socket::SocketAccess;
+use gpuprof_otlp::client::Protocol;
+use gpuprof_otlp::reporter::{OtlpOptions, OtlpTuning};
 
 /// `gpuprof daemon` flags. Each is optional here so that the file can fill what is not given.
 #[derive(Debug, Default, Args)]
@@ -168,7 +169,7 @@ struct FileConfig {
     otlp_token_file: Option<PathBuf>,
     metrics_token: Option<String>,
     metrics_token_file: Option<PathBuf>,
-    otlp_events: Option<crate::telemetry::EventStream>,
+    otlp_events: Option<gpuprof_otlp::reporter::EventStream>,
     otlp_metrics_interval: Option<f64>,
     otlp_profile_interval: Option<f64>,
     otlp_profile_stacks: Option<usize>,
@@ -275,7 +276,7 @@ impl DaemonArgs {
                 let mut options = tuning.options(&endpoint, protocol, token, node_name.clone())?;
                 options.memory_cap = Some(memory_cap_mib << 20);
                 if self.sidecar.is_some() || file.sidecar.is_some() {
-                    let mut pod = crate::telemetry::PodIdentity::from_environment();
+                    let mut pod = gpuprof_otlp::reporter::PodIdentity::from_environment();
                     pod.processes_visible = self.capture.or(file.capture) == Some(CaptureMode::Ebpf);
                     options.pod = Some(pod);
                 }
@@ -403,7 +404,7 @@ impl DaemonArgs {
         let retention = self.postmortem_retention.or(file.postmortem_retention).unwrap_or(7.0 * 86400.0);
         Ok(Some(PostmortemConfig {
             dir,
-            node: crate::telemetry::node_name(node_name),
+            node: gpuprof_otlp::reporter::node_name(node_name),
             window: Duration::from_secs_f64(window),
             process_bytes: process_mib << 20,
             node_bytes: node_mib << 20,
@@ -512,7 +513,7 @@ mod tests {
         assert_eq!(otlp.client.endpoint, "http://file:4317");
         assert_eq!(otlp.client.protocol, Protocol::Http);
         assert_eq!(otlp.node.as_deref(), Some("from-flag"));
-        assert_eq!(otlp.events, crate::telemetry::EventStream::All);
+        assert_eq!(otlp.events, gpuprof_otlp::reporter::EventStream::All);
         assert_eq!(otlp.profile_interval, Duration::from_secs(30));
         assert_eq!(otlp.metrics_interval, Duration::from_secs(1));
         assert_eq!(otlp.spans.max_per_process, 500);

@@ -165,7 +165,7 @@ impl Levels {
         let taken = match session.set_level(pid, level) {
             Ok(taken) => taken,
             Err(error) => {
-                session.flow().notice(format!("warning: cannot raise pid {pid} to {level}: {error:#}"));
+                session.flow_mut().notice(format!("warning: cannot raise pid {pid} to {level}: {error:#}"));
                 false
             }
         };
@@ -178,7 +178,7 @@ impl Levels {
         self.raises_total += 1;
         // Published before it is said: whoever reads the line finds it in GET /v1/levels.
         self.publish();
-        session.flow().notice(said);
+        session.flow_mut().notice(said);
         Ok(true)
     }
 
@@ -196,7 +196,7 @@ impl Levels {
         self.publish();
         // A process that exited meanwhile is simply not there any more.
         if session.set_level(pid, self.base).unwrap_or(false) {
-            session.flow().notice(format!("pid {pid}: back to {}", self.base));
+            session.flow_mut().notice(format!("pid {pid}: back to {}", self.base));
         }
         if let Some(rules) = session.flow_mut().escalation_mut() {
             rules.lowered(pid);

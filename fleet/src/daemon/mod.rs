@@ -17,14 +17,15 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 
-use crate::telemetry::Telemetry;
 use gpuprof_capture::flow::{EventFlow, FlowOptions};
 use gpuprof_capture::kernel::{Capture, CaptureOptions};
 use gpuprof_capture::libcuda::{self, LibraryFile};
 use gpuprof_capture::postmortem::Postmortems;
 use gpuprof_capture::session::{EbpfOptions, EbpfSource, Every, Scope, Session, ShimSource, Until};
 use gpuprof_capture::{preflight, shim_socket, signals};
-use gpuprof_views::output::{self, Format, NullSink};
+use gpuprof_model::Reporter;
+use gpuprof_otlp::reporter::Telemetry;
+use gpuprof_views::output::{self, EventOutput, Format, Terminal, TerminalOptions};
 
 pub use config::{CaptureMode, DaemonArgs, DaemonConfig};
 
@@ -71,14 +72,12 @@ pub fn run(args: &DaemonArgs) -> Result<u8> {
     // The shims' socket, open to whom the configuration says (each connection speaks only for
     // its own process): before the output is opened, so a socket that cannot be made leaves it be.
     let received = config.shim_socket.as_ref().map(|path| shim_socket::listen(path, config.shim_access)).transpose()?;
-    let mut flow = EventFlow::new(flow_options(&config), sink_of(&config)?);
-    let telemetry = config.otlp.clone().map(Telemetry::start).transpose()?;
-    flow.set_exporter(telemetry.map(|t| Box::new(t) as Box<dyn gpuprof_capture::flow::Exporter>));
+    let mut flow = EventFlow::new(flow_options(&config), reporters(&config)?);
     if let Some(escalation) = config.escalation {
         flow.escalate(escalation);
     }
     let postmortems_in = match &config.postmortems {
-        Some(settings) => match Postmortems::start(settings.clone()) {
+        Some(settings) => match Postmortems::start(settings.clone(), gpuprof_views::export::html::write_file) {
             Ok(postmortems) => {
                 flow.keep_postmortems(postmortems);
                 Some(settings.dir.clone())
@@ -149,7 +148,7 @@ fn started_line(
     listening: std::net::SocketAddr,
     postmortems_in: Option<&std::path::Path>,
 ) -> String {
-    let node = crate::telemetry::node_name(config.node_name.as_deref());
+    let node = gpuprof_otlp::reporter::node_name(config.node_name.as_deref());
     let followed = session.ebpf().map_or(0, |e| e.alive().len());
     let postmortems = match (postmortems_in, &config.postmortems) {
         (Some(dir), Some(settings)) => {
@@ -200,7 +199,7 @@ fn pod_name(config: &DaemonConfig) -> String {
         .otlp
         .as_ref()
         .and_then(|o| o.pod.clone())
-        .unwrap_or_else(crate::telemetry::PodIdentity::from_environment);
+        .unwrap_or_else(gpuprof_otlp::reporter::PodIdentity::from_environment);
     match (pod.namespace, pod.name) {
         (Some(namespace), Some(name)) => format!("{namespace}/{name}"),
         (None, Some(name)) => name,
@@ -209,27 +208,34 @@ fn pod_name(config: &DaemonConfig) -> String {
 }
 
 fn flow_options(config: &DaemonConfig) -> FlowOptions {
-    FlowOptions {
-        rules: config.rules,
+    FlowOptions { rules: config.rules, keep_findings: false, pids_are_ours: !shim_sidecar(config) }
+}
+
+/// What the daemon's capture goes to: its log (findings as they fire, notices), the events'
+/// file when it writes one, the OTLP reporter when it exports.
+fn reporters(config: &DaemonConfig) -> Result<Vec<Box<dyn Reporter>>> {
+    let log = TerminalOptions {
         format: Format::Jsonl,
         output_file: None,
         findings_file: None,
         notices: true,
-        keep_findings: false,
-        pids_are_ours: !shim_sidecar(config),
+        findings_at_the_end: false,
+    };
+    let mut reporters: Vec<Box<dyn Reporter>> = vec![Box::new(Terminal::new(log))];
+    if let Some(path) = &config.output {
+        let format = Format::resolve(None, Some(path))?;
+        let sink = output::sink(format, output::open_writer(Some(path))?, true, false)?;
+        reporters.push(Box::new(EventOutput::new(sink)));
     }
+    if let Some(otlp) = config.otlp.clone() {
+        reporters.push(Box::new(Telemetry::start(otlp)?));
+    }
+    Ok(reporters)
 }
 
 /// A pod's sidecar taking the shim's events: its processes are in other pid namespaces.
 fn shim_sidecar(config: &DaemonConfig) -> bool {
     config.sidecar.is_some() && config.capture == CaptureMode::Shim
-}
-
-fn sink_of(config: &DaemonConfig) -> Result<Box<dyn output::EventSink>> {
-    Ok(match &config.output {
-        Some(path) => output::sink(Format::resolve(None, Some(path))?, output::open_writer(Some(path))?, true, false)?,
-        None => Box::new(NullSink),
-    })
 }
 
 fn destinations(config: &DaemonConfig) -> String {

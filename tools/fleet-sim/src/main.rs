@@ -28,9 +28,9 @@ use std::time::Duration;
 
 use anyhow::{bail, Result};
 use clap::Parser;
-use gpuprof_fleet::telemetry::EventStream;
 use gpuprof_model::event::wall_clock_ns;
 use gpuprof_model::Event;
+use gpuprof_otlp::reporter::EventStream;
 use gpuprof_recording::EventFile;
 use serde_json::json;
 

@@ -13,12 +13,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use gpuprof_fleet::telemetry::{EventStream, OtlpOptions, OtlpTuning, Outbox, Protocol, Telemetry};
 use gpuprof_model::{Analyzer, Event, Kind, Layer, Op, RuleConfig, Source};
 use gpuprof_otlp::client::Delivery;
+use gpuprof_otlp::client::Protocol;
 use gpuprof_otlp::proto::logs::v1::ResourceLogs;
 use gpuprof_otlp::proto::metrics::v1::ResourceMetrics;
 use gpuprof_otlp::proto::trace::v1::ResourceSpans;
+use gpuprof_otlp::reporter::{EventStream, OtlpOptions, OtlpTuning, Outbox, Telemetry};
 
 /// Pids of simulated processes start here: above Linux's highest pid (2^22), so no lookup in
 /// /proc ever finds a real process of this machine.

@@ -175,10 +175,13 @@ fn convert(request: &ExportRequest<'_>, format: output::Format) -> Result<u8> {
         _ => 0,
     };
     sink.finish(&EndOfRun {
+        tracker: &gpuprof_model::Tracker::new(),
         processes: &[],
         findings: &[],
         lost_events: lost,
+        events: 0,
         nvml: &std::collections::BTreeMap::new(),
+        closing: &[],
     })
     .context("cannot write the export")?;
     Ok(0)

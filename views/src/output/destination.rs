@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Result;
 
 use gpuprof_model::event::{Event, Layer};
+use gpuprof_recording::naming::file_name_safe;
 
 use super::{EndOfRun, EventSink, Format, RECORDING_EXTENSION};
 
@@ -126,17 +127,6 @@ pub fn name_of_command(command: &[impl AsRef<OsStr>]) -> String {
     program
 }
 
-/// File-name-safe: letters, digits, '.', '_' and '-'; the rest become '_'.
-pub fn file_name_safe(name: &str) -> String {
-    let cleaned: String =
-        name.chars().map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c } else { '_' }).collect();
-    if cleaned.is_empty() {
-        "run".to_string()
-    } else {
-        cleaned
-    }
-}
-
 /// YYYYMMDD-HHMMSS in local time.
 fn local_time_stamp() -> String {
     // SAFETY: time(2) and localtime_r(3) with valid pointers to our own stack.
@@ -144,19 +134,6 @@ fn local_time_stamp() -> String {
         let now = libc::time(std::ptr::null_mut());
         let mut tm: libc::tm = std::mem::zeroed();
         libc::localtime_r(&now, &mut tm);
-        tm
-    };
-    time_stamp(&tm)
-}
-
-/// `YYYYmmdd-HHMMSS` of `ts` (ns since the Unix epoch) in UTC: files named after a moment of a
-/// capture (post-mortems), the same on every node.
-pub fn utc_stamp(ts: u64) -> String {
-    let seconds = (ts / 1_000_000_000) as libc::time_t;
-    // SAFETY: gmtime_r with pointers to our own stack.
-    let tm = unsafe {
-        let mut tm: libc::tm = std::mem::zeroed();
-        libc::gmtime_r(&seconds, &mut tm);
         tm
     };
     time_stamp(&tm)
@@ -186,8 +163,6 @@ mod tests {
         assert_eq!(name_of_command(&["torchrun", "--nproc-per-node", "2", "train.py"]), "torchrun");
         assert_eq!(name_of_command(&["python3", "-c", "import torch"]), "python3");
         assert_eq!(name_of_command(&["python", "-m", "pkg.main", "--lr", "3"]), "pkg.main");
-        assert_eq!(file_name_safe("my model"), "my_model");
-        assert_eq!(file_name_safe(""), "run");
     }
 
     #[test]

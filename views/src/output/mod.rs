@@ -4,11 +4,13 @@
 pub mod colour;
 mod cuda_only;
 mod destination;
+mod event_output;
 pub mod findings;
 mod jsonl;
 pub mod live_line;
 mod recording;
 mod table;
+mod terminal;
 pub mod text;
 
 use std::fs::File;
@@ -17,14 +19,15 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use gpuprof_model::event::Event;
-use gpuprof_model::track::LiveSummary;
-use gpuprof_model::Finding;
 
 pub use cuda_only::CudaProcessesOnly;
-pub use destination::{file_name_safe, name_of_command, utc_stamp, ChosenFileSink, Destination};
+pub use destination::{name_of_command, ChosenFileSink, Destination};
+pub use event_output::EventOutput;
+pub use gpuprof_model::report::EndOfRun;
 pub use jsonl::JsonlSink;
 pub use recording::RecordingSink;
 pub use table::{python_column, write_end_of_run, write_live_summary, TableSink};
+pub use terminal::{Terminal, TerminalOptions};
 
 /// The output formats of `attach` and `run`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -69,16 +72,8 @@ impl Format {
 /// The file extension of recordings (`--output run.gpuprof` writes one).
 pub const RECORDING_EXTENSION: &str = "gpuprof";
 
-/// What the run ended with, for sinks that print a summary.
-pub struct EndOfRun<'a> {
-    pub processes: &'a [LiveSummary],
-    pub findings: &'a [Finding],
-    /// Events the capture lost (a recording keeps the count).
-    pub lost_events: u64,
-    /// NVML's used memory per process, last seen while it ran, beside what the probes saw.
-    pub nvml: &'a std::collections::BTreeMap<u32, gpuprof_model::nvml::Reconciled>,
-}
-
+/// Where a stream of events is written: a recording, jsonl, a table. A capture's sink is one of
+/// its reporters through `EventOutput`; `export` writes a recorded file's events through one.
 pub trait EventSink {
     fn event(&mut self, event: &Event) -> io::Result<()>;
     /// Called after each batch so a reader of the stream sees events as they happen.

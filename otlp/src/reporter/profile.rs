@@ -4,9 +4,9 @@
 
 use std::collections::HashMap;
 
+use crate::pprof::{self, ProfileBuilder, StackSample};
 use gpuprof_model::track::{Allocation, ProcessMemory};
 use gpuprof_model::Stack;
-use gpuprof_otlp::pprof::{self, ProfileBuilder, StackSample};
 
 /// (layer, device) → stack → (bytes, count)
 type Totals<'a> = HashMap<(&'static str, Option<i32>), HashMap<&'a Stack, (u64, u64)>>;

@@ -13,7 +13,7 @@
 //! - the HTML report of each post-mortem the node writes (gzipped, one log record, when it fits
 //!   in a request; else a record saying where it is), which the collector serves by finding.
 //!
-//! The capture thread only builds requests; `gpuprof_otlp::client` queues and sends them, so
+//! The capture thread only builds requests; `crate::client` queues and sends them, so
 //! the network never slows the capture, and whatever is not delivered is counted.
 
 mod identity;
@@ -23,17 +23,17 @@ mod settings;
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
+use crate::client::{Client, ClientOptions, Delivery};
+use crate::lifetimes::{Lifetimes, SpanPolicy};
+use crate::proto::logs::v1::{LogRecord, ResourceLogs, ScopeLogs};
+use crate::proto::metrics::v1::{ResourceMetrics, ScopeMetrics};
+use crate::proto::trace::v1::{ResourceSpans, ScopeSpans, Span};
+use crate::resource::ProcessIdentity;
 use anyhow::Result;
+use gpuprof_model::report::{EndOfRun, ExportHealth, PostmortemReport, Reporter};
 use gpuprof_model::track::{ProcessMemory, ProcessState};
 use gpuprof_model::{Event, Finding, Layer, Op, Tracker};
-use gpuprof_otlp::client::{Client, ClientOptions, Delivery};
-use gpuprof_otlp::lifetimes::{Lifetimes, SpanPolicy};
-use gpuprof_otlp::proto::logs::v1::{LogRecord, ResourceLogs, ScopeLogs};
-use gpuprof_otlp::proto::metrics::v1::{ResourceMetrics, ScopeMetrics};
-use gpuprof_otlp::proto::trace::v1::{ResourceSpans, ScopeSpans, Span};
-use gpuprof_otlp::resource::ProcessIdentity;
 
-pub use gpuprof_otlp::client::Protocol;
 pub use identity::{node_name, PodIdentity};
 pub use settings::OtlpTuning;
 
@@ -231,7 +231,7 @@ impl Telemetry {
             _ => true,
         };
         if record {
-            self.push_record(pid, gpuprof_otlp::logs::record_of(event));
+            self.push_record(pid, crate::logs::record_of(event));
         }
         if event.layer == Layer::Driver && event.result == gpuprof_model::event::CUDA_ERROR_OUT_OF_MEMORY {
             self.profile_due(pid, Reason::Oom);
@@ -255,10 +255,10 @@ impl Telemetry {
     pub fn findings(&mut self, fired: &[Finding], tracker: &Tracker) {
         for finding in fired {
             let ts = finding.last_ts;
-            self.push_record(finding.pid, gpuprof_otlp::logs::finding_record(finding, ts));
+            self.push_record(finding.pid, crate::logs::finding_record(finding, ts));
             let since = tracker.instance_since(finding.pid, finding.first_ts);
             self.findings_sent += 1;
-            let span = gpuprof_otlp::findings::span_of(finding, &self.node, since, self.findings_sent);
+            let span = crate::findings::span_of(finding, &self.node, since, self.findings_sent);
             self.spans.push((finding.pid, span));
             self.profile_due(finding.pid, Reason::Finding);
         }
@@ -266,8 +266,8 @@ impl Telemetry {
 
     /// A post-mortem written: its report, gzipped, for the collector to serve by finding; or,
     /// over what one request carries, a record saying where it is on the node.
-    pub fn postmortem(&mut self, report: &gpuprof_capture::postmortem::PostmortemReport) {
-        use gpuprof_otlp::logs::{PostmortemBody, PostmortemRecord};
+    pub fn postmortem(&mut self, report: &PostmortemReport) {
+        use crate::logs::{PostmortemBody, PostmortemRecord};
         let limit = self.options.client.max_request_bytes.saturating_sub(POSTMORTEM_MARGIN);
         let body = if report.gzip.len() <= limit {
             PostmortemBody::Gzip(report.gzip.clone())
@@ -288,7 +288,7 @@ impl Telemetry {
         };
         let now = gpuprof_model::event::wall_clock_ns();
         self.postmortems_sent += 1;
-        self.push_record(report.pid, gpuprof_otlp::logs::postmortem_record(record, now));
+        self.push_record(report.pid, crate::logs::postmortem_record(record, now));
     }
 
     fn profile_due(&mut self, pid: u32, reason: Reason) {
@@ -343,7 +343,7 @@ impl Telemetry {
                 .flat_map(|r| &r.scope_metrics)
                 .flat_map(|s| &s.metrics)
                 .map(|m| match &m.data {
-                    Some(gpuprof_otlp::proto::metrics::v1::metric::Data::Gauge(g)) => g.data_points.len() as u64,
+                    Some(crate::proto::metrics::v1::metric::Data::Gauge(g)) => g.data_points.len() as u64,
                     _ => 0,
                 })
                 .sum::<u64>();
@@ -368,7 +368,7 @@ impl Telemetry {
     fn profile(&mut self, process: &ProcessMemory, ts: u64, reason: Reason) {
         let pprof = profile::of_process(process, ts, self.options.profile_stacks);
         self.profiles_sent += 1;
-        self.push_record(process.pid, gpuprof_otlp::logs::profile_record(pprof, ts, reason.as_str()));
+        self.push_record(process.pid, crate::logs::profile_record(pprof, ts, reason.as_str()));
     }
 
     /// NVML's used memory per process (nvidia-smi's figure), for the next gauges.
@@ -377,11 +377,11 @@ impl Telemetry {
     }
 
     fn process_metrics(&mut self, process: &ProcessMemory, ts: u64) {
-        let metrics = gpuprof_otlp::metrics::process_metrics(process, ts, self.nvml_used.get(&process.pid).copied());
+        let metrics = crate::metrics::process_metrics(process, ts, self.nvml_used.get(&process.pid).copied());
         let resource = self.identity(process.pid, &process.comm, process.ppid).resource();
         self.metrics.push(ResourceMetrics {
             resource: Some(resource),
-            scope_metrics: vec![ScopeMetrics { scope: Some(gpuprof_otlp::scope()), metrics, ..Default::default() }],
+            scope_metrics: vec![ScopeMetrics { scope: Some(crate::scope()), metrics, ..Default::default() }],
             ..Default::default()
         });
     }
@@ -544,7 +544,7 @@ fn last_instance(tracker: &Tracker, pid: u32) -> Option<&ProcessMemory> {
 fn logs_of(identity: ProcessIdentity, log_records: Vec<LogRecord>) -> ResourceLogs {
     ResourceLogs {
         resource: Some(identity.resource()),
-        scope_logs: vec![ScopeLogs { scope: Some(gpuprof_otlp::scope()), log_records, ..Default::default() }],
+        scope_logs: vec![ScopeLogs { scope: Some(crate::scope()), log_records, ..Default::default() }],
         ..Default::default()
     }
 }
@@ -552,47 +552,46 @@ fn logs_of(identity: ProcessIdentity, log_records: Vec<LogRecord>) -> ResourceLo
 fn spans_of(identity: ProcessIdentity, spans: Vec<Span>) -> ResourceSpans {
     ResourceSpans {
         resource: Some(identity.resource()),
-        scope_spans: vec![ScopeSpans { scope: Some(gpuprof_otlp::scope()), spans, ..Default::default() }],
+        scope_spans: vec![ScopeSpans { scope: Some(crate::scope()), spans, ..Default::default() }],
         ..Default::default()
     }
 }
 
-/// The flow's exporter: each event, finding and device reading of the capture goes through here.
-impl gpuprof_capture::flow::Exporter for Telemetry {
+/// The capture's OTLP reporter: each event, finding, post-mortem and device reading goes out
+/// from here.
+impl Reporter for Telemetry {
     fn before(&mut self, event: &Event, tracker: &Tracker) {
         Telemetry::before(self, event, tracker);
     }
 
-    fn after(&mut self, event: &Event, fired: &[Finding], tracker: &Tracker) {
+    fn event(&mut self, event: &Event, fired: &[Finding], tracker: &Tracker) -> std::io::Result<()> {
         Telemetry::after(self, event, fired, tracker);
+        Ok(())
     }
 
     fn findings(&mut self, fired: &[Finding], tracker: &Tracker) {
         Telemetry::findings(self, fired, tracker);
     }
 
-    fn postmortem(&mut self, report: &gpuprof_capture::postmortem::PostmortemReport) {
+    fn postmortem(&mut self, report: &PostmortemReport) {
         Telemetry::postmortem(self, report);
     }
 
-    fn device_used(&mut self, used: BTreeMap<u32, u64>) {
-        self.nvml_used(used);
+    fn device_used(&mut self, used: &BTreeMap<u32, u64>) {
+        self.nvml_used(used.clone());
     }
 
-    fn flush(&mut self, tracker: &Tracker, now: u64) {
+    fn flush(&mut self, tracker: &Tracker, now: u64) -> std::io::Result<()> {
         Telemetry::flush(self, tracker, now);
+        Ok(())
     }
 
-    fn finish(self: Box<Self>, tracker: &Tracker) -> String {
-        Telemetry::finish(*self, tracker).to_string()
+    fn finish(self: Box<Self>, end: &EndOfRun<'_>) -> std::io::Result<Option<String>> {
+        Ok(Some(Telemetry::finish(*self, end.tracker).to_string()))
     }
 
-    fn health(&self) -> gpuprof_capture::flow::ExportHealth {
+    fn health(&self) -> Option<ExportHealth> {
         let delivery = self.delivery();
-        gpuprof_capture::flow::ExportHealth {
-            sent: delivery.sent(),
-            lost: delivery.lost(),
-            queued_bytes: self.queued_bytes() as u64,
-        }
+        Some(ExportHealth { sent: delivery.sent(), lost: delivery.lost(), queued_bytes: self.queued_bytes() as u64 })
     }
 }

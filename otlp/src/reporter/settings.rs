@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
+use crate::client::{ClientOptions, Protocol, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_QUEUE_BYTES};
+use crate::lifetimes::SpanPolicy;
 use anyhow::{bail, Result};
 use clap::Args;
-use gpuprof_otlp::client::{ClientOptions, Protocol, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_QUEUE_BYTES};
-use gpuprof_otlp::lifetimes::SpanPolicy;
 
 use super::{EventStream, OtlpOptions};
 

@@ -4,7 +4,7 @@
 
 use std::fs;
 
-use gpuprof_otlp::resource::ProcessIdentity;
+use crate::resource::ProcessIdentity;
 
 /// The node's name: `--node-name`, else `K8S_NODE_NAME` (the downward API in a DaemonSet), else
 /// the kernel's host name.
