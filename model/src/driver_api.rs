@@ -201,7 +201,7 @@ impl CallValues {
     };
 
     /// The call's handle bytes, if it carried one.
-    pub fn handle(&self) -> Option<&[u8]> {
+    pub(crate) fn handle(&self) -> Option<&[u8]> {
         let len = usize::from(self.handle_len).min(HANDLE_LEN);
         (len > 0).then(|| &self.handle[..len])
     }

@@ -39,7 +39,7 @@ struct Seen {
 
 impl ForwardStacks {
     /// Learns from a forward allocation; gives a backward block its node's forward stack.
-    pub fn attribute(&mut self, event: &mut Event) {
+    pub(crate) fn attribute(&mut self, event: &mut Event) {
         if event.layer != Layer::Allocator || !event.succeeded() {
             return;
         }
@@ -71,7 +71,7 @@ impl ForwardStacks {
     }
 
     /// The process ended or runs another program.
-    pub fn forget(&mut self, pid: u32) {
+    pub(crate) fn forget(&mut self, pid: u32) {
         self.threads.retain(|(p, _), _| *p != pid);
     }
 

@@ -36,12 +36,13 @@ impl Framework {
         }
     }
 
-    pub fn from_name(name: &str) -> Option<Framework> {
+    #[cfg(test)]
+    pub(crate) fn from_name(name: &str) -> Option<Framework> {
         Framework::ALL.into_iter().find(|f| f.as_str() == name)
     }
 
     /// The allocator, as a sentence names it.
-    pub fn allocator(self) -> &'static str {
+    pub(crate) fn allocator(self) -> &'static str {
         match self {
             Framework::Pytorch => "PyTorch's caching allocator",
             Framework::Xla => "XLA's BFC allocator",

@@ -8,7 +8,7 @@ pub fn format_addr(addr: u64) -> String {
 }
 
 /// Parses `0x…` (or bare) hex into an address.
-pub fn parse_addr(text: &str) -> Option<u64> {
+pub(crate) fn parse_addr(text: &str) -> Option<u64> {
     let digits = text.strip_prefix("0x").or_else(|| text.strip_prefix("0X")).unwrap_or(text);
     if digits.is_empty() {
         return None;
@@ -26,7 +26,7 @@ pub fn format_bytes(bytes: &[u8]) -> String {
 }
 
 /// Parses contiguous hex pairs back into bytes.
-pub fn parse_bytes(text: &str) -> Option<Vec<u8>> {
+pub(crate) fn parse_bytes(text: &str) -> Option<Vec<u8>> {
     if text.len() % 2 != 0 {
         return None;
     }
@@ -34,17 +34,17 @@ pub fn parse_bytes(text: &str) -> Option<Vec<u8>> {
 }
 
 /// Serde adapter for `Option<u64>` addresses written as `0x…` strings.
-pub mod serde_addr {
+pub(crate) mod serde_addr {
     use serde::{Deserialize, Deserializer, Serializer};
 
-    pub fn serialize<S: Serializer>(addr: &Option<u64>, serializer: S) -> Result<S::Ok, S::Error> {
+    pub(crate) fn serialize<S: Serializer>(addr: &Option<u64>, serializer: S) -> Result<S::Ok, S::Error> {
         match addr {
             Some(addr) => serializer.collect_str(&format_args!("{addr:#x}")),
             None => serializer.serialize_none(),
         }
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<u64>, D::Error> {
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<u64>, D::Error> {
         let text: Option<String> = Option::deserialize(deserializer)?;
         text.map(|text| {
             super::parse_addr(&text)
@@ -55,17 +55,17 @@ pub mod serde_addr {
 }
 
 /// Serde adapter for `Option<Vec<u8>>` handle bytes written as hex strings.
-pub mod serde_bytes {
+pub(crate) mod serde_bytes {
     use serde::{Deserialize, Deserializer, Serializer};
 
-    pub fn serialize<S: Serializer>(bytes: &Option<Vec<u8>>, serializer: S) -> Result<S::Ok, S::Error> {
+    pub(crate) fn serialize<S: Serializer>(bytes: &Option<Vec<u8>>, serializer: S) -> Result<S::Ok, S::Error> {
         match bytes {
             Some(bytes) => serializer.serialize_str(&super::format_bytes(bytes)),
             None => serializer.serialize_none(),
         }
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Vec<u8>>, D::Error> {
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Vec<u8>>, D::Error> {
         let text: Option<String> = Option::deserialize(deserializer)?;
         text.map(|text| {
             super::parse_bytes(&text)

@@ -24,7 +24,7 @@ pub enum Level {
 }
 
 impl Level {
-    pub const ALL: [Level; 3] = [Level::Off, Level::Driver, Level::Tensors];
+    pub(crate) const ALL: [Level; 3] = [Level::Off, Level::Driver, Level::Tensors];
 
     pub fn as_str(self) -> &'static str {
         match self {

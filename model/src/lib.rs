@@ -6,6 +6,8 @@
 //! Agent, `gpuprof report` and the collector all use these types and functions; none of them
 //! re-implements what lives here.
 
+#![warn(unreachable_pub)]
+
 pub mod allocator;
 pub mod bytes;
 pub mod dedup;

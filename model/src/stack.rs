@@ -48,7 +48,7 @@ impl Stack {
     }
 
     /// The content hash, computed once.
-    pub fn content_hash(&self) -> u64 {
+    pub(crate) fn content_hash(&self) -> u64 {
         self.0.hash
     }
 
@@ -56,16 +56,11 @@ impl Stack {
     pub fn same(&self, other: &Stack) -> bool {
         Arc::ptr_eq(&self.0, &other.0)
     }
-
-    /// An address that identifies this shared copy while it is alive.
-    pub fn identity(&self) -> usize {
-        Arc::as_ptr(&self.0) as usize
-    }
 }
 
 /// The file of the frame that stands for native code: a call made without Python frames,
 /// named by the module that made it.
-pub const NATIVE_FILE: &str = "<native>";
+pub(crate) const NATIVE_FILE: &str = "<native>";
 
 impl Stack {
     /// These frames under one naming the backward pass (`StackOrigin::BackwardCaller`): a driver
@@ -78,7 +73,7 @@ impl Stack {
     /// One frame, `[libnccl.so.2]` in `<native>`, for what a module did with no Python frame on
     /// the thread: views, findings, exports and profiles group such memory by it. Shared per
     /// module.
-    pub fn of_module(module: &str) -> Stack {
+    pub(crate) fn of_module(module: &str) -> Stack {
         static MODULES: LazyLock<std::sync::Mutex<std::collections::HashMap<String, Stack>>> =
             LazyLock::new(Default::default);
         let mut modules = MODULES.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -184,17 +179,14 @@ impl StackTable {
         stack
     }
 
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.stacks.len()
     }
 
     /// Forgets stacks nothing but the table holds any more.
     pub fn forget_unused(&mut self) {
         self.stacks.retain(|s| Arc::strong_count(&s.0) > 1);
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.stacks.is_empty()
     }
 }
 
@@ -301,8 +293,8 @@ impl StackOrigin {
 
 /// The file of the frame that marks a backward block's stack: its innermost frame names the
 /// node ("AddmmBackward0"), the frames outside it are the node's forward stack.
-pub const AUTOGRAD_FILE: &str = "<autograd>";
+pub(crate) const AUTOGRAD_FILE: &str = "<autograd>";
 
 /// The function of the `AUTOGRAD_FILE` frame over a `StackOrigin::BackwardCaller` stack: the
 /// frames outside it are the thread that runs the backward pass, not a node's forward call.
-pub const BACKWARD_PASS: &str = "backward pass";
+pub(crate) const BACKWARD_PASS: &str = "backward pass";

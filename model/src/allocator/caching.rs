@@ -158,7 +158,7 @@ impl CachingAllocator {
     /// order it got them (`(address, size)`); once those run out, above the highest of them.
     /// cudaMalloc's placement is not modelled, but the order of equal blocks is what best fit
     /// reads, and segments of equal size made in the same order are laid out alike.
-    pub fn with_segment_addresses(mut self, segments: &[(u64, u64)]) -> Self {
+    pub(crate) fn with_segment_addresses(mut self, segments: &[(u64, u64)]) -> Self {
         for &(addr, size) in segments {
             self.recorded_bases.entry(size).or_default().push_back(addr);
             self.next_addr = self.next_addr.max(addr.saturating_add(size));
@@ -169,12 +169,9 @@ impl CachingAllocator {
     /// `torch.cuda.set_per_process_memory_fraction` (`setMemoryFraction`): caps reserved memory
     /// at a fraction of the device, and turns `garbage_collection_threshold` on. Without a device
     /// capacity there is nothing to take a fraction of, and it does nothing.
-    pub fn set_memory_fraction(&mut self, fraction: f64) {
+    #[cfg(test)]
+    pub(crate) fn set_memory_fraction(&mut self, fraction: f64) {
         self.allowed = self.capacity.map(|c| (fraction * c as f64) as u64);
-    }
-
-    pub fn config(&self) -> &AllocatorConfig {
-        &self.config
     }
 
     /// Bytes in blocks handed out (`allocated_bytes`).
@@ -189,16 +186,16 @@ impl CachingAllocator {
 
     /// Device allocations made so far: `cudaMalloc`'d segments, or pages mapped into
     /// expandable segments (what a recording counts as `cuMemAlloc_v2` or `cuMemMap` calls).
-    pub fn device_allocations(&self) -> u64 {
+    pub(crate) fn device_allocations(&self) -> u64 {
         self.device_allocations
     }
 
-    pub fn is_live(&self, request_id: u64) -> bool {
+    pub(crate) fn is_live(&self, request_id: u64) -> bool {
         self.live.contains_key(&request_id)
     }
 
     /// The largest cached free block, in either pool (`cacheInfo`).
-    pub fn largest_free_block(&self) -> u64 {
+    pub(crate) fn largest_free_block(&self) -> u64 {
         self.free.iter().filter_map(|pool| pool.last().map(|&(size, _, _)| size)).max().unwrap_or(0)
     }
 
@@ -281,7 +278,7 @@ impl CachingAllocator {
 
     /// `emptyCache` (`release_cached_blocks`): gives back every fully free segment, and the free
     /// pages of expandable segments. Returns the bytes given back.
-    pub fn empty_cache(&mut self) -> u64 {
+    pub(crate) fn empty_cache(&mut self) -> u64 {
         let before = self.reserved;
         self.release_cached_blocks();
         before - self.reserved

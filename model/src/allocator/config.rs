@@ -17,7 +17,7 @@ pub fn settings_in_environment(value_of: impl Fn(&str) -> Option<String>) -> Str
 
 /// Intervals of `roundup_power2_divisions`: one per power of two from 1 MiB to 64 GiB
 /// (`kRoundUpPowerOfTwoIntervals`, `kRoundUpPowerOfTwoStart`, `kRoundUpPowerOfTwoEnd`).
-pub const ROUNDUP_INTERVALS: usize = 16;
+pub(crate) const ROUNDUP_INTERVALS: usize = 16;
 const ROUNDUP_START_LOG2: u32 = 20;
 
 /// The allocator settings that change where memory goes. Defaults are PyTorch's: no split limit,
@@ -133,7 +133,7 @@ impl AllocatorConfig {
 
     /// `AllocatorConfig::roundup_power2_divisions(size)`: the divisions for the power-of-two
     /// interval holding `size`, clamped to the first and last interval.
-    pub fn divisions_for(&self, size: u64) -> u64 {
+    pub(crate) fn divisions_for(&self, size: u64) -> u64 {
         let log2 = 63 - size.max(1).leading_zeros();
         let index = log2.saturating_sub(ROUNDUP_START_LOG2) as usize;
         self.roundup_power2_divisions[index.min(ROUNDUP_INTERVALS - 1)]

@@ -32,28 +32,33 @@ mod trace_tests;
 mod whatif;
 
 pub use caching::{CachingAllocator, OutOfMemory, Outcome, SegmentInfo, UnknownRequest};
-pub use config::{settings_in_environment, AllocatorConfig, ConfigError, ROUNDUP_INTERVALS, SETTINGS_VARIABLES};
-pub use replay::{replay, replay_at, replay_check, replay_checked, Divergence, Recorded, Replay, Request};
+#[cfg(test)]
+use config::ROUNDUP_INTERVALS;
+pub use config::{settings_in_environment, AllocatorConfig, ConfigError, SETTINGS_VARIABLES};
+#[cfg(test)]
+use replay::replay_check;
+pub use replay::{replay, Divergence, Recorded, Replay, Request};
+use replay::{replay_at, replay_checked};
 pub use trace::{traces, AllocatorTrace, Origin, TraceBuilder};
-pub use whatif::{Budget, Prediction, RecordedRun, SettingsSource, WhatifError, NON_ALLOCATOR_DEFAULT, USUAL_SETTINGS};
+pub use whatif::{Budget, Prediction, RecordedRun, SettingsSource, WhatifError, USUAL_SETTINGS};
 
 pub const MIB: u64 = 1 << 20;
 /// All sizes are rounded to at least this (`kMinBlockSize`).
-pub const K_MIN_BLOCK_SIZE: u64 = 512;
+pub(crate) const K_MIN_BLOCK_SIZE: u64 = 512;
 /// The largest request served from the small pool (`kSmallSize`).
-pub const K_SMALL_SIZE: u64 = MIB;
+pub(crate) const K_SMALL_SIZE: u64 = MIB;
 /// Small-pool segments, and expandable small-pool pages (`kSmallBuffer`).
-pub const K_SMALL_BUFFER: u64 = 2 * MIB;
+pub(crate) const K_SMALL_BUFFER: u64 = 2 * MIB;
 /// Requests below this share 20 MiB segments (`kMinLargeAlloc`).
-pub const K_MIN_LARGE_ALLOC: u64 = 10 * MIB;
+pub(crate) const K_MIN_LARGE_ALLOC: u64 = 10 * MIB;
 /// Large-pool segments for requests under 10 MiB, and expandable large-pool pages
 /// (`kLargeBuffer`).
-pub const K_LARGE_BUFFER: u64 = 20 * MIB;
+pub(crate) const K_LARGE_BUFFER: u64 = 20 * MIB;
 /// Larger requests get segments rounded up to this (`kRoundLarge`).
-pub const K_ROUND_LARGE: u64 = 2 * MIB;
+pub(crate) const K_ROUND_LARGE: u64 = 2 * MIB;
 
 /// `DeviceCachingAllocator::round_size`: the block size a request is served with.
-pub fn round_size(size: u64, config: &AllocatorConfig) -> u64 {
+pub(crate) fn round_size(size: u64, config: &AllocatorConfig) -> u64 {
     if size < K_MIN_BLOCK_SIZE {
         return K_MIN_BLOCK_SIZE;
     }
@@ -67,7 +72,7 @@ pub fn round_size(size: u64, config: &AllocatorConfig) -> u64 {
 
 /// `roundup_power2_next_division`: the next of `divisions` equal steps between the powers of two
 /// around `size`.
-pub fn roundup_power2_next_division(size: u64, divisions: u64) -> u64 {
+pub(crate) fn roundup_power2_next_division(size: u64, divisions: u64) -> u64 {
     if size.is_power_of_two() {
         return size;
     }
@@ -85,12 +90,12 @@ pub fn roundup_power2_next_division(size: u64, divisions: u64) -> u64 {
 }
 
 /// `get_pool`: whether a rounded size is served from the small pool.
-pub fn is_small(rounded: u64) -> bool {
+pub(crate) fn is_small(rounded: u64) -> bool {
     rounded <= K_SMALL_SIZE
 }
 
 /// `get_allocation_size`: the segment a rounded size asks the driver for when nothing cached fits.
-pub fn allocation_size(rounded: u64) -> u64 {
+pub(crate) fn allocation_size(rounded: u64) -> u64 {
     if rounded <= K_SMALL_SIZE {
         K_SMALL_BUFFER
     } else if rounded < K_MIN_LARGE_ALLOC {
@@ -103,7 +108,7 @@ pub fn allocation_size(rounded: u64) -> u64 {
 /// `should_split`: whether handing out `size` bytes of a `block_size` block leaves a remainder
 /// worth keeping as a block of its own. Large-pool blocks keep small tails attached so that a
 /// segment is not cut into pieces nobody can use.
-pub fn should_split(block_size: u64, size: u64, small_pool: bool, config: &AllocatorConfig) -> bool {
+pub(crate) fn should_split(block_size: u64, size: u64, small_pool: bool, config: &AllocatorConfig) -> bool {
     let remaining = block_size - size;
     if small_pool || config.expandable_segments {
         remaining >= K_MIN_BLOCK_SIZE

@@ -79,7 +79,7 @@ pub fn replay(
 /// `replay` with the segments laid at the addresses the job's got (`segment_addresses`:
 /// address and size, in the order it made them; `CachingAllocator::with_segment_addresses`),
 /// so that ties in best fit go the way they went.
-pub fn replay_at(
+pub(crate) fn replay_at(
     config: &AllocatorConfig,
     device_capacity: Option<u64>,
     requests: &[Request],
@@ -130,7 +130,8 @@ impl Replay {
 /// Replays under the settings the job ran with (segments at `segment_addresses`, as in
 /// `replay_at`) and compares every step with what the allocator reported; `None` when they agree
 /// throughout.
-pub fn replay_check(
+#[cfg(test)]
+pub(crate) fn replay_check(
     config: &AllocatorConfig,
     device_capacity: Option<u64>,
     requests: &[Request],
@@ -141,7 +142,7 @@ pub fn replay_check(
 }
 
 /// `replay_check`, and the replay itself when it agrees throughout: what happened.
-pub fn replay_checked(
+pub(crate) fn replay_checked(
     config: &AllocatorConfig,
     device_capacity: Option<u64>,
     requests: &[Request],

@@ -8,7 +8,7 @@ use super::{replay_at, replay_checked, AllocatorConfig, AllocatorTrace, ConfigEr
 /// libraries' own allocations. Measured on an H100 machine (PyTorch 2.11, CUDA 13): the device's
 /// 81,559 MiB less the 80,552 MiB its allocator had when it ran out (tests/gpu/validate_whatif.sh).
 /// Used only where the recording cannot tell: it can when the job ran out of memory.
-pub const NON_ALLOCATOR_DEFAULT: u64 = 1007 * MIB;
+pub(crate) const NON_ALLOCATOR_DEFAULT: u64 = 1007 * MIB;
 
 /// The settings people try first, in the order `--suggest` tries them.
 pub const USUAL_SETTINGS: &[&str] = &[
@@ -138,7 +138,7 @@ impl<'t> RecordedRun<'t> {
     }
 
     /// The settings it ran with, with `extra` (KEY:VALUE items) on top.
-    pub fn setting(&self, extra: &[String]) -> String {
+    pub(crate) fn setting(&self, extra: &[String]) -> String {
         let mut parts: Vec<&str> = self.ran_with.split(',').filter(|p| !p.trim().is_empty()).collect();
         parts.extend(extra.iter().map(String::as_str));
         parts.join(",")

@@ -22,7 +22,7 @@ use crate::track::{Allocation, ProcessMemory, Tracker};
 
 /// Looks at a process transition before the tracker closes the process's table; `reported`:
 /// what the process's other findings already said.
-pub fn check(event: &Event, world: &Tracker, reported: &Reported) -> Option<Finding> {
+pub(crate) fn check(event: &Event, world: &Tracker, reported: &Reported) -> Option<Finding> {
     if event.layer != Layer::Process || !matches!(event.op, Op::Exit | Op::Exec) {
         return None;
     }

@@ -7,7 +7,7 @@ use crate::event::{Event, Layer, Op};
 use crate::track::{Export, ExportKey, ProcessMemory, Tracker};
 
 /// Looks at a free, exit or exec before the tracker applies it.
-pub fn check(event: &Event, world: &Tracker) -> Vec<Finding> {
+pub(crate) fn check(event: &Event, world: &Tracker) -> Vec<Finding> {
     let Some(exporter) = world.process(event.pid) else { return Vec::new() };
     let (addr, how) = match (event.layer, event.op) {
         (Layer::Process, Op::Exit) => (None, "exited, losing".to_string()),

@@ -8,7 +8,7 @@ use crate::event::{Event, Layer, Op};
 use crate::track::{Import, ProcessMemory, Tracker};
 
 /// At an exit or exec, before the tracker closes the table.
-pub fn at_exit(event: &Event, world: &Tracker) -> Vec<Finding> {
+pub(crate) fn at_exit(event: &Event, world: &Tracker) -> Vec<Finding> {
     if event.layer != Layer::Process || !matches!(event.op, Op::Exit | Op::Exec) {
         return Vec::new();
     }
@@ -19,7 +19,7 @@ pub fn at_exit(event: &Event, world: &Tracker) -> Vec<Finding> {
 }
 
 /// At the end of the capture window: imports of live processes still open.
-pub fn at_end(ts: u64, world: &Tracker) -> Vec<Finding> {
+pub(crate) fn at_end(ts: u64, world: &Tracker) -> Vec<Finding> {
     world
         .live_processes()
         .into_iter()

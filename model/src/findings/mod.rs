@@ -385,12 +385,6 @@ impl Analyzer {
         self.completed(found)
     }
 
-    /// Device `device` had `free` bytes free at `ts` (wall-clock ns; NVML in a live capture):
-    /// what a growth finding's time until the device is full is worked from.
-    pub fn device_memory(&mut self, device: i32, free: u64, ts: u64) {
-        self.growth.device_memory(device, free, ts);
-    }
-
     /// The window ends: what is still open then.
     pub fn finish(&mut self) -> Vec<Finding> {
         let mut found = self.orphans.check(None, self.config.orphan_grace_ns, &self.tracker);

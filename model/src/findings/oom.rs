@@ -33,10 +33,10 @@ const TOP_STACKS: usize = 3;
 /// How long a failed driver allocation of a PyTorch process waits for its allocator's own
 /// out-of-memory report (which follows within microseconds, once its cache is emptied and the
 /// driver asked again); past it the failure is told from the driver's call alone.
-pub const REPORT_WAIT_NS: u64 = 2_000_000_000;
+pub(crate) const REPORT_WAIT_NS: u64 = 2_000_000_000;
 
 #[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
-pub struct Rule {
+pub(crate) struct Rule {
     /// Processes in an out-of-memory incident already reported: the request that failed (its
     /// size and the user's line that made it; the allocator's retry may come from another line of
     /// its own).
@@ -52,12 +52,12 @@ pub struct Rule {
 
 impl Rule {
     /// Drops what is kept of processes the tracker no longer knows.
-    pub fn forget_unless(&mut self, known: impl Fn(ProcessRef) -> bool) {
+    pub(crate) fn forget_unless(&mut self, known: impl Fn(ProcessRef) -> bool) {
         self.failing.retain(|process, _| known(*process));
         self.held.retain(|process, _| known(*process));
     }
 
-    pub fn check(&mut self, event: &Event, world: &Tracker) -> Option<Finding> {
+    pub(crate) fn check(&mut self, event: &Event, world: &Tracker) -> Option<Finding> {
         let process =
             world.process(event.pid).map(|p| p.as_ref()).unwrap_or(ProcessRef { pid: event.pid, since: event.ts });
         match (event.layer, event.op) {
@@ -97,7 +97,7 @@ impl Rule {
 
     /// Held failures whose report did not come by `now` (None: the capture ends), told from the
     /// driver's calls.
-    pub fn due(&mut self, now: Option<u64>, world: &Tracker) -> Vec<Finding> {
+    pub(crate) fn due(&mut self, now: Option<u64>, world: &Tracker) -> Vec<Finding> {
         let due: Vec<ProcessRef> = self
             .held
             .iter()

@@ -20,7 +20,7 @@ struct Gone {
 }
 
 #[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
-pub struct Rule {
+pub(crate) struct Rule {
     /// CUDA-using parents that ended, whose descendants are still to be looked at.
     pending: Vec<Gone>,
 }
@@ -28,7 +28,7 @@ pub struct Rule {
 impl Rule {
     /// Before the tracker closes the table of a process that exits: a CUDA-using process with
     /// descendants is noted.
-    pub fn at_exit(&mut self, event: &Event, world: &Tracker) {
+    pub(crate) fn at_exit(&mut self, event: &Event, world: &Tracker) {
         if event.layer != Layer::Process || event.op != Op::Exit {
             return;
         }
@@ -48,7 +48,7 @@ impl Rule {
 
     /// The parents whose grace period ended by `now` (all of them when `now` is None: the
     /// capture ends): their descendants that still hold device memory or a context.
-    pub fn check(&mut self, now: Option<u64>, grace_ns: u64, world: &Tracker) -> Vec<Finding> {
+    pub(crate) fn check(&mut self, now: Option<u64>, grace_ns: u64, world: &Tracker) -> Vec<Finding> {
         let (due, waiting): (Vec<Gone>, Vec<Gone>) = std::mem::take(&mut self.pending)
             .into_iter()
             .partition(|gone| now.is_none_or(|now| now >= gone.ts + grace_ns));

@@ -9,7 +9,7 @@ use crate::event::Frame;
 use crate::track::{ProcessRef, Tracker};
 
 #[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
-pub struct Reported {
+pub(crate) struct Reported {
     orphans: HashSet<ProcessRef>,
     /// The stacks each instance's growth finding named.
     grown: HashMap<ProcessRef, HashSet<Vec<Frame>>>,
@@ -17,7 +17,7 @@ pub struct Reported {
 
 impl Reported {
     /// Notes findings as they fire (`world`: the tracker that knows their process instances).
-    pub fn note(&mut self, found: &[Finding], world: &Tracker) {
+    pub(crate) fn note(&mut self, found: &[Finding], world: &Tracker) {
         for finding in found {
             // The instance running now (a growth's streak may have begun before its first event).
             let instance = match world.process(finding.pid) {
@@ -39,17 +39,17 @@ impl Reported {
     }
 
     /// The instance's orphan finding fired.
-    pub fn orphaned(&self, instance: ProcessRef) -> bool {
+    pub(crate) fn orphaned(&self, instance: ProcessRef) -> bool {
         self.orphans.contains(&instance)
     }
 
     /// The instance's growth finding named this stack.
-    pub fn grew(&self, instance: ProcessRef, stack: &[Frame]) -> bool {
+    pub(crate) fn grew(&self, instance: ProcessRef, stack: &[Frame]) -> bool {
         self.grown.get(&instance).is_some_and(|stacks| stacks.contains(stack))
     }
 
     /// Drops what is kept of processes the tracker no longer knows.
-    pub fn forget_unless(&mut self, known: impl Fn(ProcessRef) -> bool) {
+    pub(crate) fn forget_unless(&mut self, known: impl Fn(ProcessRef) -> bool) {
         self.orphans.retain(|instance| known(*instance));
         self.grown.retain(|instance, _| known(*instance));
     }

@@ -7,7 +7,7 @@ use crate::event::Frame;
 /// "at train.py:88 in evaluate": the user's own line (see `user_frame`), with the library
 /// function that made the call when that is another frame, or a note that there was no Python
 /// frame.
-pub fn at(stack: &[Frame]) -> String {
+pub(crate) fn at(stack: &[Frame]) -> String {
     if let Some(module) = stack.first().and_then(Frame::native_module) {
         return format!("called from {module} (no Python stack)");
     }
@@ -35,7 +35,7 @@ pub fn process(pid: u32, comm: &str) -> String {
     }
 }
 
-pub fn bytes(bytes: u64) -> String {
+pub(crate) fn bytes(bytes: u64) -> String {
     human(bytes)
 }
 
@@ -45,7 +45,7 @@ pub fn count(n: u64, one: &str, many: &str) -> String {
 }
 
 /// "about 4 minutes": a span of time as a person would round it.
-pub fn duration(seconds: f64) -> String {
+pub(crate) fn duration(seconds: f64) -> String {
     let (value, unit) = match seconds {
         s if s < 90.0 => (s, "second"),
         s if s < 90.0 * 60.0 => (s / 60.0, "minute"),

@@ -23,7 +23,7 @@ use crate::track::{ProcessRef, Tracker};
 const DATALOADER_WORKER_FILE: &str = "torch/utils/data/_utils/worker.py";
 
 #[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
-pub struct Rule {
+pub(crate) struct Rule {
     /// Children already seen creating a context: one finding per process instance.
     reported: HashSet<ProcessRef>,
     /// Contexts waiting to learn whether the child imports IPC memory.
@@ -98,18 +98,18 @@ impl Created {
 
 /// How long a child has, after creating its context, to show that it exists to import shared
 /// memory: PyTorch opens the handle right after initializing CUDA for it.
-pub const IMPORT_GRACE_NS: u64 = 2_000_000_000;
+pub(crate) const IMPORT_GRACE_NS: u64 = 2_000_000_000;
 
 impl Rule {
     /// Drops what is kept of processes the tracker no longer knows.
-    pub fn forget_unless(&mut self, known: impl Fn(ProcessRef) -> bool) {
+    pub(crate) fn forget_unless(&mut self, known: impl Fn(ProcessRef) -> bool) {
         self.reported.retain(|process| known(*process));
         self.pending.retain(|created| known(created.child));
     }
 
     /// The findings decided by this event (the child imported memory: dropped; it exits:
     /// fired) or by its time; a context created by it becomes pending.
-    pub fn check(&mut self, event: &Event, world: &Tracker) -> Vec<Finding> {
+    pub(crate) fn check(&mut self, event: &Event, world: &Tracker) -> Vec<Finding> {
         if event.layer == Layer::Driver
             && event.op == Op::Alloc
             && event.succeeded()
@@ -133,12 +133,12 @@ impl Rule {
 
     /// Time passes without events (`now`): what is decided and past its grace fires. The
     /// capture ends (`None`): everything pending fires.
-    pub fn due(&mut self, now: Option<u64>) -> Vec<Finding> {
+    pub(crate) fn due(&mut self, now: Option<u64>) -> Vec<Finding> {
         self.take_due(|created| now.is_none_or(|now| created.decided() && now >= created.ts + IMPORT_GRACE_NS))
     }
 
     /// The orphan findings of these children tell of their contexts: none of their own.
-    pub fn orphaned(&mut self, pids: &[u32]) {
+    pub(crate) fn orphaned(&mut self, pids: &[u32]) {
         self.pending.retain(|created| !pids.contains(&created.child.pid));
     }
 

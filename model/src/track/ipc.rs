@@ -19,7 +19,7 @@ pub enum ExportKey {
 
 impl ExportKey {
     /// The key an `ipc_export` or `ipc_open` event names, if it names one.
-    pub fn of(event: &Event) -> Option<ExportKey> {
+    pub(crate) fn of(event: &Event) -> Option<ExportKey> {
         if !matches!(event.op, Op::IpcExport | Op::IpcOpen) {
             return None;
         }

@@ -17,7 +17,7 @@ use std::collections::HashMap;
 pub use ipc::{Export, ExportKey, ProcessRef};
 pub use process::{
     Allocation, AllocatorTotals, FrameTotal, Import, KindTotal, LiveSummary, Mapping, ProcessMemory, ProcessState,
-    Stack, StackTotal,
+    Stack,
 };
 pub use space::Space;
 
@@ -88,7 +88,7 @@ impl Tracker {
     }
 
     /// Live processes other than `exporter` with an open import of `key`.
-    pub fn importers_of(&self, key: &ExportKey, exporter: ProcessRef) -> Vec<(&ProcessMemory, &Import)> {
+    pub(crate) fn importers_of(&self, key: &ExportKey, exporter: ProcessRef) -> Vec<(&ProcessMemory, &Import)> {
         let mut found: Vec<(&ProcessMemory, &Import)> = self
             .live
             .values()

@@ -148,12 +148,13 @@ impl ProcessMemory {
     /// What the allocator held before gpuprof saw its first report: allocated (live tensors)
     /// and reserved (its segments) that no captured event made. None before any report, and
     /// zeros for a process captured from its start.
-    pub fn before_capture(&self) -> Option<AllocatorTotals> {
+    #[cfg(test)]
+    pub(crate) fn before_capture(&self) -> Option<AllocatorTotals> {
         self.before_capture
     }
 
     /// The segment (driver allocation or VMM mapping) containing `addr`, by its start.
-    pub fn segment_of(&self, addr: u64) -> Option<u64> {
+    pub(crate) fn segment_of(&self, addr: u64) -> Option<u64> {
         let (&start, &size) = self.segments.range(..=addr).next_back()?;
         (addr < start.saturating_add(size)).then_some(start)
     }
@@ -165,7 +166,7 @@ impl ProcessMemory {
     }
 
     /// The size of the segment that starts at `start`, and when it was allocated or mapped.
-    pub fn segment_at(&self, start: u64) -> Option<(u64, u64)> {
+    pub(crate) fn segment_at(&self, start: u64) -> Option<(u64, u64)> {
         let size = *self.segments.get(&start)?;
         let ts = match self.allocations.get(&(Space::Pointer, start)) {
             Some(allocation) => allocation.ts,
@@ -206,7 +207,7 @@ impl ProcessMemory {
 
     /// The `n` stacks holding the most live bytes, largest first (ties: the shorter stack
     /// first): over the allocator's blocks when `tensors`, else over driver allocations.
-    pub fn top_stacks(&self, n: usize, tensors: bool) -> Vec<StackTotal<'_>> {
+    pub(crate) fn top_stacks(&self, n: usize, tensors: bool) -> Vec<StackTotal<'_>> {
         let live: Box<dyn Iterator<Item = &Allocation>> =
             if tensors { Box::new(self.blocks.values()) } else { Box::new(self.allocations.values()) };
         let mut by_stack: std::collections::HashMap<&[Frame], KindTotal> = std::collections::HashMap::new();
@@ -232,7 +233,7 @@ impl ProcessMemory {
     /// its allocator reported totals (the tensors' level), else the framework of a live segment
     /// its allocator took from the driver (the driver's level); None for a program that manages
     /// device memory itself.
-    pub fn framework(&self) -> Option<Framework> {
+    pub(crate) fn framework(&self) -> Option<Framework> {
         if !self.allocator_totals.is_empty() {
             return Some(Framework::Pytorch);
         }
@@ -269,7 +270,7 @@ impl ProcessMemory {
     }
 
     /// The live allocation at this address, if any.
-    pub fn allocation(&self, space: Space, addr: u64) -> Option<&Allocation> {
+    pub(crate) fn allocation(&self, space: Space, addr: u64) -> Option<&Allocation> {
         self.allocations.get(&(space, addr))
     }
 
@@ -668,7 +669,7 @@ pub struct FrameTotal {
 
 /// Live bytes held by one stack.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StackTotal<'a> {
+pub(crate) struct StackTotal<'a> {
     pub stack: &'a [Frame],
     pub total: KindTotal,
 }

@@ -26,7 +26,7 @@ const NO_FORWARD_NODE: u64 = 1 << 62;
 
 /// One recent allocation of a series, as the evidence of its cause.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
-pub struct Made {
+pub(crate) struct Made {
     addr: u64,
     ts: u64,
     thread: u64,
@@ -38,10 +38,10 @@ pub struct Made {
 
 /// A series' most recent allocations.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct Evidence(VecDeque<Made>);
+pub(crate) struct Evidence(VecDeque<Made>);
 
 impl Evidence {
-    pub fn push(&mut self, made: Made) {
+    pub(crate) fn push(&mut self, made: Made) {
         if self.0.len() == EVIDENCE {
             self.0.pop_front();
         }
@@ -49,7 +49,7 @@ impl Evidence {
     }
 
     /// A block of the series was freed at `ts`.
-    pub fn freed(&mut self, addr: u64, ts: u64) {
+    pub(crate) fn freed(&mut self, addr: u64, ts: u64) {
         if let Some(made) = self.0.iter_mut().rev().find(|made| made.addr == addr && made.freed.is_none()) {
             made.freed = Some(ts);
         }
@@ -95,7 +95,7 @@ impl Evaluated {
 
 /// What the stream says about autograd, per process and thread.
 #[derive(Debug, Default, Serialize, Deserialize)]
-pub struct Autograd {
+pub(crate) struct Autograd {
     /// (pid, thread) → the counter at its last forward block, and whether that op made a node.
     forward: HashMap<(u32, u64), (u64, bool)>,
     /// (pid, forward thread) → what backward passes evaluated of the nodes it made.
@@ -104,7 +104,7 @@ pub struct Autograd {
 
 impl Autograd {
     /// Learns from an allocator event; for a forward allocation, what made it.
-    pub fn observe(&mut self, event: &Event) -> Option<Made> {
+    pub(crate) fn observe(&mut self, event: &Event) -> Option<Made> {
         if event.layer != Layer::Allocator || !event.succeeded() {
             return None;
         }
@@ -134,14 +134,14 @@ impl Autograd {
     }
 
     /// The process ended: its threads are forgotten.
-    pub fn forget(&mut self, pid: u32) {
+    pub(crate) fn forget(&mut self, pid: u32) {
         self.forward.retain(|(p, _), _| *p != pid);
         self.evaluated.retain(|(p, _), _| *p != pid);
     }
 
     /// The cause that the recent allocations of `grown` still live at `at` show, with the share
     /// of them that says so (0–1); `None` when none of them was live then or none tells.
-    pub fn diagnose<'a>(
+    pub(crate) fn diagnose<'a>(
         &self,
         pid: u32,
         at: u64,

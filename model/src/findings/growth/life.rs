@@ -16,10 +16,10 @@ const CHECKPOINTS: usize = 8;
 /// which churn (blocks allocated and freed every step, sampled at random phases) is not.
 const RISES: usize = 6;
 /// A life shorter than this is not judged: too few steps to tell a rise from one step's peak.
-pub const MIN_LIFE_NS: u64 = 1_000_000_000;
+pub(crate) const MIN_LIFE_NS: u64 = 1_000_000_000;
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct Life {
+pub(crate) struct Life {
     /// When the first allocation was made.
     start: u64,
     step: u64,
@@ -31,24 +31,24 @@ pub struct Life {
 
 /// How a life rose: from `from` bytes at `start` to `to` at the end judged.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Rise {
+pub(crate) struct Rise {
     pub start: u64,
     pub from: u64,
     pub to: u64,
 }
 
 impl Life {
-    pub fn begin(ts: u64, live: u64) -> Life {
+    pub(crate) fn begin(ts: u64, live: u64) -> Life {
         Life { start: ts, step: FIRST_STEP_NS, values: Vec::new(), first: live }
     }
 
     /// Not begun: the series has made no allocation since it was known.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.step == 0
     }
 
     /// The series changes at `ts`; `live` is what it held until then.
-    pub fn advance(&mut self, ts: u64, live: u64) {
+    pub(crate) fn advance(&mut self, ts: u64, live: u64) {
         if self.is_empty() {
             return;
         }
@@ -71,7 +71,7 @@ impl Life {
 
     /// The rise over `[start, end]` when it was steady, `at_end` being what the series held at
     /// `end`; `None` for churn, a plateau, a fall, or a life too short to tell.
-    pub fn steady_rise(&self, end: u64, at_end: u64) -> Option<Rise> {
+    pub(crate) fn steady_rise(&self, end: u64, at_end: u64) -> Option<Rise> {
         if self.is_empty() || end < self.start + MIN_LIFE_NS {
             return None;
         }

@@ -114,7 +114,7 @@ struct Grew<'a> {
 }
 
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
-pub struct Rule {
+pub(crate) struct Rule {
     config: RuleConfig,
     window_end: Option<u64>,
     series: HashMap<Key, Series>,
@@ -144,7 +144,7 @@ pub struct Rule {
 }
 
 impl Rule {
-    pub fn new(config: RuleConfig) -> Self {
+    pub(crate) fn new(config: RuleConfig) -> Self {
         Rule {
             config,
             window_end: None,
@@ -161,7 +161,7 @@ impl Rule {
     }
 
     /// Device `device` had `free` bytes free at `ts` (NVML, as the live capture samples it).
-    pub fn device_memory(&mut self, device: i32, free: u64, ts: u64) {
+    pub(crate) fn device_memory(&mut self, device: i32, free: u64, ts: u64) {
         let readings = self.devices.entry(device).or_default();
         if readings.back().is_none_or(|known| known.ts <= ts) {
             if readings.len() == READINGS {
@@ -173,19 +173,19 @@ impl Rule {
 
     /// Process `pid` is recorded at the tensors' level until `until` (ns): a finding on its
     /// driver allocations alone waits until then for one on its tensors.
-    pub fn expect_tensors(&mut self, pid: u32, until: u64) {
+    pub(crate) fn expect_tensors(&mut self, pid: u32, until: u64) {
         self.awaiting.insert(pid, until);
     }
 
     /// Drops what is kept of processes the tracker no longer knows.
-    pub fn forget_unless(&mut self, known: impl Fn(ProcessRef) -> bool) {
+    pub(crate) fn forget_unless(&mut self, known: impl Fn(ProcessRef) -> bool) {
         self.reported.retain(|process| known(*process));
         self.ran_out.retain(|process| known(*process));
         self.allocating.retain(|process, _| known(*process));
     }
 
     /// Closes the windows that ended before this event; notes what a free releases.
-    pub fn before(&mut self, event: &Event, world: &Tracker) -> Vec<Finding> {
+    pub(crate) fn before(&mut self, event: &Event, world: &Tracker) -> Vec<Finding> {
         let mut found = self.close_windows(event.ts, world);
         if event.layer == Layer::Process && matches!(event.op, Op::Exit | Op::Exec) {
             // The process is over (or another program): what it held is its finding. A driver
@@ -241,7 +241,7 @@ impl Rule {
     }
 
     /// Counts what the event allocated or released, once the tracker has applied it.
-    pub fn after(&mut self, event: &Event, world: &Tracker) {
+    pub(crate) fn after(&mut self, event: &Event, world: &Tracker) {
         let made = self.autograd.observe(event);
         if let Some((key, size)) = self.releasing.take() {
             let allocations = self.allocating.get(&key.0).map_or(0, |a| a.count);
@@ -300,7 +300,7 @@ impl Rule {
 
     /// The capture ended at `ts`: windows that ended by then are judged; the partial one is not.
     /// Held findings go out.
-    pub fn finish(&mut self, ts: u64, world: &Tracker) -> Vec<Finding> {
+    pub(crate) fn finish(&mut self, ts: u64, world: &Tracker) -> Vec<Finding> {
         let mut found = self.close_windows(ts, world);
         found.extend(self.release(|_| true));
         let mut processes: Vec<ProcessRef> = self.series.keys().map(|(process, _, _)| *process).collect();
