@@ -13,7 +13,7 @@ use crate::{kv_int, kv_str};
 
 /// `since`: when the process instance the finding is about was first seen; `n`: a number unique
 /// among this process's findings.
-pub fn span_of(finding: &Finding, host: &str, since: u64, n: u64) -> Span {
+pub(crate) fn span_of(finding: &Finding, host: &str, since: u64, n: u64) -> Span {
     let trace = process_trace_id(host, finding.pid, since);
     // Far from the allocation spans' numbers, which count up from 1.
     let id = span_id(&trace, u64::MAX - n);

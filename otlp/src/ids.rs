@@ -25,7 +25,7 @@ pub fn process_trace_id(host: &str, pid: u32, since: u64) -> [u8; 16] {
 }
 
 /// The `n`th span of a trace (never all zeroes, which OTLP reserves for "none").
-pub fn span_id(trace: &[u8; 16], n: u64) -> [u8; 8] {
+pub(crate) fn span_id(trace: &[u8; 16], n: u64) -> [u8; 8] {
     let id = fnv(3, &[trace, &n.to_le_bytes()]).max(1);
     id.to_be_bytes()
 }

@@ -4,13 +4,15 @@
 //! spans. Both sides use this crate, so the encoding is written once. Attribute names come from
 //! `gpuprof_model::otel`.
 
+#![warn(unreachable_pub)]
+
 pub mod bearer;
 pub mod client;
-pub mod findings;
+pub(crate) mod findings;
 pub mod ids;
 pub mod lifetimes;
 pub mod logs;
-pub mod metrics;
+pub(crate) mod metrics;
 pub mod pprof;
 pub mod reporter;
 pub mod resource;
@@ -41,7 +43,7 @@ pub(crate) fn kv_int(key: &str, value: i64) -> KeyValue {
 }
 
 /// The value of attribute `key`, if present.
-pub fn attribute<'a>(attributes: &'a [KeyValue], key: &str) -> Option<&'a any_value::Value> {
+pub(crate) fn attribute<'a>(attributes: &'a [KeyValue], key: &str) -> Option<&'a any_value::Value> {
     attributes.iter().find(|a| a.key == key).and_then(|a| a.value.as_ref()).and_then(|v| v.value.as_ref())
 }
 
@@ -52,7 +54,7 @@ pub fn attribute_str<'a>(attributes: &'a [KeyValue], key: &str) -> Option<&'a st
     }
 }
 
-pub fn attribute_int(attributes: &[KeyValue], key: &str) -> Option<i64> {
+pub(crate) fn attribute_int(attributes: &[KeyValue], key: &str) -> Option<i64> {
     match attribute(attributes, key)? {
         any_value::Value::IntValue(i) => Some(*i),
         any_value::Value::StringValue(s) => s.parse().ok(),

@@ -44,7 +44,7 @@ pub struct SpanPolicy {
 
 impl SpanPolicy {
     /// A span for every allocation.
-    pub const ALL: SpanPolicy = SpanPolicy { block_min_bytes: 0, max_per_process: u64::MAX };
+    pub(crate) const ALL: SpanPolicy = SpanPolicy { block_min_bytes: 0, max_per_process: u64::MAX };
 }
 
 /// Folds events into finished spans; call `observe` before the tracker applies each event.
@@ -68,7 +68,7 @@ impl Lifetimes {
         Lifetimes::with_policy(host, SpanPolicy::ALL)
     }
 
-    pub fn with_policy(host: impl Into<String>, policy: SpanPolicy) -> Self {
+    pub(crate) fn with_policy(host: impl Into<String>, policy: SpanPolicy) -> Self {
         Lifetimes {
             host: host.into(),
             policy,
@@ -81,13 +81,8 @@ impl Lifetimes {
         }
     }
 
-    /// Allocations whose span has not ended yet.
-    pub fn open(&self) -> usize {
-        self.open.values().map(HashMap::len).sum()
-    }
-
     /// Allocations that got no span because their process's trace had its share.
-    pub fn over_cap(&self) -> u64 {
+    pub(crate) fn over_cap(&self) -> u64 {
         self.over_cap
     }
 
@@ -256,7 +251,7 @@ impl Lifetimes {
 }
 
 /// The innermost frame as OpenTelemetry's `code.*` attributes, and the whole stack as text.
-pub fn code_attributes(stack: &[Frame]) -> Vec<KeyValue> {
+pub(crate) fn code_attributes(stack: &[Frame]) -> Vec<KeyValue> {
     let Some(innermost) = stack.first() else { return Vec::new() };
     let trace: Vec<String> = stack.iter().map(|f| format!("{}:{} in {}", f.file, f.line, f.function)).collect();
     vec![

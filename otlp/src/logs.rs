@@ -82,11 +82,6 @@ pub fn kind_of(record: &LogRecord) -> RecordKind {
     }
 }
 
-/// Whether a record claims to be one of gpuprof's captured events.
-pub fn is_gpuprof_event(record: &LogRecord) -> bool {
-    kind_of(record) == RecordKind::Event
-}
-
 pub fn finding_record(finding: &Finding, ts: u64) -> LogRecord {
     let body = serde_json::to_string(finding).expect("a finding always serializes");
     LogRecord {

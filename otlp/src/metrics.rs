@@ -8,7 +8,7 @@ use opentelemetry_proto::tonic::metrics::v1::{metric, number_data_point, Gauge, 
 use crate::kv_str;
 
 /// `nvml_used`: what NVML reports the process uses (all devices), where it is known.
-pub fn process_metrics(process: &ProcessMemory, ts: u64, nvml_used: Option<u64>) -> Vec<Metric> {
+pub(crate) fn process_metrics(process: &ProcessMemory, ts: u64, nvml_used: Option<u64>) -> Vec<Metric> {
     let summary = process.summary();
     let point = |value: u64, attributes| NumberDataPoint {
         time_unix_nano: ts,

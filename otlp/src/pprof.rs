@@ -137,9 +137,9 @@ pub struct Function {
 }
 
 /// The function name a sample gets for memory without a Python stack (a C++ or autograd thread).
-pub const NO_PYTHON_STACK: &str = "(no Python stack)";
+pub(crate) const NO_PYTHON_STACK: &str = "(no Python stack)";
 /// The function name of the one sample that sums the stacks left out of a bounded profile.
-pub const OTHER_STACKS: &str = "(other stacks)";
+pub(crate) const OTHER_STACKS: &str = "(other stacks)";
 
 /// One row of a memory profile: what one stack holds, in one layer and on one device.
 #[derive(Debug, Clone, PartialEq)]
@@ -187,7 +187,7 @@ impl ProfileBuilder {
     }
 
     /// `program`: what the profile is of (pprof's main mapping, which viewers show as its title).
-    pub fn of_program(time_ns: u64, program: &str) -> Self {
+    pub(crate) fn of_program(time_ns: u64, program: &str) -> Self {
         let mut builder = ProfileBuilder::default();
         builder.string(""); // pprof: string 0 is the empty string
         let filename = builder.string(program);
@@ -257,7 +257,7 @@ impl ProfileBuilder {
     }
 
     /// What the stacks left out hold, in one sample.
-    pub fn add_other(&mut self, bytes: u64, count: u64, layer: &'static str, device: Option<i32>) {
+    pub(crate) fn add_other(&mut self, bytes: u64, count: u64, layer: &'static str, device: Option<i32>) {
         let location = self.location(OTHER_STACKS, "", 0);
         self.push(vec![location], bytes, count, layer, device);
     }

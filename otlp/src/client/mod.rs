@@ -13,7 +13,7 @@
 
 mod queue;
 mod split;
-pub mod transport;
+pub(crate) mod transport;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
@@ -27,14 +27,15 @@ use crate::proto::logs::v1::ResourceLogs;
 use crate::proto::metrics::v1::ResourceMetrics;
 use crate::proto::trace::v1::ResourceSpans;
 use queue::{Batch, Queue};
+pub(crate) use transport::SendError;
 use transport::Transport;
-pub use transport::{Protocol, Request, SendError};
+pub use transport::{Protocol, Request};
 
 /// The OpenTelemetry Collector's gRPC receiver takes 4 MiB a message unless told otherwise
 /// (Jaeger's and Tempo's OTLP receivers are that receiver): requests stay under it.
-pub const DEFAULT_MAX_REQUEST_BYTES: usize = 3 << 20;
+pub(crate) const DEFAULT_MAX_REQUEST_BYTES: usize = 3 << 20;
 /// What the queue holds while the receiver is slow or away.
-pub const DEFAULT_QUEUE_BYTES: usize = 64 << 20;
+pub(crate) const DEFAULT_QUEUE_BYTES: usize = 64 << 20;
 const BACKOFF_FIRST: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
 
@@ -125,7 +126,7 @@ pub struct Delivery {
 }
 
 impl Delivery {
-    pub fn sent(&self) -> u64 {
+    pub(crate) fn sent(&self) -> u64 {
         self.sent_records + self.sent_spans + self.sent_points
     }
 
@@ -201,7 +202,7 @@ impl Client {
         })
     }
 
-    pub fn endpoint(&self) -> &str {
+    pub(crate) fn endpoint(&self) -> &str {
         &self.endpoint
     }
 
@@ -254,7 +255,7 @@ impl Client {
     }
 
     /// Encoded bytes waiting in the queue.
-    pub fn queued_bytes(&self) -> usize {
+    pub(crate) fn queued_bytes(&self) -> usize {
         self.queue.bytes()
     }
 

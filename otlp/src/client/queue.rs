@@ -17,7 +17,7 @@ pub(crate) struct Batch {
 }
 
 impl Batch {
-    pub fn new(request: Request, items: u64, bytes: usize) -> Self {
+    pub(crate) fn new(request: Request, items: u64, bytes: usize) -> Self {
         Batch { request, items, bytes }
     }
 
@@ -40,7 +40,7 @@ pub(crate) struct Queue {
 }
 
 impl Queue {
-    pub fn new(limit: usize) -> Self {
+    pub(crate) fn new(limit: usize) -> Self {
         Queue {
             limit,
             state: Mutex::new(State { batches: VecDeque::new(), bytes: 0, closed: false }),
@@ -50,7 +50,7 @@ impl Queue {
 
     /// Queues `batch`; returns the items that were dropped to stay within the limit (gauges
     /// pushed out, or the batch itself).
-    pub fn push(&self, batch: Batch) -> u64 {
+    pub(crate) fn push(&self, batch: Batch) -> u64 {
         let mut state = self.state.lock().expect("queue lock");
         let mut dropped = 0;
         while state.bytes + batch.bytes > self.limit {
@@ -69,7 +69,7 @@ impl Queue {
     }
 
     /// The next batch; None once the queue is closed and empty, or the client gave up.
-    pub fn pop(&self, give_up: &AtomicBool) -> Option<Batch> {
+    pub(crate) fn pop(&self, give_up: &AtomicBool) -> Option<Batch> {
         let mut state = self.state.lock().expect("queue lock");
         loop {
             if give_up.load(Ordering::Relaxed) {
@@ -86,13 +86,13 @@ impl Queue {
     }
 
     /// A batch popped earlier is settled (sent or dropped): its bytes are free again.
-    pub fn done(&self, batch: &Batch) {
+    pub(crate) fn done(&self, batch: &Batch) {
         let mut state = self.state.lock().expect("queue lock");
         state.bytes -= batch.bytes;
     }
 
     /// Waits `pause` (a retry's back-off), or less if the client gives up meanwhile.
-    pub fn sleep(&self, pause: Duration, give_up: &AtomicBool) {
+    pub(crate) fn sleep(&self, pause: Duration, give_up: &AtomicBool) {
         let state = self.state.lock().expect("queue lock");
         if give_up.load(Ordering::Relaxed) {
             return;
@@ -100,11 +100,11 @@ impl Queue {
         let _ = self.changed.wait_timeout(state, pause);
     }
 
-    pub fn bytes(&self) -> usize {
+    pub(crate) fn bytes(&self) -> usize {
         self.state.lock().map(|s| s.bytes).unwrap_or(0)
     }
 
-    pub fn close(&self) {
+    pub(crate) fn close(&self) {
         if let Ok(mut state) = self.state.lock() {
             state.closed = true;
         }
@@ -112,7 +112,7 @@ impl Queue {
     }
 
     /// Wakes the sender (to notice it must give up).
-    pub fn wake(&self) {
+    pub(crate) fn wake(&self) {
         let _guard = self.state.lock();
         self.changed.notify_all();
     }

@@ -29,7 +29,7 @@ pub enum Request {
 }
 
 #[derive(Debug)]
-pub enum SendError {
+pub(crate) enum SendError {
     /// Worth another try later: the collector is down, busy or slow.
     Retryable(String),
     /// Will never succeed as sent: refused (bad token, malformed, too large).
@@ -48,9 +48,9 @@ impl std::fmt::Display for SendError {
 }
 
 /// How many items a collector said it rejected (OTLP partial success).
-pub type Rejected = u64;
+pub(crate) type Rejected = u64;
 
-pub struct Transport {
+pub(crate) struct Transport {
     inner: Inner,
     token: Option<String>,
 }
@@ -61,7 +61,7 @@ enum Inner {
 }
 
 impl Transport {
-    pub fn new(endpoint: &str, protocol: Protocol, token: Option<String>) -> Result<Self, ClientError> {
+    pub(crate) fn new(endpoint: &str, protocol: Protocol, token: Option<String>) -> Result<Self, ClientError> {
         let bad = |why: &str| ClientError::Endpoint { endpoint: endpoint.to_string(), why: why.to_string() };
         let Some(rest) = endpoint.strip_prefix("http://") else {
             if endpoint.starts_with("https://") {
@@ -98,7 +98,7 @@ impl Transport {
         Ok(Transport { inner, token })
     }
 
-    pub fn send(&mut self, request: &Request) -> Result<Rejected, SendError> {
+    pub(crate) fn send(&mut self, request: &Request) -> Result<Rejected, SendError> {
         match &mut self.inner {
             Inner::Grpc { runtime, channel } => {
                 let token = self.token.as_deref();

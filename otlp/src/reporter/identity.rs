@@ -21,7 +21,7 @@ pub fn node_name(given: Option<&str>) -> String {
 }
 
 /// The UUIDs of the NVIDIA GPUs the driver lists, in bus order.
-pub fn gpu_uuids() -> Vec<String> {
+pub(crate) fn gpu_uuids() -> Vec<String> {
     let Ok(entries) = fs::read_dir("/proc/driver/nvidia/gpus") else { return Vec::new() };
     let mut buses: Vec<_> = entries.flatten().map(|e| e.path()).collect();
     buses.sort();
@@ -33,7 +33,13 @@ pub fn gpu_uuids() -> Vec<String> {
 }
 
 /// What /proc says of a live process (fields stay empty for one that is gone).
-pub fn of_process(pid: u32, node: &str, gpus: &[String], comm: &str, parent_pid: Option<u32>) -> ProcessIdentity {
+pub(crate) fn of_process(
+    pid: u32,
+    node: &str,
+    gpus: &[String],
+    comm: &str,
+    parent_pid: Option<u32>,
+) -> ProcessIdentity {
     let cmdline = fs::read(format!("/proc/{pid}/cmdline")).ok().map(|raw| command_line(&raw)).filter(|c| !c.is_empty());
     let cgroup = fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
     let (container_id, pod_uid) = kubernetes_of_cgroup(&cgroup);
@@ -88,7 +94,7 @@ impl PodIdentity {
     }
 
     /// A process of the pod, as /proc says it (visible processes) or as its shim said it.
-    pub fn identify(
+    pub(crate) fn identify(
         &self,
         pid: u32,
         node: &str,
@@ -114,7 +120,7 @@ impl PodIdentity {
     }
 
     /// A process of the pod: its pid and name as its shim said them.
-    pub fn process(
+    pub(crate) fn process(
         &self,
         pid: u32,
         node: &str,
@@ -155,7 +161,7 @@ fn variable(environ: &[u8], name: &str) -> Option<String> {
 /// (container id, pod uid) from /proc/PID/cgroup, for the layouts the kubelet and container
 /// runtimes write: cgroupfs (`/kubepods/burstable/pod<uid>/<id>`) and systemd
 /// (`…-pod<uid_with_underscores>.slice/cri-containerd-<id>.scope`), docker and cri-o alike.
-pub fn kubernetes_of_cgroup(cgroup: &str) -> (Option<String>, Option<String>) {
+pub(crate) fn kubernetes_of_cgroup(cgroup: &str) -> (Option<String>, Option<String>) {
     let mut container = None;
     let mut pod = None;
     for line in cgroup.lines() {

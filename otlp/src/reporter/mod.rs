@@ -67,11 +67,11 @@ pub struct OtlpOptions {
 }
 
 impl OtlpOptions {
-    pub const DEFAULT_METRICS_INTERVAL: Duration = Duration::from_secs(1);
-    pub const DEFAULT_PROFILE_INTERVAL: Duration = Duration::from_secs(10);
-    pub const DEFAULT_PROFILE_STACKS: usize = 50;
-    pub const DEFAULT_SPAN_MIN_BYTES: u64 = 64 << 20;
-    pub const DEFAULT_MAX_SPANS: u64 = 1000;
+    pub(crate) const DEFAULT_METRICS_INTERVAL: Duration = Duration::from_secs(1);
+    pub(crate) const DEFAULT_PROFILE_INTERVAL: Duration = Duration::from_secs(10);
+    pub(crate) const DEFAULT_PROFILE_STACKS: usize = 50;
+    pub(crate) const DEFAULT_SPAN_MIN_BYTES: u64 = 64 << 20;
+    pub(crate) const DEFAULT_MAX_SPANS: u64 = 1000;
 }
 
 /// Why a profile is taken.
@@ -252,7 +252,7 @@ impl Telemetry {
 
     /// Findings (fired by an event, or at the end): a record and a span each, and a profile of
     /// the process they are about.
-    pub fn findings(&mut self, fired: &[Finding], tracker: &Tracker) {
+    pub(crate) fn findings(&mut self, fired: &[Finding], tracker: &Tracker) {
         for finding in fired {
             let ts = finding.last_ts;
             self.push_record(finding.pid, crate::logs::finding_record(finding, ts));
@@ -266,7 +266,7 @@ impl Telemetry {
 
     /// A post-mortem written: its report, gzipped, for the collector to serve by finding; or,
     /// over what one request carries, a record saying where it is on the node.
-    pub fn postmortem(&mut self, report: &PostmortemReport) {
+    pub(crate) fn postmortem(&mut self, report: &PostmortemReport) {
         use crate::logs::{PostmortemBody, PostmortemRecord};
         let limit = self.options.client.max_request_bytes.saturating_sub(POSTMORTEM_MARGIN);
         let body = if report.gzip.len() <= limit {
@@ -372,7 +372,7 @@ impl Telemetry {
     }
 
     /// NVML's used memory per process (nvidia-smi's figure), for the next gauges.
-    pub fn nvml_used(&mut self, used: BTreeMap<u32, u64>) {
+    pub(crate) fn nvml_used(&mut self, used: BTreeMap<u32, u64>) {
         self.nvml_used = used;
     }
 
@@ -441,12 +441,12 @@ impl Telemetry {
 
     /// Sends the end of a capture (last gauges and profiles of the processes still running),
     /// waits a few seconds for delivery, and says how it went.
-    pub fn finish(self, tracker: &Tracker) -> Delivered {
+    pub(crate) fn finish(self, tracker: &Tracker) -> Delivered {
         self.finish_at(tracker, gpuprof_model::event::wall_clock_ns())
     }
 
     /// `finish` on the export's own clock (`now`, ns).
-    pub fn finish_at(mut self, tracker: &Tracker, now: u64) -> Delivered {
+    pub(crate) fn finish_at(mut self, tracker: &Tracker, now: u64) -> Delivered {
         for process in tracker.live_processes() {
             self.process_metrics(process, now);
             if process.has_blocks() || !process.allocations().is_empty() {
@@ -469,19 +469,19 @@ impl Telemetry {
     }
 
     /// What was delivered so far (items the collector accepted, and lost).
-    pub fn delivery(&self) -> Delivery {
+    pub(crate) fn delivery(&self) -> Delivery {
         self.client.delivery()
     }
 
     /// Encoded bytes waiting to be sent.
-    pub fn queued_bytes(&self) -> usize {
+    pub(crate) fn queued_bytes(&self) -> usize {
         self.client.queued_bytes()
     }
 }
 
 /// Items an export handed to its client.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Handed {
+pub(crate) struct Handed {
     pub records: u64,
     pub spans: u64,
     pub points: u64,
@@ -489,7 +489,7 @@ pub struct Handed {
 
 /// How an export ended.
 #[derive(Debug, Clone)]
-pub struct Delivered {
+pub(crate) struct Delivered {
     pub endpoint: String,
     pub handed: Handed,
     pub delivery: Delivery,
@@ -501,13 +501,6 @@ pub struct Delivered {
     pub shed: u64,
     /// Allocations that got no span (their trace had its share).
     pub spans_over_cap: u64,
-}
-
-impl Delivered {
-    /// Items the collector did not get.
-    pub fn lost(&self) -> u64 {
-        self.delivery.lost()
-    }
 }
 
 impl std::fmt::Display for Delivered {

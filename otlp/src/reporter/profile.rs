@@ -12,7 +12,7 @@ use gpuprof_model::Stack;
 type Totals<'a> = HashMap<(&'static str, Option<i32>), HashMap<&'a Stack, (u64, u64)>>;
 
 /// The process's profile at `ts`, at most `top` stacks per layer and device.
-pub fn of_process(process: &ProcessMemory, ts: u64, top: usize) -> Vec<u8> {
+pub(crate) fn of_process(process: &ProcessMemory, ts: u64, top: usize) -> Vec<u8> {
     let mut totals: Totals<'_> = HashMap::new();
     let blocks = process.blocks();
     let allocations = process.allocations();
