@@ -27,24 +27,24 @@
 //! as before. Adding one needs no new version; `VERSION` changes only for a change an older
 //! reader would misread.
 
-pub const MAGIC: &[u8; 8] = b"GPUPROF\0";
-pub const VERSION: u16 = 1;
-pub const HEADER_LEN: usize = 12;
+pub(crate) const MAGIC: &[u8; 8] = b"GPUPROF\0";
+pub(crate) const VERSION: u16 = 1;
+pub(crate) const HEADER_LEN: usize = 12;
 /// Header flag: the entries are one zstd stream.
-pub const FLAG_ZSTD: u16 = 1;
+pub(crate) const FLAG_ZSTD: u16 = 1;
 
-pub mod tag {
-    pub const STRING: u8 = 1;
-    pub const FRAME: u8 = 2;
-    pub const STACK: u8 = 3;
-    pub const EVENT: u8 = 4;
-    pub const END: u8 = 5;
+pub(crate) mod tag {
+    pub(crate) const STRING: u8 = 1;
+    pub(crate) const FRAME: u8 = 2;
+    pub(crate) const STACK: u8 = 3;
+    pub(crate) const EVENT: u8 = 4;
+    pub(crate) const END: u8 = 5;
 }
 
 /// Optional event fields, by their bit in the event's field mask; written in this order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u32)]
-pub enum Field {
+pub(crate) enum Field {
     NsPid = 0,
     Ppid = 1,
     Kind = 2,
@@ -90,20 +90,20 @@ pub enum Field {
 }
 
 impl Field {
-    pub const fn bit(self) -> u32 {
+    pub(crate) const fn bit(self) -> u32 {
         1 << self as u32
     }
 }
 
 /// Source, layer and op in one byte: source in bits 6–7, layer in 4–5, op in 0–3.
-pub mod codes {
+pub(crate) mod codes {
     use gpuprof_model::stack::StackOrigin;
     use gpuprof_model::{Framework, Kind, Layer, Op, Source};
 
     /// A value's index is its code in recordings already written: append, never reorder.
-    pub const SOURCES: [Source; 2] = [Source::Ebpf, Source::Shim];
-    pub const LAYERS: [Layer; 3] = [Layer::Driver, Layer::Allocator, Layer::Process];
-    pub const OPS: [Op; 15] = [
+    pub(crate) const SOURCES: [Source; 2] = [Source::Ebpf, Source::Shim];
+    pub(crate) const LAYERS: [Layer; 3] = [Layer::Driver, Layer::Allocator, Layer::Process];
+    pub(crate) const OPS: [Op; 15] = [
         Op::Alloc,
         Op::Free,
         Op::Reserve,
@@ -125,11 +125,11 @@ pub mod codes {
         all.iter().position(|v| v == value).expect("every value is in its table") as u8
     }
 
-    pub fn pack(source: Source, layer: Layer, op: Op) -> u8 {
+    pub(crate) fn pack(source: Source, layer: Layer, op: Op) -> u8 {
         (index(&SOURCES, &source) << 6) | (index(&LAYERS, &layer) << 4) | index(&OPS, &op)
     }
 
-    pub fn unpack(byte: u8) -> Option<(Source, Layer, Op)> {
+    pub(crate) fn unpack(byte: u8) -> Option<(Source, Layer, Op)> {
         Some((
             *SOURCES.get(usize::from(byte >> 6))?,
             *LAYERS.get(usize::from((byte >> 4) & 3))?,
@@ -137,29 +137,29 @@ pub mod codes {
         ))
     }
 
-    pub fn kind_code(kind: Kind) -> u8 {
+    pub(crate) fn kind_code(kind: Kind) -> u8 {
         index(&Kind::ALL, &kind)
     }
 
-    pub fn kind_of(code: u8) -> Option<Kind> {
+    pub(crate) fn kind_of(code: u8) -> Option<Kind> {
         Kind::ALL.get(usize::from(code)).copied()
     }
 
     const ORIGINS: [StackOrigin; 3] = [StackOrigin::Forward, StackOrigin::ForwardNear, StackOrigin::BackwardCaller];
 
-    pub fn origin_code(origin: StackOrigin) -> u8 {
+    pub(crate) fn origin_code(origin: StackOrigin) -> u8 {
         index(&ORIGINS, &origin)
     }
 
-    pub fn origin_of(code: u8) -> Option<StackOrigin> {
+    pub(crate) fn origin_of(code: u8) -> Option<StackOrigin> {
         ORIGINS.get(usize::from(code)).copied()
     }
 
-    pub fn framework_code(framework: Framework) -> u8 {
+    pub(crate) fn framework_code(framework: Framework) -> u8 {
         index(&Framework::ALL, &framework)
     }
 
-    pub fn framework_of(code: u8) -> Option<Framework> {
+    pub(crate) fn framework_of(code: u8) -> Option<Framework> {
         Framework::ALL.get(usize::from(code)).copied()
     }
 }

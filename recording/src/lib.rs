@@ -7,6 +7,8 @@
 //! jsonl of docs/events.md is the other format a capture writes, and `EventFile` reads either,
 //! streaming, telling them apart by their first bytes.
 
+#![warn(unreachable_pub)]
+
 mod format;
 mod jsonl;
 pub mod naming;
@@ -20,8 +22,10 @@ use std::path::{Path, PathBuf};
 
 use gpuprof_model::Event;
 
-pub use format::{HEADER_LEN, MAGIC, VERSION};
-pub use read::{is_recording, Ending, ReadError, Reader};
+#[cfg(test)]
+use format::{HEADER_LEN, MAGIC};
+pub(crate) use read::is_recording;
+pub use read::{Ending, ReadError, Reader};
 pub use write::{compress, Compressor, Writer};
 
 /// An event file of either format, read in order.
@@ -71,8 +75,9 @@ fn export_kind(head: &[u8]) -> Option<&'static str> {
 }
 
 /// What kind of file an event file is.
+#[cfg(test)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FileFormat {
+pub(crate) enum FileFormat {
     Recording,
     Jsonl,
 }
@@ -94,7 +99,8 @@ impl EventFile {
         Ok(EventFile { path: path.to_path_buf(), source })
     }
 
-    pub fn format(&self) -> FileFormat {
+    #[cfg(test)]
+    pub(crate) fn format(&self) -> FileFormat {
         match self.source {
             Source::Recording(_) => FileFormat::Recording,
             Source::Jsonl(_) => FileFormat::Jsonl,

@@ -82,7 +82,7 @@ impl Reader {
     }
 
     /// How the recording ended; None until the last event has been read.
-    pub fn ending(&self) -> Option<Ending> {
+    pub(crate) fn ending(&self) -> Option<Ending> {
         self.ending
     }
 
@@ -453,6 +453,6 @@ fn static_name(text: &str) -> Cow<'static, str> {
 }
 
 /// Whether `input` starts like a recording (rather than jsonl); the bytes are not consumed.
-pub fn is_recording(input: &mut impl BufRead) -> io::Result<bool> {
+pub(crate) fn is_recording(input: &mut impl BufRead) -> io::Result<bool> {
     Ok(input.fill_buf()?.starts_with(&MAGIC[..7]))
 }

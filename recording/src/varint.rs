@@ -3,7 +3,7 @@
 
 use std::io::{self, Read};
 
-pub fn put(out: &mut Vec<u8>, mut value: u64) {
+pub(crate) fn put(out: &mut Vec<u8>, mut value: u64) {
     while value >= 0x80 {
         out.push((value as u8) | 0x80);
         value >>= 7;
@@ -11,23 +11,23 @@ pub fn put(out: &mut Vec<u8>, mut value: u64) {
     out.push(value as u8);
 }
 
-pub fn put_signed(out: &mut Vec<u8>, value: i64) {
+pub(crate) fn put_signed(out: &mut Vec<u8>, value: i64) {
     put(out, ((value << 1) ^ (value >> 63)) as u64);
 }
 
 /// The difference `value - base`, wrapping, as a signed number (addresses and totals move both ways).
-pub fn put_delta(out: &mut Vec<u8>, value: u64, base: u64) {
+pub(crate) fn put_delta(out: &mut Vec<u8>, value: u64, base: u64) {
     put_signed(out, value.wrapping_sub(base) as i64);
 }
 
 /// How many bytes `put` writes for `value`.
-pub fn len(value: u64) -> usize {
+pub(crate) fn len(value: u64) -> usize {
     (64 - value.max(1).leading_zeros() as usize).div_ceil(7)
 }
 
 /// Reads from a byte slice; `at` advances past the number. None when the slice ends first or
 /// the number runs past 64 bits.
-pub fn get(data: &[u8], at: &mut usize) -> Option<u64> {
+pub(crate) fn get(data: &[u8], at: &mut usize) -> Option<u64> {
     let mut value = 0u64;
     for shift in (0..64).step_by(7) {
         let byte = *data.get(*at)?;
@@ -40,17 +40,17 @@ pub fn get(data: &[u8], at: &mut usize) -> Option<u64> {
     None
 }
 
-pub fn get_signed(data: &[u8], at: &mut usize) -> Option<i64> {
+pub(crate) fn get_signed(data: &[u8], at: &mut usize) -> Option<i64> {
     let raw = get(data, at)?;
     Some(((raw >> 1) as i64) ^ -((raw & 1) as i64))
 }
 
-pub fn get_delta(data: &[u8], at: &mut usize, base: u64) -> Option<u64> {
+pub(crate) fn get_delta(data: &[u8], at: &mut usize, base: u64) -> Option<u64> {
     Some(base.wrapping_add(get_signed(data, at)? as u64))
 }
 
 /// Reads one number from a stream: Ok(None) at a clean end (no byte at all).
-pub fn read(input: &mut impl Read) -> io::Result<Option<u64>> {
+pub(crate) fn read(input: &mut impl Read) -> io::Result<Option<u64>> {
     let mut value = 0u64;
     for (index, shift) in (0..64).step_by(7).enumerate() {
         let mut byte = [0u8; 1];
