@@ -9,7 +9,7 @@ use gpuprof_model::Event;
 use gpuprof_recording::{Ending, EventFile};
 
 /// Calls `each` with every event of the file, in order.
-pub fn for_each_event(input: &Path, each: impl FnMut(Event) -> Result<()>) -> Result<()> {
+pub(crate) fn for_each_event(input: &Path, each: impl FnMut(Event) -> Result<()>) -> Result<()> {
     let file = EventFile::open(input)?;
     let ending = file.for_each(each)?;
     say_how_it_ended(input, Some(ending));
@@ -17,7 +17,7 @@ pub fn for_each_event(input: &Path, each: impl FnMut(Event) -> Result<()>) -> Re
 }
 
 /// A warning when the file was cut short or its capture lost events (nothing otherwise).
-pub fn say_how_it_ended(input: &Path, ending: Option<Ending>) {
+pub(crate) fn say_how_it_ended(input: &Path, ending: Option<Ending>) {
     let Some(ending) = ending else { return };
     match ending {
         Ending::Truncated { events } => eprintln!(

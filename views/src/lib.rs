@@ -12,6 +12,8 @@
 //! The ground is `gpuprof_model` (events, the tracker, findings) and `gpuprof_recording` (the
 //! file format); nothing here captures.
 
+#![warn(unreachable_pub)]
+
 pub mod export;
 pub(crate) mod input;
 pub mod output;

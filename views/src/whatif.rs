@@ -44,12 +44,12 @@ pub struct WhatifRequest<'a> {
 const CURVE_POINTS: usize = 400;
 
 #[derive(Debug, Serialize)]
-pub struct Whatif {
+pub(crate) struct Whatif {
     pub processes: Vec<ProcessWhatif>,
 }
 
 #[derive(Debug, Serialize)]
-pub struct ProcessWhatif {
+pub(crate) struct ProcessWhatif {
     pub pid: u32,
     pub device: i32,
     pub requests: usize,
@@ -72,14 +72,14 @@ pub struct ProcessWhatif {
 }
 
 #[derive(Debug, Serialize)]
-pub struct SmallestDevice {
+pub(crate) struct SmallestDevice {
     pub setting: String,
     pub device_memory: u64,
     pub allocator_budget: u64,
 }
 
 #[derive(Debug, Serialize)]
-pub struct Run {
+pub(crate) struct Run {
     pub setting: String,
     pub peak_reserved: u64,
     pub peak_at: Option<Place>,
@@ -94,7 +94,7 @@ pub struct Run {
 }
 
 #[derive(Debug, Clone, Serialize)]
-pub struct Place {
+pub(crate) struct Place {
     /// The request's position among the process's requests.
     pub step: usize,
     /// The event's position in the recording.
@@ -106,7 +106,7 @@ pub struct Place {
 }
 
 #[derive(Debug, Serialize)]
-pub struct OutOfMemoryAt {
+pub(crate) struct OutOfMemoryAt {
     pub at: Place,
     pub request: u64,
     pub reserved: u64,
@@ -131,7 +131,7 @@ pub fn run(request: &WhatifRequest<'_>) -> Result<u8> {
     Ok(if whatif.processes.iter().all(|p| p.check == "exact") { 0 } else { 1 })
 }
 
-pub fn answer(request: &WhatifRequest<'_>) -> Result<Whatif> {
+pub(crate) fn answer(request: &WhatifRequest<'_>) -> Result<Whatif> {
     let mut builder = TraceBuilder::new();
     for_each_event(request.input, |event| {
         builder.push(&event);

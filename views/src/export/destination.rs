@@ -12,7 +12,12 @@ use gpuprof_model::bytes::human;
 use super::{ExportFormat, Moment};
 
 /// Where the export's bytes go: a file, or stdout (None).
-pub fn resolve(input: &Path, format: ExportFormat, output: Option<&Path>, moment: Moment) -> Result<Option<PathBuf>> {
+pub(crate) fn resolve(
+    input: &Path,
+    format: ExportFormat,
+    output: Option<&Path>,
+    moment: Moment,
+) -> Result<Option<PathBuf>> {
     let stdout_is_terminal = std::io::stdout().is_terminal();
     match output {
         Some(path) if path == Path::new("-") => {
@@ -38,7 +43,7 @@ pub fn resolve(input: &Path, format: ExportFormat, output: Option<&Path>, moment
 
 /// `gpuprof-train-20261127-011000-peak.svg` for `gpuprof-train-20261127-011000.gpuprof` at its
 /// peak, in the current directory.
-pub fn default_name(input: &Path, format: ExportFormat, moment: Moment) -> PathBuf {
+pub(crate) fn default_name(input: &Path, format: ExportFormat, moment: Moment) -> PathBuf {
     let file = input.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "gpuprof".into());
     let stem = [".gpuprof", ".jsonl", ".ndjson", ".json"]
         .iter()
@@ -79,7 +84,7 @@ fn format_name(format: ExportFormat) -> String {
 }
 
 /// "gpuprof: wrote peak.svg (24.0 KiB): open it in a browser".
-pub fn say_written(path: &Path, format: ExportFormat) {
+pub(crate) fn say_written(path: &Path, format: ExportFormat) {
     let size = std::fs::metadata(path).map(|m| human(m.len())).unwrap_or_default();
     let file = path.display();
     let how = match format {

@@ -11,7 +11,7 @@ use gpuprof_model::track::{Allocation, ProcessMemory, Tracker};
 use super::StackLayer;
 
 /// Live bytes of one (process, kind, stack).
-pub struct LiveStack<'a> {
+pub(crate) struct LiveStack<'a> {
     pub pid: u32,
     pub comm: &'a str,
     /// "tensors" for allocator blocks, else the driver allocation's kind.
@@ -22,7 +22,7 @@ pub struct LiveStack<'a> {
 }
 
 /// Every (process, kind, stack) holding live bytes, by process then stack.
-pub fn stacks(tracker: &Tracker, layer: StackLayer, include_exited: bool) -> Vec<LiveStack<'_>> {
+pub(crate) fn stacks(tracker: &Tracker, layer: StackLayer, include_exited: bool) -> Vec<LiveStack<'_>> {
     let processes: Vec<&ProcessMemory> = if include_exited { tracker.processes() } else { tracker.live_processes() };
     let mut totals: BTreeMap<(u32, &str, &[Frame]), (&str, u64)> = BTreeMap::new();
     for process in processes {
@@ -37,7 +37,7 @@ pub fn stacks(tracker: &Tracker, layer: StackLayer, include_exited: bool) -> Vec
 }
 
 /// One folded line per stack as it reads (two files of one base name are one frame), sorted.
-pub fn lines(stacks: &[LiveStack<'_>]) -> Vec<String> {
+pub(crate) fn lines(stacks: &[LiveStack<'_>]) -> Vec<String> {
     let mut totals: BTreeMap<String, u64> = BTreeMap::new();
     for s in stacks {
         *totals.entry(format!("pid {} {};{};{}", s.pid, clean(s.comm), s.kind, path(s.stack))).or_default() += s.bytes;
@@ -54,7 +54,7 @@ fn path(stack: &[Frame]) -> String {
 }
 
 /// "forward (model.py:12)", as flame graphs and speedscope name a frame.
-pub fn frame_name(frame: &Frame) -> String {
+pub(crate) fn frame_name(frame: &Frame) -> String {
     format!(
         "{} ({}:{})",
         clean(&frame.function),
@@ -68,7 +68,7 @@ fn clean(text: &str) -> String {
     text.replace([';', '\n'], ":")
 }
 
-pub fn flamegraph(lines: &[String], title: String, writer: &mut dyn Write) -> Result<()> {
+pub(crate) fn flamegraph(lines: &[String], title: String, writer: &mut dyn Write) -> Result<()> {
     let mut options = inferno::flamegraph::Options::default();
     options.title = title;
     options.count_name = "bytes".to_string();

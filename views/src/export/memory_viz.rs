@@ -21,7 +21,7 @@ use serde::{Serialize, Serializer};
 use super::{replay_to, ExportRequest, Moment};
 use crate::output;
 
-pub fn export(request: &ExportRequest<'_>) -> Result<u8> {
+pub(crate) fn export(request: &ExportRequest<'_>) -> Result<u8> {
     // Pass 1: the moment's state, and what choosing the process and its segments needs.
     let mut allocator_events: HashMap<u32, u64> = HashMap::new();
     let mut allocator_segments: HashMap<u32, HashSet<u64>> = HashMap::new();

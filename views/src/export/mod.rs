@@ -10,7 +10,7 @@ mod destination;
 mod folded;
 pub mod html;
 mod memory_viz;
-pub mod peak;
+pub(crate) mod peak;
 mod speedscope;
 pub mod summary;
 
@@ -59,7 +59,7 @@ pub enum StackLayer {
 impl StackLayer {
     /// Whether the view counts this process's allocator blocks (tensors) rather than its driver
     /// allocations.
-    pub fn counts_tensors(self, process: &gpuprof_model::track::ProcessMemory) -> bool {
+    pub(crate) fn counts_tensors(self, process: &gpuprof_model::track::ProcessMemory) -> bool {
         match self {
             StackLayer::Allocator => true,
             StackLayer::Driver => false,

@@ -15,7 +15,7 @@ use super::StackLayer;
 
 /// Where the peak lies.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Peak {
+pub(crate) struct Peak {
     /// Events up to and including the one that reached the peak.
     pub events: u64,
     /// Seconds after the first event.
@@ -25,18 +25,22 @@ pub struct Peak {
 }
 
 /// What a process counts for in a view of `layer`.
-pub fn view_bytes(process: &ProcessMemory, layer: StackLayer) -> u64 {
+pub(crate) fn view_bytes(process: &ProcessMemory, layer: StackLayer) -> u64 {
     process.live_bytes(layer.counts_tensors(process))
 }
 
 /// The first instant the total is highest. An error when nothing was ever live.
-pub fn find(input: &Path, layer: StackLayer) -> Result<Peak> {
+pub(crate) fn find(input: &Path, layer: StackLayer) -> Result<Peak> {
     find_with(input, layer, |_, _| ()).map(|(peak, _)| peak)
 }
 
 /// `find`, with `each` seeing every event after the tracker took it in; also returns the
 /// tracker's state at the end.
-pub fn find_with(input: &Path, layer: StackLayer, each: impl FnMut(&Event, &Tracker)) -> Result<(Peak, Analyzer)> {
+pub(crate) fn find_with(
+    input: &Path,
+    layer: StackLayer,
+    each: impl FnMut(&Event, &Tracker),
+) -> Result<(Peak, Analyzer)> {
     let (peak, analyzer, events) = scan(input, layer, each)?;
     match peak {
         Some(peak) => Ok((peak, analyzer)),
@@ -50,7 +54,7 @@ pub fn find_with(input: &Path, layer: StackLayer, each: impl FnMut(&Event, &Trac
 
 /// One pass: the peak (None when nothing was ever live), the rules' state at the end, and the
 /// number of events.
-pub fn scan(
+pub(crate) fn scan(
     input: &Path,
     layer: StackLayer,
     mut each: impl FnMut(&Event, &Tracker),

@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 
 use super::folded::{frame_name, LiveStack};
 
-pub fn write(stacks: &[LiveStack<'_>], title: &str, writer: &mut dyn Write) -> Result<()> {
+pub(crate) fn write(stacks: &[LiveStack<'_>], title: &str, writer: &mut dyn Write) -> Result<()> {
     let mut frames: Vec<Value> = Vec::new();
     let mut index: HashMap<(String, String, u32), usize> = HashMap::new();
     let mut frame_of = |name: String, file: &str, line: u32| -> usize {

@@ -38,7 +38,7 @@ pub struct SummaryRequest<'a> {
 
 /// Bytes and blocks.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct Amount {
+pub(crate) struct Amount {
     pub bytes: u64,
     pub count: u64,
 }
@@ -52,7 +52,7 @@ impl Amount {
 
 /// One line of the program (the user's line and the call it made).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Row {
+pub(crate) struct Row {
     #[serde(rename = "where")]
     pub place: String,
     pub at_peak: Amount,
@@ -61,7 +61,7 @@ pub struct Row {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct ProcessSummary {
+pub(crate) struct ProcessSummary {
     pub pid: u32,
     /// Its rank in a distributed job, as the capture read it (the newest instance of the pid's).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -79,7 +79,7 @@ pub struct ProcessSummary {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Summary {
+pub(crate) struct Summary {
     pub peak_secs: f64,
     pub peak_bytes: u64,
     pub processes: Vec<ProcessSummary>,
@@ -102,7 +102,7 @@ pub fn run(request: &SummaryRequest<'_>) -> Result<u8> {
 /// Per process and line: (tensors, driver) amounts, before choosing which one the process counts.
 type Allocated = HashMap<u32, HashMap<String, (Amount, Amount)>>;
 
-pub fn summarize(request: &SummaryRequest<'_>) -> Result<Summary> {
+pub(crate) fn summarize(request: &SummaryRequest<'_>) -> Result<Summary> {
     let mut allocated: Allocated = HashMap::new();
     let mut ranks = Ranks::default();
     let (peak, end) = peak::find_with(request.input, request.layer, |event, _| {

@@ -6,13 +6,13 @@ use std::io::IsTerminal;
 use gpuprof_model::Severity;
 
 /// Whether text for a stream gets colour.
-pub fn wanted(stream_is_terminal: bool) -> bool {
+pub(crate) fn wanted(stream_is_terminal: bool) -> bool {
     stream_is_terminal
         && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
         && std::env::var_os("TERM").is_none_or(|t| t != "dumb")
 }
 
-pub fn on_stderr() -> bool {
+pub(crate) fn on_stderr() -> bool {
     wanted(std::io::stderr().is_terminal())
 }
 
@@ -21,7 +21,7 @@ pub fn on_stdout() -> bool {
 }
 
 /// `text` in the colour of `severity` (bold red for leaks, cyan for facts), or as it is.
-pub fn severity(text: &str, severity: Severity, on: bool) -> String {
+pub(crate) fn severity(text: &str, severity: Severity, on: bool) -> String {
     if !on {
         return text.to_string();
     }

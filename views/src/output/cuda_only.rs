@@ -14,7 +14,7 @@ use super::{EndOfRun, EventSink};
 /// CUDA call is a launcher, whose oldest lines go first.
 const WAITING_PER_PROCESS: usize = 16;
 
-pub struct CudaProcessesOnly {
+pub(crate) struct CudaProcessesOnly {
     inner: Box<dyn EventSink>,
     cuda: HashSet<u32>,
     waiting: HashMap<u32, Vec<Event>>,
@@ -23,7 +23,7 @@ pub struct CudaProcessesOnly {
 }
 
 impl CudaProcessesOnly {
-    pub fn new(inner: Box<dyn EventSink>) -> Self {
+    pub(crate) fn new(inner: Box<dyn EventSink>) -> Self {
         CudaProcessesOnly {
             inner,
             cuda: HashSet::new(),

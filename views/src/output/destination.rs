@@ -24,7 +24,7 @@ pub struct Destination {
 
 /// The sink of a file gpuprof named itself: the file is removed unless the run captured a CUDA
 /// call (a run that made none, or ended in an error, leaves nothing behind).
-pub struct ChosenFileSink {
+pub(crate) struct ChosenFileSink {
     inner: Box<dyn EventSink>,
     path: PathBuf,
     cuda_events: u64,
@@ -32,7 +32,7 @@ pub struct ChosenFileSink {
 }
 
 impl ChosenFileSink {
-    pub fn new(inner: Box<dyn EventSink>, path: PathBuf) -> Self {
+    pub(crate) fn new(inner: Box<dyn EventSink>, path: PathBuf) -> Self {
         ChosenFileSink { inner, path, cuda_events: 0, keep: false }
     }
 }

@@ -69,13 +69,13 @@ fn time_to_full(finding: &Finding) -> String {
 }
 
 /// The JSON array.
-pub fn write_json(writer: &mut dyn Write, findings: &[Finding]) -> io::Result<()> {
+pub(crate) fn write_json(writer: &mut dyn Write, findings: &[Finding]) -> io::Result<()> {
     serde_json::to_writer_pretty(&mut *writer, findings)?;
     writeln!(writer)
 }
 
 /// The JSON array, to a file.
-pub fn save_json(path: &Path, findings: &[Finding]) -> Result<()> {
+pub(crate) fn save_json(path: &Path, findings: &[Finding]) -> Result<()> {
     let file = File::create(path).with_context(|| format!("cannot create findings file {}", path.display()))?;
     let mut writer = BufWriter::new(file);
     write_json(&mut writer, findings)

@@ -6,12 +6,12 @@ use gpuprof_model::event::Event;
 
 use super::{EndOfRun, EventSink};
 
-pub struct JsonlSink {
+pub(crate) struct JsonlSink {
     writer: Box<dyn Write>,
 }
 
 impl JsonlSink {
-    pub fn new(writer: Box<dyn Write>) -> Self {
+    pub(crate) fn new(writer: Box<dyn Write>) -> Self {
         JsonlSink { writer }
     }
 }

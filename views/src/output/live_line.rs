@@ -50,7 +50,7 @@ impl LiveLine {
 }
 
 /// "gpuprof: 12345 events · 3 CUDA processes · 1.2 GiB live · 8 s · Ctrl-C to stop"
-pub fn describe(progress: &Progress, elapsed: Duration) -> String {
+pub(crate) fn describe(progress: &Progress, elapsed: Duration) -> String {
     let lost = if progress.lost > 0 { format!(" · {} lost", progress.lost) } else { String::new() };
     format!(
         "gpuprof: {} · {} · {} live{lost} · {} s · Ctrl-C to stop",

@@ -11,7 +11,7 @@ pub mod live_line;
 mod recording;
 mod table;
 mod terminal;
-pub mod text;
+pub(crate) mod text;
 
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
@@ -20,13 +20,14 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use gpuprof_model::event::Event;
 
-pub use cuda_only::CudaProcessesOnly;
-pub use destination::{name_of_command, ChosenFileSink, Destination};
+pub(crate) use cuda_only::CudaProcessesOnly;
+pub(crate) use destination::ChosenFileSink;
+pub use destination::{name_of_command, Destination};
 pub use event_output::EventOutput;
-pub use gpuprof_model::report::EndOfRun;
-pub use jsonl::JsonlSink;
-pub use recording::RecordingSink;
-pub use table::{python_column, write_end_of_run, write_live_summary, TableSink};
+pub(crate) use gpuprof_model::report::EndOfRun;
+pub(crate) use jsonl::JsonlSink;
+pub(crate) use recording::RecordingSink;
+pub(crate) use table::{python_column, write_end_of_run, write_live_summary, TableSink};
 pub use terminal::{Terminal, TerminalOptions};
 
 /// The output formats of `attach` and `run`.
@@ -58,7 +59,7 @@ impl Format {
     /// extension (`.jsonl`, `.ndjson`, `.json`, `.txt`, `.log`) and for what is not a plain file
     /// (`/dev/null`, a pipe); otherwise (`run.bin`, `events`) a recording, the compact default,
     /// with `true`: the name did not say, and the choice is worth saying.
-    pub fn by_name(path: &Path) -> (Format, bool) {
+    pub(crate) fn by_name(path: &Path) -> (Format, bool) {
         let extension = path.extension().map(|e| e.to_string_lossy().to_ascii_lowercase());
         match extension.as_deref() {
             Some(RECORDING_EXTENSION) => (Format::Recording, false),
@@ -70,7 +71,7 @@ impl Format {
 }
 
 /// The file extension of recordings (`--output run.gpuprof` writes one).
-pub const RECORDING_EXTENSION: &str = "gpuprof";
+pub(crate) const RECORDING_EXTENSION: &str = "gpuprof";
 
 /// Where a stream of events is written: a recording, jsonl, a table. A capture's sink is one of
 /// its reporters through `EventOutput`; `export` writes a recorded file's events through one.
@@ -82,7 +83,7 @@ pub trait EventSink {
 }
 
 /// Discards events (views that keep only the tracker's state, like `top`).
-pub struct NullSink;
+pub(crate) struct NullSink;
 
 impl EventSink for NullSink {
     fn event(&mut self, _event: &Event) -> io::Result<()> {
@@ -135,7 +136,7 @@ pub fn sink(format: Format, writer: Box<dyn Write>, compress: bool, colour: bool
 }
 
 /// What to run on the file a capture wrote.
-pub fn write_next_steps(writer: &mut dyn Write, file: &Path, events: u64) -> io::Result<()> {
+pub(crate) fn write_next_steps(writer: &mut dyn Write, file: &Path, events: u64) -> io::Result<()> {
     let name = shell_word(&file.to_string_lossy());
     writeln!(writer, "gpuprof: wrote {events} events to {name}; next:")?;
     let steps = [

@@ -9,12 +9,12 @@ use gpuprof_recording::Writer;
 
 use super::{EndOfRun, EventSink};
 
-pub struct RecordingSink {
+pub(crate) struct RecordingSink {
     writer: Option<Writer<Box<dyn Write>>>,
 }
 
 impl RecordingSink {
-    pub fn new(out: Box<dyn Write>, compress: bool) -> io::Result<Self> {
+    pub(crate) fn new(out: Box<dyn Write>, compress: bool) -> io::Result<Self> {
         Ok(RecordingSink { writer: Some(Writer::new(out, compress)?) })
     }
 }

@@ -16,7 +16,7 @@ use gpuprof_model::nvml::Reconciled;
 
 /// Rows for driver calls, and for the exit of processes that made some; the fork and exec of
 /// every helper process (shells, launchers) stay in the jsonl stream only.
-pub struct TableSink {
+pub(crate) struct TableSink {
     writer: Box<dyn Write>,
     header_written: bool,
     cuda_processes: HashSet<u32>,
@@ -25,7 +25,7 @@ pub struct TableSink {
 }
 
 impl TableSink {
-    pub fn new(writer: Box<dyn Write>, colour: bool) -> Self {
+    pub(crate) fn new(writer: Box<dyn Write>, colour: bool) -> Self {
         TableSink { writer, header_written: false, cuda_processes: HashSet::new(), colour }
     }
 
@@ -58,7 +58,7 @@ fn short_frame(frame: &Frame) -> String {
 
 /// The user's line, and the library function it called when that is another frame:
 /// "train.py:42 evaluate < Linear.forward".
-pub fn python_column(stack: &[Frame]) -> String {
+pub(crate) fn python_column(stack: &[Frame]) -> String {
     match (gpuprof_model::user_frame(stack), stack.first()) {
         (Some(user), Some(innermost)) if user != innermost => format!("{} < {}", short_frame(user), innermost.function),
         (_, Some(innermost)) if innermost.native_module().is_some() => innermost.to_string(),
@@ -155,7 +155,7 @@ impl EventSink for TableSink {
 }
 
 /// Live memory per process, what NVML saw beside it, and the findings (`colour`: for a terminal).
-pub fn write_end_of_run(writer: &mut dyn Write, end: &EndOfRun<'_>, colour: bool) -> io::Result<()> {
+pub(crate) fn write_end_of_run(writer: &mut dyn Write, end: &EndOfRun<'_>, colour: bool) -> io::Result<()> {
     write_live_summary(writer, end.processes)?;
     write_nvml(writer, end.processes, end.nvml)?;
     super::findings::write_table(writer, end.findings, colour)
@@ -163,7 +163,7 @@ pub fn write_end_of_run(writer: &mut dyn Write, end: &EndOfRun<'_>, colour: bool
 
 /// Live bytes per process and kind, plus mappings, IPC imports and contexts still open, for every
 /// process that made a driver call.
-pub fn write_live_summary(writer: &mut dyn Write, processes: &[LiveSummary]) -> io::Result<()> {
+pub(crate) fn write_live_summary(writer: &mut dyn Write, processes: &[LiveSummary]) -> io::Result<()> {
     writeln!(writer)?;
     writeln!(writer, "Live GPU memory at end, per process and kind:")?;
     let processes: Vec<&LiveSummary> = processes.iter().filter(|p| p.driver_calls > 0).collect();

@@ -2,10 +2,10 @@
 //! most: a module's start, a function's name), long sentences wrap at word boundaries.
 
 /// The width gpuprof's tables keep to.
-pub const COLUMNS: usize = 120;
+pub(crate) const COLUMNS: usize = 120;
 
 /// `text` in at most `width` characters: the middle replaced by "…" when it is longer.
-pub fn fit(text: &str, width: usize) -> String {
+pub(crate) fn fit(text: &str, width: usize) -> String {
     let count = text.chars().count();
     if count <= width {
         return text.to_string();
@@ -22,7 +22,7 @@ pub fn fit(text: &str, width: usize) -> String {
 
 /// `text` in lines of at most `width` characters (a word longer than that stands alone), each
 /// after `indent`.
-pub fn wrap(text: &str, width: usize, indent: &str) -> Vec<String> {
+pub(crate) fn wrap(text: &str, width: usize, indent: &str) -> Vec<String> {
     let room = width.saturating_sub(indent.chars().count()).max(1);
     let mut lines = Vec::new();
     let mut line = String::new();

@@ -151,7 +151,7 @@ struct Initial {
 }
 
 /// Writes the report of `request.input`. Returns gpuprof's exit code.
-pub fn export(request: &ExportRequest<'_>) -> Result<u8> {
+pub(crate) fn export(request: &ExportRequest<'_>) -> Result<u8> {
     let report = build(request.input, request.moment, request.layer, request.pid, Vec::new())?;
     let mut writer = crate::output::open_writer(request.output.as_deref())?;
     page::write(&report, &mut writer).context("cannot write the report")?;

@@ -17,7 +17,7 @@ const TOP_BLOCKS: usize = 40;
 /// then what the allocator reserves beyond its live blocks (its cache: one entry per process,
 /// with no stack), which a view of tensors shows beside them: at an out-of-memory failure the
 /// caches are often what filled the device.
-pub fn kind_names() -> Vec<&'static str> {
+pub(crate) fn kind_names() -> Vec<&'static str> {
     std::iter::once("tensors").chain(Kind::ALL.iter().map(|k| k.as_str())).chain(std::iter::once(CACHE)).collect()
 }
 
@@ -31,7 +31,7 @@ fn kind_index(kind: Kind) -> u8 {
 /// How a frame is drawn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum FrameClass {
+pub(crate) enum FrameClass {
     /// The standard library or an installed package.
     Library,
     /// The user's own code (what `user_frame` picks from).
@@ -44,7 +44,7 @@ pub enum FrameClass {
 
 /// Frames and the stack trie, columns side by side (compact JSON).
 #[derive(Debug, Default, Serialize)]
-pub struct Stacks {
+pub(crate) struct Stacks {
     pub function: Vec<String>,
     pub file: Vec<String>,
     pub line: Vec<u32>,
@@ -61,12 +61,12 @@ pub struct Stacks {
 }
 
 impl Stacks {
-    pub fn new() -> Stacks {
+    pub(crate) fn new() -> Stacks {
         Stacks { parent: vec![0], frame: vec![u32::MAX], ..Stacks::default() }
     }
 
     /// The node of a stack's innermost frame (0 for an empty stack).
-    pub fn node(&mut self, stack: &Stack) -> u32 {
+    pub(crate) fn node(&mut self, stack: &Stack) -> u32 {
         if let Some(&node) = self.leaves.get(stack) {
             return node;
         }
@@ -113,7 +113,7 @@ impl Stacks {
 
 /// Live memory at one instant.
 #[derive(Debug, Default, Serialize)]
-pub struct Snapshot {
+pub(crate) struct Snapshot {
     /// Nanoseconds after the first event: the state after every event up to then.
     pub t: u64,
     /// "peak", "end", "finding 3", or empty for an instant of the regular grid.
@@ -131,7 +131,7 @@ pub struct Snapshot {
 }
 
 #[derive(Debug, Default, Serialize)]
-pub struct Blocks {
+pub(crate) struct Blocks {
     pub p: Vec<u32>,
     pub k: Vec<u8>,
     pub n: Vec<u32>,
@@ -143,7 +143,7 @@ pub struct Blocks {
 }
 
 /// Takes a snapshot of `processes` (the live ones, each with its index in the report).
-pub fn take(
+pub(crate) fn take(
     t: u64,
     label: String,
     processes: &[(u32, &ProcessMemory)],

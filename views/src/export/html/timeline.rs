@@ -9,13 +9,13 @@
 use serde::Serialize;
 
 /// Changes kept one by one before a curve is summarized.
-pub const EXACT_POINTS: usize = 6_000;
+pub(crate) const EXACT_POINTS: usize = 6_000;
 /// Slices of the run a summarized curve keeps four points of.
-pub const SLICES: u64 = 1_500;
+pub(crate) const SLICES: u64 = 1_500;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Metric {
+pub(crate) enum Metric {
     /// The allocator's live blocks (tensors), as it reported them.
     Allocated,
     /// The allocator's segments, its cache included.
@@ -26,7 +26,7 @@ pub enum Metric {
 
 /// A curve: times (nanoseconds after the first event) and bytes from then on.
 #[derive(Debug, Serialize)]
-pub struct Curve {
+pub(crate) struct Curve {
     pub process: u32,
     pub device: Option<i32>,
     pub metric: Metric,
@@ -57,7 +57,7 @@ struct Slice {
 
 impl Curve {
     /// `span_ns`: how long the run lasts, for the width of its slices.
-    pub fn new(process: u32, device: Option<i32>, metric: Metric, span_ns: u64) -> Curve {
+    pub(crate) fn new(process: u32, device: Option<i32>, metric: Metric, span_ns: u64) -> Curve {
         Curve {
             process,
             device,
@@ -72,7 +72,7 @@ impl Curve {
     }
 
     /// The latest value.
-    pub fn last(&self) -> Option<u64> {
+    pub(crate) fn last(&self) -> Option<u64> {
         match &self.slice {
             Some(slice) => Some(slice.last.1),
             None => self.v.last().copied(),
@@ -80,7 +80,7 @@ impl Curve {
     }
 
     /// The value from `t` on; a value equal to the latest changes nothing.
-    pub fn set(&mut self, t: u64, value: u64) {
+    pub(crate) fn set(&mut self, t: u64, value: u64) {
         if self.last() == Some(value) {
             return;
         }
@@ -134,7 +134,7 @@ impl Curve {
 
     /// Keeps the exact value at `t` (the state after every change up to then), however the
     /// curve is kept.
-    pub fn pin(&mut self, t: u64) {
+    pub(crate) fn pin(&mut self, t: u64) {
         let Some(value) = self.last() else { return };
         if !self.summarized {
             self.exact_pins.push(t);
@@ -171,7 +171,7 @@ impl Curve {
     }
 
     /// The curve as written: its open slice closed.
-    pub fn finish(&mut self) {
+    pub(crate) fn finish(&mut self) {
         self.close_slice();
     }
 }
