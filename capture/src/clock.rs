@@ -14,7 +14,7 @@ fn now_ns(clock: libc::clockid_t) -> i128 {
 }
 
 impl Clock {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Clock { offset_ns: now_ns(libc::CLOCK_REALTIME) - now_ns(libc::CLOCK_MONOTONIC) }
     }
 
@@ -23,12 +23,13 @@ impl Clock {
         Clock { offset_ns }
     }
 
-    pub fn wall_ns(&self, monotonic_ns: u64) -> u64 {
+    pub(crate) fn wall_ns(&self, monotonic_ns: u64) -> u64 {
         (i128::from(monotonic_ns) + self.offset_ns).clamp(0, i128::from(u64::MAX)) as u64
     }
 
     /// CLOCK_MONOTONIC now, as BPF reads it.
-    pub fn monotonic_now() -> u64 {
+    #[cfg(test)]
+    pub(crate) fn monotonic_now() -> u64 {
         now_ns(libc::CLOCK_MONOTONIC) as u64
     }
 }

@@ -20,7 +20,7 @@ use crate::kernel::{flags, Record};
 
 /// A backward block's node until `enrich` reads its class (or for good, when the process is gone
 /// before its records are read: still a backward block).
-pub const UNNAMED_NODE: &str = "Node";
+pub(crate) const UNNAMED_NODE: &str = "Node";
 
 pub struct Decoder {
     clock: Clock,

@@ -89,12 +89,12 @@ impl EventFlow {
     }
 
     /// Events come from two captures (eBPF and the shim): a call both see is kept once.
-    pub fn keep_one_event_per_call(&mut self) {
+    pub(crate) fn keep_one_event_per_call(&mut self) {
         self.dedup = Some(Dedup::new(gpuprof_model::dedup::DEFAULT_WINDOW_NS));
     }
 
     /// Second copies of calls dropped so far.
-    pub fn duplicates_dropped(&self) -> u64 {
+    pub(crate) fn duplicates_dropped(&self) -> u64 {
         self.dedup.as_ref().map_or(0, Dedup::dropped)
     }
 
@@ -152,11 +152,6 @@ impl EventFlow {
         self.escalation.as_mut()
     }
 
-    /// One more consumer of the run, handed things after those before it.
-    pub fn add_reporter(&mut self, reporter: Box<dyn Reporter>) {
-        self.reporters.push(reporter);
-    }
-
     /// One event through backward attribution, tracker and rules, to the reporters.
     pub fn observe(&mut self, mut event: Event) -> io::Result<()> {
         if self.dedup.as_mut().is_some_and(|d| !d.admit(&event)) {
@@ -193,7 +188,7 @@ impl EventFlow {
 
     /// Findings that wait for time to pass (orphans after their grace period); the reporters'
     /// batches go on.
-    pub fn flush(&mut self) -> Result<()> {
+    pub(crate) fn flush(&mut self) -> Result<()> {
         let now = gpuprof_model::event::wall_clock_ns();
         let mut due = self.analyzer.tick(now);
         self.ranks.name(&mut due);
@@ -233,11 +228,11 @@ impl EventFlow {
     }
 
     /// A warning for the person who runs the capture, whoever that is.
-    pub fn warn(&mut self, text: String) {
+    pub(crate) fn warn(&mut self, text: String) {
         self.tell(Notice::Warning(text));
     }
 
-    pub fn tell(&mut self, notice: Notice) {
+    pub(crate) fn tell(&mut self, notice: Notice) {
         for reporter in &mut self.reporters {
             reporter.notice(&notice);
         }
@@ -292,7 +287,7 @@ impl EventFlow {
 
     /// Drops what is kept of processes that exited more than `age` ago (their tables, for the
     /// findings they can no longer cause). Returns how many were dropped.
-    pub fn forget_exited(&mut self, age: Duration) -> usize {
+    pub(crate) fn forget_exited(&mut self, age: Duration) -> usize {
         let horizon = gpuprof_model::event::wall_clock_ns().saturating_sub(age.as_nanos() as u64);
         let forgotten = self.analyzer.forget_closed_before(horizon);
         // Ranks of processes no longer followed go too: a daemon sees processes come and go for
@@ -314,7 +309,7 @@ impl EventFlow {
     }
 
     /// What the export has delivered so far (none without one).
-    pub fn export_health(&self) -> Option<ExportHealth> {
+    pub(crate) fn export_health(&self) -> Option<ExportHealth> {
         self.reporters.iter().find_map(|reporter| reporter.health())
     }
 
@@ -323,7 +318,7 @@ impl EventFlow {
         &self.findings
     }
 
-    pub fn findings_fired(&self) -> u64 {
+    pub(crate) fn findings_fired(&self) -> u64 {
         self.findings_fired
     }
 
@@ -335,7 +330,7 @@ impl EventFlow {
     /// then each reporter finished, the last first: what one says it delivered joins `closing`
     /// (what the capture took in, in words) for those finished after it. `lost_events`: what the
     /// capture dropped (a recording keeps the count).
-    pub fn finish(mut self, mut closing: Vec<String>, lost_events: u64) -> Result<()> {
+    pub(crate) fn finish(mut self, mut closing: Vec<String>, lost_events: u64) -> Result<()> {
         let mut ended = self.analyzer.finish();
         self.ranks.name(&mut ended);
         if let Some(postmortems) = &mut self.postmortems {

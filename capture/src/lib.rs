@@ -20,6 +20,8 @@
 //! prints: what a person is to read goes to the reporters as a notice, and the binary or the
 //! views write it.
 
+#![warn(unreachable_pub)]
+
 pub mod clock;
 pub mod decode;
 pub(crate) mod enrich;

@@ -33,24 +33,24 @@ impl LibraryFile {
 }
 
 /// True for libcuda's file names: libcuda.so, libcuda.so.1, libcuda.so.580.95.05.
-pub fn is_libcuda(path: &str) -> bool {
+pub(crate) fn is_libcuda(path: &str) -> bool {
     let name = path.rsplit('/').next().unwrap_or(path);
     name == "libcuda.so" || name.starts_with("libcuda.so.")
 }
 
 /// True for PyTorch's core library, which holds the allocator report: libc10.so.
-pub fn is_libc10(path: &str) -> bool {
+pub(crate) fn is_libc10(path: &str) -> bool {
     path.rsplit('/').next() == Some("libc10.so")
 }
 
 /// PyTorch's CUDA library, whose caching allocator makes its segments (`model::framework`).
-pub fn is_libc10_cuda(path: &str) -> bool {
+pub(crate) fn is_libc10_cuda(path: &str) -> bool {
     path.rsplit('/').next().is_some_and(gpuprof_model::framework::is_pytorch_cuda_library)
 }
 
 /// Every process on the machine, but this one and those in `skip`, that maps libcuda or libc10:
 /// the CUDA processes a node-wide view (`top`, the daemon) has not picked up yet.
-pub fn cuda_processes_on_node(skip: &std::collections::HashSet<u32>) -> Vec<u32> {
+pub(crate) fn cuda_processes_on_node(skip: &std::collections::HashSet<u32>) -> Vec<u32> {
     let me = std::process::id();
     process::all_pids()
         .into_iter()
@@ -69,7 +69,7 @@ pub fn mapped_by(pid: u32) -> Result<Vec<LibraryFile>> {
 }
 
 /// Every file a process maps whose path passes `wanted`, opened through the process's root.
-pub fn mapped_matching(pid: u32, wanted: fn(&str) -> bool) -> Result<Vec<LibraryFile>> {
+pub(crate) fn mapped_matching(pid: u32, wanted: fn(&str) -> bool) -> Result<Vec<LibraryFile>> {
     let files = maps::mapped_files(&maps::read(pid)?);
     let mut found: Vec<LibraryFile> = Vec::new();
     for file in files.iter().filter(|f| wanted(&f.path)) {

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use gpuprof_model::Tracker;
 
-pub const LIBRARY: &str = "libnvidia-ml.so.1";
+pub(crate) const LIBRARY: &str = "libnvidia-ml.so.1";
 
 /// How often the driver is asked (each ask walks every device).
 const SAMPLE_INTERVAL: Duration = Duration::from_secs(1);
@@ -210,7 +210,7 @@ pub struct NvmlView {
 impl NvmlView {
     /// Opens NVML when the machine has it; keeps a warning saying why it cannot when it is there
     /// but broken.
-    pub fn open() -> NvmlView {
+    pub(crate) fn open() -> NvmlView {
         let mut view = NvmlView::none();
         match Nvml::open() {
             Ok(nvml) => view.nvml = nvml,
@@ -222,12 +222,12 @@ impl NvmlView {
     }
 
     /// What went wrong with NVML since the last call, to be said.
-    pub fn take_warnings(&mut self) -> Vec<String> {
+    pub(crate) fn take_warnings(&mut self) -> Vec<String> {
         std::mem::take(&mut self.warnings)
     }
 
     /// A view with no NVML (a replay on another machine).
-    pub fn none() -> NvmlView {
+    pub(crate) fn none() -> NvmlView {
         NvmlView {
             nvml: None,
             last_sample: None,
@@ -238,13 +238,9 @@ impl NvmlView {
         }
     }
 
-    pub fn available(&self) -> bool {
-        self.nvml.is_some()
-    }
-
     /// Asks the driver when a second has passed since the last time; keeps the processes the
     /// tracker follows.
-    pub fn sample(&mut self, tracker: &Tracker, now_ns: u64) {
+    pub(crate) fn sample(&mut self, tracker: &Tracker, now_ns: u64) {
         let Some(nvml) = &self.nvml else { return };
         if self.last_sample.is_some_and(|t| t.elapsed() < SAMPLE_INTERVAL) {
             return;
@@ -276,7 +272,7 @@ impl NvmlView {
     }
 
     /// Each followed process's latest sample while it ran.
-    pub fn last_seen(&self) -> &BTreeMap<u32, Reconciled> {
+    pub(crate) fn last_seen(&self) -> &BTreeMap<u32, Reconciled> {
         &self.last_seen
     }
 
@@ -285,7 +281,7 @@ impl NvmlView {
     /// from them; a report of the recording reads the same). An event belongs to a process: the
     /// followed process holding the most device memory, the one such a reading is most about;
     /// none while no followed process lives.
-    pub fn take_readings(&mut self, tracker: &Tracker, now_ns: u64) -> Vec<gpuprof_model::Event> {
+    pub(crate) fn take_readings(&mut self, tracker: &Tracker, now_ns: u64) -> Vec<gpuprof_model::Event> {
         let devices = std::mem::take(&mut self.devices);
         let live = tracker.live_processes();
         let Some(holder) = live.iter().max_by_key(|p| (p.device_bytes(), std::cmp::Reverse(p.pid))) else {

@@ -64,14 +64,14 @@ fn check_kernel() -> Result<()> {
 
 /// A kernel feature the probes use, with the mainline release that brought it (README's floor
 /// is the newest of them). Probed, not read off the version: distributions backport them.
-pub struct KernelFeature {
+pub(crate) struct KernelFeature {
     pub what: &'static str,
     pub since: &'static str,
     present: fn() -> bool,
 }
 
 /// Newest first: the first one missing names the release to run.
-pub const KERNEL_FEATURES: [KernelFeature; 5] = [
+pub(crate) const KERNEL_FEATURES: [KernelFeature; 5] = [
     KernelFeature {
         what: "bpf_loop (the Python stack walk)",
         since: "5.17",

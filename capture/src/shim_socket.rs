@@ -83,7 +83,7 @@ impl ShimCounters {
         }
     }
 
-    pub fn add(&mut self, other: &ShimCounters) {
+    pub(crate) fn add(&mut self, other: &ShimCounters) {
         self.sent += other.sent;
         self.dropped_queue_full += other.dropped_queue_full;
         self.waits += other.waits;
@@ -138,7 +138,7 @@ pub enum ShimMessage {
 
 impl ShimMessage {
     /// The warning a refusal is said with (once per connection).
-    pub fn refusal_text(claimed: u32, peer: Option<u32>, uid: u32) -> String {
+    pub(crate) fn refusal_text(claimed: u32, peer: Option<u32>, uid: u32) -> String {
         let peer = peer.map_or_else(|| "a process in another pid namespace".to_string(), |pid| format!("pid {pid}"));
         format!("refused events for pid {claimed} from {peer} (uid {uid}) on the shim socket: a process speaks only for itself; its events are counted, not taken")
     }
@@ -448,17 +448,17 @@ pub struct ShimProcesses {
 
 impl ShimProcesses {
     /// `pids_are_ours`: see the field.
-    pub fn new(pids_are_ours: bool) -> ShimProcesses {
+    pub(crate) fn new(pids_are_ours: bool) -> ShimProcesses {
         ShimProcesses { pids_are_ours, ..ShimProcesses::default() }
     }
 
     /// What is to be said since the last call.
-    pub fn take_said(&mut self) -> Vec<Notice> {
+    pub(crate) fn take_said(&mut self) -> Vec<Notice> {
         std::mem::take(&mut self.said)
     }
 
     /// Hands what arrived (waiting up to `wait` for the first) to `observe`, exits included.
-    pub fn receive(
+    pub(crate) fn receive(
         &mut self,
         received: &Receiver<ShimMessage>,
         wait: Duration,
@@ -539,7 +539,7 @@ impl ShimProcesses {
 
     /// Tells process `pid` (each of its connections) to take `level`; false when no connection
     /// speaks for it (yet).
-    pub fn set_level(&mut self, pid: u32, level: Level) -> bool {
+    pub(crate) fn set_level(&mut self, pid: u32, level: Level) -> bool {
         let mut told = false;
         for (connection, speaker) in &self.speakers {
             if *speaker != pid {
@@ -553,7 +553,7 @@ impl ShimProcesses {
     }
 
     /// Events the shims dropped (their queues were full).
-    pub fn dropped(&self) -> u64 {
+    pub(crate) fn dropped(&self) -> u64 {
         self.totals.counters.dropped_queue_full
     }
 

@@ -18,14 +18,14 @@ use crate::libcuda::LibraryFile;
 
 /// What is known about the libtorch_cpu.so files seen and the processes configured.
 #[derive(Default)]
-pub struct AutogradConfig {
+pub(crate) struct AutogradConfig {
     /// By file identity: its layout, or why it has none (said once).
     layouts: HashMap<(u64, u64), Option<AutogradLayout>>,
 }
 
 /// What configuring one process came to.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Configured {
+pub(crate) enum Configured {
     /// The probe reads autograd's state in this process.
     Yes,
     /// The process has not loaded libtorch_cpu.so (yet).
@@ -36,7 +36,7 @@ pub enum Configured {
 
 impl AutogradConfig {
     /// Configures the probe for a process that has loaded PyTorch.
-    pub fn configure(&mut self, capture: &Capture, pid: u32) -> Configured {
+    pub(crate) fn configure(&mut self, capture: &Capture, pid: u32) -> Configured {
         let Ok(mappings) = maps::read(pid) else { return Configured::No(None) };
         let bases = maps::load_bases(&mappings);
         let Some(&(base, _)) = bases.iter().find(|(_, name)| name == LIBRARY) else { return Configured::NoLibrary };
@@ -88,12 +88,12 @@ impl AutogradConfig {
 
 /// Node class names by (pid, vtable), read from the process's RTTI once each.
 #[derive(Default)]
-pub struct NodeNames {
+pub(crate) struct NodeNames {
     names: HashMap<(u32, u64), Option<Arc<str>>>,
 }
 
 impl NodeNames {
-    pub fn name_of(&mut self, pid: u32, vtable: u64) -> Option<Arc<str>> {
+    pub(crate) fn name_of(&mut self, pid: u32, vtable: u64) -> Option<Arc<str>> {
         self.names
             .entry((pid, vtable))
             .or_insert_with(|| node_class(&RemoteMemory { pid }, vtable).map(Arc::from))
@@ -101,7 +101,7 @@ impl NodeNames {
     }
 
     /// The process ended or runs another program.
-    pub fn forget(&mut self, pid: u32) {
+    pub(crate) fn forget(&mut self, pid: u32) {
         self.names.retain(|(p, _), _| *p != pid);
     }
 }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use gpuprof_procfs::maps;
 
 #[derive(Default)]
-pub struct CallerModules {
+pub(crate) struct CallerModules {
     processes: HashMap<u32, CodeRanges>,
 }
 
@@ -23,7 +23,7 @@ struct CodeRanges {
 }
 
 impl CallerModules {
-    pub fn module_of(&mut self, pid: u32, addr: u64) -> Option<Arc<str>> {
+    pub(crate) fn module_of(&mut self, pid: u32, addr: u64) -> Option<Arc<str>> {
         if addr == 0 {
             return None;
         }
@@ -54,7 +54,7 @@ impl CallerModules {
     }
 
     /// The process ended or runs another program.
-    pub fn forget(&mut self, pid: u32) {
+    pub(crate) fn forget(&mut self, pid: u32) {
         self.processes.remove(&pid);
     }
 }

@@ -21,7 +21,7 @@ use python_stacks::Pythons;
 
 /// The enrichment stage of the eBPF source.
 #[derive(Default)]
-pub struct Enricher {
+pub(crate) struct Enricher {
     callers: CallerModules,
     nodes: NodeNames,
     facts: ProcessFacts,
@@ -33,7 +33,7 @@ impl Enricher {
     /// Fills in what `event` (decoded from `record`) lacks from its process: the caller's module
     /// of a driver call, the autograd node's class of a backward block, the parent and namespace
     /// pid, the Python stack.
-    pub fn enrich(&mut self, record: &Record, event: &mut Event) {
+    pub(crate) fn enrich(&mut self, record: &Record, event: &mut Event) {
         let pid = record.header.pid;
         self.facts.fill(event);
         match event.layer {

@@ -17,12 +17,12 @@ struct Facts {
 
 /// What /proc said of each process, read once (again after an exec: another namespace maybe).
 #[derive(Default)]
-pub struct ProcessFacts {
+pub(crate) struct ProcessFacts {
     processes: HashMap<u32, Facts>,
 }
 
 impl ProcessFacts {
-    pub fn fill(&mut self, event: &mut Event) {
+    pub(crate) fn fill(&mut self, event: &mut Event) {
         let pid = event.pid;
         if matches!(event.op, Op::Fork | Op::Exec) {
             self.processes.remove(&pid);

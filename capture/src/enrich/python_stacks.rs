@@ -54,7 +54,7 @@ pub struct StackCounts {
 }
 
 #[derive(Default)]
-pub struct Pythons {
+pub(crate) struct Pythons {
     processes: HashMap<u32, PythonProcess>,
     /// pid → until when to keep looking for its interpreter.
     looking: HashMap<u32, Instant>,
@@ -66,7 +66,7 @@ pub struct Pythons {
 
 /// The kernel-side walk's view of an interpreter; `generation` tells one program from the next,
 /// `stack_epoch` the stacks the agent keeps by hash from the ones it gave up.
-pub fn walk_config(interpreter: &Interpreter, generation: u32, stack_epoch: u32) -> gp_python {
+pub(crate) fn walk_config(interpreter: &Interpreter, generation: u32, stack_epoch: u32) -> gp_python {
     let o = &interpreter.layout.offsets;
     gp_python {
         runtime: interpreter.runtime,
@@ -124,23 +124,23 @@ fn tstate_read(o: &gpuprof_pystack::Offsets) -> (u16, u16) {
 
 impl Pythons {
     /// Why some processes have no stacks, since the last call.
-    pub fn take_warnings(&mut self) -> Vec<String> {
+    pub(crate) fn take_warnings(&mut self) -> Vec<String> {
         std::mem::take(&mut self.warnings)
     }
 
     /// Starts looking for the interpreter of a process (a new program, or one attached to).
-    pub fn look_for(&mut self, pid: u32) {
+    pub(crate) fn look_for(&mut self, pid: u32) {
         self.processes.remove(&pid);
         self.looking.insert(pid, Instant::now() + DISCOVERY_WINDOW);
     }
 
     /// True while some process is still being looked at (the loop then polls quickly).
-    pub fn is_looking(&self) -> bool {
+    pub(crate) fn is_looking(&self) -> bool {
         !self.looking.is_empty()
     }
 
     /// One look at every process still without an interpreter.
-    pub fn discover(&mut self, capture: &Capture) {
+    pub(crate) fn discover(&mut self, capture: &Capture) {
         let now = Instant::now();
         let pids: Vec<u32> = self.looking.keys().copied().collect();
         for pid in pids {
@@ -190,7 +190,7 @@ impl Pythons {
 
     /// A forked child runs its parent's interpreter (the kernel copied the walk's settings; its
     /// threads send their stacks anew: they are other threads, in another address space).
-    pub fn forked(&mut self, child: u32, parent: u32) {
+    pub(crate) fn forked(&mut self, child: u32, parent: u32) {
         if let Some(parent) = self.processes.get(&parent) {
             let interpreter = Interpreter { pid: child, ..parent.interpreter.clone() };
             let (generation, epoch) = (parent.generation, parent.stack_epoch);
@@ -203,7 +203,7 @@ impl Pythons {
 
     /// Processes whose stacks by hash were given up are told the new epoch: their threads send
     /// the frames of each stack again.
-    pub fn refresh_epochs(&mut self, capture: &Capture) {
+    pub(crate) fn refresh_epochs(&mut self, capture: &Capture) {
         for (pid, process) in self.processes.iter_mut().filter(|(_, p)| p.epoch_stale) {
             process.epoch_stale = false;
             process.stack_epoch = process.stack_epoch.wrapping_add(1);
@@ -215,14 +215,14 @@ impl Pythons {
     }
 
     /// The process replaced its program or exited: its caches are wrong from now on.
-    pub fn forget(&mut self, pid: u32) {
+    pub(crate) fn forget(&mut self, pid: u32) {
         self.processes.remove(&pid);
         self.looking.remove(&pid);
     }
 
     /// A code object the kernel described: symbolizing it later needs no read of the process,
     /// which may have exited by then.
-    pub fn remember(&mut self, record: &Record) {
+    pub(crate) fn remember(&mut self, record: &Record) {
         let (Some((code, data)), Some(process)) = (&record.code, self.processes.get_mut(&record.header.pid)) else {
             return;
         };
@@ -251,7 +251,7 @@ impl Pythons {
 
     /// Fills the event's stack from the record's frames. A stack that cannot be read whole is
     /// left empty and counted: a partial stack would be a wrong one.
-    pub fn symbolize(&mut self, record: &Record, event: &mut Event) {
+    pub(crate) fn symbolize(&mut self, record: &Record, event: &mut Event) {
         let known = record.header.flags & flags::STACK_KNOWN != 0;
         if record.frames.is_empty() && !known && record.header.flags & flags::STACK_LOST == 0 {
             return;

@@ -45,7 +45,7 @@ pub enum ProbeLinks {
 
 impl ProbeLinks {
     /// Multi where the running kernel has it; `GPUPROF_PROBE_LINKS=perf-event|multi` overrides.
-    pub fn for_this_kernel() -> Self {
+    pub(crate) fn for_this_kernel() -> Self {
         match std::env::var("GPUPROF_PROBE_LINKS").as_deref() {
             Ok("perf-event") => return ProbeLinks::PerfEvent,
             Ok("multi") => return ProbeLinks::Multi,
@@ -152,7 +152,7 @@ macro_rules! share_maps {
 
 /// Where the allocator probe's time goes, per report (`--profile-probes`).
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct PhaseProfile {
+pub(crate) struct PhaseProfile {
     pub reports: u64,
     pub entry_ns: f64,
     pub autograd_ns: f64,
@@ -196,7 +196,7 @@ pub struct DropCounters {
 
 impl DropCounters {
     /// Records lost: events that never reached user space.
-    pub fn lost_events(&self) -> u64 {
+    pub(crate) fn lost_events(&self) -> u64 {
         self.ring_buffer_full + self.pending_full
     }
 }
@@ -206,7 +206,7 @@ type ProbePoint<'s> = (usize, u64, &'s str);
 
 /// The allocator probe on one libc10 file for one process only (a raised capture level):
 /// dropping it takes the probe off, and the process's breakpoint with it.
-pub struct ProcessProbe {
+pub(crate) struct ProcessProbe {
     _link: Link,
 }
 
@@ -330,7 +330,7 @@ impl Capture {
     }
 
     /// Records this process's calls from now on (its later children follow by fork).
-    pub fn track(&self, pid: u32) -> Result<()> {
+    pub(crate) fn track(&self, pid: u32) -> Result<()> {
         self.driver
             .maps
             .tracked
@@ -339,7 +339,7 @@ impl Capture {
     }
 
     /// Tells the stack walk where a process's CPython keeps its threads and frames.
-    pub fn set_python(&self, pid: u32, config: &gpuprof_ebpf::types::gp_python) -> Result<()> {
+    pub(crate) fn set_python(&self, pid: u32, config: &gpuprof_ebpf::types::gp_python) -> Result<()> {
         self.driver
             .maps
             .python_procs
@@ -348,7 +348,7 @@ impl Capture {
     }
 
     /// Tells the allocator probe where a process's PyTorch keeps autograd's thread-locals.
-    pub fn set_autograd(&self, pid: u32, config: &gpuprof_ebpf::types::gp_autograd) -> Result<()> {
+    pub(crate) fn set_autograd(&self, pid: u32, config: &gpuprof_ebpf::types::gp_autograd) -> Result<()> {
         self.driver
             .maps
             .torch_procs
@@ -363,7 +363,7 @@ impl Capture {
     }
 
     /// True when probes are already on this file.
-    pub fn is_attached(&self, library: &LibraryFile) -> bool {
+    pub(crate) fn is_attached(&self, library: &LibraryFile) -> bool {
         self.attached.borrow().iter().any(|a| a.library.identity == library.identity)
     }
 
@@ -422,7 +422,7 @@ impl Capture {
     }
 
     /// Puts the allocator-report probe on a libc10 file, for every process using it.
-    pub fn attach_allocator(&self, library: &LibraryFile) -> Result<Attachment> {
+    pub(crate) fn attach_allocator(&self, library: &LibraryFile) -> Result<Attachment> {
         let link = self.allocator_link(library, None)?;
         let attachment = Attachment { library: library.clone(), probes: 1, missing: Vec::new() };
         self.uprobes.borrow_mut().push(link);
@@ -432,7 +432,7 @@ impl Capture {
 
     /// Puts the allocator-report probe on a libc10 file for process `pid` only (its other users
     /// get no breakpoint, so they pay nothing), until the returned probe is dropped.
-    pub fn attach_allocator_for(&self, library: &LibraryFile, pid: u32) -> Result<ProcessProbe> {
+    pub(crate) fn attach_allocator_for(&self, library: &LibraryFile, pid: u32) -> Result<ProcessProbe> {
         Ok(ProcessProbe { _link: self.allocator_link(library, Some(pid))? })
     }
 
@@ -440,7 +440,7 @@ impl Capture {
     /// (`model::framework::PYTORCH_SEGMENT_FUNCTIONS`, local symbols of its static table), for
     /// every process using it: the driver calls made inside them are marked as the allocator's.
     /// Called once per segment, not per tensor: the driver's level keeps its cost.
-    pub fn attach_segment_functions(&self, library: &LibraryFile) -> Result<Attachment> {
+    pub(crate) fn attach_segment_functions(&self, library: &LibraryFile) -> Result<Attachment> {
         let placement = self.placement;
         let targets: Vec<(usize, String)> = elf::read(&library.path, |elf| {
             elf.static_functions_containing(&PYTORCH_SEGMENT_FUNCTIONS)
@@ -494,7 +494,7 @@ impl Capture {
     /// Puts the out-of-memory report's probe on a libc10 file for every process using it, once
     /// (`c10::reportOutOfMemoryToProfiler`, called when PyTorch's caching allocator gives up on
     /// a request): every level records it. Ok(false) for a libc10 that does not export it.
-    pub fn attach_oom_report(&self, library: &LibraryFile) -> Result<bool> {
+    pub(crate) fn attach_oom_report(&self, library: &LibraryFile) -> Result<bool> {
         if self.oom_reports.borrow().contains(&library.identity) {
             return Ok(true);
         }
@@ -571,7 +571,7 @@ impl Capture {
     }
 
     /// Waits up to `timeout` for records, then hands every available one to `sink`, in order.
-    pub fn poll(&self, timeout: Duration, sink: &mut dyn FnMut(&Record)) -> Result<()> {
+    pub(crate) fn poll(&self, timeout: Duration, sink: &mut dyn FnMut(&Record)) -> Result<()> {
         // A signal (Ctrl-C, SIGCONT after a stop) interrupts the wait; what is there is still read.
         let waited = self.ring.poll_raw(timeout);
         if waited < 0 && waited != -libc::EINTR {
@@ -587,7 +587,7 @@ impl Capture {
         Ok(())
     }
 
-    pub fn drop_counters(&self) -> Result<DropCounters> {
+    pub(crate) fn drop_counters(&self) -> Result<DropCounters> {
         let map = &self.driver.maps.counters;
         let read = |counter: gp_counter| -> Result<u64> {
             let values = map
@@ -609,7 +609,7 @@ impl Capture {
 
     /// Where the allocator probe's time went per report, when its phases are profiled (ns, by
     /// `gp_phase`, over the reports counted); None otherwise or before any report.
-    pub fn phase_profile(&self) -> Option<PhaseProfile> {
+    pub(crate) fn phase_profile(&self) -> Option<PhaseProfile> {
         let map = &self.allocator.maps.phases;
         let read = |phase: gp_phase| -> u64 {
             map.lookup_percpu(&phase.0.to_ne_bytes(), MapFlags::ANY)
@@ -634,7 +634,7 @@ impl Capture {
         })
     }
 
-    pub fn attachments(&self) -> Vec<Attachment> {
+    pub(crate) fn attachments(&self) -> Vec<Attachment> {
         self.attached.borrow().clone()
     }
 }

@@ -17,7 +17,7 @@ const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
 const REX_B: u8 = 0x41;
 
 /// The offset from the function's start to probe at, given its first bytes.
-pub fn probe_offset(code: &[u8]) -> usize {
+pub(crate) fn probe_offset(code: &[u8]) -> usize {
     if emulated(code) {
         return 0;
     }

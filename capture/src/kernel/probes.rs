@@ -33,13 +33,13 @@ fn shape_of(layout: ArgLayout) -> (gp_shape, u8) {
 
 /// One entry point to probe in a library.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DriverProbe {
+pub(crate) struct DriverProbe {
     pub symbol: &'static str,
     pub cookie: u64,
 }
 
 /// The cookie of table entry `api`, laid out as `struct gp_cookie`.
-pub fn cookie(api: u16, layout: ArgLayout) -> u64 {
+pub(crate) fn cookie(api: u16, layout: ArgLayout) -> u64 {
     let (shape, param) = shape_of(layout);
     let cookie = gp_cookie { api, shape: shape.0 as u8, param, reserved: 0 };
     // SAFETY: gp_cookie is a plain #[repr(C)] struct of 8 bytes with no padding.
@@ -48,7 +48,7 @@ pub fn cookie(api: u16, layout: ArgLayout) -> u64 {
 
 /// Every driver probe, in table order, then the context switches (ids after the table's; they
 /// make no record, only the thread's current context).
-pub fn driver_probes() -> Vec<DriverProbe> {
+pub(crate) fn driver_probes() -> Vec<DriverProbe> {
     let recorded = DRIVER_APIS
         .iter()
         .enumerate()

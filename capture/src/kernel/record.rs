@@ -5,17 +5,18 @@
 use gpuprof_ebpf::types::{gp_allocator, gp_code, gp_frame, gp_record, gp_record_kind};
 
 /// `GP_FLAG_*` of gpuprof.h, as the header's `flags` byte holds them.
+#[allow(dead_code)] // all of the header's flags, those only the kernel side reads too
 pub mod flags {
     use gpuprof_ebpf::header as h;
 
-    pub const OUT_UNREAD: u8 = h::GP_FLAG_OUT_UNREAD as u8;
-    pub const EXIT_SIGNALED: u8 = h::GP_FLAG_EXIT_SIGNALED as u8;
-    pub const HANDLE: u8 = h::GP_FLAG_HANDLE as u8;
-    pub const STACK_TRUNCATED: u8 = h::GP_FLAG_STACK_TRUNCATED as u8;
-    pub const STACK_LOST: u8 = h::GP_FLAG_STACK_LOST as u8;
-    pub const AUTOGRAD: u8 = h::GP_FLAG_AUTOGRAD as u8;
-    pub const STACK_KNOWN: u8 = h::GP_FLAG_STACK_KNOWN as u8;
-    pub const ALLOCATOR_SEGMENT: u8 = h::GP_FLAG_ALLOCATOR_SEGMENT as u8;
+    pub(crate) const OUT_UNREAD: u8 = h::GP_FLAG_OUT_UNREAD as u8;
+    pub(crate) const EXIT_SIGNALED: u8 = h::GP_FLAG_EXIT_SIGNALED as u8;
+    pub(crate) const HANDLE: u8 = h::GP_FLAG_HANDLE as u8;
+    pub(crate) const STACK_TRUNCATED: u8 = h::GP_FLAG_STACK_TRUNCATED as u8;
+    pub(crate) const STACK_LOST: u8 = h::GP_FLAG_STACK_LOST as u8;
+    pub(crate) const AUTOGRAD: u8 = h::GP_FLAG_AUTOGRAD as u8;
+    pub(crate) const STACK_KNOWN: u8 = h::GP_FLAG_STACK_KNOWN as u8;
+    pub(crate) const ALLOCATOR_SEGMENT: u8 = h::GP_FLAG_ALLOCATOR_SEGMENT as u8;
 }
 
 pub const HANDLE_LEN: usize = gpuprof_ebpf::header::GP_HANDLE_LEN as usize;
@@ -39,7 +40,8 @@ pub struct Record {
 
 impl Record {
     /// Parses what the ring buffer handed over; None when it is shorter than it says it is.
-    pub fn parse(data: &[u8]) -> Option<Record> {
+    #[cfg(test)]
+    pub(crate) fn parse(data: &[u8]) -> Option<Record> {
         let mut record = Record::default();
         record.parse_into(data).then_some(record)
     }
@@ -47,7 +49,7 @@ impl Record {
     /// Parses into this record, reusing its frame buffer (the capture's hot path allocates
     /// nothing per record once its buffers have grown). False when `data` is shorter than it
     /// says it is; the record is then empty.
-    pub fn parse_into(&mut self, data: &[u8]) -> bool {
+    pub(crate) fn parse_into(&mut self, data: &[u8]) -> bool {
         let parsed = self.fill(data).is_some();
         if !parsed {
             self.clear();
@@ -100,7 +102,7 @@ impl Record {
     }
 
     /// The handle bytes the call carried.
-    pub fn handle_bytes(&self) -> Option<&[u8]> {
+    pub(crate) fn handle_bytes(&self) -> Option<&[u8]> {
         let len = usize::from(self.header.handle_len).min(HANDLE_LEN);
         self.handle.as_ref().filter(|_| len > 0).map(|h| &h[..len])
     }

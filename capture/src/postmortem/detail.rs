@@ -7,7 +7,7 @@ use gpuprof_model::findings::wording;
 
 /// A process raised to tensor events, as the flow decided it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Raise {
+pub(crate) struct Raise {
     pub pid: u32,
     pub ts: u64,
     /// Why, in words ("device 0 has 3.1 GiB free of 80.0 GiB").
@@ -16,7 +16,7 @@ pub struct Raise {
 
 /// What one process of a post-mortem's recording shows.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ProcessDetail {
+pub(crate) struct ProcessDetail {
     pub pid: u32,
     pub comm: String,
     /// What the prologue rebuilt: driver allocations and mappings, tensors.
@@ -32,7 +32,7 @@ pub struct ProcessDetail {
 }
 
 /// The finding a post-mortem is for.
-pub struct About<'a> {
+pub(crate) struct About<'a> {
     pub kind: &'a str,
     pub pid: u32,
     pub comm: &'a str,
@@ -44,7 +44,7 @@ pub struct About<'a> {
 const EDGE_NS: u64 = 1_000_000_000;
 
 /// The report's notes, in the order they are read.
-pub fn notes(
+pub(crate) fn notes(
     about: &About<'_>,
     start: u64,
     end: u64,

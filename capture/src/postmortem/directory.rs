@@ -9,23 +9,23 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 /// Extensions of a post-mortem's two files.
-pub const RECORDING_EXTENSION: &str = "gpuprof";
-pub const REPORT_EXTENSION: &str = "html";
+pub(crate) const RECORDING_EXTENSION: &str = "gpuprof";
+pub(crate) const REPORT_EXTENSION: &str = "html";
 /// Added to a file's name while it is written; renamed away once whole.
-pub const PARTIAL_SUFFIX: &str = ".partial";
+pub(crate) const PARTIAL_SUFFIX: &str = ".partial";
 /// A partial file this old was left by a daemon stopped while writing it.
 const ABANDONED: Duration = Duration::from_secs(3600);
 
 /// A post-mortem's two files.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Names {
+pub(crate) struct Names {
     pub recording: PathBuf,
     pub report: PathBuf,
 }
 
 /// Names for a post-mortem of `kind` about `pid` (`comm`) on `node`, found at `ts` (ns since the
 /// epoch); `taken` says whether a name is used already (another is made with `-2`, `-3`…).
-pub fn names(
+pub(crate) fn names(
     dir: &Path,
     node: &str,
     pid: u32,
@@ -49,11 +49,11 @@ pub fn names(
 }
 
 use gpuprof_recording::naming::file_name_safe;
-pub use gpuprof_recording::naming::utc_stamp;
+pub(crate) use gpuprof_recording::naming::utc_stamp;
 
 /// How much the directory keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Policy {
+pub(crate) struct Policy {
     /// Bytes of post-mortems kept at most.
     pub max_bytes: u64,
     /// How long one is kept.
@@ -62,7 +62,7 @@ pub struct Policy {
 
 /// What a sweep did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Swept {
+pub(crate) struct Swept {
     /// Post-mortems deleted (both files of one count once).
     pub removed: u64,
     /// Bytes of post-mortems left.
@@ -78,7 +78,7 @@ struct OnDisk {
 
 /// Deletes the post-mortems of `dir` older than the retention, then the oldest until what is
 /// left is within the cap; and partial files abandoned by a daemon stopped while writing.
-pub fn sweep(dir: &Path, policy: Policy, now: SystemTime) -> io::Result<Swept> {
+pub(crate) fn sweep(dir: &Path, policy: Policy, now: SystemTime) -> io::Result<Swept> {
     let mut by_stem: BTreeMap<String, OnDisk> = BTreeMap::new();
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;

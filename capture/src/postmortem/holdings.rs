@@ -16,7 +16,7 @@ const CONTEXT_API: &str = "cuDevicePrimaryCtxRetain";
 
 /// One thing a process holds.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Held {
+pub(crate) enum Held {
     /// A driver allocation (device, managed, pinned host, pool memory, a VMM handle).
     Allocation(Allocation),
     /// A framework allocator's block: a tensor.
@@ -31,7 +31,7 @@ pub enum Held {
 
 impl Held {
     /// When it was allocated, mapped, opened or exported.
-    pub fn ts(&self) -> u64 {
+    pub(crate) fn ts(&self) -> u64 {
         match self {
             Held::Allocation(a) | Held::Block(a) => a.ts,
             Held::Mapping(m) | Held::Import { mapping: m, .. } => m.ts,
@@ -40,7 +40,7 @@ impl Held {
     }
 
     /// Bytes it takes in memory here (its stack is shared with the tracker's).
-    pub fn footprint(&self) -> u64 {
+    pub(crate) fn footprint(&self) -> u64 {
         let handle = match self {
             Held::Import {
                 export: Some(ExportKey::Legacy(h) | ExportKey::Pool(h) | ExportKey::Shareable(h)), ..
@@ -62,6 +62,7 @@ impl Held {
         }
     }
 
+    #[cfg(test)]
     fn stamped_no_earlier_than(mut self, at: u64) -> Held {
         match &mut self {
             Held::Allocation(a) | Held::Block(a) => a.ts = a.ts.max(at),
@@ -78,7 +79,7 @@ impl Held {
 /// What a successful `event` of `process` releases that was made by `made_by` (ns), looked up
 /// before the tracker applies it: a post-mortem whose window begins after the thing was made
 /// still needs it in its prologue. What was made later is the window's own event.
-pub fn released_by(event: &Event, process: &ProcessMemory, tracker: &Tracker, made_by: u64) -> Vec<Held> {
+pub(crate) fn released_by(event: &Event, process: &ProcessMemory, tracker: &Tracker, made_by: u64) -> Vec<Held> {
     if !event.succeeded() || !matches!(event.op, Op::Free | Op::Unmap | Op::IpcClose) {
         return Vec::new();
     }
@@ -127,7 +128,7 @@ pub fn released_by(event: &Event, process: &ProcessMemory, tracker: &Tracker, ma
 
 /// Everything one process instance holds at one moment.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Holdings {
+pub(crate) struct Holdings {
     pub pid: u32,
     pub ppid: Option<u32>,
     pub comm: Arc<str>,
@@ -139,7 +140,7 @@ pub struct Holdings {
 
 /// The events that rebuild one process's holdings: its own, and its imports, which go after
 /// every process's own so that each finds its exporter's export.
-pub struct Prologue {
+pub(crate) struct Prologue {
     pub own: Vec<Event>,
     pub imports: Vec<Event>,
 }
@@ -147,7 +148,7 @@ pub struct Prologue {
 impl Holdings {
     /// What `process` holds now; with `made_by`, only what it allocated, mapped, opened or
     /// exported by then (what came later is a window's own events).
-    pub fn of(process: &ProcessMemory, tracker: &Tracker, made_by: Option<u64>) -> Holdings {
+    pub(crate) fn of(process: &ProcessMemory, tracker: &Tracker, made_by: Option<u64>) -> Holdings {
         let before = |ts: u64| made_by.is_none_or(|limit| ts <= limit);
         let mut held: Vec<Held> = Vec::new();
         held.extend(process.allocations_unordered().filter(|a| before(a.ts)).cloned().map(Held::Allocation));
@@ -177,7 +178,8 @@ impl Holdings {
 
     /// The same holdings in a canonical order, every time no earlier than `at`: a replay of a
     /// recording that opens at `at` holds exactly this.
-    pub fn as_of(&self, at: u64) -> Holdings {
+    #[cfg(test)]
+    pub(crate) fn as_of(&self, at: u64) -> Holdings {
         let mut held: Vec<Held> = self.held.iter().cloned().map(|h| h.stamped_no_earlier_than(at)).collect();
         held.sort_by_key(Held::order);
         Holdings { held, ..self.clone() }
@@ -186,7 +188,7 @@ impl Holdings {
     /// The events that rebuild these holdings in a tracker that has not seen the process, as
     /// `source` captured its events: stamped `at`, or with `as_made` each at the time it was
     /// made (a replay that goes on from there keeps when each thing was made).
-    pub fn events(&self, at: u64, source: Source, as_made: bool) -> Prologue {
+    pub(crate) fn events(&self, at: u64, source: Source, as_made: bool) -> Prologue {
         let base = |ts: u64, tid: u32, layer: Layer, op: Op, api: Cow<'static, str>| {
             let ts = if as_made { ts } else { at };
             let mut event = Event::new(ts, self.pid, tid, source, layer, op, api);

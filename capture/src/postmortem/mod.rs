@@ -10,9 +10,9 @@
 //! before the exporter sees them (`EventFlow::keep_postmortems`). The windows' memory is counted
 //! against a per-process and a per-node cap; what a cap drops before its time is counted.
 
-pub mod detail;
-pub mod directory;
-pub mod holdings;
+pub(crate) mod detail;
+pub(crate) mod directory;
+pub(crate) mod holdings;
 mod window;
 mod writer;
 
@@ -27,8 +27,8 @@ use gpuprof_model::rank::Ranks;
 use gpuprof_model::track::ProcessMemory;
 use gpuprof_model::{Finding, FindingKind, Tracker};
 
-pub use detail::Raise;
-pub use writer::Done;
+pub(crate) use detail::Raise;
+pub(crate) use writer::Done;
 
 use holdings::Holdings;
 use window::{Limits, Window};
@@ -47,7 +47,7 @@ const SWEEP_INTERVAL: Duration = Duration::from_secs(60);
 const FINISH_LIMIT: Duration = Duration::from_secs(10);
 
 /// Writes the HTML report of the recording at `recording` to `report`, with `notes` on it.
-pub type RenderReport = fn(recording: &Path, report: &Path, notes: &[String]) -> anyhow::Result<()>;
+pub(crate) type RenderReport = fn(recording: &Path, report: &Path, notes: &[String]) -> anyhow::Result<()>;
 
 /// What post-mortems keep and where they go.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -160,7 +160,7 @@ impl Postmortems {
     }
 
     /// An event, before the tracker takes it: what it releases from before its chunk is kept.
-    pub fn before(&mut self, event: &Event, tracker: &Tracker) {
+    pub(crate) fn before(&mut self, event: &Event, tracker: &Tracker) {
         if event.layer == Layer::Process && matches!(event.op, Op::Fork | Op::Exec) {
             // It begins another instance: its window opens after the findings of the last one.
             return;
@@ -181,7 +181,7 @@ impl Postmortems {
 
     /// The same event, tracked, with the findings it fired: the event is kept, and each
     /// finding that calls for a post-mortem gets one (named on it now, written meanwhile).
-    pub fn after(&mut self, event: &Event, fired: &mut [Finding], tracker: &Tracker, ranks: &Ranks) {
+    pub(crate) fn after(&mut self, event: &Event, fired: &mut [Finding], tracker: &Tracker, ranks: &Ranks) {
         let begins = event.layer == Layer::Process && matches!(event.op, Op::Fork | Op::Exec);
         if begins {
             self.found(fired, tracker, ranks);
@@ -204,13 +204,13 @@ impl Postmortems {
 
     /// A process raised to tensor events at `ts`, and why: the report says which part of a
     /// window has tensor detail, and why.
-    pub fn raised(&mut self, pid: u32, ts: u64, why: String) {
+    pub(crate) fn raised(&mut self, pid: u32, ts: u64, why: String) {
         self.raises.push(Raise { pid, ts, why });
     }
 
     /// Findings that fired (with or without an event): post-mortems for an out-of-memory
     /// failure and for leaks, one per process instance and kind.
-    pub fn found(&mut self, fired: &mut [Finding], tracker: &Tracker, ranks: &Ranks) {
+    pub(crate) fn found(&mut self, fired: &mut [Finding], tracker: &Tracker, ranks: &Ranks) {
         for finding in fired {
             if finding.severity != Severity::Leak && finding.kind != FindingKind::Oom {
                 continue;
@@ -355,7 +355,7 @@ impl Postmortems {
 
     /// Time passes (`now`: wall-clock ns): idle windows close their chunks, old chunks go, the
     /// caps hold; the directory is swept now and then. Returns what the writer did meanwhile.
-    pub fn tick(&mut self, now: u64) -> Vec<Done> {
+    pub(crate) fn tick(&mut self, now: u64) -> Vec<Done> {
         let pids: Vec<u32> = self.windows.keys().copied().collect();
         for pid in pids {
             let ticked = self.windows.get_mut(&pid).map(|w| w.tick(now, &self.limits, &mut self.compressor));
@@ -382,7 +382,7 @@ impl Postmortems {
 
     /// Windows of process instances the tracker no longer knows go (a daemon's processes come
     /// and go for months), and so does what was kept about them.
-    pub fn forget(&mut self, tracker: &Tracker) {
+    pub(crate) fn forget(&mut self, tracker: &Tracker) {
         let known: HashSet<(u32, u64)> = tracker.processes().iter().map(|p| (p.pid, p.first_ts)).collect();
         self.windows.retain(|pid, w| known.contains(&(*pid, w.since)));
         self.taken.retain(|(pid, since, _)| known.contains(&(*pid, *since)));
@@ -390,7 +390,7 @@ impl Postmortems {
     }
 
     /// What the windows hold and what was written, dropped and deleted so far.
-    pub fn stats(&self) -> PostmortemStats {
+    pub(crate) fn stats(&self) -> PostmortemStats {
         PostmortemStats {
             window_bytes: self.windows.values().map(Window::bytes).sum(),
             window_events: self.windows.values().map(Window::events).sum(),
@@ -399,13 +399,13 @@ impl Postmortems {
     }
 
     /// Lines to say (warnings), since the last call.
-    pub fn take_said(&mut self) -> Vec<String> {
+    pub(crate) fn take_said(&mut self) -> Vec<String> {
         std::mem::take(&mut self.said)
     }
 
     /// The end of the capture: waits for the post-mortems on their way (at most
     /// `FINISH_LIMIT`); returns what was done meanwhile.
-    pub fn finish(mut self) -> Vec<Done> {
+    pub(crate) fn finish(mut self) -> Vec<Done> {
         let done = self.writer.finish(FINISH_LIMIT);
         account(&mut self.stats, &mut self.in_flight, &done);
         done

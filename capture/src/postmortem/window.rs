@@ -21,7 +21,7 @@ use super::holdings::{released_by, Held};
 
 /// How a window is cut into chunks.
 #[derive(Debug, Clone, Copy)]
-pub struct Limits {
+pub(crate) struct Limits {
     /// How far back a window reaches (ns).
     pub window_ns: u64,
     /// A chunk closes once its first event is this old (ns).
@@ -32,7 +32,7 @@ pub struct Limits {
 
 /// What a process stood at when a chunk opened, before its first event.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Opening {
+pub(crate) struct Opening {
     pub comm: Arc<str>,
     pub ppid: Option<u32>,
     pub contexts: u32,
@@ -95,7 +95,7 @@ impl Chunk {
 }
 
 /// What a post-mortem takes of a window: its chunks, all closed, and what opens them.
-pub struct Kept {
+pub(crate) struct Kept {
     /// Recordings, oldest first.
     pub chunks: Vec<Arc<[u8]>>,
     /// The first event kept (None: none is).
@@ -111,7 +111,7 @@ pub struct Kept {
 }
 
 /// One process instance's recent events.
-pub struct Window {
+pub(crate) struct Window {
     /// The tracker's instance: when it was first seen.
     pub since: u64,
     /// The capture its events came from, for the prologue's.
@@ -129,7 +129,7 @@ pub struct Window {
 }
 
 impl Window {
-    pub fn new(since: u64, source: Source) -> Window {
+    pub(crate) fn new(since: u64, source: Source) -> Window {
         Window {
             since,
             source,
@@ -150,7 +150,7 @@ impl Window {
     /// time or size is up), and what the event releases from before that chunk kept. Returns
     /// whether a chunk closed. Its process (looked up only when needed: most events need not)
     /// is `tracker`'s instance of the event's pid.
-    pub fn prepare(
+    pub(crate) fn prepare(
         &mut self,
         event: &Event,
         tracker: &Tracker,
@@ -203,7 +203,7 @@ impl Window {
 
     /// Keeps `event` (after the tracker applied it); the tracker's instance of its process
     /// opens a chunk that opens now (the first event after a fork or exec).
-    pub fn write(&mut self, event: &Event, tracker: &Tracker) -> io::Result<()> {
+    pub(crate) fn write(&mut self, event: &Event, tracker: &Tracker) -> io::Result<()> {
         if self.open().is_none() {
             self.begin_chunk(event, tracker.process(event.pid))?;
         }
@@ -223,7 +223,7 @@ impl Window {
 
     /// Closes the chunk being written once its time is up at `now` (an idle process's chunk
     /// gives its writer back), and drops the chunks older than the window.
-    pub fn tick(&mut self, now: u64, limits: &Limits, compressor: &mut Compressor) -> io::Result<()> {
+    pub(crate) fn tick(&mut self, now: u64, limits: &Limits, compressor: &mut Compressor) -> io::Result<()> {
         if let Some(open) = self.open() {
             if now >= open.first_ts.saturating_add(limits.chunk_ns) {
                 open.close(compressor)?;
@@ -236,7 +236,7 @@ impl Window {
     }
 
     /// Closes the chunk being written now (the process exited: no event will follow).
-    pub fn close(&mut self, compressor: &mut Compressor) -> io::Result<()> {
+    pub(crate) fn close(&mut self, compressor: &mut Compressor) -> io::Result<()> {
         self.spare = Vec::new();
         match self.open() {
             Some(open) => open.close(compressor).map(drop),
@@ -245,14 +245,14 @@ impl Window {
     }
 
     /// Drops closed chunks whose events all came before `horizon`.
-    pub fn expire(&mut self, horizon: u64) {
+    pub(crate) fn expire(&mut self, horizon: u64) {
         while self.chunks.front().is_some_and(|c| matches!(c.body, Body::Closed(_)) && c.last_ts < horizon) {
             self.chunks.pop_front();
         }
     }
 
     /// Drops the oldest closed chunk for a cap; returns how many events it held.
-    pub fn shed_oldest(&mut self) -> Option<u64> {
+    pub(crate) fn shed_oldest(&mut self) -> Option<u64> {
         if !matches!(self.chunks.front()?.body, Body::Closed(_)) {
             return None;
         }
@@ -263,23 +263,23 @@ impl Window {
     }
 
     /// When its oldest closed chunk began, for the node's cap (oldest first).
-    pub fn oldest_closed(&self) -> Option<u64> {
+    pub(crate) fn oldest_closed(&self) -> Option<u64> {
         self.chunks.front().filter(|c| matches!(c.body, Body::Closed(_))).map(|c| c.first_ts)
     }
 
     /// Bytes it holds.
-    pub fn bytes(&self) -> u64 {
+    pub(crate) fn bytes(&self) -> u64 {
         self.chunks.iter().map(Chunk::bytes).sum::<u64>() + self.spare.capacity() as u64
     }
 
     /// Events it holds.
-    pub fn events(&self) -> u64 {
+    pub(crate) fn events(&self) -> u64 {
         self.chunks.iter().map(|c| c.events).sum()
     }
 
     /// Everything kept, for a post-mortem: the chunk being written closes (the next event opens
     /// another).
-    pub fn kept(&mut self, compressor: &mut Compressor) -> io::Result<Kept> {
+    pub(crate) fn kept(&mut self, compressor: &mut Compressor) -> io::Result<Kept> {
         self.close(compressor)?;
         let before = self.chunks.front().map_or(self.max_ts, |c| c.before);
         let freed = self.chunks.iter().flat_map(|c| &c.freed).filter(|h| h.ts() <= before).cloned().collect();

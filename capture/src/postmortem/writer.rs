@@ -24,7 +24,7 @@ use super::holdings::{Held, Holdings};
 use super::RenderReport;
 
 /// One process's share of a post-mortem.
-pub struct Part {
+pub(crate) struct Part {
     pub pid: u32,
     /// What it held before its first chunk kept (its prologue there).
     pub start: Holdings,
@@ -39,7 +39,7 @@ pub struct Part {
 }
 
 /// A post-mortem to write.
-pub struct Job {
+pub(crate) struct Job {
     pub finding_id: String,
     pub kind: FindingKind,
     pub pid: u32,
@@ -58,7 +58,7 @@ pub struct Job {
 
 /// What became of a job or a sweep.
 #[derive(Debug)]
-pub enum Done {
+pub(crate) enum Done {
     Written(PostmortemReport),
     /// `path`: the file it could not write.
     Failed {
@@ -80,7 +80,7 @@ enum Work {
 }
 
 /// The writing thread and the two queues to and from it.
-pub struct WriterThread {
+pub(crate) struct WriterThread {
     work: Option<Sender<Work>>,
     done: Receiver<Done>,
     handle: Option<JoinHandle<()>>,
@@ -89,7 +89,7 @@ pub struct WriterThread {
 }
 
 impl WriterThread {
-    pub fn start(dir: PathBuf, policy: Policy, render: RenderReport) -> io::Result<WriterThread> {
+    pub(crate) fn start(dir: PathBuf, policy: Policy, render: RenderReport) -> io::Result<WriterThread> {
         let (work, jobs) = mpsc::channel();
         let (done_in, done) = mpsc::channel();
         let handle = std::thread::Builder::new()
@@ -98,24 +98,24 @@ impl WriterThread {
         Ok(WriterThread { work: Some(work), done, handle: Some(handle), pending: 0 })
     }
 
-    pub fn pending(&self) -> usize {
+    pub(crate) fn pending(&self) -> usize {
         self.pending
     }
 
-    pub fn write(&mut self, job: Job) {
+    pub(crate) fn write(&mut self, job: Job) {
         if self.work.as_ref().is_some_and(|work| work.send(Work::Write(Box::new(job))).is_ok()) {
             self.pending += 1;
         }
     }
 
-    pub fn sweep(&self) {
+    pub(crate) fn sweep(&self) {
         if let Some(work) = &self.work {
             let _ = work.send(Work::Sweep);
         }
     }
 
     /// What was done since the last call.
-    pub fn take_done(&mut self) -> Vec<Done> {
+    pub(crate) fn take_done(&mut self) -> Vec<Done> {
         let mut done = Vec::new();
         loop {
             match self.done.try_recv() {
@@ -131,7 +131,7 @@ impl WriterThread {
     }
 
     /// Lets the thread finish what it was given, waiting at most `limit`; returns what it did.
-    pub fn finish(mut self, limit: Duration) -> Vec<Done> {
+    pub(crate) fn finish(mut self, limit: Duration) -> Vec<Done> {
         drop(self.work.take());
         let deadline = Instant::now() + limit;
         let mut done = Vec::new();

@@ -110,12 +110,12 @@ impl<'c> EbpfSource<'c> {
     }
 
     /// The root process (see `new`) exited: the kernel said so, or it is gone.
-    pub fn root_exited(&self) -> bool {
+    pub(crate) fn root_exited(&self) -> bool {
         self.root_exited || self.root.is_some_and(|pid| !gpuprof_procfs::process::is_running(pid))
     }
 
     /// A process another capture (the shim) speaks for: followed from now on.
-    pub fn heard_of(&mut self, pid: u32) {
+    pub(crate) fn heard_of(&mut self, pid: u32) {
         if !self.alive.contains(&pid) {
             self.follow(pid);
         }
@@ -123,7 +123,7 @@ impl<'c> EbpfSource<'c> {
 
     /// Looks for the interpreters of processes just followed now, rather than at the next poll:
     /// a process found by a scan may make its first call at any moment.
-    pub fn discover_interpreters(&mut self) {
+    pub(crate) fn discover_interpreters(&mut self) {
         self.enricher.pythons.discover(self.capture);
     }
 
@@ -146,7 +146,7 @@ impl<'c> EbpfSource<'c> {
         &self.alive
     }
 
-    pub fn attach(&mut self, flow: &mut EventFlow, library: &LibraryFile) -> Result<()> {
+    pub(crate) fn attach(&mut self, flow: &mut EventFlow, library: &LibraryFile) -> Result<()> {
         if self.capture.is_attached(library) {
             return Ok(());
         }
@@ -157,7 +157,7 @@ impl<'c> EbpfSource<'c> {
     }
 
     /// Reads what the ring buffer has (waiting up to `timeout`) into `flow`.
-    pub fn pump(&mut self, flow: &mut EventFlow, timeout: Duration) -> Result<()> {
+    pub(crate) fn pump(&mut self, flow: &mut EventFlow, timeout: Duration) -> Result<()> {
         let capture = self.capture;
         let timeout = if self.enricher.pythons.is_looking() { timeout.min(DISCOVERY_POLL) } else { timeout };
         let mut failure: Option<io::Error> = None;
@@ -236,7 +236,7 @@ impl<'c> EbpfSource<'c> {
     }
 
     /// Periodic work between polls: new libcuda files.
-    pub fn tick(&mut self, flow: &mut EventFlow) {
+    pub(crate) fn tick(&mut self, flow: &mut EventFlow) {
         if self.last_discovery.elapsed() >= DISCOVERY_INTERVAL {
             self.last_discovery = Instant::now();
             self.discover_libraries(flow);
@@ -245,7 +245,7 @@ impl<'c> EbpfSource<'c> {
 
     /// A tracked process may load a libcuda other than the one probed (another path, a
     /// container's copy): probe it as soon as it appears in the process's maps.
-    pub fn discover_libraries(&mut self, flow: &mut EventFlow) {
+    pub(crate) fn discover_libraries(&mut self, flow: &mut EventFlow) {
         let pending: Vec<u32> =
             self.alive.iter().copied().filter(|pid| !self.probed.get(pid).is_some_and(Probed::all)).collect();
         for pid in pending {
@@ -330,7 +330,7 @@ impl<'c> EbpfSource<'c> {
     /// events through allocator probes of its own on the libc10 files it maps (no other process
     /// gets a breakpoint), dropped again at a lower level. Returns false for a process this
     /// source does not follow.
-    pub fn set_level(&mut self, flow: &mut EventFlow, pid: u32, level: Level) -> Result<bool> {
+    pub(crate) fn set_level(&mut self, flow: &mut EventFlow, pid: u32, level: Level) -> Result<bool> {
         if !self.alive.contains(&pid) {
             return Ok(false);
         }
@@ -386,16 +386,16 @@ impl<'c> EbpfSource<'c> {
     }
 
     /// Where the allocator probe's time went (`--profile-probes`).
-    pub fn phase_profile(&self) -> Option<crate::kernel::PhaseProfile> {
+    pub(crate) fn phase_profile(&self) -> Option<crate::kernel::PhaseProfile> {
         self.capture.phase_profile()
     }
 
-    pub fn drops(&self) -> DropCounters {
+    pub(crate) fn drops(&self) -> DropCounters {
         self.capture.drop_counters().unwrap_or_default()
     }
 
     /// This source's part of the capture's statistics.
-    pub fn stats(&self) -> KernelStats {
+    pub(crate) fn stats(&self) -> KernelStats {
         KernelStats {
             drops: self.drops(),
             undecodable: self.decode_errors,

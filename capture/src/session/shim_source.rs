@@ -33,13 +33,18 @@ impl ShimSource {
     }
 
     /// eBPF runs beside the shim: process transitions are the kernel's to report.
-    pub fn beside_the_kernel(&mut self) {
+    pub(crate) fn beside_the_kernel(&mut self) {
         self.kernel_reports_processes = true;
     }
 
     /// Hands what arrived (waiting up to `timeout` for the first) to `flow`; `heard_of` learns
     /// each process an event speaks for.
-    pub fn pump(&mut self, flow: &mut EventFlow, timeout: Duration, heard_of: &mut dyn FnMut(u32)) -> Result<()> {
+    pub(crate) fn pump(
+        &mut self,
+        flow: &mut EventFlow,
+        timeout: Duration,
+        heard_of: &mut dyn FnMut(u32),
+    ) -> Result<()> {
         let kernel_reports_processes = self.kernel_reports_processes;
         let events = &mut self.events;
         self.processes.receive(&self.received, timeout, &mut |event| {
@@ -57,7 +62,7 @@ impl ShimSource {
     }
 
     /// Tells process `pid` to record at `level`; false when it is not connected.
-    pub fn set_level(&mut self, pid: u32, level: gpuprof_model::Level) -> bool {
+    pub(crate) fn set_level(&mut self, pid: u32, level: gpuprof_model::Level) -> bool {
         self.processes.set_level(pid, level)
     }
 
@@ -66,17 +71,12 @@ impl ShimSource {
         self.processes.initial_level = Some(level);
     }
 
-    /// Events handed to the flow.
-    pub fn events(&self) -> u64 {
-        self.events
-    }
-
     pub fn processes(&self) -> &ShimProcesses {
         &self.processes
     }
 
     /// This source's part of the capture's statistics.
-    pub fn stats(&self) -> ShimStats {
+    pub(crate) fn stats(&self) -> ShimStats {
         let processes = &self.processes;
         ShimStats { events: self.events, processes_open: processes.open() as u64, totals: processes.totals }
     }
