@@ -5,5 +5,7 @@
 //!   endpoints;
 //! - `inject`: `gpuprof inject`, the sidecar added to Kubernetes manifests.
 
+#![warn(unreachable_pub)]
+
 pub mod daemon;
 pub mod inject;

@@ -149,7 +149,7 @@ pub struct DaemonArgs {
 
 /// Where post-mortems go unless told: a node's own directory, which the chart mounts from the
 /// host.
-pub const DEFAULT_POSTMORTEM_DIR: &str = "/var/lib/gpuprof/postmortems";
+pub(crate) const DEFAULT_POSTMORTEM_DIR: &str = "/var/lib/gpuprof/postmortems";
 
 /// How the daemon captures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Deserialize)]
@@ -208,7 +208,7 @@ struct FileConfig {
 
 /// Everything the daemon runs with, resolved and checked.
 #[derive(Debug, Clone)]
-pub struct DaemonConfig {
+pub(crate) struct DaemonConfig {
     pub otlp: Option<OtlpOptions>,
     pub node_name: Option<String>,
     pub output: Option<PathBuf>,
@@ -240,7 +240,7 @@ pub struct DaemonConfig {
 }
 
 impl DaemonArgs {
-    pub fn resolve(&self) -> Result<DaemonConfig> {
+    pub(crate) fn resolve(&self) -> Result<DaemonConfig> {
         let file = match &self.config {
             Some(path) => read_file(path)?,
             None => FileConfig::default(),

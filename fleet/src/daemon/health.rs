@@ -31,7 +31,7 @@ const STALL_LIMIT: Duration = Duration::from_secs(10);
 
 /// What the capture loop publishes each second.
 #[derive(Debug, Default, Clone)]
-pub struct Snapshot {
+pub(crate) struct Snapshot {
     pub processes_followed: u64,
     pub processes_followed_total: u64,
     pub processes_exited_total: u64,
@@ -70,7 +70,7 @@ pub struct Snapshot {
 impl Snapshot {
     /// What a session has followed, captured, dropped and delivered so far; `forgotten_total`:
     /// exited processes whose tables were dropped.
-    pub fn of(session: &Session<'_>, forgotten_total: u64, levels: &super::levels::Levels) -> Snapshot {
+    pub(crate) fn of(session: &Session<'_>, forgotten_total: u64, levels: &super::levels::Levels) -> Snapshot {
         let stats = session.stats();
         let export = stats.export.unwrap_or_default();
         let mut snapshot = Snapshot {
@@ -119,7 +119,7 @@ impl Snapshot {
     }
 }
 
-pub struct Health {
+pub(crate) struct Health {
     started: Instant,
     ready: AtomicBool,
     /// Milliseconds since `started` when the capture loop last turned.
@@ -128,7 +128,7 @@ pub struct Health {
 }
 
 impl Health {
-    pub fn new() -> Arc<Health> {
+    pub(crate) fn new() -> Arc<Health> {
         Arc::new(Health {
             started: Instant::now(),
             ready: AtomicBool::new(false),
@@ -137,11 +137,11 @@ impl Health {
         })
     }
 
-    pub fn set_ready(&self, ready: bool) {
+    pub(crate) fn set_ready(&self, ready: bool) {
         self.ready.store(ready, Ordering::Relaxed);
     }
 
-    pub fn publish(&self, snapshot: Snapshot) {
+    pub(crate) fn publish(&self, snapshot: Snapshot) {
         self.heartbeat_ms.store(self.started.elapsed().as_millis() as u64, Ordering::Relaxed);
         if let Ok(mut slot) = self.snapshot.lock() {
             *slot = snapshot;
@@ -157,7 +157,7 @@ impl Health {
 /// Binds `listen` now (so a taken port is an error at start) and serves from a new thread.
 /// Serves /healthz, /readyz, /metrics and the level endpoints (the last three only to who sends
 /// `metrics_token`, if one is set; the level endpoints to loopback callers when none is).
-pub fn serve(
+pub(crate) fn serve(
     listen: SocketAddr,
     metrics_token: Option<String>,
     health: Arc<Health>,

@@ -17,7 +17,7 @@ use serde::Serialize;
 use gpuprof_capture::session::Session;
 
 /// A request from the API, answered on `reply`.
-pub struct Request {
+pub(crate) struct Request {
     pub pid: u32,
     pub level: Level,
     /// How long a raised level lasts (None: the daemon's `--detail`).
@@ -28,7 +28,7 @@ pub struct Request {
 /// The answer to a request.
 #[derive(Debug, Clone, Serialize)]
 #[serde(untagged)]
-pub enum Reply {
+pub(crate) enum Reply {
     Taken(Raised),
     /// The daemon follows no process of that pid.
     Unknown {
@@ -38,7 +38,7 @@ pub enum Reply {
 
 /// One process recorded above the daemon's level.
 #[derive(Debug, Clone, Serialize)]
-pub struct Raised {
+pub(crate) struct Raised {
     pub pid: u32,
     pub level: Level,
     /// Seconds left at this level.
@@ -51,7 +51,7 @@ pub struct Raised {
 
 /// The API's side: sends requests to the capture loop.
 #[derive(Clone)]
-pub struct Control {
+pub(crate) struct Control {
     requests: Sender<Request>,
     /// What is raised now, as the loop last published it.
     published: std::sync::Arc<std::sync::Mutex<Vec<Raised>>>,
@@ -59,13 +59,13 @@ pub struct Control {
 
 impl Control {
     /// Asks the loop and waits (up to 5 s) for its answer.
-    pub fn ask(&self, pid: u32, level: Level, seconds: Option<f64>) -> Option<Reply> {
+    pub(crate) fn ask(&self, pid: u32, level: Level, seconds: Option<f64>) -> Option<Reply> {
         let (reply, answer) = mpsc::channel();
         self.requests.send(Request { pid, level, seconds, reply }).ok()?;
         answer.recv_timeout(Duration::from_secs(5)).ok()
     }
 
-    pub fn raised(&self) -> Vec<Raised> {
+    pub(crate) fn raised(&self) -> Vec<Raised> {
         let mut raised = self.published.lock().map(|r| r.clone()).unwrap_or_default();
         let now = Instant::now();
         for entry in &mut raised {
@@ -76,7 +76,7 @@ impl Control {
 }
 
 /// The loop's side: the processes raised, and requests waiting.
-pub struct Levels {
+pub(crate) struct Levels {
     /// The daemon's level: every process not raised.
     base: Level,
     detail: Duration,
@@ -87,7 +87,7 @@ pub struct Levels {
 }
 
 impl Levels {
-    pub fn new(base: Level, detail: Duration) -> (Levels, Control) {
+    pub(crate) fn new(base: Level, detail: Duration) -> (Levels, Control) {
         let (requests_in, requests) = mpsc::channel();
         let published = std::sync::Arc::default();
         let control = Control { requests: requests_in, published: std::sync::Arc::clone(&published) };
@@ -96,7 +96,7 @@ impl Levels {
 
     /// One turn: what the escalation rules decided, the API's requests, the levels whose time
     /// is up.
-    pub fn turn(&mut self, session: &mut Session<'_>) -> Result<()> {
+    pub(crate) fn turn(&mut self, session: &mut Session<'_>) -> Result<()> {
         for raise in session.flow_mut().take_raises() {
             if !self.raise(session, raise.pid, Level::Tensors, self.detail, raise.reason)? {
                 // No tensors are coming: a growth finding on its driver calls need not wait.
@@ -205,7 +205,7 @@ impl Levels {
     }
 
     /// Processes recorded above (or below) the daemon's level now.
-    pub fn raised_now(&self) -> usize {
+    pub(crate) fn raised_now(&self) -> usize {
         self.raised.len()
     }
 }

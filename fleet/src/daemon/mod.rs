@@ -8,7 +8,7 @@
 //! process's events are kept, and written as a post-mortem when one runs out of memory or a leak
 //! finding fires (`gpuprof_capture::postmortem`). SIGTERM flushes and exits 0.
 
-pub mod config;
+pub(crate) mod config;
 mod health;
 mod levels;
 
@@ -27,7 +27,8 @@ use gpuprof_model::Reporter;
 use gpuprof_otlp::reporter::Telemetry;
 use gpuprof_views::output::{self, EventOutput, Format, Terminal, TerminalOptions};
 
-pub use config::{CaptureMode, DaemonArgs, DaemonConfig};
+pub(crate) use config::DaemonConfig;
+pub use config::{CaptureMode, DaemonArgs};
 
 const PUBLISH_INTERVAL: Duration = Duration::from_secs(1);
 /// How often raises, level requests and due lowerings are looked at.

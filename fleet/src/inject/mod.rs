@@ -18,7 +18,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use yaml_rust2::{Yaml, YamlEmitter};
 
-pub use pod::{Capture, Preload, SidecarSettings, SIDECAR_NAME};
+pub(crate) use pod::SidecarSettings;
+pub use pod::{Capture, Preload};
 
 /// `gpuprof inject` flags.
 #[derive(Debug, clap::Args)]
@@ -97,7 +98,7 @@ fn read_input(input: Option<&Path>) -> Result<String> {
 
 /// What happened to the documents, for the one line on stderr.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct Report {
+pub(crate) struct Report {
     pub injected: Vec<String>,
     pub already: Vec<String>,
     pub passed: Vec<String>,
@@ -117,7 +118,7 @@ impl std::fmt::Display for Report {
 }
 
 /// The manifests with the sidecar added, and what was done to each.
-pub fn inject(text: &str, settings: &SidecarSettings) -> Result<(String, Report)> {
+pub(crate) fn inject(text: &str, settings: &SidecarSettings) -> Result<(String, Report)> {
     let documents = yaml11::load(text).map_err(|e| anyhow::anyhow!("not YAML: {e}"))?;
     let mut report = Report::default();
     let mut out = String::new();

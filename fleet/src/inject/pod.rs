@@ -11,7 +11,7 @@ use super::key;
 
 /// What became of a document (or a pod template).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     Injected,
     /// The sidecar was there already: left as it was.
     Already,
@@ -20,13 +20,13 @@ pub enum Outcome {
 }
 
 /// The sidecar's container name and the shared volume's.
-pub const SIDECAR_NAME: &str = "gpuprof";
+pub(crate) const SIDECAR_NAME: &str = "gpuprof";
 /// Where the volume is mounted, in the sidecar and in the workload.
-pub const MOUNT: &str = "/gpuprof";
-pub const DEFAULT_IMAGE: &str = concat!("gpuprof:", env!("CARGO_PKG_VERSION"));
+pub(crate) const MOUNT: &str = "/gpuprof";
+pub(crate) const DEFAULT_IMAGE: &str = concat!("gpuprof:", env!("CARGO_PKG_VERSION"));
 /// The chart's collector, released as `gpuprof` in the namespace `gpuprof`.
-pub const DEFAULT_COLLECTOR: &str = "http://gpuprof-collector.gpuprof:4317";
-pub const DEFAULT_PORT: u16 = 9464;
+pub(crate) const DEFAULT_COLLECTOR: &str = "http://gpuprof-collector.gpuprof:4317";
+pub(crate) const DEFAULT_PORT: u16 = 9464;
 
 /// How the workload loads the shim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -49,7 +49,7 @@ pub enum Capture {
 
 /// What the sidecar is made of.
 #[derive(Debug, Clone)]
-pub struct SidecarSettings {
+pub(crate) struct SidecarSettings {
     pub image: String,
     pub pull_policy: String,
     pub collector: String,
@@ -63,7 +63,7 @@ pub struct SidecarSettings {
 }
 
 impl SidecarSettings {
-    pub fn from_args(args: &super::InjectArgs) -> Result<SidecarSettings> {
+    pub(crate) fn from_args(args: &super::InjectArgs) -> Result<SidecarSettings> {
         let file = match &args.settings {
             Some(path) => SettingsFile::read(path)?,
             None => SettingsFile::default(),
@@ -190,7 +190,7 @@ fn literal(name: &str, value: &str) -> Yaml {
 }
 
 /// Adds the sidecar to `spec` (a pod spec).
-pub fn patch(spec: &mut Yaml, settings: &SidecarSettings) -> Result<Outcome> {
+pub(crate) fn patch(spec: &mut Yaml, settings: &SidecarSettings) -> Result<Outcome> {
     let Yaml::Hash(spec) = spec else { bail!("its pod spec is not a mapping") };
     let init = spec.get(&key("initContainers")).and_then(Yaml::as_vec).cloned().unwrap_or_default();
     if init.iter().any(|c| name_of(c) == Some(SIDECAR_NAME)) {

@@ -12,7 +12,7 @@ use super::pod::{self, Outcome, SidecarSettings};
 const TEMPLATED: &[&str] = &["Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job", "ReplicationController"];
 
 /// "document 2 (Deployment trainer)", for messages.
-pub fn describe(document: &Yaml, number: usize) -> String {
+pub(crate) fn describe(document: &Yaml, number: usize) -> String {
     let kind = document["kind"].as_str().unwrap_or("no kind");
     match document["metadata"]["name"].as_str() {
         Some(name) => format!("document {number} ({kind} {name})"),
@@ -20,7 +20,7 @@ pub fn describe(document: &Yaml, number: usize) -> String {
     }
 }
 
-pub fn patch(document: &mut Yaml, settings: &SidecarSettings) -> Result<Outcome> {
+pub(crate) fn patch(document: &mut Yaml, settings: &SidecarSettings) -> Result<Outcome> {
     if !matches!(document, Yaml::Hash(_)) {
         bail!("it is not a Kubernetes object (a mapping with apiVersion and kind)");
     }

@@ -8,7 +8,7 @@ use yaml_rust2::parser::{Event, MarkedEventReceiver, Parser};
 use yaml_rust2::scanner::{Marker, ScanError, TScalarStyle};
 use yaml_rust2::{Yaml, YamlLoader};
 
-pub fn load(text: &str) -> Result<Vec<Yaml>, ScanError> {
+pub(crate) fn load(text: &str) -> Result<Vec<Yaml>, ScanError> {
     let mut receiver = Yaml11 { loader: YamlLoader::default() };
     Parser::new_from_str(text).load(&mut receiver, true)?;
     Ok(receiver.loader.documents().to_vec())
