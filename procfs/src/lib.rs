@@ -12,6 +12,8 @@
 //! thread-locals), the fleet (the daemon's own costs) and the binary all read /proc, and none of
 //! them may depend on another for it.
 
+#![warn(unreachable_pub)]
+
 pub mod elf;
 pub mod maps;
 pub mod process;
