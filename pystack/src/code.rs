@@ -56,10 +56,6 @@ impl Symbolizer {
         Symbolizer { layout, codes: HashMap::new(), frames: HashMap::new() }
     }
 
-    pub fn layout(&self) -> &Layout {
-        &self.layout
-    }
-
     /// Remembers a code object described by someone else (the kernel-side walk, while the
     /// process was alive to be read).
     /// Returns false when the code object was already known with this very description
@@ -72,11 +68,6 @@ impl Symbolizer {
         // A code object at a reused address: its resolved lines are stale.
         self.frames.retain(|(c, _), _| *c != code);
         true
-    }
-
-    /// Code objects cached so far.
-    pub fn cached(&self) -> usize {
-        self.codes.len()
     }
 
     /// One frame: `instr` is what the frame's instruction field held (see [`InstrEncoding`]).

@@ -15,7 +15,7 @@ const COOKIE: [u8; 8] = *b"xdebugpy";
 /// ones after them lie where they do in the interpreter.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DebugOffsets313 {
+pub(crate) struct DebugOffsets313 {
     pub cookie: [u8; 8],
     /// `PY_VERSION_HEX`.
     pub version: u64,
@@ -40,7 +40,7 @@ pub struct DebugOffsets313 {
 /// `_PyRuntimeState`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RuntimeState {
+pub(crate) struct RuntimeState {
     pub size: u64,
     pub finalizing: u64,
     pub interpreters_head: u64,
@@ -49,7 +49,7 @@ pub struct RuntimeState {
 /// `PyInterpreterState`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct InterpreterState {
+pub(crate) struct InterpreterState {
     pub size: u64,
     pub id: u64,
     pub next: u64,
@@ -68,7 +68,7 @@ pub struct InterpreterState {
 /// `PyThreadState`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ThreadState {
+pub(crate) struct ThreadState {
     pub size: u64,
     pub prev: u64,
     pub next: u64,
@@ -83,7 +83,7 @@ pub struct ThreadState {
 /// `_PyInterpreterFrame`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct InterpreterFrame {
+pub(crate) struct InterpreterFrame {
     pub size: u64,
     pub previous: u64,
     pub executable: u64,
@@ -95,7 +95,7 @@ pub struct InterpreterFrame {
 /// `PyCodeObject`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CodeObject {
+pub(crate) struct CodeObject {
     pub size: u64,
     pub filename: u64,
     pub name: u64,
@@ -111,7 +111,7 @@ pub struct CodeObject {
 /// `PyObject`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PyObject {
+pub(crate) struct PyObject {
     pub size: u64,
     pub ob_type: u64,
 }
@@ -119,7 +119,7 @@ pub struct PyObject {
 /// `PyTypeObject`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TypeObject {
+pub(crate) struct TypeObject {
     pub size: u64,
     pub tp_name: u64,
     pub tp_repr: u64,
@@ -129,7 +129,7 @@ pub struct TypeObject {
 /// `PyTupleObject`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TupleObject {
+pub(crate) struct TupleObject {
     pub size: u64,
     pub ob_item: u64,
     pub ob_size: u64,
@@ -138,7 +138,7 @@ pub struct TupleObject {
 /// `PyListObject`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ListObject {
+pub(crate) struct ListObject {
     pub size: u64,
     pub ob_item: u64,
     pub ob_size: u64,
@@ -147,7 +147,7 @@ pub struct ListObject {
 /// `PyDictObject`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DictObject {
+pub(crate) struct DictObject {
     pub size: u64,
     pub ma_keys: u64,
     pub ma_values: u64,
@@ -156,7 +156,7 @@ pub struct DictObject {
 /// `PyFloatObject`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FloatObject {
+pub(crate) struct FloatObject {
     pub size: u64,
     pub ob_fval: u64,
 }
@@ -164,7 +164,7 @@ pub struct FloatObject {
 /// `PyLongObject`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LongObject {
+pub(crate) struct LongObject {
     pub size: u64,
     pub lv_tag: u64,
     pub ob_digit: u64,
@@ -173,7 +173,7 @@ pub struct LongObject {
 /// `PyBytesObject`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BytesObject {
+pub(crate) struct BytesObject {
     pub size: u64,
     pub ob_size: u64,
     pub ob_sval: u64,
@@ -182,7 +182,7 @@ pub struct BytesObject {
 /// `PyUnicodeObject`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct UnicodeObject {
+pub(crate) struct UnicodeObject {
     pub size: u64,
     pub state: u64,
     pub length: u64,
@@ -193,7 +193,7 @@ pub struct UnicodeObject {
 /// `struct _gc_runtime_state`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Gc {
+pub(crate) struct Gc {
     pub size: u64,
     pub collecting: u64,
 }
@@ -203,13 +203,13 @@ pub struct Gc {
 const _: () = assert!(DEBUG_OFFSETS_LEN == 73 * 8);
 
 /// The bytes of `_PyRuntime` to read.
-pub const DEBUG_OFFSETS_LEN: usize = size_of::<DebugOffsets313>();
+pub(crate) const DEBUG_OFFSETS_LEN: usize = size_of::<DebugOffsets313>();
 
 /// A pointer in the interpreter (x86-64).
 const POINTER_SIZE: u64 = 8;
 
 #[derive(Debug, Error, PartialEq, Eq)]
-pub enum DebugOffsetsError {
+pub(crate) enum DebugOffsetsError {
     #[error("_PyRuntime does not start with the _Py_DebugOffsets cookie")]
     NoCookie,
     #[error("the interpreter is a free-threaded build, which gpuprof does not read yet")]
@@ -223,7 +223,7 @@ pub enum DebugOffsetsError {
 impl DebugOffsets313 {
     /// The struct from the first [`DEBUG_OFFSETS_LEN`] bytes of `_PyRuntime`, checked for its
     /// cookie.
-    pub fn parse(bytes: &[u8]) -> Result<DebugOffsets313, DebugOffsetsError> {
+    pub(crate) fn parse(bytes: &[u8]) -> Result<DebugOffsets313, DebugOffsetsError> {
         if bytes.len() < DEBUG_OFFSETS_LEN {
             return Err(DebugOffsetsError::Short);
         }
@@ -239,7 +239,7 @@ impl DebugOffsets313 {
 
     /// The offsets gpuprof reads. Unicode and bytes layouts come from here too; what the struct
     /// does not publish comes from `fallback`.
-    pub fn offsets(&self, fallback: &Offsets) -> Result<Offsets, DebugOffsetsError> {
+    pub(crate) fn offsets(&self, fallback: &Offsets) -> Result<Offsets, DebugOffsetsError> {
         if self.free_threaded != 0 {
             return Err(DebugOffsetsError::FreeThreaded);
         }

@@ -13,11 +13,13 @@
 //! - `autograd_layout`: where PyTorch keeps the autograd state that links a backward-pass block to
 //!   the Python line of its forward op (libtorch_cpu's thread-locals, an autograd node's head).
 
+#![warn(unreachable_pub)]
+
 pub mod autograd_layout;
 pub mod code;
-pub mod debug_offsets;
-pub mod discovery;
-pub mod linetable;
+pub(crate) mod debug_offsets;
+pub(crate) mod discovery;
+pub(crate) mod linetable;
 pub mod memory;
 pub mod offsets;
 pub mod strings;

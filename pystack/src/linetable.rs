@@ -4,7 +4,7 @@ use crate::offsets::LineTableFormat;
 
 /// The line of the instruction at `offset` — a byte offset for `Lnotab` and `Pep626`, a code
 /// unit index for `Locations` — or None when the instruction has no line.
-pub fn line_for(format: LineTableFormat, table: &[u8], first_line: i32, offset: u64) -> Option<u32> {
+pub(crate) fn line_for(format: LineTableFormat, table: &[u8], first_line: i32, offset: u64) -> Option<u32> {
     let line = match format {
         LineTableFormat::Lnotab => lnotab(table, first_line, offset),
         LineTableFormat::Pep626 => pep626(table, first_line, offset),

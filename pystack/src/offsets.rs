@@ -12,7 +12,7 @@ pub struct Version {
 
 impl Version {
     /// From `PY_VERSION_HEX` (`Py_Version`): 0xMMmmppRS, major and minor in the top two bytes.
-    pub fn from_hex(hex: u32) -> Version {
+    pub(crate) fn from_hex(hex: u32) -> Version {
         let [major, minor, _micro, _release] = hex.to_be_bytes();
         Version { major, minor }
     }
@@ -256,16 +256,6 @@ const OFFSETS_313: Offsets = Offsets {
     bytes_size: 16,
     bytes_data: 32,
 };
-
-/// The versions gpuprof reads, oldest first.
-pub const SUPPORTED: [Version; 6] = [
-    Version { major: 3, minor: 8 },
-    Version { major: 3, minor: 9 },
-    Version { major: 3, minor: 10 },
-    Version { major: 3, minor: 11 },
-    Version { major: 3, minor: 12 },
-    Version { major: 3, minor: 13 },
-];
 
 /// The built-in layout of a version, if gpuprof knows it.
 pub fn layout_for(version: Version) -> Option<Layout> {

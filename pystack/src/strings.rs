@@ -6,7 +6,7 @@ use crate::memory::{Memory, MemoryError};
 use crate::offsets::Offsets;
 
 /// Longest string read, in code points: file paths and qualified names fit well within it.
-pub const MAX_CHARS: u64 = 4096;
+pub(crate) const MAX_CHARS: u64 = 4096;
 
 /// `PyASCIIObject.state`, a bit field laid out alike in every version read: interned:2, kind:3,
 /// compact:1, ascii:1, then bits that differ.
@@ -15,7 +15,7 @@ const STATE_KIND_MASK: u32 = 0b111;
 const STATE_COMPACT: u32 = 1 << 5;
 const STATE_ASCII: u32 = 1 << 6;
 
-pub fn read_str(memory: &dyn Memory, offsets: &Offsets, addr: u64) -> Result<String, MemoryError> {
+pub(crate) fn read_str(memory: &dyn Memory, offsets: &Offsets, addr: u64) -> Result<String, MemoryError> {
     if addr == 0 {
         return Err(MemoryError::Implausible { what: "string pointer", addr });
     }
@@ -49,7 +49,12 @@ pub fn decode(data: &[u8], kind: u32) -> String {
 }
 
 /// The contents of a `bytes` object (line tables), at most `limit` bytes.
-pub fn read_bytes(memory: &dyn Memory, offsets: &Offsets, addr: u64, limit: u64) -> Result<Vec<u8>, MemoryError> {
+pub(crate) fn read_bytes(
+    memory: &dyn Memory,
+    offsets: &Offsets,
+    addr: u64,
+    limit: u64,
+) -> Result<Vec<u8>, MemoryError> {
     if addr == 0 {
         return Err(MemoryError::Implausible { what: "bytes pointer", addr });
     }
