@@ -59,8 +59,9 @@ pub fn stat(pid: u32) -> Option<(char, u32)> {
 
 /// CPU time (user + system) this process spent so far, its threads included, its children not.
 pub fn own_cpu_seconds() -> f64 {
-    // SAFETY: getrusage writes one rusage struct; RUSAGE_SELF needs nothing else.
+    // SAFETY: rusage is plain integers, for which all zeros is a value.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage writes one rusage struct; RUSAGE_SELF needs nothing else.
     if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
         return 0.0;
     }
