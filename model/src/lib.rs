@@ -24,6 +24,7 @@ pub mod postmortem;
 pub mod rank;
 pub mod shim;
 pub mod stack;
+pub mod start_environment;
 pub mod track;
 pub mod user_frame;
 
