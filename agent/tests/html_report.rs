@@ -5,6 +5,9 @@
 //! their lines and lead to their instant, and the page asks for nothing but itself. Screenshots
 //! are kept next to each test's files (target/tmp/scratch/html_*/).
 
+// A test reads as one scenario from start to end, so it may run past the length limit on functions.
+#![allow(clippy::too_many_lines)]
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
