@@ -10,7 +10,9 @@ use std::path::PathBuf;
 
 use crate::nvml::Reconciled;
 use crate::track::LiveSummary;
-use crate::{Event, Finding, FindingKind, Tracker};
+use crate::event::Event;
+use crate::findings::{Finding, FindingKind};
+use crate::track::Tracker;
 
 /// One consumer of a capture.
 pub trait Reporter {
