@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
-use crate::cli::CaptureArgs;
+use crate::flags::CaptureArgs;
 use gpuprof_capture::kernel::Capture;
 use gpuprof_capture::libcuda::{self, LibraryFile};
 use gpuprof_capture::session::{EbpfSource, Scope, Session, Until};

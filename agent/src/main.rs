@@ -6,13 +6,13 @@
 use std::process::ExitCode;
 
 mod attach;
-mod cli;
+mod flags;
 mod run;
 mod setup;
 mod top;
 
 use clap::FromArgMatches;
-use cli::{Cli, Command, Via};
+use flags::{Cli, Command, Via};
 use gpuprof_fleet::{daemon, inject};
 use gpuprof_views::{export, report};
 
@@ -21,7 +21,7 @@ fn main() -> ExitCode {
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::from_arg_matches(&cli::command().get_matches()).unwrap_or_else(|error| error.exit());
+    let cli = Cli::from_arg_matches(&flags::command().get_matches()).unwrap_or_else(|error| error.exit());
     let outcome = dispatch(cli.command);
     match outcome {
         Ok(code) => ExitCode::from(code),
@@ -51,9 +51,9 @@ fn dispatch(command: Command) -> anyhow::Result<u8> {
                 input: &input,
                 output: output.as_deref(),
                 pid,
-                layer,
+                layer: layer.into(),
                 top,
-                format: format.unwrap_or(if gpuprof_views::output::for_a_person(output.as_deref()) {
+                format: format.map(Into::into).unwrap_or(if gpuprof_views::output::for_a_person(output.as_deref()) {
                     export::summary::SummaryFormat::Table
                 } else {
                     export::summary::SummaryFormat::Json
@@ -71,18 +71,18 @@ fn dispatch(command: Command) -> anyhow::Result<u8> {
                 device_memory,
                 suggest,
                 smallest_device: suggest,
-                format: format.unwrap_or(if gpuprof_views::output::for_a_person(output.as_deref()) {
+                format: format.map(Into::into).unwrap_or(if gpuprof_views::output::for_a_person(output.as_deref()) {
                     gpuprof_views::whatif::WhatifFormat::Table
                 } else {
                     gpuprof_views::whatif::WhatifFormat::Json
                 }),
             })
         }
-        Command::Daemon { daemon: args } => daemon::run(&args),
-        Command::Inject { inject: args } => inject::run(&args),
+        Command::Daemon { daemon: args } => daemon::run(args.resolve()?),
+        Command::Inject { inject: args } => inject::run(&(&args).into()),
         Command::Top { pid, interval } => top::run(&top::TopArgs { pid, interval }),
         Command::Report { input, input_flag, format, output, rules } => {
-            let format = format.unwrap_or(if gpuprof_views::output::for_a_person(output.as_deref()) {
+            let format = format.map(Into::into).unwrap_or(if gpuprof_views::output::for_a_person(output.as_deref()) {
                 report::ReportFormat::Table
             } else {
                 report::ReportFormat::Json
@@ -106,9 +106,10 @@ fn dispatch(command: Command) -> anyhow::Result<u8> {
             compress,
         } => {
             let input = setup::one_input("export", input, input_flag)?;
+            let (format, layer) = (format.into(), layer.into());
             let moment = export::Moment::chosen(format, peak, end, at, oom);
             let window = export::TraceWindow { from, to, max_entries };
-            let compress = compress == cli::Compression::Zstd;
+            let compress = compress == flags::Compression::Zstd;
             export::run(&export::ExportRequest { input: &input, format, output, pid, moment, layer, window, compress })
         }
     }

@@ -159,7 +159,11 @@ impl EventFlow {
         }
         self.forward_stacks.follow(&mut event);
         if self.pids_are_ours && self.ranks.first_call(&event) {
-            let started_with = gpuprof_procfs::process::start_environment(event.pid);
+            let started_with = gpuprof_procfs::process::start_environment(event.pid)
+                .map(|environ| {
+                    gpuprof_model::start_environment::StartEnvironment::from_environment(|name| environ.value(name))
+                })
+                .unwrap_or_default();
             event.rank = event.rank.or(started_with.rank);
             event.allocator_settings =
                 event.allocator_settings.take().or(started_with.allocator_settings.map(Into::into));

@@ -4,6 +4,9 @@
 //! serving; a restart keeps findings, open allocations and the nodes' summaries; Prometheus'
 //! promtool accepts /metrics.
 
+// A test reads as one scenario from start to end, so it may run past the length limit on functions.
+#![allow(clippy::too_many_lines)]
+
 use std::borrow::Cow;
 use std::io::BufReader;
 use std::path::Path;

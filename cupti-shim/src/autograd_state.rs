@@ -86,6 +86,7 @@ pub fn state() -> Option<AutogradState> {
 
 /// SAFETY: `addr` holds a readable, aligned u64.
 unsafe fn read(addr: u64) -> u64 {
+    // SAFETY: the caller vouches for `addr`, readable and aligned.
     unsafe { (addr as *const u64).read() }
 }
 

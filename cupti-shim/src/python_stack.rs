@@ -137,6 +137,8 @@ fn slot_of(code: u64) -> usize {
 /// SAFETY: `code` is the code object of a live frame.
 #[inline(always)]
 unsafe fn identity(at: &IdentityAt, code: u64) -> u64 {
+    // SAFETY: `code` is a live code object (the caller's contract), and `at` holds this
+    // interpreter's offsets of its name and first line; a name that is set is a live str object.
     unsafe {
         let name = field(code + at.name);
         let name_hash = if name == 0 { 0 } else { field(name + at.name_hash) };
@@ -165,6 +167,7 @@ impl IdentityAt {
 
 /// Reads one pointer-sized field. SAFETY: `addr` must be inside a live object.
 unsafe fn field(addr: u64) -> u64 {
+    // SAFETY: the caller vouches that `addr` is inside a live object; an unaligned read asks no more.
     unsafe { (addr as *const u64).read_unaligned() }
 }
 
@@ -192,10 +195,12 @@ fn walk_stack(told: &Told) -> StackRef {
     if tstate == 0 {
         return StackRef::default();
     }
-    // SAFETY (all reads below): the thread state and the frames it links to are this thread's
-    // own and stay in place while it is in this call.
+    // The thread state and the frames it links to are this thread's own, and stay in place while
+    // it is inside this call: every read of them below rests on that.
+    // SAFETY: a live thread state, read at this interpreter's offset of its frame.
     let mut frame = unsafe { field(tstate + u64::from(o.tstate_frame)) };
     if let (Some(current), true) = (o.cframe_current_frame, frame != 0) {
+        // SAFETY: a live `_PyCFrame` of this thread, read at this interpreter's offset.
         frame = unsafe { field(frame + u64::from(current)) };
     }
     let skip_shims = interpreter.layout.has_cstack_frames;
@@ -213,13 +218,18 @@ fn walk_stack(told: &Told) -> StackRef {
         while frame != 0 && links < MAX_LINKS {
             links += 1;
             let is_shim = skip_shims
-                && owner_at.is_some_and(|owner| unsafe { *((frame + owner) as *const u8) } == FRAME_OWNED_BY_CSTACK);
+                && owner_at.is_some_and(|owner| {
+                    // SAFETY: a live frame of this thread, read at this interpreter's offset of its owner byte.
+                    unsafe { *((frame + owner) as *const u8) == FRAME_OWNED_BY_CSTACK }
+                });
             if !is_shim {
                 if count == MAX_FRAMES {
                     COUNTERS.stacks_cut.fetch_add(1, Ordering::Relaxed);
                     break;
                 }
+                // SAFETY: a live frame of this thread, read at this interpreter's offsets.
                 let code = unsafe { field(frame + code_at) };
+                // SAFETY: as above.
                 let instr = unsafe { field(frame + instr_at) };
                 // SAFETY: the code object of a frame on this thread's stack.
                 let seen = code ^ unsafe { identity(&identity_at, code) }.rotate_left(32);
@@ -233,6 +243,7 @@ fn walk_stack(told: &Told) -> StackRef {
                 hash = mix(mix(hash, code), instr);
                 count += 1;
             }
+            // SAFETY: a live frame of this thread; its link is null or the next live frame.
             frame = unsafe { field(frame + previous_at) };
         }
         if count == 0 {

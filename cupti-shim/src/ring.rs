@@ -29,6 +29,7 @@ pub struct Ring<T> {
 // publishing, the reader between seeing it published and freeing it; the sequence numbers order
 // those hand-overs (acquire/release).
 unsafe impl<T: Send> Sync for Ring<T> {}
+// SAFETY: the ring owns its values, so it may move to another thread whenever they may.
 unsafe impl<T: Send> Send for Ring<T> {}
 
 impl<T: Copy> Ring<T> {

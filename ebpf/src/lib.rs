@@ -5,17 +5,43 @@
 //! - `allocator`: the entry probe on PyTorch's c10::reportMemoryUsageToProfiler (tensor blocks).
 //! - `process`: fork/exec/exit tracepoints that follow the tracked process tree.
 
-#[allow(clippy::all, non_camel_case_types, non_upper_case_globals, dead_code, missing_docs)]
+// The skeletons are generated in build.rs: their lints are the generator's to answer, and nothing
+// (a `// SAFETY:` comment, a split of a long function) can be written into them.
+#[allow(
+    clippy::all,
+    clippy::undocumented_unsafe_blocks,
+    clippy::too_many_lines,
+    non_camel_case_types,
+    non_upper_case_globals,
+    dead_code,
+    missing_docs
+)]
 pub mod driver {
     include!(concat!(env!("OUT_DIR"), "/driver.skel.rs"));
 }
 
-#[allow(clippy::all, non_camel_case_types, non_upper_case_globals, dead_code, missing_docs)]
+#[allow(
+    clippy::all,
+    clippy::undocumented_unsafe_blocks,
+    clippy::too_many_lines,
+    non_camel_case_types,
+    non_upper_case_globals,
+    dead_code,
+    missing_docs
+)]
 pub mod allocator {
     include!(concat!(env!("OUT_DIR"), "/allocator.skel.rs"));
 }
 
-#[allow(clippy::all, non_camel_case_types, non_upper_case_globals, dead_code, missing_docs)]
+#[allow(
+    clippy::all,
+    clippy::undocumented_unsafe_blocks,
+    clippy::too_many_lines,
+    non_camel_case_types,
+    non_upper_case_globals,
+    dead_code,
+    missing_docs
+)]
 pub mod process {
     include!(concat!(env!("OUT_DIR"), "/process.skel.rs"));
 }

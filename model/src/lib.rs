@@ -27,6 +27,7 @@ pub mod rank;
 pub mod report;
 pub mod shim;
 pub mod stack;
+pub mod start_environment;
 pub mod track;
 pub mod user_frame;
 

@@ -8,9 +8,11 @@ use std::collections::BTreeMap;
 use std::io;
 use std::path::PathBuf;
 
+use crate::event::Event;
+use crate::findings::{Finding, FindingKind};
 use crate::nvml::Reconciled;
 use crate::track::LiveSummary;
-use crate::{Event, Finding, FindingKind, Tracker};
+use crate::track::Tracker;
 
 /// One consumer of a capture.
 pub trait Reporter {

@@ -1,6 +1,6 @@
 //! What gpuprof reads about processes themselves from /proc: existence, names, parents,
-//! namespaces, the rank a launcher gave them, and this process's own costs (their maps and the
-//! files mapped are `maps` and `elf`).
+//! namespaces, the environment they were started with, and this process's own costs (their maps
+//! and the files mapped are `maps` and `elf`).
 
 use std::collections::HashMap;
 use std::fs;
@@ -15,35 +15,22 @@ pub fn comm(pid: u32) -> String {
     fs::read_to_string(format!("/proc/{pid}/comm")).map(|s| s.trim_end().to_string()).unwrap_or_default()
 }
 
-/// What the environment a process was started with says of it.
+/// The environment a process was started with, as /proc/PID/environ holds it: `NAME=value`
+/// entries, each ended by a NUL. Only read here; what a value means is the model's to say.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct StartEnvironment {
-    /// The rank a distributed launcher (torchrun, torch.distributed, DeepSpeed, Accelerate) gave
-    /// it: `RANK`.
-    pub rank: Option<u32>,
-    /// PyTorch's allocator settings (`gpuprof_model::allocator::SETTINGS_VARIABLES`, the first set);
-    /// empty when none is set.
-    pub allocator_settings: Option<String>,
-}
+pub struct Environment(Vec<u8>);
 
-/// The environment process `pid` was started with; all `None` when it is gone or not ours to
-/// read.
-pub fn start_environment(pid: u32) -> StartEnvironment {
-    fs::read(format!("/proc/{pid}/environ")).map(|environ| start_environment_in(&environ)).unwrap_or_default()
-}
-
-fn start_environment_in(environ: &[u8]) -> StartEnvironment {
-    use gpuprof_model::allocator::settings_in_environment;
-    use gpuprof_model::rank::{parse, RANK_VARIABLE};
-    let value = |name: &str| {
-        environ.split(|&b| b == 0).find_map(|entry| entry.strip_prefix(name.as_bytes())?.strip_prefix(b"="))
-    };
-    StartEnvironment {
-        rank: value(RANK_VARIABLE).and_then(parse),
-        allocator_settings: Some(settings_in_environment(|name| {
-            value(name).map(|v| String::from_utf8_lossy(v).into_owned())
-        })),
+impl Environment {
+    /// The value of variable `name` as the process was given it (bytes: the kernel does not ask
+    /// for UTF-8); `None` when it is not set.
+    pub fn value(&self, name: &str) -> Option<&[u8]> {
+        self.0.split(|&b| b == 0).find_map(|entry| entry.strip_prefix(name.as_bytes())?.strip_prefix(b"="))
     }
+}
+
+/// The environment process `pid` was started with; `None` when it is gone or not ours to read.
+pub fn start_environment(pid: u32) -> Option<Environment> {
+    fs::read(format!("/proc/{pid}/environ")).ok().map(Environment)
 }
 
 /// State and parent from /proc/PID/stat; `None` when the process is gone.
@@ -59,8 +46,9 @@ pub fn stat(pid: u32) -> Option<(char, u32)> {
 
 /// CPU time (user + system) this process spent so far, its threads included, its children not.
 pub fn own_cpu_seconds() -> f64 {
-    // SAFETY: getrusage writes one rusage struct; RUSAGE_SELF needs nothing else.
+    // SAFETY: rusage is plain integers, for which all zeros is a value.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage writes one rusage struct; RUSAGE_SELF needs nothing else.
     if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
         return 0.0;
     }
@@ -120,28 +108,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_rank_is_the_rank_variable_alone() {
-        let rank_in = |environ: &[u8]| start_environment_in(environ).rank;
-        assert_eq!(rank_in(b"PATH=/usr/bin\0LOCAL_RANK=3\0RANK=11\0WORLD_SIZE=16\0"), Some(11));
-        assert_eq!(rank_in(b"LOCAL_RANK=3\0GROUP_RANK=1\0"), None);
-        assert_eq!(rank_in(b"RANK=x\0"), None);
-        assert_eq!(rank_in(b""), None);
-    }
-
-    #[test]
-    fn allocator_settings_are_the_first_variable_pytorch_reads() {
-        let settings = |environ: &[u8]| start_environment_in(environ).allocator_settings;
-        assert_eq!(
-            settings(b"PATH=/usr/bin\0PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True\0"),
-            Some("expandable_segments:True".into())
-        );
-        assert_eq!(settings(b"PYTORCH_ALLOC_CONF=max_split_size_mb:128\0"), Some("max_split_size_mb:128".into()));
-        assert_eq!(
-            settings(b"PYTORCH_ALLOC_CONF=max_split_size_mb:128\0PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True\0"),
-            Some("expandable_segments:True".into())
-        );
-        // Read, and neither set: PyTorch's defaults.
-        assert_eq!(settings(b"PATH=/usr/bin\0XPYTORCH_CUDA_ALLOC_CONF=x\0"), Some(String::new()));
+    fn a_value_is_its_variable_alone() {
+        let value = |environ: &[u8], name| Environment(environ.to_vec()).value(name).map(<[u8]>::to_vec);
+        let environ = b"PATH=/usr/bin\0XRANK=2\0LOCAL_RANK=3\0RANK=11\0EMPTY=\0";
+        assert_eq!(value(environ, "RANK"), Some(b"11".to_vec()));
+        assert_eq!(value(environ, "EMPTY"), Some(Vec::new()));
+        assert_eq!(value(environ, "ANK"), None);
+        assert_eq!(value(b"", "RANK"), None);
     }
 
     #[test]

@@ -54,6 +54,17 @@ pub struct Reader {
     ending: Option<Ending>,
 }
 
+/// The value of an optional field, or, when the entry ends before it, the entry is cut short: the
+/// decoding function returns `Ok(None)`.
+macro_rules! take {
+    ($value:expr) => {
+        match $value {
+            Some(v) => v,
+            None => return Ok(None),
+        }
+    };
+}
+
 impl Reader {
     pub fn new(mut input: impl Read + 'static) -> Result<Self, ReadError> {
         let mut header = [0u8; HEADER_LEN];
@@ -216,7 +227,6 @@ impl Reader {
         let mut at = 0;
         let d = &mut at;
         let Some(fields) = varint::get(data, d) else { return Ok(None) };
-        let has = |field: Field| fields as u32 & field.bit() != 0;
         let Some(&packed) = data.get(*d) else { return Ok(None) };
         *d += 1;
         let (source, layer, op) =
@@ -242,14 +252,30 @@ impl Reader {
                 .cloned()
                 .ok_or_else(|| self.corrupt(&format!("stack {stack} was never written")))?;
         }
-        macro_rules! take {
-            ($value:expr) => {
-                match $value {
-                    Some(v) => v,
-                    None => return Ok(None),
-                }
-            };
+        let fields = fields as u32;
+        if self.decode_memory_fields(data, d, fields, &mut event)?.is_none()
+            || self.decode_context_fields(data, d, fields, &mut event)?.is_none()
+        {
+            return Ok(None);
         }
+        self.deltas.ts = ts;
+        self.deltas.pid = pid;
+        if event.op == gpuprof_model::Op::Exit {
+            self.deltas.totals.remove(&pid);
+        }
+        Ok(Some(event))
+    }
+
+    /// The optional fields that place the call (its process's other ids, the memory, handle and
+    /// totals it touched), in `Field` order; None when the entry ends among them.
+    fn decode_memory_fields(
+        &mut self,
+        data: &[u8],
+        d: &mut usize,
+        fields: u32,
+        event: &mut Event,
+    ) -> Result<Option<()>, ReadError> {
+        let has = |field: Field| fields & field.bit() != 0;
         if has(Field::NsPid) {
             event.ns_pid = Some(take!(varint::get(data, d)) as u32);
         }
@@ -294,7 +320,7 @@ impl Reader {
             event.total = Some(take!(varint::get(data, d)));
         }
         if has(Field::Allocated) || has(Field::Reserved) {
-            let previous = self.deltas.totals.entry(pid).or_default();
+            let previous = self.deltas.totals.entry(event.pid).or_default();
             if has(Field::Allocated) {
                 previous.0 = take!(varint::get_delta(data, d, previous.0));
                 event.allocated = Some(previous.0);
@@ -307,6 +333,19 @@ impl Reader {
         if has(Field::Segment) {
             event.segment = Some(take!(varint::get_delta(data, d, event.addr.unwrap_or(0))));
         }
+        Ok(Some(()))
+    }
+
+    /// The optional fields that tell the rest (the call's duration, a process's exit or exec,
+    /// what the call is attributed to), in `Field` order; None when the entry ends among them.
+    fn decode_context_fields(
+        &self,
+        data: &[u8],
+        d: &mut usize,
+        fields: u32,
+        event: &mut Event,
+    ) -> Result<Option<()>, ReadError> {
+        let has = |field: Field| fields & field.bit() != 0;
         if has(Field::DurationNs) {
             event.duration_ns = Some(take!(varint::get(data, d)));
         }
@@ -361,12 +400,7 @@ impl Reader {
             event.allocator_segment =
                 Some(codes::framework_of(code).ok_or_else(|| self.corrupt(&format!("framework {code}")))?);
         }
-        self.deltas.ts = ts;
-        self.deltas.pid = pid;
-        if event.op == gpuprof_model::Op::Exit {
-            self.deltas.totals.remove(&pid);
-        }
-        Ok(Some(event))
+        Ok(Some(()))
     }
 }
 

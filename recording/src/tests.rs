@@ -1,3 +1,6 @@
+// The fixture of every field, and tests that read as one scenario each, may run past the length limit.
+#![allow(clippy::too_many_lines)]
+
 use std::borrow::Cow;
 use std::io::Write;
 

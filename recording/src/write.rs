@@ -124,145 +124,21 @@ impl<W: Write> Writer<W> {
     }
 
     pub fn write(&mut self, event: &Event) -> io::Result<()> {
-        let stack = self.stack_id(&event.stack);
-        let comm = self.string_id(&event.comm);
-        let api = self.string_id(&event.api);
-        let handle_type = event.handle_type.as_deref().map(|t| self.string_id(t));
-        let filename = event.filename.as_deref().map(|f| self.string_id(f));
-        let caller_module = event.caller_module.as_deref().map(|m| self.string_id(m));
-        let autograd_node = event.autograd_node.as_deref().map(|n| self.string_id(n));
-        let allocator_settings = event.allocator_settings.as_deref().map(|s| self.string_id(s));
-        let native: Vec<(u64, u64, u64)> =
-            event.native.iter().map(|n| (self.string_id(&n.symbol), self.string_id(&n.module), n.offset)).collect();
-
-        let mut fields = 0u32;
-        let mut set = |field: Field, present: bool| {
-            if present {
-                fields |= field.bit();
-            }
-        };
-        set(Field::NsPid, event.ns_pid.is_some());
-        set(Field::Ppid, event.ppid.is_some());
-        set(Field::Kind, event.kind.is_some());
-        set(Field::Device, event.device.is_some());
-        set(Field::Addr, event.addr.is_some());
-        set(Field::Handle, event.handle.is_some());
-        set(Field::HandleType, handle_type.is_some());
-        set(Field::HandleObject, event.handle_object.is_some());
-        set(Field::PeerPid, event.peer_pid.is_some());
-        set(Field::VmmHandle, event.vmm_handle.is_some());
-        set(Field::Pitch, event.pitch.is_some());
-        set(Field::Total, event.total.is_some());
-        set(Field::Allocated, event.allocated.is_some());
-        set(Field::Reserved, event.reserved.is_some());
-        set(Field::Segment, event.segment.is_some());
-        set(Field::DurationNs, event.duration_ns.is_some());
-        set(Field::ExitCode, event.exit_code.is_some());
-        set(Field::Signal, event.signal.is_some());
-        set(Field::Filename, filename.is_some());
-        set(Field::Native, !native.is_empty());
-        set(Field::CallerModule, caller_module.is_some());
-        set(Field::AutogradNode, autograd_node.is_some());
-        set(Field::AutogradSeq, event.autograd_seq.is_some());
-        set(Field::AutogradThread, event.autograd_thread.is_some());
-        set(Field::StackOrigin, event.stack_origin.is_some());
-        set(Field::Rank, event.rank.is_some());
-        set(Field::AllocatorSettings, allocator_settings.is_some());
-        set(Field::AllocatorSegment, event.allocator_segment.is_some());
-
+        let ids = self.ids(event);
         let p = &mut self.payload;
         p.clear();
-        varint::put(p, u64::from(fields));
+        varint::put(p, u64::from(present_fields(event, &ids)));
         p.push(codes::pack(event.source, event.layer, event.op));
         varint::put_delta(p, event.ts, self.deltas.ts);
         varint::put_delta(p, u64::from(event.pid), u64::from(self.deltas.pid));
         varint::put_delta(p, u64::from(event.tid), u64::from(event.pid));
-        varint::put(p, comm);
-        varint::put(p, api);
+        varint::put(p, ids.comm);
+        varint::put(p, ids.api);
         varint::put(p, event.size);
         varint::put_signed(p, i64::from(event.result));
-        varint::put(p, stack);
-        if let Some(v) = event.ns_pid {
-            varint::put(p, u64::from(v));
-        }
-        if let Some(v) = event.ppid {
-            varint::put(p, u64::from(v));
-        }
-        if let Some(kind) = event.kind {
-            p.push(codes::kind_code(kind));
-        }
-        if let Some(v) = event.device {
-            varint::put_signed(p, i64::from(v));
-        }
-        if let Some(addr) = event.addr {
-            varint::put_delta(p, addr, self.deltas.addr);
-            self.deltas.addr = addr;
-        }
-        if let Some(handle) = &event.handle {
-            varint::put(p, handle.len() as u64);
-            p.extend_from_slice(handle);
-        }
-        if let Some(id) = handle_type {
-            varint::put(p, id);
-        }
-        for v in [event.handle_object, event.peer_pid.map(u64::from), event.vmm_handle, event.pitch, event.total]
-            .into_iter()
-            .flatten()
-        {
-            varint::put(p, v);
-        }
-        if event.allocated.is_some() || event.reserved.is_some() {
-            let previous = self.deltas.totals.entry(event.pid).or_default();
-            if let Some(v) = event.allocated {
-                varint::put_delta(p, v, previous.0);
-                previous.0 = v;
-            }
-            if let Some(v) = event.reserved {
-                varint::put_delta(p, v, previous.1);
-                previous.1 = v;
-            }
-        }
-        if let Some(segment) = event.segment {
-            varint::put_delta(p, segment, event.addr.unwrap_or(0));
-        }
-        if let Some(v) = event.duration_ns {
-            varint::put(p, v);
-        }
-        if let Some(v) = event.exit_code {
-            varint::put_signed(p, i64::from(v));
-        }
-        if let Some(v) = event.signal {
-            varint::put_signed(p, i64::from(v));
-        }
-        if let Some(id) = filename {
-            varint::put(p, id);
-        }
-        if !native.is_empty() {
-            varint::put(p, native.len() as u64);
-            for (symbol, module, offset) in native {
-                varint::put(p, symbol);
-                varint::put(p, module);
-                varint::put(p, offset);
-            }
-        }
-        if let Some(id) = caller_module {
-            varint::put(p, id);
-        }
-        for v in [autograd_node, event.autograd_seq, event.autograd_thread].into_iter().flatten() {
-            varint::put(p, v);
-        }
-        if let Some(origin) = event.stack_origin {
-            p.push(codes::origin_code(origin));
-        }
-        if let Some(v) = event.rank {
-            varint::put(p, u64::from(v));
-        }
-        if let Some(id) = allocator_settings {
-            varint::put(p, id);
-        }
-        if let Some(framework) = event.allocator_segment {
-            p.push(codes::framework_code(framework));
-        }
+        varint::put(p, ids.stack);
+        put_memory_fields(p, &mut self.deltas, event, &ids);
+        put_context_fields(p, event, &ids);
         self.deltas.ts = event.ts;
         self.deltas.pid = event.pid;
         if event.op == gpuprof_model::Op::Exit {
@@ -302,6 +178,25 @@ impl<W: Write> Writer<W> {
         self.sink.write_all(&self.buffer)?;
         self.buffer.clear();
         self.sink.finish()
+    }
+
+    /// The ids of what `event` names, each string, frame and stack written first if new.
+    fn ids(&mut self, event: &Event) -> EventIds {
+        EventIds {
+            stack: self.stack_id(&event.stack),
+            comm: self.string_id(&event.comm),
+            api: self.string_id(&event.api),
+            handle_type: event.handle_type.as_deref().map(|t| self.string_id(t)),
+            filename: event.filename.as_deref().map(|f| self.string_id(f)),
+            caller_module: event.caller_module.as_deref().map(|m| self.string_id(m)),
+            autograd_node: event.autograd_node.as_deref().map(|n| self.string_id(n)),
+            allocator_settings: event.allocator_settings.as_deref().map(|s| self.string_id(s)),
+            native: event
+                .native
+                .iter()
+                .map(|n| (self.string_id(&n.symbol), self.string_id(&n.module), n.offset))
+                .collect(),
+        }
     }
 
     fn entry_from_payload(&mut self, tag: u8) {
@@ -371,6 +266,150 @@ impl<W: Write> Writer<W> {
         varint::put(&mut self.buffer, payload.len() as u64);
         self.buffer.extend_from_slice(&payload);
         id
+    }
+}
+
+/// The ids an event's entry refers to, by field.
+struct EventIds {
+    stack: u64,
+    comm: u64,
+    api: u64,
+    handle_type: Option<u64>,
+    filename: Option<u64>,
+    caller_module: Option<u64>,
+    autograd_node: Option<u64>,
+    allocator_settings: Option<u64>,
+    /// (symbol, module, offset) of each native frame.
+    native: Vec<(u64, u64, u64)>,
+}
+
+/// The bits of the optional fields `event` has: the reader learns from them what follows.
+fn present_fields(event: &Event, ids: &EventIds) -> u32 {
+    let mut fields = 0u32;
+    let mut set = |field: Field, present: bool| {
+        if present {
+            fields |= field.bit();
+        }
+    };
+    set(Field::NsPid, event.ns_pid.is_some());
+    set(Field::Ppid, event.ppid.is_some());
+    set(Field::Kind, event.kind.is_some());
+    set(Field::Device, event.device.is_some());
+    set(Field::Addr, event.addr.is_some());
+    set(Field::Handle, event.handle.is_some());
+    set(Field::HandleType, ids.handle_type.is_some());
+    set(Field::HandleObject, event.handle_object.is_some());
+    set(Field::PeerPid, event.peer_pid.is_some());
+    set(Field::VmmHandle, event.vmm_handle.is_some());
+    set(Field::Pitch, event.pitch.is_some());
+    set(Field::Total, event.total.is_some());
+    set(Field::Allocated, event.allocated.is_some());
+    set(Field::Reserved, event.reserved.is_some());
+    set(Field::Segment, event.segment.is_some());
+    set(Field::DurationNs, event.duration_ns.is_some());
+    set(Field::ExitCode, event.exit_code.is_some());
+    set(Field::Signal, event.signal.is_some());
+    set(Field::Filename, ids.filename.is_some());
+    set(Field::Native, !ids.native.is_empty());
+    set(Field::CallerModule, ids.caller_module.is_some());
+    set(Field::AutogradNode, ids.autograd_node.is_some());
+    set(Field::AutogradSeq, event.autograd_seq.is_some());
+    set(Field::AutogradThread, event.autograd_thread.is_some());
+    set(Field::StackOrigin, event.stack_origin.is_some());
+    set(Field::Rank, event.rank.is_some());
+    set(Field::AllocatorSettings, ids.allocator_settings.is_some());
+    set(Field::AllocatorSegment, event.allocator_segment.is_some());
+    fields
+}
+
+/// The optional fields that place the call (its process's other ids, the memory, handle and
+/// totals it touched), in `Field` order.
+fn put_memory_fields(p: &mut Vec<u8>, deltas: &mut Deltas, event: &Event, ids: &EventIds) {
+    if let Some(v) = event.ns_pid {
+        varint::put(p, u64::from(v));
+    }
+    if let Some(v) = event.ppid {
+        varint::put(p, u64::from(v));
+    }
+    if let Some(kind) = event.kind {
+        p.push(codes::kind_code(kind));
+    }
+    if let Some(v) = event.device {
+        varint::put_signed(p, i64::from(v));
+    }
+    if let Some(addr) = event.addr {
+        varint::put_delta(p, addr, deltas.addr);
+        deltas.addr = addr;
+    }
+    if let Some(handle) = &event.handle {
+        varint::put(p, handle.len() as u64);
+        p.extend_from_slice(handle);
+    }
+    if let Some(id) = ids.handle_type {
+        varint::put(p, id);
+    }
+    for v in [event.handle_object, event.peer_pid.map(u64::from), event.vmm_handle, event.pitch, event.total]
+        .into_iter()
+        .flatten()
+    {
+        varint::put(p, v);
+    }
+    if event.allocated.is_some() || event.reserved.is_some() {
+        let previous = deltas.totals.entry(event.pid).or_default();
+        if let Some(v) = event.allocated {
+            varint::put_delta(p, v, previous.0);
+            previous.0 = v;
+        }
+        if let Some(v) = event.reserved {
+            varint::put_delta(p, v, previous.1);
+            previous.1 = v;
+        }
+    }
+    if let Some(segment) = event.segment {
+        varint::put_delta(p, segment, event.addr.unwrap_or(0));
+    }
+}
+
+/// The optional fields that tell the rest (the call's duration, a process's exit or exec, what
+/// the call is attributed to), in `Field` order.
+fn put_context_fields(p: &mut Vec<u8>, event: &Event, ids: &EventIds) {
+    if let Some(v) = event.duration_ns {
+        varint::put(p, v);
+    }
+    if let Some(v) = event.exit_code {
+        varint::put_signed(p, i64::from(v));
+    }
+    if let Some(v) = event.signal {
+        varint::put_signed(p, i64::from(v));
+    }
+    if let Some(id) = ids.filename {
+        varint::put(p, id);
+    }
+    if !ids.native.is_empty() {
+        varint::put(p, ids.native.len() as u64);
+        for &(symbol, module, offset) in &ids.native {
+            varint::put(p, symbol);
+            varint::put(p, module);
+            varint::put(p, offset);
+        }
+    }
+    if let Some(id) = ids.caller_module {
+        varint::put(p, id);
+    }
+    for v in [ids.autograd_node, event.autograd_seq, event.autograd_thread].into_iter().flatten() {
+        varint::put(p, v);
+    }
+    if let Some(origin) = event.stack_origin {
+        p.push(codes::origin_code(origin));
+    }
+    if let Some(v) = event.rank {
+        varint::put(p, u64::from(v));
+    }
+    if let Some(id) = ids.allocator_settings {
+        varint::put(p, id);
+    }
+    if let Some(framework) = event.allocator_segment {
+        p.push(codes::framework_code(framework));
     }
 }
 

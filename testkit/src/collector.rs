@@ -253,6 +253,7 @@ impl Collector {
 
     /// SIGTERM: the collector saves its state and exits 0.
     pub fn stop(mut self) {
+        // SAFETY: kill takes no memory; the pid is our own child's, not yet waited for, so not reused.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         let status = wait_with_limit(&mut self.child, Duration::from_secs(10));
         assert_eq!(status.code(), Some(0));

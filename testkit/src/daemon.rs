@@ -128,6 +128,7 @@ impl Daemon {
 
     /// SIGTERM: flushes, exits 0; returns what it said on the way out.
     pub fn stop(mut self) -> String {
+        // SAFETY: kill takes no memory; the pid is our own child's, not yet waited for, so not reused.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         let status = wait_with_limit(&mut self.child, Duration::from_secs(15));
         assert_eq!(status.code(), Some(0));

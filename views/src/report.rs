@@ -13,7 +13,7 @@ use crate::input;
 use crate::output::{self, findings};
 
 /// Output formats of `report`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReportFormat {
     /// A JSON array of findings (docs/findings.md).
     Json,

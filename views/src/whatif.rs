@@ -15,7 +15,7 @@ use crate::input::for_each_event;
 use crate::output::python_column;
 
 /// Output formats of `whatif`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WhatifFormat {
     /// A column per setting, for a person.
     Table,

@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
 
-use crate::cli::CaptureArgs;
+use crate::flags::CaptureArgs;
 use gpuprof_capture::kernel::Capture;
 use gpuprof_capture::libcuda::{self, LibraryFile};
 use gpuprof_capture::session::{EbpfSource, Ended, Session, Until};

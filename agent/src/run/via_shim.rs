@@ -14,7 +14,7 @@ use anyhow::{anyhow, Context, Result};
 use gpuprof_model::shim;
 
 use super::{exit_code, find_program};
-use crate::cli::CaptureArgs;
+use crate::flags::CaptureArgs;
 use gpuprof_capture::session::{Session, ShimSource, Until};
 use gpuprof_capture::{shim_socket, signals};
 

@@ -88,7 +88,7 @@ pub struct CaptureOptions {
 }
 
 /// Where on a function its probes go.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Placement {
     /// On the first instruction the kernel runs without a second trap, past `endbr64`
     /// (`placement`): the default.

@@ -117,8 +117,8 @@ unsafe extern "C" fn buffer_completed(_context: CUcontext, _stream: u32, buffer:
                 POOL_RECORDS.fetch_add(1, Ordering::Relaxed);
             }
         }
-        // SAFETY: a plain CUPTI call about records dropped from this buffer's stream.
         let mut dropped = 0usize;
+        // SAFETY: a plain CUPTI call about records dropped from this buffer's stream.
         if unsafe { (cupti.activity_get_num_dropped_records)(_context, _stream, &mut dropped) } == SUCCESS {
             DROPPED.fetch_add(dropped as u64, Ordering::Relaxed);
         }

@@ -129,9 +129,12 @@ unsafe fn handle(domain: u32, cbid: u32, data: *const CUpti_CallbackData) {
     // SAFETY: as above.
     let started = if data.correlationData.is_null() { now } else { unsafe { *data.correlationData } };
     let started = if started == 0 || started > now { now } else { started };
-    // SAFETY: functionReturnValue points at the call's CUresult at exit.
-    let result =
-        if data.functionReturnValue.is_null() { 0 } else { unsafe { *(data.functionReturnValue as *const i32) } };
+    let result = if data.functionReturnValue.is_null() {
+        0
+    } else {
+        // SAFETY: functionReturnValue points at the call's CUresult at exit.
+        unsafe { *(data.functionReturnValue as *const i32) }
+    };
     let mut values = CallValues { result, duration_ns: now - started, ..CallValues::EMPTY };
     // SAFETY: functionParams is this entry point's argument struct.
     unsafe { super::params::read(entry.args, data.functionParams, &mut values) };

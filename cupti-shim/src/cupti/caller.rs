@@ -70,6 +70,7 @@ fn is_driver_side(name: &CStr) -> bool {
 
 /// The base and file name of the object holding `addr`.
 fn object_of(addr: *const c_void) -> Option<(usize, &'static CStr)> {
+    // SAFETY: Dl_info is pointers and integers, for which all zeros (null) is a value.
     let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
     // SAFETY: dladdr fills `info` for an address of a loaded object and returns 0 otherwise.
     if unsafe { libc::dladdr(addr, &mut info) } == 0 || info.dli_fname.is_null() {

@@ -288,6 +288,7 @@ fn describe(cupti: &library::Cupti, result: library::Status) -> String {
 
 /// This library's path, as the loader opened it.
 fn own_path() -> Option<String> {
+    // SAFETY: Dl_info is pointers and integers, for which all zeros (null) is a value.
     let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
     // SAFETY: any address inside this library; info is a valid out-struct.
     let found = unsafe { libc::dladdr(arrange_injection as *const c_void, &mut info) } != 0;

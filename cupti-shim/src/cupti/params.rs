@@ -252,6 +252,7 @@ struct cuMemGetInfo_params {
 /// The argument struct at `params`, as `T`. SAFETY: `params` is the struct of a call whose
 /// arguments begin as `T`'s fields do, alive for the callback.
 unsafe fn arguments<T: Copy>(params: *const c_void) -> T {
+    // SAFETY: the caller vouches that `params` begins as `T` does; an unaligned read asks no more.
     unsafe { params.cast::<T>().read_unaligned() }
 }
 
@@ -261,6 +262,7 @@ unsafe fn written<T: Copy + Into<u64>>(output: *const T) -> u64 {
     if output.is_null() {
         0
     } else {
+        // SAFETY: not null, so the caller vouches that the call wrote a `T` there.
         unsafe { output.read_unaligned() }.into()
     }
 }
@@ -270,6 +272,8 @@ unsafe fn written<T: Copy + Into<u64>>(output: *const T) -> u64 {
 unsafe fn bytes_at(address: *const c_void, len: usize) -> [u8; HANDLE_LEN] {
     let mut bytes = [0u8; HANDLE_LEN];
     if !address.is_null() {
+        // SAFETY: not null, so `len` bytes are readable there; at most HANDLE_LEN are copied, which
+        // `bytes` holds, and a local array cannot overlap them.
         unsafe { std::ptr::copy_nonoverlapping(address.cast::<u8>(), bytes.as_mut_ptr(), len.min(HANDLE_LEN)) };
     }
     bytes
@@ -322,6 +326,9 @@ fn not_in_family(layout: ArgLayout, family: &str) -> ! {
 /// A new allocation (or VMM handle): its size, and what the call handed back.
 /// SAFETY: as `read`'s, for one of this family's layouts.
 unsafe fn read_allocation(layout: ArgLayout, params: *const c_void, call: &mut CallValues, ok: bool) {
+    // SAFETY: `read` hands this family only its own layouts, so `params` is the struct read here
+    // (the caller's contract); a non-null input points at what the application gave the driver to
+    // read, and outputs are read only when `ok`, once the driver has written them.
     unsafe {
         match layout {
             ArgLayout::OutPtrSize => {
@@ -365,6 +372,8 @@ unsafe fn read_allocation(layout: ArgLayout, params: *const c_void, call: &mut C
 /// one; the width asked for, before.
 /// SAFETY: as `read`'s, for one of this family's layouts.
 unsafe fn read_pitched_allocation(layout: ArgLayout, params: *const c_void, call: &mut CallValues, ok: bool) {
+    // SAFETY: `read` hands this family only its own layouts, so `params` is the struct read here
+    // (the caller's contract); outputs are read only when `ok`, once the driver has written them.
     unsafe {
         match layout {
             ArgLayout::OutPitch => {
@@ -395,6 +404,8 @@ unsafe fn read_pitched_allocation(layout: ArgLayout, params: *const c_void, call
 /// A call given an address (frees, releases, unmaps, maps, registrations): nothing written back.
 /// SAFETY: as `read`'s, for one of this family's layouts.
 unsafe fn read_given_address(layout: ArgLayout, params: *const c_void, call: &mut CallValues) {
+    // SAFETY: `read` hands this family only its own layouts, so `params` is the struct read here
+    // (the caller's contract); only the arguments themselves are read, no pointer they hold.
     unsafe {
         match layout {
             ArgLayout::Ptr => call.addr = arguments::<cuMemFree_v2_params>(params).dptr,
@@ -418,6 +429,9 @@ unsafe fn read_given_address(layout: ArgLayout, params: *const c_void, call: &mu
 /// A legacy IPC handle or a pool pointer's export data: the 64 bytes another process opens.
 /// SAFETY: as `read`'s, for one of this family's layouts.
 unsafe fn read_ipc_handle(layout: ArgLayout, params: *const c_void, call: &mut CallValues, ok: bool) {
+    // SAFETY: `read` hands this family only its own layouts, so `params` is the struct read here
+    // (the caller's contract); a non-null input points at what the application gave the driver to
+    // read, and outputs are read only when `ok`, once the driver has written them.
     unsafe {
         match layout {
             ArgLayout::IpcGet | ArgLayout::PoolExport => {
@@ -454,6 +468,9 @@ unsafe fn read_ipc_handle(layout: ArgLayout, params: *const c_void, call: &mut C
 /// A VMM allocation's shareable handle, whose length depends on its type.
 /// SAFETY: as `read`'s, for one of this family's layouts.
 unsafe fn read_shareable_handle(layout: ArgLayout, params: *const c_void, call: &mut CallValues, ok: bool) {
+    // SAFETY: `read` hands this family only its own layouts, so `params` is the struct read here
+    // (the caller's contract); a non-null input points at what the application gave the driver to
+    // read, and outputs are read only when `ok`, once the driver has written them.
     unsafe {
         match layout {
             ArgLayout::ShareableExport => {
@@ -490,6 +507,8 @@ unsafe fn read_shareable_handle(layout: ArgLayout, params: *const c_void, call: 
 /// context let go.
 /// SAFETY: as `read`'s, for one of this family's layouts.
 unsafe fn read_context(layout: ArgLayout, params: *const c_void, call: &mut CallValues, ok: bool) {
+    // SAFETY: `read` hands this family only its own layouts, so `params` is the struct read here
+    // (the caller's contract); outputs are read only when `ok`, once the driver has written them.
     unsafe {
         match layout {
             ArgLayout::CtxRetain => {
@@ -531,6 +550,8 @@ unsafe fn read_memory_info(layout: ArgLayout, params: *const c_void, call: &mut 
     if !ok {
         return;
     }
+    // SAFETY: `read` hands this family only its own layouts, so `params` is the struct read here
+    // (the caller's contract); the call succeeded, so the driver wrote both outputs it was given.
     unsafe {
         match layout {
             ArgLayout::MemInfo => {

@@ -299,160 +299,182 @@ async fn metrics(State(health): State<Arc<Health>>) -> impl IntoResponse {
 
 fn render(s: &Snapshot) -> String {
     let mut registry = Registry::default();
-    let gauge = |registry: &mut Registry, name: &str, help: &str, value: u64| {
-        let metric = Gauge::<i64>::default();
-        metric.set(value as i64);
-        registry.register(name, help, metric);
-    };
-    let counter = |registry: &mut Registry, name: &str, help: &str, value: u64| {
-        let metric = Counter::<u64>::default();
-        metric.inc_by(value);
-        registry.register(name, help, metric);
-    };
-    gauge(&mut registry, "gpuprof_daemon_processes_followed", "CUDA processes followed now", s.processes_followed);
+    register_processes(&mut registry, s);
+    register_capture(&mut registry, s);
+    register_export(&mut registry, s);
+    register_shims_and_levels(&mut registry, s);
+    register_postmortems(&mut registry, s);
+    let mut text = String::new();
+    encode(&mut text, &registry).expect("writing to a String cannot fail");
+    text
+}
+
+/// The daemon itself and the processes it follows.
+fn register_processes(registry: &mut Registry, s: &Snapshot) {
+    gauge(registry, "gpuprof_daemon_processes_followed", "CUDA processes followed now", s.processes_followed);
     gauge(
-        &mut registry,
+        registry,
         "gpuprof_daemon_processes_retained",
         "Process tables held in memory (followed, and exited ones not yet forgotten)",
         s.processes_retained,
     );
     gauge(
-        &mut registry,
+        registry,
         "gpuprof_daemon_libraries_probed",
         "libcuda and libc10 files with probes on them",
         s.libraries_probed,
     );
-    gauge(&mut registry, "gpuprof_daemon_resident_bytes", "The daemon's resident memory", s.resident_bytes);
+    gauge(registry, "gpuprof_daemon_resident_bytes", "The daemon's resident memory", s.resident_bytes);
     counter(
-        &mut registry,
+        registry,
         "gpuprof_daemon_processes_discovered",
         "Processes followed since the start",
         s.processes_followed_total,
     );
+    counter(registry, "gpuprof_daemon_processes_exited", "Followed processes seen to exit", s.processes_exited_total);
     counter(
-        &mut registry,
-        "gpuprof_daemon_processes_exited",
-        "Followed processes seen to exit",
-        s.processes_exited_total,
-    );
-    counter(
-        &mut registry,
+        registry,
         "gpuprof_daemon_processes_forgotten",
         "Exited processes whose tables were dropped after the retention time",
         s.processes_forgotten_total,
     );
-    counter(&mut registry, "gpuprof_daemon_events", "Events captured", s.events_total);
+}
+
+/// What the capture took and lost, and the findings it fired.
+fn register_capture(registry: &mut Registry, s: &Snapshot) {
+    counter(registry, "gpuprof_daemon_events", "Events captured", s.events_total);
     counter(
-        &mut registry,
+        registry,
         "gpuprof_daemon_events_lost",
         "Events lost in the kernel (ring buffer or call table full)",
         s.events_lost_total,
     );
     counter(
-        &mut registry,
+        registry,
         "gpuprof_daemon_callers_untracked",
         "Calls of processes the tracked map had no room for (still recorded)",
         s.callers_untracked_total,
     );
     counter(
-        &mut registry,
+        registry,
         "gpuprof_daemon_stacks_unreadable",
         "Python stacks that could not be read whole",
         s.stacks_unreadable_total,
     );
-    counter(&mut registry, "gpuprof_daemon_findings", "Leak findings fired", s.findings_total);
+    counter(registry, "gpuprof_daemon_findings", "Leak findings fired", s.findings_total);
+}
+
+/// Delivery to the OTLP collector.
+fn register_export(registry: &mut Registry, s: &Snapshot) {
     counter(
-        &mut registry,
+        registry,
         "gpuprof_daemon_otlp_sent_items",
         "Log records, spans and metric points the collector accepted",
         s.otlp_sent_total,
     );
     counter(
-        &mut registry,
+        registry,
         "gpuprof_daemon_otlp_lost_items",
         "OTLP items dropped (queue full, delivery failed, too large) or rejected",
         s.otlp_lost_total,
     );
     gauge(
-        &mut registry,
+        registry,
         "gpuprof_daemon_otlp_queued_bytes",
         "Encoded OTLP requests waiting for the collector",
         s.otlp_queued_bytes,
     );
+}
+
+/// Events from shims, the processes raised to another capture level, and calls both sides saw.
+fn register_shims_and_levels(registry: &mut Registry, s: &Snapshot) {
     counter(
-        &mut registry,
+        registry,
         "gpuprof_daemon_shim_events",
         "Events received from processes running gpuprof's shim",
         s.shim_events_total,
     );
     counter(
-        &mut registry,
+        registry,
         "gpuprof_daemon_shim_dropped",
         "Events shims dropped in their process (queue full), as they reported at exit",
         s.shim_dropped_total,
     );
     counter(
-        &mut registry,
+        registry,
         "gpuprof_daemon_shim_undecodable",
         "Lines from shims that were not events",
         s.shim_undecodable_total,
     );
     counter(
-        &mut registry,
+        registry,
         "gpuprof_daemon_shim_refused",
         "Events from shims naming a process other than the one connected (refused)",
         s.shim_refused_total,
     );
     gauge(
-        &mut registry,
+        registry,
         "gpuprof_daemon_processes_raised",
         "Processes recorded at another capture level than the daemon's now",
         s.processes_raised,
     );
     counter(
-        &mut registry,
+        registry,
         "gpuprof_daemon_raises",
         "Times a process was raised above the daemon's capture level (rules or requests)",
         s.raises_total,
     );
     counter(
-        &mut registry,
+        registry,
         "gpuprof_daemon_duplicates_dropped",
         "Second copies of calls both the shim and the probes saw",
         s.duplicates_dropped_total,
     );
+}
+
+/// The post-mortem windows and the post-mortems written from them.
+fn register_postmortems(registry: &mut Registry, s: &Snapshot) {
     gauge(
-        &mut registry,
+        registry,
         "gpuprof_daemon_postmortem_window_bytes",
         "Memory the windows of recent events kept for post-mortems take",
         s.postmortem_window_bytes,
     );
     counter(
-        &mut registry,
+        registry,
         "gpuprof_daemon_postmortem_window_events_shed",
         "Events a memory cap dropped from a post-mortem window before they were a window old",
         s.postmortem_window_events_shed_total,
     );
-    counter(&mut registry, "gpuprof_daemon_postmortems_written", "Post-mortems written", s.postmortems_written_total);
+    counter(registry, "gpuprof_daemon_postmortems_written", "Post-mortems written", s.postmortems_written_total);
     counter(
-        &mut registry,
+        registry,
         "gpuprof_daemon_postmortems_failed",
         "Post-mortems that could not be written (disk full, no permission)",
         s.postmortems_failed_total,
     );
     counter(
-        &mut registry,
+        registry,
         "gpuprof_daemon_postmortems_skipped",
         "Findings that got no post-mortem: too many were being written",
         s.postmortems_skipped_total,
     );
     counter(
-        &mut registry,
+        registry,
         "gpuprof_daemon_postmortems_deleted",
         "Post-mortems the directory's size cap and retention deleted",
         s.postmortems_deleted_total,
     );
-    let mut text = String::new();
-    encode(&mut text, &registry).expect("writing to a String cannot fail");
-    text
+}
+
+fn gauge(registry: &mut Registry, name: &str, help: &str, value: u64) {
+    let metric = Gauge::<i64>::default();
+    metric.set(value as i64);
+    registry.register(name, help, metric);
+}
+
+fn counter(registry: &mut Registry, name: &str, help: &str, value: u64) {
+    let metric = Counter::<u64>::default();
+    metric.inc_by(value);
+    registry.register(name, help, metric);
 }

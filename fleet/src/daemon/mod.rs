@@ -27,16 +27,14 @@ use gpuprof_model::Reporter;
 use gpuprof_otlp::reporter::Telemetry;
 use gpuprof_views::output::{self, EventOutput, Format, Terminal, TerminalOptions};
 
-pub(crate) use config::DaemonConfig;
-pub use config::{CaptureMode, DaemonArgs};
+pub use config::{CaptureMode, DaemonConfig, DEFAULT_POSTMORTEM_DIR};
 
 const PUBLISH_INTERVAL: Duration = Duration::from_secs(1);
 /// How often raises, level requests and due lowerings are looked at.
 const LEVELS_INTERVAL: Duration = Duration::from_millis(50);
 
 /// Runs until SIGTERM/SIGINT; returns gpuprof's exit code.
-pub fn run(args: &DaemonArgs) -> Result<u8> {
-    let config = args.resolve()?;
+pub fn run(config: DaemonConfig) -> Result<u8> {
     let with_ebpf = config.capture != CaptureMode::Shim;
     if with_ebpf {
         preflight::check_ebpf_capture()?;

@@ -21,56 +21,33 @@ use yaml_rust2::{Yaml, YamlEmitter};
 pub(crate) use pod::SidecarSettings;
 pub use pod::{Capture, Preload};
 
-/// `gpuprof inject` flags.
-#[derive(Debug, clap::Args)]
-pub struct InjectArgs {
-    /// The manifests (YAML, one or many documents; `-` or nothing: stdin).
-    #[arg(value_name = "FILE")]
+/// What `gpuprof inject` is asked: the manifests, where they go, and the sidecar's settings
+/// given on the command line (each wins over `settings`, the chart's file).
+#[derive(Debug, Default)]
+pub struct InjectRequest {
+    /// The manifests (`-` or None: stdin).
     pub input: Option<PathBuf>,
-    /// Write here instead of stdout.
-    #[arg(short, long, value_name = "FILE")]
+    /// None: stdout.
     pub output: Option<PathBuf>,
-    /// These settings, as the chart's ConfigMap `<release>-sidecar` holds them (YAML: image,
-    /// imagePullPolicy, collector, otlpProtocol, tokenSecret, port, via, capture); a flag given
-    /// here wins over the file.
-    #[arg(long, value_name = "FILE")]
+    /// The chart's ConfigMap `<release>-sidecar` (YAML: image, imagePullPolicy, collector,
+    /// otlpProtocol, tokenSecret, port, via, capture).
     pub settings: Option<PathBuf>,
-    /// The gpuprof image the sidecar runs (it holds gpuprof and the shim) [default: gpuprof:VERSION].
-    #[arg(long, value_name = "IMAGE")]
     pub image: Option<String>,
-    /// Where the sidecar sends OTLP (the collector, or an OpenTelemetry Collector)
-    /// [default: http://gpuprof-collector.gpuprof:4317].
-    #[arg(long, value_name = "URL")]
     pub collector: Option<String>,
-    /// grpc or http [default: grpc].
-    #[arg(long, value_name = "PROTOCOL", value_parser = ["grpc", "http"])]
+    /// grpc or http.
     pub otlp_protocol: Option<String>,
-    /// A Secret's key holding the collector's bearer token, as SECRET/KEY.
-    #[arg(long, value_name = "SECRET/KEY")]
+    /// SECRET/KEY.
     pub token_secret: Option<String>,
-    /// The containers to profile (repeat the flag; default: those asking for nvidia.com/gpu,
-    /// else every container).
-    #[arg(short, long = "container", value_name = "NAME")]
+    /// The containers to profile (none: those asking for a GPU, else every container).
     pub containers: Vec<String>,
-    /// How the workload loads the shim: ld-preload (allocator and driver events) or
-    /// cuda-injection (CUDA_INJECTION64_PATH: driver calls only, for images that forbid
-    /// LD_PRELOAD) [default: ld-preload].
-    #[arg(long, value_enum)]
     pub via: Option<Preload>,
-    /// What the sidecar captures with: shim (the workload preloads it; no privilege at all) or
-    /// ebpf (probes on the pod's own processes: shareProcessNamespace, and the sidecar gets
-    /// root with CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE; the workload is not changed) [default: shim].
-    #[arg(long, value_enum)]
     pub capture: Option<Capture>,
-    /// The port of the sidecar's /healthz, /readyz and /metrics (it shares the pod's network)
-    /// [default: 9464].
-    #[arg(long, value_name = "PORT")]
     pub port: Option<u16>,
 }
 
 /// Returns gpuprof's exit code.
-pub fn run(args: &InjectArgs) -> Result<u8> {
-    let settings = SidecarSettings::from_args(args)?;
+pub fn run(args: &InjectRequest) -> Result<u8> {
+    let settings = SidecarSettings::from_request(args)?;
     let input = args.input.as_deref().filter(|p| *p != Path::new("-"));
     let text = read_input(input)?;
     let name = input.map_or_else(|| "stdin".to_string(), |p| p.display().to_string());

@@ -29,7 +29,7 @@ pub(crate) const DEFAULT_COLLECTOR: &str = "http://gpuprof-collector.gpuprof:431
 pub(crate) const DEFAULT_PORT: u16 = 9464;
 
 /// How the workload loads the shim.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Preload {
     /// LD_PRELOAD: PyTorch's allocator (every tensor) and, through CUPTI, the driver's calls.
     LdPreload,
@@ -38,13 +38,39 @@ pub enum Preload {
 }
 
 /// What the sidecar captures with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Capture {
     /// The shim, preloaded by the workload: no privilege anywhere.
     Shim,
     /// eBPF probes on the pod's processes (shareProcessNamespace): the workload is unchanged;
     /// the sidecar needs root and CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE.
     Ebpf,
+}
+
+impl std::str::FromStr for Preload {
+    type Err = ();
+
+    /// The names `--via` and the settings' `via` take.
+    fn from_str(text: &str) -> Result<Preload, ()> {
+        match text {
+            "ld-preload" => Ok(Preload::LdPreload),
+            "cuda-injection" => Ok(Preload::CudaInjection),
+            _ => Err(()),
+        }
+    }
+}
+
+impl std::str::FromStr for Capture {
+    type Err = ();
+
+    /// The names `--capture` and the settings' `capture` take.
+    fn from_str(text: &str) -> Result<Capture, ()> {
+        match text {
+            "shim" => Ok(Capture::Shim),
+            "ebpf" => Ok(Capture::Ebpf),
+            _ => Err(()),
+        }
+    }
 }
 
 /// What the sidecar is made of.
@@ -63,7 +89,7 @@ pub(crate) struct SidecarSettings {
 }
 
 impl SidecarSettings {
-    pub(crate) fn from_args(args: &super::InjectArgs) -> Result<SidecarSettings> {
+    pub(crate) fn from_request(args: &super::InjectRequest) -> Result<SidecarSettings> {
         let file = match &args.settings {
             Some(path) => SettingsFile::read(path)?,
             None => SettingsFile::default(),
@@ -144,8 +170,8 @@ impl SettingsFile {
                 "otlpProtocol" => file.protocol = Some(text()?),
                 "tokenSecret" => file.token_secret = Some(text()?).filter(|s| !s.is_empty()),
                 "port" => file.port = Some(text()?.parse().map_err(|_| anyhow::anyhow!("the settings {}: port is not a port number", path.display()))?),
-                "via" => file.via = Some(<Preload as clap::ValueEnum>::from_str(&text()?, false).map_err(|_| anyhow::anyhow!("the settings {}: via is ld-preload or cuda-injection", path.display()))?),
-                "capture" => file.capture = Some(<Capture as clap::ValueEnum>::from_str(&text()?, false).map_err(|_| anyhow::anyhow!("the settings {}: capture is shim or ebpf", path.display()))?),
+                "via" => file.via = Some(text()?.parse::<Preload>().map_err(|_| anyhow::anyhow!("the settings {}: via is ld-preload or cuda-injection", path.display()))?),
+                "capture" => file.capture = Some(text()?.parse::<Capture>().map_err(|_| anyhow::anyhow!("the settings {}: capture is shim or ebpf", path.display()))?),
                 _ => bail!("the settings {}: {name} is not a setting (image, imagePullPolicy, collector, otlpProtocol, tokenSecret, port, via, capture)", path.display()),
             }
         }

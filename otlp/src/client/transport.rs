@@ -12,7 +12,7 @@ use crate::proto::collector::trace::v1::{trace_service_client::TraceServiceClien
 
 const TIMEOUT: Duration = Duration::from_secs(5);
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Protocol {
     /// OTLP/gRPC (the collector's port 4317).
     Grpc,

@@ -41,7 +41,7 @@ pub use settings::OtlpTuning;
 const DRAIN_LIMIT: Duration = Duration::from_secs(5);
 
 /// Which events go out as log records.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum EventStream {
     /// Driver and process events; allocator (tensor) events summarized into gauges and profiles.

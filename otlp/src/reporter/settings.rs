@@ -1,46 +1,38 @@
-//! How the OTLP export summarizes and sends — one set of settings for `run`/`attach` (flags,
-//! `GPUPROF_*` variables) and the daemon (the same, and its TOML file).
+//! How the OTLP export summarizes and sends — one set of settings for `run`/`attach` and the
+//! daemon. The binary fills it from its flags, `GPUPROF_*` variables and the daemon's TOML file;
+//! here each is optional, and `options` puts in the defaults and checks the values.
 
 use std::time::Duration;
 
 use crate::client::{ClientOptions, Protocol, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_QUEUE_BYTES};
 use crate::lifetimes::SpanPolicy;
 use anyhow::{bail, Result};
-use clap::Args;
 
 use super::{EventStream, OtlpOptions};
 
 /// Each is optional so that a daemon's file can fill what a flag does not give.
-#[derive(Debug, Clone, Default, Args, serde::Deserialize)]
+#[derive(Debug, Clone, Default, serde::Deserialize)]
 pub struct OtlpTuning {
     /// summary (default): driver and process events, findings, per-process gauges and memory
     /// profiles; all: every event too, tensor events included (tens of thousands a second).
-    #[arg(long, value_enum, value_name = "WHICH", env = "GPUPROF_OTLP_EVENTS")]
     pub otlp_events: Option<EventStream>,
     /// Seconds between gauges of each process's allocated, reserved and live bytes (default 1).
-    #[arg(long, value_name = "SECS", env = "GPUPROF_OTLP_METRICS_INTERVAL", allow_negative_numbers = true)]
     pub otlp_metrics_interval: Option<f64>,
     /// Seconds between memory profiles of each process (default 10); also sent at each
     /// finding, out-of-memory failure and exit.
-    #[arg(long, value_name = "SECS", env = "GPUPROF_OTLP_PROFILE_INTERVAL", allow_negative_numbers = true)]
     pub otlp_profile_interval: Option<f64>,
     /// Stacks a memory profile names per layer and device (default 50); the rest are summed.
-    #[arg(long, value_name = "N", env = "GPUPROF_OTLP_PROFILE_STACKS")]
     pub otlp_profile_stacks: Option<usize>,
     /// Tensor blocks from this size up get a span (default 67108864, 64 MiB); driver
     /// allocations always do.
-    #[arg(long, value_name = "BYTES", env = "GPUPROF_OTLP_SPAN_MIN_BYTES")]
     pub otlp_span_min_bytes: Option<u64>,
     /// Spans a process's trace gets at most (default 1000); later allocations get none (counted).
-    #[arg(long, value_name = "N", env = "GPUPROF_OTLP_MAX_SPANS")]
     pub otlp_max_spans: Option<u64>,
     /// MiB of requests held while the collector is slow or away (default 64); beyond, the
     /// oldest gauges and then new requests are dropped and counted.
-    #[arg(long, value_name = "MIB", env = "GPUPROF_OTLP_QUEUE_MIB")]
     pub otlp_queue_mib: Option<u64>,
     /// Bytes one request carries at most (default 3145728: under the 4 MiB an OpenTelemetry
     /// Collector takes by default).
-    #[arg(long, value_name = "BYTES", env = "GPUPROF_OTLP_MAX_REQUEST_BYTES")]
     pub otlp_max_request_bytes: Option<usize>,
 }
 

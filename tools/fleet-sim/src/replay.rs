@@ -76,75 +76,23 @@ impl std::ops::Add for Usage {
 /// first served it (wall-clock ns).
 type Sent = Mutex<HashMap<(String, u32, String), u64>>;
 
+/// Which shards served each node's findings.
+type ShardsOfNode = Mutex<HashMap<String, BTreeSet<usize>>>;
+
 /// `stream_start`: wall-clock ns the stream's times count from (findings are asked for since then).
 pub fn run(fleet: &Fleet, stream: &NodeStream, stream_start: u64) -> Result<Replay> {
-    let started_ns = stream_start;
     let sent: Sent = Mutex::default();
     let seen: Arc<Sent> = Arc::default();
-    let shards_of_node: Arc<Mutex<HashMap<String, BTreeSet<usize>>>> = Arc::default();
+    let shards_of_node: Arc<ShardsOfNode> = Arc::default();
     let done = Arc::new(AtomicBool::new(false));
-    let http: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
-    let poller = {
-        let (seen, shards_of_node, done, bases, http) =
-            (seen.clone(), shards_of_node.clone(), done.clone(), fleet.collector_http.clone(), http.clone());
-        std::thread::spawn(move || -> Result<()> {
-            loop {
-                let stop = done.load(Ordering::Relaxed);
-                for (shard, base) in bases.iter().enumerate() {
-                    let found = findings_since(&http, base, started_ns)?;
-                    let now = wall_clock_ns();
-                    let mut seen = seen.lock().expect("seen");
-                    let mut shards_of_node = shards_of_node.lock().expect("shards");
-                    for key in found {
-                        shards_of_node.entry(key.0.clone()).or_default().insert(shard);
-                        seen.entry(key).or_insert(now);
-                    }
-                }
-                if stop {
-                    return Ok(());
-                }
-                std::thread::sleep(POLL);
-            }
-        })
-    };
+    let poller = spawn_poller(fleet, stream_start, seen.clone(), shards_of_node.clone(), done.clone());
     let watched: Vec<u32> = fleet.collector_pids.iter().copied().chain(fleet.otelcol_pid).collect();
     let cpu_before: Vec<Option<f64>> = watched.iter().map(|&pid| cpu_seconds(pid)).collect();
     let peak_resident = Arc::new(Mutex::new(vec![0u64; watched.len()]));
-    let sampler = {
-        let (peak, done, watched) = (peak_resident.clone(), done.clone(), watched.clone());
-        std::thread::spawn(move || {
-            while !done.load(Ordering::Relaxed) {
-                for (n, &pid) in watched.iter().enumerate() {
-                    if let Some(bytes) = resident_bytes(pid) {
-                        let mut peak = peak.lock().expect("peak");
-                        peak[n] = peak[n].max(bytes);
-                    }
-                }
-                std::thread::sleep(Duration::from_millis(200));
-            }
-        })
-    };
+    let sampler = spawn_sampler(watched.clone(), peak_resident.clone(), done.clone());
 
     let start = Instant::now();
-    let mut delivery = Delivery::default();
-    let mut max_lag_ms: f64 = 0.0;
-    std::thread::scope(|scope| -> Result<()> {
-        let workers: Vec<_> = (0..fleet.threads.max(1))
-            .map(|thread| {
-                let nodes: Vec<u32> = (0..fleet.nodes).filter(|n| n % fleet.threads.max(1) == thread).collect();
-                let mut options = ClientOptions::new(&fleet.collector_grpc, Protocol::Grpc);
-                options.token = fleet.token.clone();
-                let (sent, batches) = (&sent, &stream.batches[..]);
-                scope.spawn(move || send_nodes(&nodes, batches, options, start, sent))
-            })
-            .collect();
-        for worker in workers {
-            let (d, lag) = worker.join().map_err(|_| anyhow::anyhow!("a replay thread panicked"))??;
-            add(&mut delivery, &d);
-            max_lag_ms = max_lag_ms.max(lag);
-        }
-        Ok(())
-    })?;
+    let (delivery, max_lag_ms) = send_stream(fleet, stream, start, &sent)?;
     let sent = std::mem::take(&mut *sent.lock().expect("sent"));
     let deadline = Instant::now() + fleet.timeout;
     while Instant::now() < deadline && seen.lock().expect("seen").len() < sent.len() {
@@ -155,26 +103,9 @@ pub fn run(fleet: &Fleet, stream: &NodeStream, stream_start: u64) -> Result<Repl
     poller.join().map_err(|_| anyhow::anyhow!("the findings poller panicked"))??;
     let _ = sampler.join();
     let peak = peak_resident.lock().expect("peak").clone();
-    let mut usages: Vec<Usage> = watched
-        .iter()
-        .zip(cpu_before)
-        .zip(peak)
-        .map(|((&pid, before), peak_resident_bytes)| Usage {
-            cpu_seconds: before.zip(cpu_seconds(pid)).map_or(0.0, |(b, a)| a - b),
-            peak_resident_bytes,
-        })
-        .collect();
+    let mut usages = usages(&watched, cpu_before, peak);
     let otelcol = fleet.otelcol_pid.and_then(|_| usages.pop());
-    let seen = seen.lock().expect("seen");
-    let mut latencies_ms = Vec::new();
-    let mut findings_missing = 0;
-    for (key, sent_at) in &sent {
-        match seen.get(key) {
-            Some(seen_at) => latencies_ms.push(seen_at.saturating_sub(*sent_at) as f64 / 1e6),
-            None => findings_missing += 1,
-        }
-    }
-    latencies_ms.sort_by(f64::total_cmp);
+    let (latencies_ms, findings_missing) = latencies(&sent, &seen.lock().expect("seen"));
     let shards_of_node = shards_of_node.lock().expect("shards");
     let nodes_per_shard = (0..fleet.collector_http.len())
         .map(|shard| shards_of_node.values().filter(|shards| shards.contains(&shard)).count())
@@ -190,6 +121,108 @@ pub fn run(fleet: &Fleet, stream: &NodeStream, stream_start: u64) -> Result<Repl
         nodes_per_shard,
         nodes_on_several_shards: shards_of_node.values().filter(|shards| shards.len() > 1).count() as u64,
     })
+}
+
+/// Asks every shard for the findings since `started_ns` until `done`, once more after it: notes
+/// when each was first served, and by which shards.
+fn spawn_poller(
+    fleet: &Fleet,
+    started_ns: u64,
+    seen: Arc<Sent>,
+    shards_of_node: Arc<ShardsOfNode>,
+    done: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<Result<()>> {
+    let http: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+    let bases = fleet.collector_http.clone();
+    std::thread::spawn(move || -> Result<()> {
+        loop {
+            let stop = done.load(Ordering::Relaxed);
+            for (shard, base) in bases.iter().enumerate() {
+                let found = findings_since(&http, base, started_ns)?;
+                let now = wall_clock_ns();
+                let mut seen = seen.lock().expect("seen");
+                let mut shards_of_node = shards_of_node.lock().expect("shards");
+                for key in found {
+                    shards_of_node.entry(key.0.clone()).or_default().insert(shard);
+                    seen.entry(key).or_insert(now);
+                }
+            }
+            if stop {
+                return Ok(());
+            }
+            std::thread::sleep(POLL);
+        }
+    })
+}
+
+/// Notes the largest resident set of each `watched` process in `peak`, until `done`.
+fn spawn_sampler(watched: Vec<u32>, peak: Arc<Mutex<Vec<u64>>>, done: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        while !done.load(Ordering::Relaxed) {
+            for (n, &pid) in watched.iter().enumerate() {
+                if let Some(bytes) = resident_bytes(pid) {
+                    let mut peak = peak.lock().expect("peak");
+                    peak[n] = peak[n].max(bytes);
+                }
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    })
+}
+
+/// Sends the stream for every node, the nodes shared among the fleet's threads: what was
+/// delivered, and the most any thread fell behind (ms).
+fn send_stream(fleet: &Fleet, stream: &NodeStream, start: Instant, sent: &Sent) -> Result<(Delivery, f64)> {
+    let mut delivery = Delivery::default();
+    let mut max_lag_ms: f64 = 0.0;
+    std::thread::scope(|scope| -> Result<()> {
+        let workers: Vec<_> = (0..fleet.threads.max(1))
+            .map(|thread| {
+                let nodes: Vec<u32> = (0..fleet.nodes).filter(|n| n % fleet.threads.max(1) == thread).collect();
+                let mut options = ClientOptions::new(&fleet.collector_grpc, Protocol::Grpc);
+                options.token = fleet.token.clone();
+                let batches = &stream.batches[..];
+                scope.spawn(move || send_nodes(&nodes, batches, options, start, sent))
+            })
+            .collect();
+        for worker in workers {
+            let (d, lag) = worker.join().map_err(|_| anyhow::anyhow!("a replay thread panicked"))??;
+            add(&mut delivery, &d);
+            max_lag_ms = max_lag_ms.max(lag);
+        }
+        Ok(())
+    })?;
+    Ok((delivery, max_lag_ms))
+}
+
+/// Each watched process's CPU seconds since `cpu_before` and its `peak` resident set.
+fn usages(watched: &[u32], cpu_before: Vec<Option<f64>>, peak: Vec<u64>) -> Vec<Usage> {
+    watched
+        .iter()
+        .zip(cpu_before)
+        .zip(peak)
+        .map(|((&pid, before), peak_resident_bytes)| Usage {
+            cpu_seconds: before.zip(cpu_seconds(pid)).map_or(0.0, |(b, a)| a - b),
+            peak_resident_bytes,
+        })
+        .collect()
+}
+
+/// The latencies (ms, sorted) of the findings sent that were served, and how many never were.
+fn latencies(
+    sent: &HashMap<(String, u32, String), u64>,
+    seen: &HashMap<(String, u32, String), u64>,
+) -> (Vec<f64>, u64) {
+    let mut latencies_ms = Vec::new();
+    let mut findings_missing = 0;
+    for (key, sent_at) in sent {
+        match seen.get(key) {
+            Some(seen_at) => latencies_ms.push(seen_at.saturating_sub(*sent_at) as f64 / 1e6),
+            None => findings_missing += 1,
+        }
+    }
+    latencies_ms.sort_by(f64::total_cmp);
+    (latencies_ms, findings_missing)
 }
 
 /// One thread's nodes, each batch sent at its time, the nodes interleaved.

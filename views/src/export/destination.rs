@@ -24,7 +24,7 @@ pub(crate) fn resolve(
             if stdout_is_terminal && is_binary(format) {
                 bail!(
                     "-f {} is binary: it does not go onto a terminal; give -o FILE (or redirect stdout)",
-                    format_name(format)
+                    format.name()
                 );
             }
             Ok(None)
@@ -77,10 +77,6 @@ fn moment_name(moment: Moment) -> String {
 
 fn is_binary(format: ExportFormat) -> bool {
     matches!(format, ExportFormat::Recording | ExportFormat::MemoryViz)
-}
-
-fn format_name(format: ExportFormat) -> String {
-    clap::ValueEnum::to_possible_value(&format).map(|v| v.get_name().to_string()).unwrap_or_default()
 }
 
 /// "gpuprof: wrote peak.svg (24.0 KiB): open it in a browser".

@@ -26,7 +26,7 @@ use crate::input;
 use crate::output::{self, EndOfRun};
 
 /// Output formats of `export`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ExportFormat {
     /// Folded stacks (`frame;frame;frame bytes`), for any flame graph tool.
     Folded,
@@ -45,8 +45,23 @@ pub enum ExportFormat {
     Recording,
 }
 
+impl ExportFormat {
+    /// The name `-f` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            ExportFormat::Folded => "folded",
+            ExportFormat::Flamegraph => "flamegraph",
+            ExportFormat::MemoryViz => "memory-viz",
+            ExportFormat::Speedscope => "speedscope",
+            ExportFormat::Html => "html",
+            ExportFormat::Jsonl => "jsonl",
+            ExportFormat::Recording => "recording",
+        }
+    }
+}
+
 /// Which memory a stack view counts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StackLayer {
     /// Allocator blocks (tensors) where the process reported them, driver allocations otherwise.
     Auto,

@@ -18,7 +18,7 @@ use crate::output::python_column;
 use crate::output::text::{fit, COLUMNS};
 
 /// Output formats of `summary`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SummaryFormat {
     /// Aligned columns, 120 wide.
     Table,

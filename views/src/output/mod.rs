@@ -31,7 +31,7 @@ pub(crate) use table::{python_column, write_end_of_run, write_live_summary, Tabl
 pub use terminal::{Terminal, TerminalOptions};
 
 /// The output formats of `attach` and `run`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {
     /// One event per line in the contract of docs/events.md.
     Jsonl,

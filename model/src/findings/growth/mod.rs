@@ -493,59 +493,18 @@ impl Rule {
             }
             _ => String::new(),
         };
-        let how = match seen {
-            Seen::Windows { rises } => format!(
-                "over {rises} consecutive {:.1} s windows without coming back",
-                self.config.growth_window_ns.max(1) as f64 / 1e9
-            ),
-            Seen::Life(LifeEnd::Exited) => format!(
-                "steadily through the process's {:.1} s and was given back only when it ended",
-                (last_ts - first_ts) as f64 / 1e9
-            ),
-            Seen::Life(LifeEnd::OutOfMemory) => {
-                format!("steadily for {:.1} s until the device ran out of memory", (last_ts - first_ts) as f64 / 1e9)
-            }
-            Seen::Life(LifeEnd::CaptureEnded) => {
-                format!("steadily through the {:.1} s captured without coming back", (last_ts - first_ts) as f64 / 1e9)
-            }
-        };
+        let how = self.how_seen(&seen, first_ts, last_ts);
         let seconds = (last_ts.saturating_sub(first_ts)).max(1) as f64 / 1e9;
         let rate = bytes as f64 / seconds;
         let device = main.series.device.unwrap_or(0);
-        let reading = self.devices.get(&device).and_then(|readings| readings.iter().rev().find(|r| r.ts <= last_ts));
-        let seconds_to_full = reading.map(|memory| {
-            let since = last_ts.saturating_sub(memory.ts) as f64 / 1e9;
-            (memory.free as f64 - rate * since).max(0.0) / rate
-        });
+        let seconds_to_full = self.seconds_to_full(device, rate, last_ts);
         let ended = matches!(seen, Seen::Life(LifeEnd::Exited));
-        let pace = match seconds_to_full {
-            Some(left) if ended => {
-                format!(
-                    " At {}/s device {device} would have been full {} later had it run on.",
-                    wording::bytes(rate as u64),
-                    wording::duration(left)
-                )
-            }
-            Some(left) => {
-                format!(" At {}/s device {device} is full {}.", wording::bytes(rate as u64), wording::within(left))
-            }
-            None => format!(" It grew at {}/s.", wording::bytes(rate as u64)),
-        };
+        let pace = pace(device, rate, seconds_to_full, ended);
         let diagnosis = (layer == Layer::Allocator)
             .then(|| self.autograd.diagnose(process.pid, last_ts, grew.iter().map(|g| &g.series.evidence)))
             .flatten();
         let place = wording::at(main.stack);
-        let cause = match diagnosis {
-            Some((Diagnosis::AutogradGraphRetained, share)) => format!(
-                "{:.0}% of its recent blocks still live were made by forward ops whose autograd graph no backward pass used: a retained autograd graph, built {place}; run evaluation under torch.no_grad() (or torch.inference_mode()), and keep losses across steps as numbers (loss.item())",
-                share * 100.0
-            ),
-            Some((Diagnosis::TensorsKeptByUserCode, share)) => format!(
-                "{:.0}% of its recent blocks still live were made outside autograd or already went through a backward pass: the user's code keeps these tensors, allocated {place}; drop the references kept there (a list, a dict, a cache), or keep .item() / .cpu() copies",
-                share * 100.0
-            ),
-            _ => "something keeps these allocations alive (a growing list or cache, a retained autograd graph: evaluation without torch.no_grad(), a loss summed without .item())".to_string(),
-        };
+        let cause = cause_and_remedy(diagnosis, &place);
         let detail = format!(
             "live {what} allocated {place} in {} grew by {}{stacks} {how}, to {} in {}{segments}: {cause}.{pace}",
             wording::process(process.pid, comm),
@@ -566,6 +525,70 @@ impl Rule {
         finding.bytes_per_second = Some(rate);
         finding.seconds_to_full = seconds_to_full;
         finding
+    }
+
+    /// How the growth was seen, as the finding's sentence tells it.
+    fn how_seen(&self, seen: &Seen, first_ts: u64, last_ts: u64) -> String {
+        match seen {
+            Seen::Windows { rises } => format!(
+                "over {rises} consecutive {:.1} s windows without coming back",
+                self.config.growth_window_ns.max(1) as f64 / 1e9
+            ),
+            Seen::Life(LifeEnd::Exited) => format!(
+                "steadily through the process's {:.1} s and was given back only when it ended",
+                (last_ts - first_ts) as f64 / 1e9
+            ),
+            Seen::Life(LifeEnd::OutOfMemory) => {
+                format!("steadily for {:.1} s until the device ran out of memory", (last_ts - first_ts) as f64 / 1e9)
+            }
+            Seen::Life(LifeEnd::CaptureEnded) => {
+                format!("steadily through the {:.1} s captured without coming back", (last_ts - first_ts) as f64 / 1e9)
+            }
+        }
+    }
+
+    /// Seconds until `device` is full, growing at `rate` bytes a second from its last free-memory
+    /// reading at or before `last_ts`; `None` when it was never read by then.
+    fn seconds_to_full(&self, device: i32, rate: f64, last_ts: u64) -> Option<f64> {
+        let reading = self.devices.get(&device).and_then(|readings| readings.iter().rev().find(|r| r.ts <= last_ts));
+        reading.map(|memory| {
+            let since = last_ts.saturating_sub(memory.ts) as f64 / 1e9;
+            (memory.free as f64 - rate * since).max(0.0) / rate
+        })
+    }
+}
+
+/// The sentence on the growth's pace: when the device is full (or, for a process that `ended`,
+/// would have been), or only the rate where no reading tells.
+fn pace(device: i32, rate: f64, seconds_to_full: Option<f64>, ended: bool) -> String {
+    match seconds_to_full {
+        Some(left) if ended => {
+            format!(
+                " At {}/s device {device} would have been full {} later had it run on.",
+                wording::bytes(rate as u64),
+                wording::duration(left)
+            )
+        }
+        Some(left) => {
+            format!(" At {}/s device {device} is full {}.", wording::bytes(rate as u64), wording::within(left))
+        }
+        None => format!(" It grew at {}/s.", wording::bytes(rate as u64)),
+    }
+}
+
+/// What keeps the memory, as the autograd evidence shows it (with the share that shows it), and
+/// the remedy; allocated at `place`.
+fn cause_and_remedy(diagnosis: Option<(Diagnosis, f64)>, place: &str) -> String {
+    match diagnosis {
+        Some((Diagnosis::AutogradGraphRetained, share)) => format!(
+            "{:.0}% of its recent blocks still live were made by forward ops whose autograd graph no backward pass used: a retained autograd graph, built {place}; run evaluation under torch.no_grad() (or torch.inference_mode()), and keep losses across steps as numbers (loss.item())",
+            share * 100.0
+        ),
+        Some((Diagnosis::TensorsKeptByUserCode, share)) => format!(
+            "{:.0}% of its recent blocks still live were made outside autograd or already went through a backward pass: the user's code keeps these tensors, allocated {place}; drop the references kept there (a list, a dict, a cache), or keep .item() / .cpu() copies",
+            share * 100.0
+        ),
+        _ => "something keeps these allocations alive (a growing list or cache, a retained autograd graph: evaluation without torch.no_grad(), a loss summed without .item())".to_string(),
     }
 }
 

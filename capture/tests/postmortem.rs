@@ -8,6 +8,9 @@
 //! A PyTorch-like job (the libc10 stand-ins) whose device fills up is raised to its tensors
 //! before it fails: its post-mortem's page says from when it has tensor detail, and why.
 
+// A test reads as one scenario from start to end, so it may run past the length limit on functions.
+#![allow(clippy::too_many_lines)]
+
 use std::io::{BufReader, Write};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};

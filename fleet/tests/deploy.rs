@@ -6,6 +6,9 @@
 //! metrics gpuprof exports; the OpenTelemetry Collector load-balancer routes on host.name.
 //! Needs helm, kubernetes-validate, PyYAML and promtool: scripts/install-prerequisites.sh.
 
+// A test reads as one scenario from start to end, so it may run past the length limit on functions.
+#![allow(clippy::too_many_lines)]
+
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};

@@ -1,15 +1,47 @@
 //! The command line: verbs that work on a pid or a command, with the same flags meaning the
-//! same thing everywhere. Only the flags live here (clap's types and value parsers); what they
-//! set up is `setup`'s.
+//! same thing everywhere. Every clap type of `gpuprof` lives here, one file per group: the verbs
+//! (this file), `capture` (attach and run), `otlp`, `views` (the values of report, export,
+//! summary and whatif), `daemon`, `inject`. The libraries take plain settings and know no clap:
+//! where a flag's values are a library's enum, a mirror here parses them and maps to it. What the
+//! flags set up is `setup`'s.
+
+/// A library's enum as a flag's values: the same variants in the same order, each one's doc
+/// comment its help in `--help`, and a `From` into the library's type.
+macro_rules! values_of {
+    ($(#[$attr:meta])* $name:ident => $target:ty { $($(#[$vattr:meta])* $variant:ident,)* }) => {
+        $(#[$attr])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+        pub enum $name {
+            $($(#[$vattr])* $variant,)*
+        }
+
+        impl From<$name> for $target {
+            fn from(value: $name) -> $target {
+                type Target = $target;
+                match value {
+                    $($name::$variant => Target::$variant,)*
+                }
+            }
+        }
+    };
+}
+
+pub mod capture;
+pub mod daemon;
+pub mod inject;
+pub mod otlp;
+pub mod views;
 
 use std::ffi::OsString;
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Parser, Subcommand};
 
-use gpuprof_views::export::{ExportFormat, StackLayer};
-use gpuprof_views::output::Format;
-use gpuprof_views::report::ReportFormat;
+pub use capture::{CaptureArgs, Compression, RuleArgs, Via};
+pub use daemon::DaemonArgs;
+pub use inject::InjectArgs;
+pub use otlp::{protocol_named, OtlpArgs};
+use views::{ExportFormat, ReportFormat, StackLayer, SummaryFormat, WhatifFormat};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -162,7 +194,7 @@ pub enum Command {
         pid: Option<u32>,
         /// Output format (default: a table on a terminal, JSON into a file or a pipe).
         #[arg(short, long, value_enum)]
-        format: Option<gpuprof_views::whatif::WhatifFormat>,
+        format: Option<WhatifFormat>,
         /// Write the output here instead of stdout.
         #[arg(short, long, value_name = "FILE")]
         output: Option<PathBuf>,
@@ -189,7 +221,7 @@ pub enum Command {
         layer: StackLayer,
         /// Output format (default: a table on a terminal, JSON into a file or a pipe).
         #[arg(short, long, value_enum)]
-        format: Option<gpuprof_views::export::summary::SummaryFormat>,
+        format: Option<SummaryFormat>,
         /// Write the output here instead of stdout.
         #[arg(short, long, value_name = "FILE")]
         output: Option<PathBuf>,
@@ -201,7 +233,7 @@ pub enum Command {
     )]
     Daemon {
         #[command(flatten)]
-        daemon: gpuprof_fleet::daemon::DaemonArgs,
+        daemon: DaemonArgs,
     },
     /// Add gpuprof's sidecar to Kubernetes manifests (Pod, Job, Deployment, StatefulSet,
     /// CronJob, PyTorchJob…): the profiled containers preload the shim from a volume it shares.
@@ -210,7 +242,7 @@ pub enum Command {
     )]
     Inject {
         #[command(flatten)]
-        inject: gpuprof_fleet::inject::InjectArgs,
+        inject: InjectArgs,
     },
     /// Start a command and capture it and every descendant from its first CUDA call.
     #[command(after_help = "Example:\n  sudo gpuprof run --format table -- python3 train.py --epochs 1")]
@@ -250,138 +282,12 @@ fn env_shown_where_set(command: clap::Command) -> clap::Command {
         .mut_subcommands(env_shown_where_set)
 }
 
-/// How `run` captures.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Via {
-    Ebpf,
-    Shim,
-}
-
-/// How a recording is written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Compression {
-    Zstd,
-    None,
-}
-
-/// Flags shared by `attach` and `run`.
-#[derive(Debug, Args)]
-pub struct CaptureArgs {
-    /// Stop after this many seconds.
-    #[arg(help_heading = "Capture", short, long, value_name = "SECS", allow_negative_numbers = true)]
-    pub duration: Option<f64>,
-    /// Output format [default: a recording to a file named after the job; with --output, what
-    /// its name says: jsonl for *.jsonl, a recording for *.gpuprof or a name that says nothing].
-    #[arg(help_heading = "Output", short, long, value_enum)]
-    pub format: Option<Format>,
-    /// Write the output here (`-`: stdout) [default: gpuprof-NAME-YYYYMMDD-HHMMSS.gpuprof in
-    /// the current directory; stdout when only --format is given].
-    #[arg(help_heading = "Output", short, long, value_name = "FILE")]
-    pub output: Option<PathBuf>,
-    /// jsonl: also write the fork, exec and exit of processes that never make a CUDA call
-    /// (shells, launchers), which are left out otherwise.
-    #[arg(help_heading = "Output", long)]
-    pub all_processes: bool,
-    /// Recordings: compress with zstd (`none` writes them plain, ~2x larger, a little cheaper).
-    #[arg(help_heading = "Output", long, value_enum, default_value = "zstd")]
-    pub compress: Compression,
-    /// Print the capture's counters (events/s, drops, stacks resolved, agent CPU) to stderr every
-    /// second and at the end (at the end they are printed anyway when events were lost).
-    #[arg(help_heading = "Capture", long)]
-    pub stats: bool,
-    /// What to record (docs/levels.md): `tensors`, every tensor block of PyTorch's allocator with
-    /// its Python stack and the driver's calls; `driver`, only the driver's memory calls
-    /// (segments, VMM, IPC, contexts, failed calls), which a warm training step does not make.
-    #[arg(help_heading = "Capture", long, value_name = "LEVEL", default_value = "tensors", value_parser = capture_level)]
-    pub level: gpuprof_model::Level,
-    /// Benchmarks only: where probes go on a function (`entry`: its first instruction, as a
-    /// naive uprobe; docs/benchmarks.md).
-    #[arg(long, value_enum, default_value = "placed", hide = true)]
-    pub probe_at: gpuprof_capture::kernel::Placement,
-    /// Benchmarks only: the allocator probe runs an empty program (the trap's own cost).
-    #[arg(long, hide = true)]
-    pub empty_probes: bool,
-    /// Benchmarks only: the allocator probe times its phases; said at the end.
-    #[arg(long, hide = true)]
-    pub profile_probes: bool,
-    /// Also write the leak findings, as a JSON array, to this file.
-    #[arg(help_heading = "Output", long, value_name = "FILE")]
-    pub findings: Option<PathBuf>,
-    /// When the capture ends, also write its HTML report here (as `export --format html`):
-    /// timelines, the stacks behind any instant, the findings; one file that opens offline.
-    #[arg(help_heading = "Output", long, value_name = "FILE")]
-    pub html: Option<PathBuf>,
-    #[command(flatten, next_help_heading = "Findings")]
-    pub rules: RuleArgs,
-    #[command(flatten, next_help_heading = "Fleet (OTLP)")]
-    pub otlp: OtlpArgs,
-    /// Probe this libcuda instead of the one found (attach: in the process's maps; run: where
-    /// the dynamic loader would find libcuda.so.1).
-    #[arg(help_heading = "Advanced", long, value_name = "PATH")]
-    pub libcuda: Option<PathBuf>,
-    /// Ring buffer size in MiB (a power of two); a full buffer drops events, which are counted.
-    #[arg(help_heading = "Advanced", long, value_name = "MIB", default_value_t = 16)]
-    pub buffer_mib: u32,
-    /// Do not walk Python stacks (events get an empty `stack`).
-    #[arg(help_heading = "Advanced", long)]
-    pub no_stacks: bool,
-    /// Do not read PyTorch's autograd state: backward-pass blocks keep no forward line.
-    #[arg(help_heading = "Advanced", long)]
-    pub no_autograd: bool,
-}
-
-/// Where to send the capture over OpenTelemetry's protocol (docs/otlp.md).
-#[derive(Debug, Args)]
-pub struct OtlpArgs {
-    /// Also send the capture, summarized (driver and process events, findings, gauges, memory
-    /// profiles, spans: docs/otlp.md), to this OTLP endpoint, e.g. http://collector:4317 (gRPC)
-    /// or http://collector:4318 (--otlp-protocol http).
-    #[arg(long, value_name = "URL")]
-    pub otlp_endpoint: Option<String>,
-    #[arg(long, value_enum, default_value = "grpc", requires = "otlp_endpoint")]
-    pub otlp_protocol: gpuprof_otlp::client::Protocol,
-    /// Bearer token the collector asks for.
-    #[arg(long, value_name = "TOKEN", env = "GPUPROF_OTLP_TOKEN", hide_env_values = true)]
-    pub otlp_token: Option<String>,
-    /// The node's name in `host.name` (default: $K8S_NODE_NAME, else the host name).
-    #[arg(long, value_name = "NAME")]
-    pub node_name: Option<String>,
-    #[command(flatten, next_help_heading = "Fleet (OTLP)")]
-    pub tuning: gpuprof_otlp::reporter::OtlpTuning,
-}
-
-/// Thresholds of the leak rules, the same for live capture and `report`.
-#[derive(Debug, Args)]
-pub struct RuleArgs {
-    /// Growth: window length; live bytes of a stack are compared at each window's end.
-    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
-    pub growth_window: f64,
-    /// Growth: consecutive rising windows that make a finding.
-    #[arg(long, value_name = "N", default_value_t = 3)]
-    pub growth_rises: u32,
-    /// Orphans: seconds a CUDA process's descendants may still hold GPU memory after it ends
-    /// before they are orphans holding memory.
-    #[arg(long, value_name = "SECS", default_value_t = 5.0)]
-    pub orphan_grace: f64,
-}
-
-/// A capture level a capture can start at: driver or tensors (off would record nothing).
-fn capture_level(text: &str) -> Result<gpuprof_model::Level, String> {
-    match text.parse::<gpuprof_model::Level>() {
-        Ok(gpuprof_model::Level::Off) => Err(
-            "off records nothing: give driver or tensors (a running capture pauses through its daemon: docs/levels.md)"
-                .into(),
-        ),
-        Ok(level) => Ok(level),
-        Err(error) => Err(error.to_string()),
-    }
-}
-
-/// A moment in a recording: seconds after its first event, 0 or more.
+/// A size as nvidia-smi and people write it (40GiB, 81559MiB, 80GB).
 fn size_in(text: &str) -> Result<u64, String> {
     gpuprof_model::bytes::parse_size(text)
 }
 
+/// A moment in a recording: seconds after its first event, 0 or more.
 fn seconds_in(text: &str) -> Result<f64, String> {
     match text.parse::<f64>() {
         Ok(secs) if secs.is_finite() && secs >= 0.0 => Ok(secs),

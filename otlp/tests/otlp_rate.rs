@@ -1,4 +1,4 @@
-//! OTLP at a training job's rate: two training-like processes (tens of thousands of allocator
+//! The OTLP reporter at a training job's rate: two training-like processes (tens of thousands of allocator
 //! events a second between them, 41-frame Python stacks, a block kept every few steps) through
 //! `gpuprof run --otlp-endpoint` to a real gpuprof-collector whose request limit is 1 MiB. The
 //! node summarizes: nothing is lost, no request is over the limit, the collector serves the

@@ -1,7 +1,10 @@
-//! Turning the command line into a capture's setup: where the events go, the flow they go
-//! through (rules, output, findings, OTLP), the kernel's options and how a person sees it run.
-//! The flags themselves are `cli`'s; what they configure lives in `gpuprof_capture`,
-//! `gpuprof_views` and `gpuprof_fleet`.
+//! Turning the command line into settings, in one place: here a capture's setup (where the
+//! events go, the flow they go through — rules, output, findings, OTLP —, the kernel's options
+//! and how a person sees it run); in `daemon`, the daemon's flags, `GPUPROF_*` variables and
+//! TOML file merged into its one configuration. The flags themselves are `flags`'; what they
+//! configure lives in `gpuprof_capture`, `gpuprof_views`, `gpuprof_otlp` and `gpuprof_fleet`.
+
+mod daemon;
 
 use std::path::PathBuf;
 
@@ -15,12 +18,12 @@ use gpuprof_model::Reporter;
 use gpuprof_views::output::live_line::{self, LiveLine, Progress};
 use gpuprof_views::output::{self, Destination, EventOutput, EventSink, Format, Terminal, TerminalOptions};
 
-use crate::cli::{CaptureArgs, Compression, OtlpArgs, RuleArgs};
+use crate::flags::{CaptureArgs, Compression, OtlpArgs, RuleArgs};
 
 impl CaptureArgs {
     /// Where the capture goes; `name` names the file when gpuprof chooses it.
     pub fn destination(&self, name: &str) -> anyhow::Result<Destination> {
-        let destination = Destination::resolve(self.format, self.output.as_deref(), name)?;
+        let destination = Destination::resolve(self.format.map(Into::into), self.output.as_deref(), name)?;
         let readable = matches!(destination.format, Format::Recording | Format::Jsonl) && destination.file.is_some();
         if let Some(html) = self.html.as_deref().filter(|_| !readable) {
             anyhow::bail!(
@@ -119,7 +122,7 @@ impl CaptureArgs {
         Ok(CaptureOptions {
             ring_buffer_bytes: mib << 20,
             python_stacks: !self.no_stacks,
-            placement: self.probe_at,
+            placement: self.probe_at.into(),
             empty_allocator_probe: self.empty_probes,
             profile_phases: self.profile_probes,
             ..CaptureOptions::default()
@@ -136,8 +139,9 @@ impl OtlpArgs {
     /// The OTLP export, when `--otlp-endpoint` names a collector.
     pub fn start(&self) -> anyhow::Result<Option<Box<dyn Reporter>>> {
         let Some(endpoint) = &self.otlp_endpoint else { return Ok(None) };
+        let tuning = gpuprof_otlp::reporter::OtlpTuning::from(&self.tuning);
         let options =
-            self.tuning.options(endpoint, self.otlp_protocol, self.otlp_token.clone(), self.node_name.clone())?;
+            tuning.options(endpoint, self.otlp_protocol.into(), self.otlp_token.clone(), self.node_name.clone())?;
         let telemetry = gpuprof_otlp::reporter::Telemetry::start(options)?;
         Ok(Some(Box::new(telemetry)))
     }

@@ -1,8 +1,8 @@
 //! Leak findings end to end: multiprocessing workloads against the libcuda stand-in under
 //! `gpuprof run`, each rule with a case that fires and one that must not; `gpuprof report` on the
-//! same event files gives the same findings; corrupt files are refused line and all.
+//! same event files gives the same findings (views/tests/report.rs: files it cannot read whole).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 use gpuprof_model::{Finding, FindingKind, Frame};
@@ -179,71 +179,4 @@ fn out_of_memory_pictures_every_process() {
     // Each process's top stack is the allocation it holds.
     assert_eq!(oom.processes[0].top_stacks[0].stack, run.stack_of(worker, "cuMemAlloc_v2", 0));
     assert_eq!(oom.processes[1].top_stacks[0].stack, run.stack_of(parent, "cuMemAlloc_v2", 0));
-}
-
-fn report(input: &Path, format: &str) -> std::process::Output {
-    Command::new(gpuprof()).args(["report", "--input", input.to_str().unwrap(), "--format", format]).output().unwrap()
-}
-
-#[test]
-fn report_refuses_corrupt_files_and_reads_truncated_ones_up_to_their_cut() {
-    let dir = scratch("report_bad_input");
-    let good = r#"{"ts":1,"pid":7,"tid":7,"source":"ebpf","layer":"driver","op":"alloc","api":"cuMemAlloc_v2","kind":"device","addr":"0x7f0000000000","size":4096,"result":0,"stack":[]}"#;
-
-    // A capture killed while writing its last line: the whole lines are reported, with a warning.
-    let truncated = dir.join("truncated.jsonl");
-    std::fs::write(&truncated, format!("{good}\n{}", &good[..good.len() / 2])).unwrap();
-    let output = report(&truncated, "json");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(0), "{stderr}");
-    assert_eq!(
-        stderr.trim_end(),
-        format!(
-            "gpuprof: warning: {} is cut short after 1 events (its capture did not finish); what follows covers those",
-            truncated.display()
-        )
-    );
-    let findings: Vec<Finding> = serde_json::from_slice(&output.stdout).unwrap();
-    assert_eq!(findings, vec![]);
-
-    // A bad line with more after it is corruption, not a cut.
-    let corrupt = dir.join("corrupt.jsonl");
-    std::fs::write(&corrupt, format!("{good}\n{}\n{good}\n", &good[..good.len() / 2])).unwrap();
-    let output = report(&corrupt, "json");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(1));
-    assert!(stderr.starts_with(&format!("gpuprof: error: {}:2: not a gpuprof event (", corrupt.display())), "{stderr}");
-    assert!(stderr.trim_end().ends_with("the file is corrupt"), "{stderr}");
-    assert_eq!(stderr.lines().count(), 1);
-
-    let garbage = dir.join("garbage.jsonl");
-    std::fs::write(&garbage, format!("{good}\n{good}\n\u{0}\u{1}binary\n")).unwrap();
-    let stderr = String::from_utf8_lossy(&report(&garbage, "json").stderr).to_string();
-    assert!(stderr.starts_with(&format!("gpuprof: error: {}:3: not a gpuprof event", garbage.display())), "{stderr}");
-
-    let missing = dir.join("missing.jsonl");
-    let output = report(&missing, "json");
-    assert_eq!(output.status.code(), Some(1));
-    assert_eq!(
-        String::from_utf8_lossy(&output.stderr).trim_end(),
-        format!("gpuprof: error: cannot read {}: No such file or directory (os error 2)", missing.display())
-    );
-
-    // A good file with a process that exits holding memory: one finding, exit code 0.
-    let clean = dir.join("good.jsonl");
-    let exit = r#"{"ts":2,"pid":7,"tid":7,"source":"ebpf","layer":"process","op":"exit","api":"sched_process_exit","exit_code":0,"stack":[]}"#;
-    std::fs::write(&clean, format!("{good}\n{exit}\n")).unwrap();
-    let output = report(&clean, "json");
-    assert_eq!(output.status.code(), Some(0));
-    let findings: Vec<Finding> = serde_json::from_slice(&output.stdout).unwrap();
-    assert_eq!(findings.len(), 1);
-    assert_eq!((findings[0].kind, findings[0].pid, findings[0].bytes), (FindingKind::ExitWithLiveAllocations, 7, 4096));
-    let table = String::from_utf8(report(&clean, "table").stdout).unwrap();
-    assert!(
-        table.contains(&format!(
-            "Findings (1 leak, 0 info):\n  exit_with_live_allocations [leak] pid 7: 4.0 KiB in 1 (id {})\n",
-            findings[0].finding_id
-        )),
-        "{table}"
-    );
 }

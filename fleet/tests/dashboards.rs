@@ -6,6 +6,9 @@
 //! queries. The second test runs the whole fleet path: nodes and a sidecar through the
 //! OpenTelemetry Collector to shards, Jaeger and Prometheus.
 
+// A test reads as one scenario from start to end, so it may run past the length limit on functions.
+#![allow(clippy::too_many_lines)]
+
 use std::io::BufReader;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};

@@ -310,6 +310,7 @@ fn a_full_ring_buffer_is_counted_not_silent() {
     unsafe { libc::kill(agent.id() as i32, libc::SIGSTOP) };
     writeln!(workload.stdin.as_mut().unwrap(), "go").unwrap();
     let status = wait_with_limit(&mut workload, Duration::from_secs(120));
+    // SAFETY: as above.
     unsafe { libc::kill(agent.id() as i32, libc::SIGCONT) };
     assert!(status.success());
     let agent_status = wait_with_limit(&mut agent, Duration::from_secs(30));
@@ -368,6 +369,7 @@ fn sigint_stops_attach_cleanly_and_sigterm_is_forwarded_by_run() {
     let mut stderr = BufReader::new(run.stderr.take().unwrap());
     wait_for_stderr(&mut stderr, "gpuprof: ");
     std::thread::sleep(Duration::from_millis(200));
+    // SAFETY: kill takes no memory; the pid is our own child's, not yet waited for, so not reused.
     unsafe { libc::kill(run.id() as i32, libc::SIGTERM) };
     // sleep dies of the forwarded SIGTERM: 128 + 15.
     assert_eq!(wait_with_limit(&mut run, Duration::from_secs(10)).code(), Some(143));

@@ -6,6 +6,9 @@
 //! exits holding its allocator's cache; the same findings in the collector, its /metrics and
 //! Jaeger.
 
+// A test reads as one scenario from start to end, so it may run past the length limit on functions.
+#![allow(clippy::too_many_lines)]
+
 use std::collections::BTreeMap;
 use std::io::BufReader;
 use std::os::unix::process::ExitStatusExt;

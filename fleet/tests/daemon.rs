@@ -4,6 +4,9 @@
 //! exit and forgotten after the retention time; the collector gets every one's finding; nothing
 //! is lost and the daemon's memory stays flat. Bad settings are one-line errors.
 
+// A test reads as one scenario from start to end, so it may run past the length limit on functions.
+#![allow(clippy::too_many_lines)]
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufReader, Write};
 use std::net::TcpListener;
