@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Result};
 use gpuprof_model::bytes::human;
 
-use super::{ExportFormat, Moment};
+use super::request::{ExportFormat, Moment};
 
 /// Where the export's bytes go: a file, or stdout (None).
 pub(crate) fn resolve(

@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use gpuprof_model::event::Frame;
 use gpuprof_model::track::{Allocation, ProcessMemory, Tracker};
 
-use super::StackLayer;
+use super::request::StackLayer;
 
 /// Live bytes of one (process, kind, stack).
 pub(crate) struct LiveStack<'a> {

@@ -18,7 +18,8 @@ use gpuprof_model::Stack;
 use serde::ser::{SerializeMap, SerializeSeq};
 use serde::{Serialize, Serializer};
 
-use super::{replay_to, ExportRequest, Moment};
+use super::replay::{replay_to, resolve};
+use super::request::{ExportRequest, Moment, StackLayer};
 use crate::output;
 
 pub(crate) fn export(request: &ExportRequest<'_>) -> Result<u8> {
@@ -27,7 +28,7 @@ pub(crate) fn export(request: &ExportRequest<'_>) -> Result<u8> {
     let mut allocator_segments: HashMap<u32, HashSet<u64>> = HashMap::new();
     let mut first_ts = None;
     let mut devices = 1usize;
-    let moment = super::resolve(request.input, request.moment, super::StackLayer::Allocator)?.moment;
+    let moment = resolve(request.input, request.moment, StackLayer::Allocator)?.moment;
     let analyzer = replay_to(request.input, moment, |event| {
         first_ts.get_or_insert(event.ts);
         devices = devices.max(event.device.unwrap_or(0).max(0) as usize + 1);

@@ -11,7 +11,7 @@ use gpuprof_model::forward_stacks::ForwardStacks;
 use gpuprof_model::track::{ProcessMemory, Tracker};
 use gpuprof_model::{Analyzer, RuleConfig};
 
-use super::StackLayer;
+use super::request::StackLayer;
 
 /// Where the peak lies.
 #[derive(Debug, Clone, Copy, PartialEq)]

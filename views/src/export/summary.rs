@@ -13,7 +13,9 @@ use gpuprof_model::rank::Ranks;
 use gpuprof_model::track::Tracker;
 use serde::Serialize;
 
-use super::{peak, replay_to, Moment, StackLayer};
+use super::peak;
+use super::replay::replay_to;
+use super::request::{Moment, StackLayer};
 use crate::output::python_column;
 use crate::output::text::{fit, COLUMNS};
 

@@ -26,7 +26,8 @@ use gpuprof_model::track::ProcessMemory;
 use gpuprof_model::{Analyzer, Finding, FindingKind, RuleConfig};
 use serde::Serialize;
 
-use super::{peak, ExportRequest, Moment, StackLayer};
+use crate::export::peak;
+use crate::export::request::{ExportRequest, Moment, StackLayer};
 use snapshots::{Snapshot, Stacks};
 use timeline::{Curve, Metric};
 

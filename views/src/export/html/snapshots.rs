@@ -155,7 +155,7 @@ pub(crate) fn take(
     let mut tensors: Vec<(u32, &Allocation)> = Vec::new();
     let mut driver: Vec<(u32, &Allocation)> = Vec::new();
     for &(index, process) in processes {
-        if crate::export::StackLayer::Auto.counts_tensors(process) {
+        if crate::export::request::StackLayer::Auto.counts_tensors(process) {
             snapshot.tensors.push(index);
             let cached: u64 = process.allocator_totals().values().map(|t| t.reserved.saturating_sub(t.allocated)).sum();
             if cached > 0 {
