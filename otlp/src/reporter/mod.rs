@@ -254,13 +254,13 @@ impl Telemetry {
     /// the process they are about.
     pub(crate) fn findings(&mut self, fired: &[Finding], tracker: &Tracker) {
         for finding in fired {
+            self.profile_due(finding.pid, Reason::Finding);
             let ts = finding.last_ts;
             self.push_record(finding.pid, crate::logs::finding_record(finding, ts));
             let since = tracker.instance_since(finding.pid, finding.first_ts);
             self.findings_sent += 1;
             let span = crate::findings::span_of(finding, &self.node, since, self.findings_sent);
             self.spans.push((finding.pid, span));
-            self.profile_due(finding.pid, Reason::Finding);
         }
     }
 
