@@ -201,7 +201,7 @@ impl EventFlow {
         }
         if !due.is_empty() {
             for reporter in &mut self.reporters {
-                reporter.findings(&due, self.analyzer.tracker());
+                reporter.findings(&due);
             }
             self.found(due);
         }
@@ -341,7 +341,7 @@ impl EventFlow {
             postmortems.found(&mut ended, self.analyzer.tracker(), &self.ranks);
         }
         for reporter in &mut self.reporters {
-            reporter.findings(&ended, self.analyzer.tracker());
+            reporter.findings(&ended);
         }
         self.found(ended);
         if let Some(mut postmortems) = self.postmortems.take() {

@@ -21,7 +21,7 @@ pub trait Reporter {
     /// The event once tracked (its peer and segment filled in), with the findings it fired.
     fn event(&mut self, event: &Event, fired: &[Finding], tracker: &Tracker) -> io::Result<()>;
     /// Findings that fired without an event (time passed, the run ended).
-    fn findings(&mut self, _fired: &[Finding], _tracker: &Tracker) {}
+    fn findings(&mut self, _fired: &[Finding]) {}
     /// A post-mortem written; its finding went out already, naming it.
     fn postmortem(&mut self, _report: &PostmortemReport) {}
     /// A line for the person who runs the capture.

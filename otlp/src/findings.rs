@@ -13,8 +13,8 @@ use crate::{kv_int, kv_str};
 
 /// `since`: when the process instance the finding is about was first seen; `n`: a number unique
 /// among this process's findings.
-pub(crate) fn span_of(finding: &Finding, host: &str, since: u64, n: u64) -> Span {
-    let trace = process_trace_id(host, finding.pid, since);
+pub(crate) fn span_of(finding: &Finding, host: &str, n: u64) -> Span {
+    let trace = process_trace_id(host, finding.pid, finding.process_since);
     // Far from the allocation spans' numbers, which count up from 1.
     let id = span_id(&trace, u64::MAX - n);
     let mut attributes = vec![
@@ -86,7 +86,7 @@ mod tests {
                 .map(|a| (a.key.clone(), crate::attribute_str(std::slice::from_ref(a), &a.key).unwrap().to_string()))
                 .collect()
         };
-        assert!(tags(&span_of(&finding, "gpu-1", 5, 1)).is_empty());
+        assert!(tags(&span_of(&finding, "gpu-1", 1)).is_empty());
         finding.postmortem = Some(Postmortem {
             node: "gpu-1".into(),
             recording: "/pm/gpu-1-4711-python3-oom-20261127-011617.gpuprof".into(),
@@ -97,7 +97,7 @@ mod tests {
             pids: vec![4711],
         });
         assert_eq!(
-            tags(&span_of(&finding, "gpu-1", 5, 1)),
+            tags(&span_of(&finding, "gpu-1", 1)),
             [
                 ("gpuprof.postmortem.url".to_string(), "/api/v1/findings/5f0c2a9d41e7b3c8/report".to_string()),
                 (

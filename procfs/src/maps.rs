@@ -1,10 +1,12 @@
 //! A process's memory maps: `/proc/PID/maps` read and parsed in one place into [`Mapping`]s, and
 //! the views gpuprof takes of them (the files mapped, the code ranges, the load bases).
 
+use std::collections::HashMap;
 use std::fs;
 use std::io;
 use std::ops::Range;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use thiserror::Error;
 
@@ -113,15 +115,38 @@ pub fn mapped_files(mappings: &[Mapping]) -> Vec<MappedFile> {
     files
 }
 
-/// The executable file-backed mappings: (start, end, the file's name), sorted.
-pub fn code_ranges(mappings: &[Mapping]) -> Vec<(u64, u64, String)> {
-    let mut ranges: Vec<(u64, u64, String)> = mappings
-        .iter()
-        .filter(|m| m.perms.execute)
-        .filter_map(|m| Some((m.range.start, m.range.end, m.file_name()?.to_string())))
-        .collect();
-    ranges.sort();
-    ranges
+/// A process's code by address: the file mapped executable at each range.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct CodeMap {
+    /// (start, end, the file's name), sorted by start.
+    ranges: Vec<(u64, u64, Arc<str>)>,
+}
+
+impl CodeMap {
+    /// The executable file-backed mappings among `mappings`. A name `earlier` (the same
+    /// process's map before) had is shared with it, so names handed out stay one allocation.
+    pub fn new(mappings: &[Mapping], earlier: Option<&CodeMap>) -> CodeMap {
+        let known: HashMap<&str, &Arc<str>> =
+            earlier.map(|e| e.ranges.iter().map(|(_, _, name)| (&**name, name)).collect()).unwrap_or_default();
+        let mut ranges: Vec<(u64, u64, Arc<str>)> = mappings
+            .iter()
+            .filter(|m| m.perms.execute)
+            .filter_map(|m| {
+                let name = m.file_name()?;
+                let name = known.get(name).map_or_else(|| Arc::from(name), |&shared| shared.clone());
+                Some((m.range.start, m.range.end, name))
+            })
+            .collect();
+        ranges.sort();
+        CodeMap { ranges }
+    }
+
+    /// The name of the file whose code is at `addr`.
+    pub fn module_at(&self, addr: u64) -> Option<Arc<str>> {
+        let at = self.ranges.partition_point(|(start, _, _)| *start <= addr);
+        let (_, end, module) = self.ranges.get(at.checked_sub(1)?)?;
+        (addr < *end).then(|| module.clone())
+    }
 }
 
 /// Where each file is mapped from its offset 0 (a shared library's load base): (start, the
@@ -207,14 +232,23 @@ not a mapping
 7f0000003000-7f0000004000 rwxp 00000000 00:00 0 
 7f0000005000-7f0000006000 r-xp 00000000 fd:01 99 /tmp/dir with space/ext.so (deleted)
 ";
+        let code = CodeMap::new(&parse(maps), None);
         assert_eq!(
-            code_ranges(&parse(maps)),
+            code.ranges,
             vec![
-                (0x7e00_0000_1000, 0x7e00_0000_3000, "libnccl.so.2".to_string()),
-                (0x7f00_0000_1000, 0x7f00_0000_2000, "libcuda.so.580.95".to_string()),
-                (0x7f00_0000_5000, 0x7f00_0000_6000, "ext.so".to_string()),
+                (0x7e00_0000_1000, 0x7e00_0000_3000, Arc::from("libnccl.so.2")),
+                (0x7f00_0000_1000, 0x7f00_0000_2000, Arc::from("libcuda.so.580.95")),
+                (0x7f00_0000_5000, 0x7f00_0000_6000, Arc::from("ext.so")),
             ]
         );
+        assert_eq!(code.module_at(0x7e00_0000_1000).as_deref(), Some("libnccl.so.2"));
+        assert_eq!(code.module_at(0x7e00_0000_2fff).as_deref(), Some("libnccl.so.2"));
+        assert_eq!(code.module_at(0x7e00_0000_3000), None);
+        assert_eq!(code.module_at(0x7f00_0000_1800).as_deref(), Some("libcuda.so.580.95"));
+        assert_eq!(code.module_at(0x7f00_0000_3800), None, "anonymous code has no file");
+        assert_eq!(code.module_at(0x1000), None);
+        let again = CodeMap::new(&parse(maps), Some(&code));
+        assert!(Arc::ptr_eq(&again.ranges[1].2, &code.ranges[1].2), "a name known before is shared");
     }
 
     #[test]

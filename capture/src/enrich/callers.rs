@@ -8,16 +8,15 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use gpuprof_procfs::maps;
+use gpuprof_procfs::maps::{self, CodeMap};
 
 #[derive(Default)]
 pub(crate) struct CallerModules {
-    processes: HashMap<u32, CodeRanges>,
+    processes: HashMap<u32, ProcessCode>,
 }
 
-struct CodeRanges {
-    /// (start, end, module), sorted by start.
-    ranges: Vec<(u64, u64, Arc<str>)>,
+struct ProcessCode {
+    code: CodeMap,
     /// Addresses outside every file mapping at the last reading.
     outside: HashSet<u64>,
 }
@@ -27,25 +26,16 @@ impl CallerModules {
         if addr == 0 {
             return None;
         }
-        if let Some(module) = self.processes.get(&pid).and_then(|p| p.find(addr)) {
+        let known = self.processes.get(&pid);
+        if let Some(module) = known.and_then(|p| p.code.module_at(addr)) {
             return Some(module);
         }
-        if self.processes.get(&pid).is_some_and(|p| p.outside.contains(&addr)) {
+        if known.is_some_and(|p| p.outside.contains(&addr)) {
             return None;
         }
-        let ranges = maps::read(pid).map(|mappings| maps::code_ranges(&mappings)).unwrap_or_default();
-        let known: HashMap<&str, Arc<str>> = self
-            .processes
-            .get(&pid)
-            .map(|p| p.ranges.iter().map(|(_, _, m)| (&**m, m.clone())).collect())
-            .unwrap_or_default();
-        // Names already handed out stay shared.
-        let ranges = ranges
-            .into_iter()
-            .map(|(start, end, name)| (start, end, known.get(name.as_str()).cloned().unwrap_or_else(|| name.into())))
-            .collect();
-        let mut process = CodeRanges { ranges, outside: HashSet::new() };
-        let found = process.find(addr);
+        let code = CodeMap::new(&maps::read(pid).unwrap_or_default(), known.map(|p| &p.code));
+        let found = code.module_at(addr);
+        let mut process = ProcessCode { code, outside: HashSet::new() };
         if found.is_none() {
             process.outside.insert(addr);
         }
@@ -56,14 +46,6 @@ impl CallerModules {
     /// The process ended or runs another program.
     pub(crate) fn forget(&mut self, pid: u32) {
         self.processes.remove(&pid);
-    }
-}
-
-impl CodeRanges {
-    fn find(&self, addr: u64) -> Option<Arc<str>> {
-        let at = self.ranges.partition_point(|(start, _, _)| *start <= addr);
-        let (_, end, module) = self.ranges.get(at.checked_sub(1)?)?;
-        (addr < *end).then(|| module.clone())
     }
 }
 

@@ -175,6 +175,10 @@ pub struct Finding {
     /// process instance, when it began, and its stack).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub finding_id: String,
+    /// When the process instance it is about was first seen (ns): with `pid`, which instance of
+    /// a reused pid it names.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub process_since: u64,
     /// `growth`: the stacks that grew, most first (`bytes`: how much each grew).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stacks: Vec<StackBytes>,
@@ -234,6 +238,7 @@ impl Finding {
             severity: Severity::Leak,
             user_frame: None,
             finding_id: String::new(),
+            process_since: 0,
             stacks: Vec::new(),
             segment_bytes: None,
             fragmentation: false,
@@ -250,8 +255,13 @@ impl Finding {
     fn complete(mut self, since: u64) -> Finding {
         self.user_frame = user_frame(&self.stack).cloned();
         self.finding_id = finding_id(&self, since);
+        self.process_since = since;
         self
     }
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// 16 hex digits from what identifies a finding wherever the same events are analyzed.

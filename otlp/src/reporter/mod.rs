@@ -236,7 +236,7 @@ impl Telemetry {
         if event.layer == Layer::Driver && event.result == gpuprof_model::event::CUDA_ERROR_OUT_OF_MEMORY {
             self.profile_due(pid, Reason::Oom);
         }
-        self.findings(fired, tracker);
+        self.findings(fired);
         if event.op == Op::Exit {
             // A CUDA process's last word: what it held as it went, as gauges and a profile.
             if let Some(process) =
@@ -252,14 +252,13 @@ impl Telemetry {
 
     /// Findings (fired by an event, or at the end): a record and a span each, and a profile of
     /// the process they are about.
-    pub(crate) fn findings(&mut self, fired: &[Finding], tracker: &Tracker) {
+    pub(crate) fn findings(&mut self, fired: &[Finding]) {
         for finding in fired {
             self.profile_due(finding.pid, Reason::Finding);
             let ts = finding.last_ts;
             self.push_record(finding.pid, crate::logs::finding_record(finding, ts));
-            let since = tracker.instance_since(finding.pid, finding.first_ts);
             self.findings_sent += 1;
-            let span = crate::findings::span_of(finding, &self.node, since, self.findings_sent);
+            let span = crate::findings::span_of(finding, &self.node, self.findings_sent);
             self.spans.push((finding.pid, span));
         }
     }
@@ -562,8 +561,8 @@ impl Reporter for Telemetry {
         Ok(())
     }
 
-    fn findings(&mut self, fired: &[Finding], tracker: &Tracker) {
-        Telemetry::findings(self, fired, tracker);
+    fn findings(&mut self, fired: &[Finding]) {
+        Telemetry::findings(self, fired);
     }
 
     fn postmortem(&mut self, report: &PostmortemReport) {
