@@ -22,6 +22,19 @@ pub mod resource {
     /// The UUIDs of the node's GPUs (`GPU-…`), as the driver lists them.
     pub const GPU_UUIDS: &str = "gpu.uuids";
     pub const SERVICE_NAME: &str = "service.name";
+    /// One process instance of the fleet: `host/pid`.
+    pub const SERVICE_INSTANCE_ID: &str = "service.instance.id";
+    /// The Kubernetes Job (or JobSet, PyTorchJob) that owns the pod, where the pod says it.
+    pub const K8S_JOB_NAME: &str = "k8s.job.name";
+    /// The distributed job the process is one rank of (`model::job`): the launcher's id
+    /// (`torchrun:…`, `slurm:…`, `mpi:…`, `k8s:…`, or `GPUPROF_JOB_ID`), else the launcher
+    /// process on the node (`host/pgid-N`). Every process has one: the OpenTelemetry Collector
+    /// routes a job's data whole to one collector shard on it.
+    pub const JOB_ID: &str = "gpuprof.job.id";
+    /// The process's rank, local rank and the job's world size, as its launcher gave them.
+    pub const RANK: &str = "gpuprof.rank";
+    pub const LOCAL_RANK: &str = "gpuprof.local_rank";
+    pub const WORLD_SIZE: &str = "gpuprof.world_size";
 }
 
 /// Attributes of an allocation-lifetime span and of a finding span.
