@@ -10,6 +10,7 @@ mod ipc_export_freed_while_imported;
 mod ipc_handle_not_closed;
 mod oom;
 mod orphan_holding_memory;
+pub mod rank_divergence;
 mod reported;
 pub mod wording;
 mod worker_cuda_context;
@@ -34,6 +35,7 @@ pub enum FindingKind {
     Growth,
     Oom,
     OrphanHoldingMemory,
+    RankDivergence,
 }
 
 impl FindingKind {
@@ -46,6 +48,7 @@ impl FindingKind {
             FindingKind::Growth => "growth",
             FindingKind::Oom => "oom",
             FindingKind::OrphanHoldingMemory => "orphan_holding_memory",
+            FindingKind::RankDivergence => "rank_divergence",
         }
     }
 }
@@ -193,6 +196,10 @@ pub struct Finding {
     /// capture could read it (a recording carries it on the process's first call).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rank: Option<u32>,
+    /// The distributed job the process is a rank of (`gpuprof.job.id`), where the finding is
+    /// about the job (`rank_divergence`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job: Option<String>,
     /// The cause the events show, where they show one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub diagnosis: Option<Diagnosis>,
@@ -243,6 +250,7 @@ impl Finding {
             segment_bytes: None,
             fragmentation: false,
             rank: None,
+            job: None,
             diagnosis: None,
             bytes_per_second: None,
             seconds_to_full: None,
