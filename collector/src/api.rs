@@ -1,4 +1,6 @@
 //! The read side: `GET /api/v1/findings` (filters node, pid, kind, severity, since, until),
+//! `GET /api/v1/jobs` (each distributed job: its nodes, ranks, memory now and at peak) and
+//! `GET /api/v1/jobs/{id}` (rank by rank; the id percent-encoded, as `/` is in some),
 //! `GET /api/v1/findings/{id}/report` (a finding's post-mortem, the HTML page its node wrote),
 //! `GET /api/v1/processes` (node, detail), `GET /api/v1/profile` (node, pid: the process's
 //! latest memory profile as pprof, for `go tool pprof`, Pyroscope or Parca), Prometheus
@@ -21,6 +23,8 @@ pub fn routes(collector: Arc<Collector>) -> Router {
     Router::new()
         .route("/api/v1/findings", get(findings))
         .route("/api/v1/findings/{id}/report", get(report))
+        .route("/api/v1/jobs", get(jobs))
+        .route("/api/v1/jobs/{id}", get(job))
         .route("/api/v1/processes", get(processes))
         .route("/api/v1/profile", get(profile))
         .route("/metrics", get(metrics))
@@ -120,6 +124,25 @@ async fn report(State(collector): State<Arc<Collector>>, Path(id): Path<String>,
             (StatusCode::INTERNAL_SERVER_ERROR, format!("the report of finding {finding_id} is corrupt: {error}\n"))
                 .into_response()
         }
+    }
+}
+
+async fn jobs(State(collector): State<Arc<Collector>>) -> Response {
+    let state = collector.state.lock().expect("state lock");
+    Json(state.jobs()).into_response()
+}
+
+async fn job(State(collector): State<Arc<Collector>>, Path(id): Path<String>) -> Response {
+    let state = collector.state.lock().expect("state lock");
+    match state.job(&id) {
+        Some(job) => Json(job).into_response(),
+        None => (
+            StatusCode::NOT_FOUND,
+            Json(serde_json::json!({
+                "error": format!("no job {id} on this collector (GET /api/v1/jobs lists those it has; a job's data goes whole to one shard)")
+            })),
+        )
+            .into_response(),
     }
 }
 

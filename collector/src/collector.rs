@@ -21,6 +21,7 @@ use gpuprof_otlp::resource::ProcessIdentity;
 use crate::config::Config;
 use crate::forward::Forwarder;
 use crate::reports::{ReportInfo, Reports};
+use crate::jobs::Membership;
 use crate::state::{AllocatorView, State, StoredFinding, StoredProfile, Workload};
 use crate::store::Store;
 
@@ -155,9 +156,13 @@ impl Collector {
         let (mut received, mut rejected, mut foreign) = (0u64, 0u64, 0u64);
         let mut first_error = None;
         let mut workloads: Vec<(String, u32, Workload)> = Vec::new();
+        let mut memberships: Vec<(String, u32, Membership)> = Vec::new();
         for resource_logs in request.resource_logs {
             let identity = resource_logs.resource.as_ref().map(ProcessIdentity::of_resource).unwrap_or_default();
             let node = node_name(&identity);
+            if let Some(membership) = resource_logs.resource.as_ref().and_then(Membership::of_resource) {
+                memberships.push((node.clone(), identity.pid, membership));
+            }
             if let Some(pod) = &identity.k8s_pod_name {
                 let workload = Workload {
                     namespace: identity.k8s_namespace.clone().unwrap_or_default(),
@@ -217,6 +222,9 @@ impl Collector {
             for (node, pid, workload) in workloads {
                 state.note_workload(&node, pid, workload);
             }
+            for (node, pid, membership) in memberships {
+                state.note_job(&node, pid, membership);
+            }
         }
         self.keep(&stored);
         self.keep_reports(postmortems);
@@ -254,6 +262,9 @@ impl Collector {
         for resource_metrics in request.resource_metrics {
             let identity = resource_metrics.resource.as_ref().map(ProcessIdentity::of_resource).unwrap_or_default();
             let node = node_name(&identity);
+            if let Some(membership) = resource_metrics.resource.as_ref().and_then(Membership::of_resource) {
+                state.note_job(&node, identity.pid, membership);
+            }
             // allocated and reserved come as two metrics: paired per device and time.
             let mut allocator: BTreeMap<(i32, u64), AllocatorView> = BTreeMap::new();
             for metric in resource_metrics.scope_metrics.into_iter().flat_map(|s| s.metrics) {
@@ -308,7 +319,10 @@ impl Collector {
                 state.allocator_gauges(&node, identity.pid, ts, device, view);
             }
         }
+        // The jobs' ranks as the gauges now stand: a rank that strays from its peers.
+        let diverging = state.check_jobs();
         drop(state);
+        self.keep(&diverging);
         self.stats.metric_points.fetch_add(points, Ordering::Relaxed);
         ExportMetricsServiceResponse { partial_success: None }
     }

@@ -5,6 +5,7 @@ mod api;
 mod collector;
 mod config;
 mod forward;
+mod jobs;
 mod prometheus;
 mod receive;
 mod reports;

@@ -8,19 +8,21 @@
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
 use gpuprof_model::track::{ProcessMemory, ProcessState, Tracker};
+use gpuprof_model::findings::rank_divergence::RankMemory;
 use gpuprof_model::{Event, Finding, FindingKind, Frame, Layer, Op, Severity, Stack, StackTable};
 use serde::{Deserialize, Serialize};
+
+use crate::jobs::{DueRank, JobFigures, JobSummary, Jobs, Membership, RankFigures};
 
 /// A finding as the API serves it: the contract of docs/findings.md plus the node and an id.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StoredFinding {
     pub id: u64,
     pub node: String,
+    /// Its `process_since` (the process instance, which names its trace) as the node said it,
+    /// else as the collector's tracker of the node knows it (a node from before it was sent).
     #[serde(flatten)]
     pub finding: Finding,
-    /// When the process instance it is about was first seen (names its trace).
-    #[serde(default)]
-    pub process_since: u64,
 }
 
 /// What a node says of one of its processes between events: its gauges and its profile.
@@ -86,6 +88,8 @@ pub struct State {
     /// Each distinct stack once, whichever node, process or allocation has it: a fleet's nodes run
     /// the same code, and an event decoded from OTLP brings its own copy.
     stacks: StackTable,
+    /// The distributed jobs of the processes, their ranks across nodes.
+    jobs: Jobs,
 }
 
 /// `GET /api/v1/findings` filters.
@@ -100,6 +104,25 @@ pub struct FindingFilter {
     pub since: Option<u64>,
     /// Findings whose first_ts is before this.
     pub until: Option<u64>,
+}
+
+/// One job as `GET /api/v1/jobs/{id}` shows it.
+#[derive(Debug, Serialize)]
+pub struct JobView {
+    #[serde(flatten)]
+    pub job: JobSummary,
+    pub ranks: Vec<RankView>,
+    /// Its processes without a rank (a launcher, workers).
+    pub others: Vec<ProcessView>,
+    pub findings: Vec<StoredFinding>,
+}
+
+/// A rank: its gauges and its process (None until the process's events come).
+#[derive(Debug, Serialize)]
+pub struct RankView {
+    #[serde(flatten)]
+    pub figures: RankFigures,
+    pub process: Option<ProcessView>,
 }
 
 /// One process as `GET /api/v1/processes` shows it.
@@ -173,6 +196,7 @@ impl State {
             findings: findings.into(),
             next_finding,
             stacks: StackTable::default(),
+            jobs: Jobs::default(),
         }
     }
 
@@ -203,9 +227,11 @@ impl State {
         node.dirty = true;
         let stored: Vec<StoredFinding> = findings
             .into_iter()
-            .map(|finding| {
-                let process_since = node.tracker.instance_since(finding.pid, finding.first_ts);
-                StoredFinding { id: 0, node: node_name.to_string(), finding, process_since }
+            .map(|mut finding| {
+                if finding.process_since == 0 {
+                    finding.process_since = node.tracker.instance_since(finding.pid, finding.first_ts);
+                }
+                StoredFinding { id: 0, node: node_name.to_string(), finding }
             })
             .collect();
         stored
@@ -226,6 +252,89 @@ impl State {
             summary.gauges_ts = ts;
             summary.allocator.insert(device, view);
         }
+        self.jobs.allocator(node_name, pid, ts, device, view.allocated, view.reserved);
+    }
+
+    /// Records which job (and rank) a process of a node is.
+    pub fn note_job(&mut self, node_name: &str, pid: u32, membership: Membership) {
+        self.jobs.note(node_name, pid, membership);
+    }
+
+    /// The `rank_divergence` rule over the jobs whose gauges moved on: the findings it fired,
+    /// stored.
+    pub fn check_jobs(&mut self) -> Vec<StoredFinding> {
+        let mut stored = Vec::new();
+        for due in self.jobs.due() {
+            let (job, now) = (due.id, due.now);
+            let ranks: Vec<RankMemory> = due
+                .ranks
+                .into_iter()
+                .map(|DueRank { rank, node, pid, allocated }| {
+                    let known = self.nodes.get(&node);
+                    let process = known.and_then(|n| n.tracker.process(pid));
+                    let stacks = known
+                        .and_then(|n| n.summaries.get(&pid))
+                        .and_then(|s| s.profile.as_ref())
+                        .map(|p| p.samples.iter().map(|(stack, bytes, _)| (stack.to_vec(), *bytes)).collect())
+                        .unwrap_or_default();
+                    RankMemory {
+                        rank,
+                        comm: process.map(|p| p.comm.to_string()).unwrap_or_default(),
+                        since: known.map_or(0, |n| n.tracker.instance_since(pid, now)),
+                        node,
+                        pid,
+                        allocated,
+                        stacks,
+                    }
+                })
+                .collect();
+            let mut by_node: BTreeMap<String, Vec<Finding>> = BTreeMap::new();
+            for finding in self.jobs.check(&job, &ranks, now) {
+                let node = ranks.iter().find(|r| r.pid == finding.pid && Some(r.rank) == finding.rank);
+                by_node.entry(node.map(|r| r.node.clone()).unwrap_or_default()).or_default().push(finding);
+            }
+            for (node, found) in by_node {
+                stored.extend(self.add_findings(&node, found));
+            }
+        }
+        stored
+    }
+
+    /// Every job with ranks: what `GET /api/v1/jobs` lists.
+    pub fn jobs(&self) -> Vec<JobSummary> {
+        self.jobs.list()
+    }
+
+    /// One job, rank by rank with each rank's process, and its findings.
+    pub fn job(&self, id: &str) -> Option<JobView> {
+        let JobFigures { summary, ranks: figures, others } = self.jobs.job(id)?;
+        let process = |node: &str, pid: u32| self.process_view(node, pid);
+        let ranks = figures
+            .into_iter()
+            .map(|figures| RankView { process: process(&figures.node, figures.pid), figures })
+            .collect::<Vec<_>>();
+        let members: HashSet<(&str, u32)> = ranks
+            .iter()
+            .map(|r| (r.figures.node.as_str(), r.figures.pid))
+            .chain(others.iter().map(|(node, pid)| (node.as_str(), *pid)))
+            .collect();
+        let findings = self
+            .findings
+            .iter()
+            .filter(|f| {
+                f.finding.job.as_deref() == Some(id) || members.contains(&(f.node.as_str(), f.finding.pid))
+            })
+            .cloned()
+            .collect();
+        let others = others.iter().filter_map(|(node, pid)| process(node, *pid)).collect();
+        Some(JobView { job: summary, ranks, others, findings })
+    }
+
+    /// The process running (or last run) under `pid` on a node, as `/api/v1/processes` shows it.
+    fn process_view(&self, node: &str, pid: u32) -> Option<ProcessView> {
+        let n = self.nodes.get(node)?;
+        let latest = n.tracker.processes().into_iter().rfind(|p| p.pid == pid)?;
+        Some(view(node, latest, n.summaries.get(&pid), false))
     }
 
     /// A node's gauge of one process's live bytes in a layer and kind, taken at `ts`.
@@ -400,6 +509,15 @@ impl State {
                 node.workloads.retain(|pid, _| known.contains(pid));
             }
         }
+        let known: HashSet<(&str, u32)> = self
+            .nodes
+            .iter()
+            .flat_map(|(name, n)| {
+                let tracked = n.tracker.processes().into_iter().map(|p| p.pid);
+                tracked.chain(n.summaries.keys().copied()).map(move |pid| (name.as_str(), pid))
+            })
+            .collect();
+        self.jobs.retain(|node, pid| known.contains(&(node, pid)));
         self.stacks.forget_unused();
         let mut dropped = Vec::new();
         while let Some(oldest) = self.findings.front() {

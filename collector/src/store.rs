@@ -192,8 +192,10 @@ mod tests {
     }
 
     fn stored(id: u64, pid: u32) -> StoredFinding {
-        let finding = Finding::new(FindingKind::Growth, pid, "python3", 4 << 20, 4, 100, 200, &[], "grew".to_string());
-        StoredFinding { id, node: "node-a".to_string(), finding, process_since: 50 }
+        let mut finding =
+            Finding::new(FindingKind::Growth, pid, "python3", 4 << 20, 4, 100, 200, &[], "grew".to_string());
+        finding.process_since = 50;
+        StoredFinding { id, node: "node-a".to_string(), finding }
     }
 
     fn node_state() -> Vec<u8> {
@@ -212,7 +214,7 @@ mod tests {
         let (store, loaded) = Store::open(&path).unwrap();
         let ids: Vec<(u64, u32)> = loaded.findings.iter().map(|f| (f.id, f.finding.pid)).collect();
         assert_eq!(ids, [(1, 10), (2, 11)]);
-        assert_eq!(loaded.findings[0].process_since, 50);
+        assert_eq!(loaded.findings[0].finding.process_since, 50);
         let names: Vec<&str> = loaded.nodes.iter().map(|(name, _)| name.as_str()).collect();
         assert_eq!(names, ["node-a"]);
         store.checkpoint(&[], &[1]).unwrap();

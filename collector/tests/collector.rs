@@ -26,14 +26,13 @@ use serde_json::Value;
 
 const MIB: u64 = 1 << 20;
 
-/// The contract fields of a finding from the API (without the collector's id, node and trace
-/// anchor), to compare with the agent's own.
+/// The contract fields of a finding from the API (without the collector's id and node), to
+/// compare with the agent's own.
 fn contract(value: &Value) -> Finding {
     let mut value = value.clone();
     let object = value.as_object_mut().unwrap();
     object.remove("id");
     object.remove("node");
-    object.remove("process_since");
     serde_json::from_value(value).unwrap()
 }
 

@@ -85,7 +85,7 @@ fn check_the_collector_has_it_all(collector: &Collector, stderr: &str, workloads
         .iter()
         .map(|f| {
             let mut f = f.clone();
-            for key in ["id", "node", "process_since"] {
+            for key in ["id", "node"] {
                 f.as_object_mut().unwrap().remove(key);
             }
             serde_json::from_value(f).unwrap()
