@@ -14,7 +14,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gpuprof_testkit::collector::{free_port, free_ports, wait_ready, Collector, Jaeger};
+use gpuprof_testkit::collector::{free_port, free_ports, wait_ready, Collector, Jaeger, ShippedCollector};
 use gpuprof_testkit::daemon::{one_daemon_at_a_time, Daemon};
 use gpuprof_testkit::*;
 use serde_json::Value;
@@ -252,56 +252,6 @@ fn every_dashboard_panel_answers_from_a_real_prometheus() {
 
 /// gpuprof's OpenTelemetry Collector running deploy/otel-collector/loadbalancing.yaml as it
 /// ships, the environment filling it in (as the chart does).
-struct ShippedCollector {
-    child: Child,
-    /// OTLP/gRPC in (what the nodes send to).
-    grpc: String,
-    /// The agents' gauges for Prometheus, and the Collector's own metrics (host:port).
-    gauges: String,
-    metrics: String,
-}
-
-impl ShippedCollector {
-    fn start(dir: &Path, shards: &[String], traces: &str) -> ShippedCollector {
-        let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/otel-collector/loadbalancing.yaml");
-        let [grpc, http, health, gauges, metrics] = free_ports();
-        let log_path = dir.join("otelcol.log");
-        let mut child = Command::new(gpuprof_testkit::collector::otelcol_bin())
-            .arg("--config")
-            .arg(&config)
-            .env("GPUPROF_COLLECTOR_TOKEN", TOKEN)
-            .env("GPUPROF_COLLECTOR_SHARDS", format!("[{}]", shards.join(", ")))
-            .env("GPUPROF_TRACES_OTLP", traces)
-            .env("GPUPROF_OTELCOL_LISTEN", "127.0.0.1")
-            .env("GPUPROF_OTELCOL_GRPC_PORT", grpc.to_string())
-            .env("GPUPROF_OTELCOL_HTTP_PORT", http.to_string())
-            .env("GPUPROF_OTELCOL_HEALTH_PORT", health.to_string())
-            .env("GPUPROF_OTELCOL_PROMETHEUS_PORT", gauges.to_string())
-            .env("GPUPROF_OTELCOL_METRICS_PORT", metrics.to_string())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log_path).unwrap())
-            .spawn()
-            .unwrap();
-        let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
-        wait_ready("the OpenTelemetry Collector", &mut child, &log_path, Duration::from_secs(30), || {
-            agent.get(&format!("http://127.0.0.1:{health}/")).call().is_ok_and(|r| r.status().as_u16() == 200)
-        });
-        ShippedCollector {
-            child,
-            grpc: format!("http://127.0.0.1:{grpc}"),
-            gauges: format!("127.0.0.1:{gauges}"),
-            metrics: format!("127.0.0.1:{metrics}"),
-        }
-    }
-}
-
-impl Drop for ShippedCollector {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// Shard `n`, running.
 fn on(shards: &[Option<Collector>], n: usize) -> &Collector {
     shards[n].as_ref().unwrap()
@@ -352,7 +302,7 @@ fn two_nodes_and_a_sidecar_through_the_opentelemetry_collector_fill_shards_jaege
     };
     let mut shards = [Some(start_shard(0)), Some(start_shard(1))];
     let otelcol =
-        ShippedCollector::start(&dir, &shard_ports.map(|port| format!("127.0.0.1:{port}")), jaeger.otlp.as_str());
+        ShippedCollector::start(&dir, &shard_ports.map(|port| format!("127.0.0.1:{port}")), jaeger.otlp.as_str(), TOKEN);
 
     let node_env = |nvml: &Path| -> Vec<String> {
         vec![

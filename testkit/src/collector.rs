@@ -420,3 +420,55 @@ pub fn handed_over(stderr: &str) -> (u64, u64, u64, u64, u64) {
         .collect();
     (numbers[0], numbers[1], numbers[2], numbers[3], numbers[4])
 }
+
+/// gpuprof's OpenTelemetry Collector running the shipped configuration
+/// (deploy/otel-collector/loadbalancing.yaml) as it is, in front of `shards`, on loopback ports.
+pub struct ShippedCollector {
+    child: Child,
+    /// OTLP/gRPC in (what the nodes send to).
+    pub grpc: String,
+    /// The agents' gauges for Prometheus, and the Collector's own metrics (host:port).
+    pub gauges: String,
+    pub metrics: String,
+}
+
+impl ShippedCollector {
+    pub fn start(dir: &Path, shards: &[String], traces: &str, token: &str) -> ShippedCollector {
+        let config = crate::workspace::root().join("deploy/otel-collector/loadbalancing.yaml");
+        let [grpc, http, health, gauges, metrics] = free_ports();
+        let log_path = dir.join("otelcol.log");
+        let mut child = Command::new(otelcol_bin())
+            .arg("--config")
+            .arg(&config)
+            .env("GPUPROF_COLLECTOR_TOKEN", token)
+            .env("GPUPROF_COLLECTOR_SHARDS", format!("[{}]", shards.join(", ")))
+            .env("GPUPROF_TRACES_OTLP", traces)
+            .env("GPUPROF_OTELCOL_LISTEN", "127.0.0.1")
+            .env("GPUPROF_OTELCOL_GRPC_PORT", grpc.to_string())
+            .env("GPUPROF_OTELCOL_HTTP_PORT", http.to_string())
+            .env("GPUPROF_OTELCOL_HEALTH_PORT", health.to_string())
+            .env("GPUPROF_OTELCOL_PROMETHEUS_PORT", gauges.to_string())
+            .env("GPUPROF_OTELCOL_METRICS_PORT", metrics.to_string())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log_path).unwrap())
+            .spawn()
+            .unwrap();
+        let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+        wait_ready("the OpenTelemetry Collector", &mut child, &log_path, Duration::from_secs(30), || {
+            agent.get(&format!("http://127.0.0.1:{health}/")).call().is_ok_and(|r| r.status().as_u16() == 200)
+        });
+        ShippedCollector {
+            child,
+            grpc: format!("http://127.0.0.1:{grpc}"),
+            gauges: format!("127.0.0.1:{gauges}"),
+            metrics: format!("127.0.0.1:{metrics}"),
+        }
+    }
+}
+
+impl Drop for ShippedCollector {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
