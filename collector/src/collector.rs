@@ -20,8 +20,8 @@ use gpuprof_otlp::resource::ProcessIdentity;
 
 use crate::config::Config;
 use crate::forward::Forwarder;
-use crate::reports::{ReportInfo, Reports};
 use crate::jobs::Membership;
+use crate::reports::{ReportInfo, Reports};
 use crate::state::{AllocatorView, State, StoredFinding, StoredProfile, Workload};
 use crate::store::Store;
 

@@ -258,6 +258,11 @@ impl Jobs {
         Some(JobFigures { summary, ranks: figures(job), others: job.others.iter().cloned().collect() })
     }
 
+    /// The job a process of a node is one of.
+    pub fn job_of(&self, node: &str, pid: u32) -> Option<&str> {
+        self.members.get(&(node.to_string(), pid)).map(String::as_str)
+    }
+
     /// Keeps the processes `keep` says; a job left without any is forgotten.
     pub fn retain(&mut self, mut keep: impl FnMut(&str, u32) -> bool) {
         self.members.retain(|(node, pid), _| keep(node, *pid));

@@ -1,6 +1,8 @@
 //! Prometheus exposition: live bytes per node, pod, process and kind, a framework allocator's
 //! allocated/reserved per device, the stacks holding the most per process, findings by kind and
-//! the most recent ones, and the collector's own ingest, refusal and forwarding counters. Built
+//! the most recent ones, each distributed job's ranks (allocated, reserved, how far from the
+//! others' median, findings by rank), and the collector's own ingest, refusal and forwarding
+//! counters. Built
 //! fresh at each scrape from the state, so gone processes vanish.
 
 use std::collections::BTreeMap;
@@ -87,6 +89,28 @@ struct FindingLabels {
     severity: String,
 }
 
+/// A rank of a distributed job (`gpuprof.job.id`, `gpuprof.rank`): a job's label set is its
+/// ranks, bounded by its world size; jobs go with their processes (`--retention`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RankLabels {
+    job: String,
+    rank: String,
+    node: String,
+    pid: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct JobLabels {
+    job: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RankFindingLabels {
+    job: String,
+    rank: String,
+    kind: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct SignalLabels {
     signal: String,
@@ -144,6 +168,11 @@ struct StateFamilies {
     findings: Family<FindingLabels, Gauge>,
     stacks: Family<StackLabels, Gauge>,
     recent: Family<RecentFindingLabels, Gauge>,
+    rank_allocated: Family<RankLabels, Gauge>,
+    rank_reserved: Family<RankLabels, Gauge>,
+    rank_over_median: Family<RankLabels, Gauge>,
+    world_size: Family<JobLabels, Gauge>,
+    rank_findings: Family<RankFindingLabels, Gauge>,
 }
 
 impl StateFamilies {
@@ -156,7 +185,38 @@ impl StateFamilies {
         }
         families.add_findings_by_kind(state);
         families.add_recent_findings(state, &no_workload);
+        families.add_jobs(state);
         families
+    }
+
+    /// Each job's ranks: allocated and reserved now, and how far each sits from the others'
+    /// median (what `rank_divergence` judges over its window).
+    fn add_jobs(&self, state: &State) {
+        for job in state.job_ranks() {
+            if let Some(world_size) = job.summary.world_size {
+                self.world_size.get_or_create(&JobLabels { job: job.summary.id.clone() }).set(i64::from(world_size));
+            }
+            for rank in &job.ranks {
+                let labels = RankLabels {
+                    job: job.summary.id.clone(),
+                    rank: rank.rank.to_string(),
+                    node: rank.node.clone(),
+                    pid: rank.pid.to_string(),
+                };
+                self.rank_allocated.get_or_create(&labels).set(rank.allocated_bytes as i64);
+                self.rank_reserved.get_or_create(&labels).set(rank.reserved_bytes as i64);
+                let mut others: Vec<u64> =
+                    job.ranks.iter().filter(|r| r.rank != rank.rank).map(|r| r.allocated_bytes).collect();
+                others.sort_unstable();
+                if let Some(median) = others.get((others.len().max(1) - 1) / 2) {
+                    self.rank_over_median.get_or_create(&labels).set(rank.allocated_bytes as i64 - *median as i64);
+                }
+            }
+        }
+        for ((job, rank, kind), count) in state.findings_by_rank() {
+            let labels = RankFindingLabels { job, rank: rank.to_string(), kind: kind.as_str().into() };
+            self.rank_findings.get_or_create(&labels).set(count as i64);
+        }
     }
 
     fn add_process(&self, process: &LiveProcess, workload: &Workload) {
@@ -276,6 +336,31 @@ impl StateFamilies {
             "gpuprof_recent_finding_bytes",
             "The most recent findings, one series each, valued at the bytes involved",
             self.recent,
+        );
+        registry.register(
+            "gpuprof_job_rank_allocated_bytes",
+            "Bytes in a job's rank's allocator blocks (tensors), all devices, as its node last reported",
+            self.rank_allocated,
+        );
+        registry.register(
+            "gpuprof_job_rank_reserved_bytes",
+            "Bytes a job's rank's allocator holds in segments, all devices",
+            self.rank_reserved,
+        );
+        registry.register(
+            "gpuprof_job_rank_over_median_bytes",
+            "A rank's allocated bytes less the median of its job's other ranks' (rank_divergence judges this over its window)",
+            self.rank_over_median,
+        );
+        registry.register(
+            "gpuprof_job_world_size",
+            "A job's world size, as its ranks' launcher set it",
+            self.world_size,
+        );
+        registry.register(
+            "gpuprof_job_rank_findings",
+            "Findings held of a job's ranks, by rank and kind",
+            self.rank_findings,
         );
     }
 }

@@ -7,8 +7,8 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
-use gpuprof_model::track::{ProcessMemory, ProcessState, Tracker};
 use gpuprof_model::findings::rank_divergence::RankMemory;
+use gpuprof_model::track::{ProcessMemory, ProcessState, Tracker};
 use gpuprof_model::{Event, Finding, FindingKind, Frame, Layer, Op, Severity, Stack, StackTable};
 use serde::{Deserialize, Serialize};
 
@@ -300,6 +300,24 @@ impl State {
         stored
     }
 
+    /// Each job with ranks and its ranks' figures (the metrics).
+    pub fn job_ranks(&self) -> Vec<JobFigures> {
+        self.jobs.list().iter().filter_map(|job| self.jobs.job(&job.id)).collect()
+    }
+
+    /// Findings of jobs' ranks, counted by (job, rank, kind).
+    pub fn findings_by_rank(&self) -> BTreeMap<(String, u32, FindingKind), u64> {
+        let mut counts = BTreeMap::new();
+        for stored in &self.findings {
+            let finding = &stored.finding;
+            let job = finding.job.as_deref().or_else(|| self.jobs.job_of(&stored.node, finding.pid));
+            if let (Some(job), Some(rank)) = (job, finding.rank) {
+                *counts.entry((job.to_string(), rank, finding.kind)).or_insert(0) += 1;
+            }
+        }
+        counts
+    }
+
     /// Every job with ranks: what `GET /api/v1/jobs` lists.
     pub fn jobs(&self) -> Vec<JobSummary> {
         self.jobs.list()
@@ -321,9 +339,7 @@ impl State {
         let findings = self
             .findings
             .iter()
-            .filter(|f| {
-                f.finding.job.as_deref() == Some(id) || members.contains(&(f.node.as_str(), f.finding.pid))
-            })
+            .filter(|f| f.finding.job.as_deref() == Some(id) || members.contains(&(f.node.as_str(), f.finding.pid)))
             .cloned()
             .collect();
         let others = others.iter().filter_map(|(node, pid)| process(node, *pid)).collect();

@@ -14,37 +14,13 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gpuprof_testkit::collector::{free_port, free_ports, wait_ready, Collector, Jaeger, ShippedCollector};
+use gpuprof_testkit::collector::{free_ports, Collector, Jaeger, ShippedCollector};
 use gpuprof_testkit::daemon::{one_daemon_at_a_time, Daemon};
+use gpuprof_testkit::prometheus::{as_grafana_sends, queries, Prometheus};
 use gpuprof_testkit::*;
 use serde_json::Value;
 
 const MIB: f64 = (1 << 20) as f64;
-
-/// Every panel query of a dashboard: (panel title, expression).
-fn queries(dashboard: &str) -> Vec<(String, String)> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/helm/gpuprof/dashboards").join(dashboard);
-    let dashboard: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    let mut found = Vec::new();
-    for panel in dashboard["panels"].as_array().unwrap() {
-        for target in panel["targets"].as_array().into_iter().flatten() {
-            if let Some(expr) = target["expr"].as_str() {
-                found.push((panel["title"].as_str().unwrap().to_string(), expr.to_string()));
-            }
-        }
-    }
-    found
-}
-
-/// The expression as Grafana sends it with every variable at "All" (a regex matching anything,
-/// empty labels included) over the last 10 minutes.
-fn as_grafana_sends(expr: &str) -> String {
-    expr.replace("$node", ".*")
-        .replace("$namespace", ".*")
-        .replace("$pod", ".*")
-        .replace("$__range", "10m")
-        .replace("$__rate_interval", "1m")
-}
 
 /// Every panel query of the shipped dashboards: (dashboard, panel title, expression).
 fn every_panel() -> Vec<(String, String, String)> {
@@ -68,69 +44,6 @@ fn assert_every_panel_answers(prometheus: &Prometheus, panels: &[(String, String
         std::thread::sleep(Duration::from_millis(500));
     };
     assert!(empty.is_empty(), "panels that show nothing: {empty:#?}");
-}
-
-struct Prometheus {
-    child: Child,
-    url: String,
-    agent: ureq::Agent,
-}
-
-impl Prometheus {
-    fn start(dir: &Path, targets: &[(&str, &str)]) -> Prometheus {
-        let port = free_port();
-        let jobs: String = targets
-            .iter()
-            .map(|(job, address)| format!("  - job_name: {job}\n    static_configs: [{{targets: ['{address}']}}]\n"))
-            .collect();
-        let config = dir.join("prometheus.yml");
-        std::fs::write(
-            &config,
-            format!("global: {{scrape_interval: 1s, evaluation_interval: 1s}}\nscrape_configs:\n{jobs}"),
-        )
-        .unwrap();
-        let log = std::fs::File::create(dir.join("prometheus.log")).unwrap();
-        let child = Command::new("prometheus")
-            .arg(format!("--config.file={}", config.display()))
-            .arg(format!("--storage.tsdb.path={}", dir.join("tsdb").display()))
-            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start prometheus ({e}): run scripts/install-prerequisites.sh"));
-        let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
-        let mut prometheus = Prometheus { child, url: format!("http://127.0.0.1:{port}"), agent };
-        let (url, agent) = (prometheus.url.clone(), prometheus.agent.clone());
-        wait_ready("prometheus", &mut prometheus.child, &dir.join("prometheus.log"), Duration::from_secs(30), || {
-            agent.get(&format!("{url}/-/ready")).call().is_ok_and(|r| r.status().as_u16() == 200)
-        });
-        prometheus
-    }
-
-    /// An instant query: each series' labels and value.
-    fn query(&self, expr: &str) -> Vec<(Value, f64)> {
-        let response = self
-            .agent
-            .get(&format!("{}/api/v1/query", self.url))
-            .query("query", expr)
-            .call()
-            .unwrap_or_else(|e| panic!("{expr}: {e}"));
-        let body: Value = serde_json::from_str(&response.into_body().read_to_string().unwrap()).unwrap();
-        assert_eq!(body["status"], "success", "{expr}: {body}");
-        body["data"]["result"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|series| (series["metric"].clone(), series["value"][1].as_str().unwrap().parse().unwrap()))
-            .collect()
-    }
-}
-
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// A PyTorch-like job (the miniature torch over the stand-ins): 8 MiB of tensors live and a
@@ -301,8 +214,12 @@ fn two_nodes_and_a_sidecar_through_the_opentelemetry_collector_fill_shards_jaege
         Collector::start(&dir.join(format!("shard-{n}.redb")), &["--grpc-listen", &listen, "--token", TOKEN])
     };
     let mut shards = [Some(start_shard(0)), Some(start_shard(1))];
-    let otelcol =
-        ShippedCollector::start(&dir, &shard_ports.map(|port| format!("127.0.0.1:{port}")), jaeger.otlp.as_str(), TOKEN);
+    let otelcol = ShippedCollector::start(
+        &dir,
+        &shard_ports.map(|port| format!("127.0.0.1:{port}")),
+        jaeger.otlp.as_str(),
+        TOKEN,
+    );
 
     let node_env = |nvml: &Path| -> Vec<String> {
         vec![

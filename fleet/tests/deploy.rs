@@ -94,9 +94,9 @@ const OPTIONAL_OBJECTS: &[(&str, &str)] = &[
     ("NetworkPolicy", "gpuprof-daemon"),
 ];
 
-/// Target expressions in the Fleet and Pipeline dashboards, and selectors of their variables.
-const DASHBOARD_EXPRESSIONS: usize = 19 + 23;
-const VARIABLE_SELECTORS: usize = 3 + 1;
+/// Target expressions in the Fleet, Pipeline and Job dashboards, and selectors of their variables.
+const DASHBOARD_EXPRESSIONS: usize = 19 + 23 + 8;
+const VARIABLE_SELECTORS: usize = 3 + 1 + 2;
 
 /// The documented render of deploy/manifests/gpuprof.yaml (deploy/manifests/README.md).
 const MANIFESTS_RENDER: &[&str] = &["--namespace", "gpuprof", "--set", "auth.existingSecret=gpuprof-token"];

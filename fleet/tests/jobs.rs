@@ -4,7 +4,8 @@
 //! job of three alike ranks, sent through gpuprof's OpenTelemetry Collector (the shipped
 //! configuration) to two collector shards. Each job lands whole on one shard; its view lists
 //! every rank on its node with what its workload allocated; exactly one `rank_divergence`, for
-//! rank 3 at the line that keeps its blocks; none for the alike job.
+//! rank 3 at the line that keeps its blocks; none for the alike job. The Job dashboard's every
+//! panel answers from a real Prometheus scraping both shards, with the view's numbers.
 
 use std::io::BufReader;
 use std::process::{Child, Command, Stdio};
@@ -12,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use gpuprof_testkit::collector::{free_ports, Collector, Jaeger, ShippedCollector};
 use gpuprof_testkit::daemon::{one_daemon_at_a_time, Daemon};
+use gpuprof_testkit::prometheus::{as_grafana_sends, queries, Prometheus};
 use gpuprof_testkit::*;
 use serde_json::Value;
 
@@ -176,7 +178,9 @@ fn a_job_on_two_nodes_is_one_view_and_the_rank_that_keeps_blocks_is_the_one_name
     let started = Instant::now();
     let divergences = loop {
         let found: Vec<Value> = shards.iter().flat_map(|s| s.findings("?kind=rank_divergence")).collect();
-        if !found.is_empty() && started.elapsed() > Duration::from_secs(3) || started.elapsed() > Duration::from_secs(30) {
+        if !found.is_empty() && started.elapsed() > Duration::from_secs(3)
+            || started.elapsed() > Duration::from_secs(30)
+        {
             break found;
         }
         std::thread::sleep(Duration::from_millis(250));
@@ -194,7 +198,8 @@ fn a_job_on_two_nodes_is_one_view_and_the_rank_that_keeps_blocks_is_the_one_name
     assert_eq!(found["stacks"][0]["stack"], found["stack"]);
     // The job's view shows it; the shard without the job has none of it.
     let (_, train) = view_of("train-7f3a");
-    let named: Vec<&Value> = train["findings"].as_array().unwrap().iter().filter(|f| f["kind"] == "rank_divergence").collect();
+    let named: Vec<&Value> =
+        train["findings"].as_array().unwrap().iter().filter(|f| f["kind"] == "rank_divergence").collect();
     assert_eq!(named.len(), 1);
     assert_eq!(named[0]["finding_id"], found["finding_id"]);
     assert!(shards[1 - shard].findings("?kind=rank_divergence").is_empty());
@@ -206,6 +211,59 @@ fn a_job_on_two_nodes_is_one_view_and_the_rank_that_keeps_blocks_is_the_one_name
     // Its peak: rank 3's, sampled each second, some step's activations (64 MiB) in it or not.
     let peak = train_listed["peak_allocated_bytes"].as_u64().unwrap();
     assert!((256 * MIB + 30 * 16 * MIB..=320 * MIB + 30 * 16 * MIB).contains(&peak), "{train_listed}");
+
+    // The Job dashboard: every panel answers from Prometheus, with the same numbers per rank.
+    let prometheus = Prometheus::start(
+        &dir,
+        &[
+            ("shard-0", shards[0].http.trim_start_matches("http://")),
+            ("shard-1", shards[1].http.trim_start_matches("http://")),
+        ],
+    );
+    let panels = queries("job.json");
+    assert_eq!(panels.len(), 8);
+    let started = Instant::now();
+    loop {
+        let empty: Vec<&(String, String)> =
+            panels.iter().filter(|(_, expr)| prometheus.query(&as_grafana_sends(expr)).is_empty()).collect();
+        if empty.is_empty() {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(45), "Job panels that show nothing: {empty:#?}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let per_rank = |metric: &str| -> Vec<(u64, u64)> {
+        let expr = format!("sum by (rank) ({metric}{{job=\"torchrun:train-7f3a\"}})");
+        let mut values: Vec<(u64, u64)> = prometheus
+            .query(&expr)
+            .iter()
+            .map(|(labels, value)| (labels["rank"].as_str().unwrap().parse().unwrap(), *value as u64))
+            .collect();
+        values.sort();
+        values
+    };
+    let from_view = |field: &str| -> Vec<(u64, u64)> {
+        train["ranks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| (r["rank"].as_u64().unwrap(), r[field].as_u64().unwrap()))
+            .collect()
+    };
+    assert_eq!(per_rank("gpuprof_job_rank_allocated_bytes"), from_view("allocated_bytes"));
+    assert_eq!(per_rank("gpuprof_job_rank_reserved_bytes"), from_view("reserved_bytes"));
+    assert_eq!(
+        per_rank("gpuprof_job_rank_over_median_bytes"),
+        [(0, 0), (1, 0), (2, 0), (3, 30 * 16 * MIB)],
+        "rank 3's kept blocks over the others' median"
+    );
+    let findings = prometheus.query("gpuprof_job_rank_findings{kind=\"rank_divergence\"}");
+    assert_eq!(findings.len(), 1, "{findings:?}");
+    assert_eq!(
+        (findings[0].0["job"].as_str(), findings[0].0["rank"].as_str(), findings[0].1),
+        (Some("torchrun:train-7f3a"), Some("3"), 1.0)
+    );
+    assert_eq!(prometheus.query("gpuprof_job_world_size{job=\"torchrun:eval-51c0\"}")[0].1, 3.0);
 
     for (.., mut rank) in ranks.drain(..) {
         drop(rank.child.stdin.take());

@@ -5,6 +5,7 @@
 
 pub mod collector;
 pub mod daemon;
+pub mod prometheus;
 mod workspace;
 
 use std::io::{BufRead, BufReader, Read};
