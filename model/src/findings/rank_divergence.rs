@@ -173,7 +173,8 @@ fn finding(job: &str, ranks: &[RankMemory], d: &Diverging<'_>, now: u64, config:
         human(d.peers_median),
     );
     let first_ts = rank.allocated.first().map_or(now, |(ts, _)| *ts);
-    let mut finding = Finding::new(FindingKind::RankDivergence, rank.pid, &rank.comm, over, 1, first_ts, now, &main, detail);
+    let mut finding =
+        Finding::new(FindingKind::RankDivergence, rank.pid, &rank.comm, over, 1, first_ts, now, &main, detail);
     finding.rank = Some(rank.rank);
     finding.job = Some(job.to_string());
     finding.stacks = stacks;
