@@ -1,10 +1,18 @@
 //! Who a process is, for the OTLP resource: the node, its command line, and where it runs in
 //! Kubernetes — the pod and container from its cgroup path, the pod's name and namespace from
-//! the downward-API variables in its environment — and the node's GPUs.
+//! the downward-API variables in its environment (Kubernetes' own `K8S_*` only: a generic
+//! `POD_NAME` or `CONTAINER_NAME` on a plain machine says nothing of Kubernetes) — and the node's
+//! GPUs.
 
 use std::fs;
 
 use crate::resource::ProcessIdentity;
+
+/// Kubernetes' downward-API names of the pod, its namespace and the container, as docs/deploy.md
+/// asks a workload to set them (`gpuprof inject` gives its sidecar the pod's, `fleet/src/inject`).
+const K8S_POD_NAME: &str = "K8S_POD_NAME";
+const K8S_NAMESPACE: &str = "K8S_NAMESPACE";
+const K8S_CONTAINER_NAME: &str = "K8S_CONTAINER_NAME";
 
 /// The node's name: `--node-name`, else `K8S_NODE_NAME` (the downward API in a DaemonSet), else
 /// the kernel's host name.
@@ -44,7 +52,7 @@ pub(crate) fn of_process(
     let cgroup = fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
     let (container_id, pod_uid) = kubernetes_of_cgroup(&cgroup);
     let environ = fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
-    let env = |names: &[&str]| names.iter().find_map(|n| variable(&environ, n));
+    let env = |name| variable(&environ, name);
     ProcessIdentity {
         host_name: node.to_string(),
         pid,
@@ -53,10 +61,10 @@ pub(crate) fn of_process(
         command_line: cmdline,
         container_id,
         k8s_pod_uid: pod_uid,
-        k8s_pod_name: env(&["K8S_POD_NAME", "POD_NAME"]),
-        k8s_namespace: env(&["K8S_NAMESPACE", "POD_NAMESPACE"]),
+        k8s_pod_name: env(K8S_POD_NAME),
+        k8s_namespace: env(K8S_NAMESPACE),
         k8s_node_name: std::env::var("K8S_NODE_NAME").ok().filter(|n| !n.is_empty()),
-        k8s_container_name: env(&["K8S_CONTAINER_NAME", "CONTAINER_NAME"]),
+        k8s_container_name: env(K8S_CONTAINER_NAME),
         gpu_uuids: gpus.to_vec(),
     }
 }
@@ -78,14 +86,15 @@ pub struct PodIdentity {
 
 impl PodIdentity {
     /// From K8S_POD_NAME, K8S_NAMESPACE, K8S_POD_UID (else this container's cgroup),
-    /// K8S_NODE_NAME and GPUPROF_WORKLOAD_CONTAINER (one name; several leave it unsaid).
+    /// K8S_NODE_NAME and GPUPROF_WORKLOAD_CONTAINER (one name; several leave it unsaid): the
+    /// variables `gpuprof inject` gives the sidecar, Kubernetes' own.
     pub fn from_environment() -> PodIdentity {
         let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
         let uid = var("K8S_POD_UID")
             .or_else(|| kubernetes_of_cgroup(&fs::read_to_string("/proc/self/cgroup").unwrap_or_default()).1);
         PodIdentity {
-            name: var("K8S_POD_NAME").or_else(|| var("POD_NAME")),
-            namespace: var("K8S_NAMESPACE").or_else(|| var("POD_NAMESPACE")),
+            name: var(K8S_POD_NAME),
+            namespace: var(K8S_NAMESPACE),
             uid,
             node: var("K8S_NODE_NAME"),
             container: var("GPUPROF_WORKLOAD_CONTAINER").filter(|names| !names.contains(',')),
@@ -221,10 +230,25 @@ mod tests {
 
     #[test]
     fn downward_api_variables_and_command_line() {
-        let environ = b"PATH=/bin\0POD_NAME=trainer-0\0POD_NAMESPACE=\0K8S_NAMESPACE=ml\0";
-        assert_eq!(variable(environ, "POD_NAME").as_deref(), Some("trainer-0"));
-        assert_eq!(variable(environ, "POD_NAMESPACE"), None);
-        assert_eq!(variable(environ, "K8S_NAMESPACE").as_deref(), Some("ml"));
+        let environ = b"PATH=/bin\0K8S_POD_NAME=trainer-0\0K8S_NAMESPACE=\0";
+        assert_eq!(variable(environ, "K8S_POD_NAME").as_deref(), Some("trainer-0"));
+        assert_eq!(variable(environ, "K8S_NAMESPACE"), None);
         assert_eq!(command_line(b"python3\0train.py\0--epochs\x003\0"), "python3 train.py --epochs 3");
+    }
+
+    #[test]
+    fn kubernetes_names_come_from_kubernetes_variables_alone() {
+        // What a plain machine's process may have: no Kubernetes in it.
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .envs([("CONTAINER_NAME", "trainer"), ("POD_NAME", "trainer-0"), ("POD_NAMESPACE", "ml")])
+            .spawn()
+            .expect("sleep runs");
+        let identity = of_process(child.id(), "node-a", &[], "sleep", None);
+        child.kill().expect("the child is ours");
+        child.wait().expect("the child is ours");
+        assert_eq!((identity.k8s_pod_name, identity.k8s_namespace, identity.k8s_container_name), (None, None, None));
     }
 }
