@@ -164,7 +164,11 @@ impl EventFlow {
                     gpuprof_model::start_environment::StartEnvironment::from_environment(|name| environ.value(name))
                 })
                 .unwrap_or_default();
-            event.rank = event.rank.or(started_with.rank);
+            let job = started_with.job;
+            event.job = event.job.take().or(job.id.map(Into::into));
+            event.rank = event.rank.or(job.rank);
+            event.local_rank = event.local_rank.or(job.local_rank);
+            event.world_size = event.world_size.or(job.world_size);
             event.allocator_settings =
                 event.allocator_settings.take().or(started_with.allocator_settings.map(Into::into));
         }

@@ -137,11 +137,25 @@ pub struct Event {
     pub ns_pid: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ppid: Option<u32>,
-    /// The process's rank in a distributed job (`RANK` in the environment it was started with),
-    /// on the first call of the process a live capture saw: said once per process, so a file
-    /// carries it at no cost per event, and a replay learns it where the capture did (`rank`).
+    /// The distributed job the process is one rank of, qualified by its launcher
+    /// (`torchrun:…`, `slurm:…`, `mpi:…`, `k8s:…`, or `GPUPROF_JOB_ID` as given: `model::job`),
+    /// on its first call as `rank` is; absent where its environment names none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job: Option<Arc<str>>,
+    /// The process's rank in a distributed job (`RANK` in the environment it was started with,
+    /// else its MPI or Slurm launcher's), on the first call of the process a live capture saw:
+    /// said once per process, so a file carries it at no cost per event, and a replay learns it
+    /// where the capture did (`rank`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rank: Option<u32>,
+    /// Its rank among the job's processes on its node (`LOCAL_RANK`, else its launcher's), on
+    /// its first call as `rank` is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local_rank: Option<u32>,
+    /// How many processes its job has (`WORLD_SIZE`, else its launcher's), on its first call as
+    /// `rank` is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub world_size: Option<u32>,
     /// PyTorch's allocator settings in the environment the process was started with
     /// (`PYTORCH_CUDA_ALLOC_CONF`, else `PYTORCH_ALLOC_CONF`; empty when neither is set), on its
     /// first call as `rank` is: what `whatif` replays it under. Settings made from inside the
@@ -251,7 +265,10 @@ impl Event {
             tid,
             ns_pid: None,
             ppid: None,
+            job: None,
             rank: None,
+            local_rank: None,
+            world_size: None,
             allocator_settings: None,
             comm: no_comm(),
             source,
@@ -351,6 +368,23 @@ mod tests {
         );
         let back: Event = serde_json::from_str(&json).unwrap();
         assert_eq!(back, event);
+    }
+
+    #[test]
+    fn a_first_call_says_its_job_after_the_parent() {
+        let mut event =
+            Event::new(1, 4711, 4711, Source::Ebpf, Layer::Driver, Op::Alloc, Cow::Borrowed("cuMemAlloc_v2"));
+        event.ppid = Some(4700);
+        event.job = Some("torchrun:llama-7b-3".into());
+        event.rank = Some(11);
+        event.local_rank = Some(3);
+        event.world_size = Some(16);
+        let json = serde_json::to_string(&event).unwrap();
+        assert_eq!(
+            json,
+            r#"{"ts":1,"pid":4711,"tid":4711,"ppid":4700,"job":"torchrun:llama-7b-3","rank":11,"local_rank":3,"world_size":16,"comm":"","source":"ebpf","layer":"driver","op":"alloc","api":"cuMemAlloc_v2","size":0,"result":0,"stack":[]}"#
+        );
+        assert_eq!(serde_json::from_str::<Event>(&json).unwrap(), event);
     }
 
     #[test]

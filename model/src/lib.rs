@@ -19,6 +19,7 @@ pub mod forward_stacks;
 pub mod framework;
 pub mod hashing;
 pub mod hex;
+pub mod job;
 pub mod level;
 pub mod nvml;
 pub mod otel;

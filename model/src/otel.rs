@@ -28,8 +28,10 @@ pub mod resource {
     pub const K8S_JOB_NAME: &str = "k8s.job.name";
     /// The distributed job the process is one rank of (`model::job`): the launcher's id
     /// (`torchrun:…`, `slurm:…`, `mpi:…`, `k8s:…`, or `GPUPROF_JOB_ID`), else the launcher
-    /// process on the node (`host/pgid-N`). Every process has one: the OpenTelemetry Collector
-    /// routes a job's data whole to one collector shard on it.
+    /// process on the node (`host/pgid-N`; `host/pid-N` for a process gone before it was read),
+    /// else, for a sidecar's processes, the pod's Job or the pod (`k8s:…`, `host/pod`). Every
+    /// process has one: the OpenTelemetry Collector routes a job's data whole to one collector
+    /// shard on it.
     pub const JOB_ID: &str = "gpuprof.job.id";
     /// The process's rank, local rank and the job's world size, as its launcher gave them.
     pub const RANK: &str = "gpuprof.rank";

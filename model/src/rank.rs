@@ -1,8 +1,9 @@
 //! Each process's rank in a distributed job, as its events say it. A live capture reads the rank
 //! (`RANK` in the environment torchrun, torch.distributed, DeepSpeed or Accelerate started the
-//! process with) at the process's first call and puts it on that event (`Event::rank`); a
-//! recording or jsonl file keeps that event, so whoever replays the file learns the rank at the
-//! same event the capture did, and names findings with it the same way.
+//! process with, else its MPI or Slurm launcher's: `job`) at the process's first call and puts it
+//! on that event (`Event::rank`); a recording or jsonl file keeps that event, so whoever replays
+//! the file learns the rank at the same event the capture did, and names findings with it the
+//! same way.
 
 use std::collections::HashMap;
 

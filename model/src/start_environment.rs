@@ -1,17 +1,18 @@
-//! What the environment a process was started with says of it: the rank a distributed launcher
-//! gave it and its allocator's settings. A live capture reads them at the process's first call
-//! and puts them on that event (`Event::rank`, `Event::allocator_settings`); whoever reads the
-//! environment (procfs, from /proc) hands over the raw values and this says what they mean.
+//! What the environment a process was started with says of it: the job a distributed launcher
+//! made it one rank of (`job`) and its allocator's settings. A live capture reads them at the
+//! process's first call and puts them on that event (`Event::job`, `rank`, `local_rank`,
+//! `world_size`, `allocator_settings`); whoever reads the environment (procfs, from /proc) hands
+//! over the raw values and this says what they mean.
 
 use crate::allocator::settings_in_environment;
-use crate::rank::{self, RANK_VARIABLE};
+use crate::job::Job;
 
 /// What the environment a process was started with says of it.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct StartEnvironment {
-    /// The rank a distributed launcher (torchrun, torch.distributed, DeepSpeed, Accelerate) gave
-    /// it: `RANK`.
-    pub rank: Option<u32>,
+    /// The job it is one rank of, its rank (`RANK` first: torchrun, torch.distributed,
+    /// DeepSpeed, Accelerate; else its MPI or Slurm launcher's), local rank and world size.
+    pub job: Job,
     /// PyTorch's allocator settings (`allocator::SETTINGS_VARIABLES`, the first set); empty when
     /// none is set, `None` when the environment could not be read.
     pub allocator_settings: Option<String>,
@@ -21,7 +22,7 @@ impl StartEnvironment {
     /// What an environment says, `value_of` a variable's value as the process was given it.
     pub fn from_environment<'a>(value_of: impl Fn(&str) -> Option<&'a [u8]>) -> Self {
         StartEnvironment {
-            rank: value_of(RANK_VARIABLE).and_then(rank::parse),
+            job: Job::from_environment(&value_of),
             allocator_settings: Some(settings_in_environment(|name| {
                 value_of(name).map(|v| String::from_utf8_lossy(v).into_owned())
             })),
@@ -42,12 +43,22 @@ mod tests {
     }
 
     #[test]
-    fn the_rank_is_the_rank_variable_alone() {
-        let rank_in = |environ: &[u8]| started_with(environ).rank;
-        assert_eq!(rank_in(b"PATH=/usr/bin\0LOCAL_RANK=3\0RANK=11\0WORLD_SIZE=16\0"), Some(11));
+    fn the_rank_is_the_rank_variable_first_and_a_local_rank_is_no_rank() {
+        let rank_in = |environ: &[u8]| started_with(environ).job.rank;
+        assert_eq!(
+            rank_in(b"PATH=/usr/bin\0LOCAL_RANK=3\0RANK=11\0WORLD_SIZE=16\0SLURM_PROCID=2\0SLURM_NTASKS=4\0"),
+            Some(11)
+        );
         assert_eq!(rank_in(b"LOCAL_RANK=3\0GROUP_RANK=1\0"), None);
         assert_eq!(rank_in(b"RANK=x\0"), None);
         assert_eq!(rank_in(b""), None);
+    }
+
+    #[test]
+    fn the_job_is_read_with_the_rank() {
+        let started = started_with(b"TORCHELASTIC_RUN_ID=r7\0RANK=1\0LOCAL_RANK=1\0WORLD_SIZE=2\0");
+        let job = Job { id: Some("torchrun:r7".into()), rank: Some(1), local_rank: Some(1), world_size: Some(2) };
+        assert_eq!(started.job, job);
     }
 
     #[test]

@@ -36,12 +36,28 @@ pub fn start_environment(pid: u32) -> Option<Environment> {
 /// State and parent from /proc/PID/stat; `None` when the process is gone.
 pub fn stat(pid: u32) -> Option<(char, u32)> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // comm may contain spaces and parentheses: the fields after it follow the last ')'.
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let mut fields = rest.split_whitespace();
+    let mut fields = after_comm(&stat)?;
     let state = fields.next()?.chars().next()?;
     let ppid = fields.next()?.parse().ok()?;
     Some((state, ppid))
+}
+
+/// The process group of process `pid` (/proc/PID/stat's fifth field); `None` when it is gone.
+/// Only read here: that a group stands for the launcher its members were started under is the
+/// reader's to say.
+pub fn process_group(pid: u32) -> Option<u32> {
+    process_group_in(&fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+fn process_group_in(stat: &str) -> Option<u32> {
+    // After comm: state, parent, then the group.
+    after_comm(stat)?.nth(2)?.parse().ok()
+}
+
+/// The fields of a /proc/PID/stat line from the state on (the third field).
+fn after_comm(stat: &str) -> Option<std::str::SplitWhitespace<'_>> {
+    // comm may contain spaces and parentheses: the fields after it follow the last ')'.
+    Some(stat.get(stat.rfind(')')? + 1..)?.split_whitespace())
 }
 
 /// CPU time (user + system) this process spent so far, its threads included, its children not.
@@ -124,5 +140,17 @@ mod tests {
         assert!(is_running(me));
         assert_eq!(stat(me).unwrap().1, std::os::unix::process::parent_id());
         assert!(!comm(me).is_empty());
+        // SAFETY: getpgrp has no preconditions and cannot fail.
+        let group = unsafe { libc::getpgrp() };
+        assert_eq!(process_group(me), u32::try_from(group).ok());
+    }
+
+    #[test]
+    fn the_group_is_the_fifth_field_whatever_comm_holds() {
+        let line = "4711 (py (worker) 3) S 4700 4690 4690 0 -1 4194560 1520 0 0 0 12 3 0 0 20 0 9 0 173\n";
+        assert_eq!(process_group_in(line), Some(4690));
+        assert_eq!(process_group_in("4711 (python3) R 1 4711 4711 0"), Some(4711));
+        assert_eq!(process_group_in("4711 (python3) R 1"), None);
+        assert_eq!(process_group_in("4711 (python3"), None);
     }
 }

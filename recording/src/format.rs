@@ -87,6 +87,10 @@ pub(crate) enum Field {
     AllocatorSettings = 26,
     /// The framework's code (`codes::framework_code`).
     AllocatorSegment = 27,
+    /// String id; on a process's first call only, as the three after it.
+    Job = 28,
+    LocalRank = 29,
+    WorldSize = 30,
 }
 
 impl Field {

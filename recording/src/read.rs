@@ -400,6 +400,15 @@ impl Reader {
             event.allocator_segment =
                 Some(codes::framework_of(code).ok_or_else(|| self.corrupt(&format!("framework {code}")))?);
         }
+        if has(Field::Job) {
+            event.job = Some(self.string(take!(varint::get(data, d)))?.clone());
+        }
+        if has(Field::LocalRank) {
+            event.local_rank = Some(take!(varint::get(data, d)) as u32);
+        }
+        if has(Field::WorldSize) {
+            event.world_size = Some(take!(varint::get(data, d)) as u32);
+        }
         Ok(Some(()))
     }
 }

@@ -57,7 +57,10 @@ fn events() -> Vec<Event> {
     segment.size = 20 << 20;
     segment.duration_ns = Some(91_000);
     segment.caller_module = Some("libcudart.so.13".into());
+    segment.job = Some("torchrun:llama-7b-3".into());
     segment.rank = Some(3);
+    segment.local_rank = Some(1);
+    segment.world_size = Some(16);
     segment.allocator_settings = Some("expandable_segments:True".into());
     segment.stack = deep.clone();
     segment.comm = "python3".into();

@@ -191,6 +191,7 @@ impl<W: Write> Writer<W> {
             caller_module: event.caller_module.as_deref().map(|m| self.string_id(m)),
             autograd_node: event.autograd_node.as_deref().map(|n| self.string_id(n)),
             allocator_settings: event.allocator_settings.as_deref().map(|s| self.string_id(s)),
+            job: event.job.as_deref().map(|j| self.string_id(j)),
             native: event
                 .native
                 .iter()
@@ -279,6 +280,7 @@ struct EventIds {
     caller_module: Option<u64>,
     autograd_node: Option<u64>,
     allocator_settings: Option<u64>,
+    job: Option<u64>,
     /// (symbol, module, offset) of each native frame.
     native: Vec<(u64, u64, u64)>,
 }
@@ -319,6 +321,9 @@ fn present_fields(event: &Event, ids: &EventIds) -> u32 {
     set(Field::Rank, event.rank.is_some());
     set(Field::AllocatorSettings, ids.allocator_settings.is_some());
     set(Field::AllocatorSegment, event.allocator_segment.is_some());
+    set(Field::Job, ids.job.is_some());
+    set(Field::LocalRank, event.local_rank.is_some());
+    set(Field::WorldSize, event.world_size.is_some());
     fields
 }
 
@@ -410,6 +415,12 @@ fn put_context_fields(p: &mut Vec<u8>, event: &Event, ids: &EventIds) {
     }
     if let Some(framework) = event.allocator_segment {
         p.push(codes::framework_code(framework));
+    }
+    if let Some(id) = ids.job {
+        varint::put(p, id);
+    }
+    for v in [event.local_rank, event.world_size].into_iter().flatten() {
+        varint::put(p, u64::from(v));
     }
 }
 

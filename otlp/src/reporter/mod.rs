@@ -19,6 +19,8 @@
 mod identity;
 mod profile;
 mod settings;
+#[cfg(test)]
+mod tests;
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -221,6 +223,13 @@ impl Telemetry {
         if !self.identities.contains_key(&pid) || (event.layer == Layer::Process && event.op == Op::Exec) {
             let identity = self.identity_of(pid, &event.comm, event.ppid);
             self.identities.insert(pid, identity);
+        }
+        // Made at the process's first event (a fork, often), the identity learns the job at its
+        // first call; records go out with it at the next flush, so they name it too.
+        if identity::says_job(event) {
+            if let Some(identity) = self.identities.get_mut(&pid) {
+                identity::learn_job(identity, event);
+            }
         }
         let record = match (self.options.events, event.layer) {
             (EventStream::Summary, Layer::Allocator) => false,
