@@ -160,7 +160,7 @@ impl Collector {
         for resource_logs in request.resource_logs {
             let identity = resource_logs.resource.as_ref().map(ProcessIdentity::of_resource).unwrap_or_default();
             let node = node_name(&identity);
-            if let Some(membership) = resource_logs.resource.as_ref().and_then(Membership::of_resource) {
+            if let Some(membership) = Membership::of_identity(&identity) {
                 memberships.push((node.clone(), identity.pid, membership));
             }
             if let Some(pod) = &identity.k8s_pod_name {
@@ -262,7 +262,7 @@ impl Collector {
         for resource_metrics in request.resource_metrics {
             let identity = resource_metrics.resource.as_ref().map(ProcessIdentity::of_resource).unwrap_or_default();
             let node = node_name(&identity);
-            if let Some(membership) = resource_metrics.resource.as_ref().and_then(Membership::of_resource) {
+            if let Some(membership) = Membership::of_identity(&identity) {
                 state.note_job(&node, identity.pid, membership);
             }
             // allocated and reserved come as two metrics: paired per device and time.

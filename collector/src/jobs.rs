@@ -114,17 +114,13 @@ pub struct RankFigures {
 }
 
 impl Membership {
-    /// What a process's OTLP resource says of its job; None without `gpuprof.job.id`.
-    pub fn of_resource(resource: &gpuprof_otlp::proto::resource::v1::Resource) -> Option<Membership> {
-        use gpuprof_model::otel::resource as attr;
-        use gpuprof_otlp::{attribute_int, attribute_str};
-        let a = &resource.attributes;
-        let number = |key| attribute_int(a, key).and_then(|n| u32::try_from(n).ok());
-        Some(Membership {
-            job: attribute_str(a, attr::JOB_ID).filter(|id| !id.is_empty())?.to_string(),
-            rank: number(attr::RANK),
-            local_rank: number(attr::LOCAL_RANK),
-            world_size: number(attr::WORLD_SIZE),
+    /// What a process's OTLP resource (as parsed) says of its job; None without a job id.
+    pub fn of_identity(identity: &gpuprof_otlp::resource::ProcessIdentity) -> Option<Membership> {
+        (!identity.job_id.is_empty()).then(|| Membership {
+            job: identity.job_id.clone(),
+            rank: identity.rank,
+            local_rank: identity.local_rank,
+            world_size: identity.world_size,
         })
     }
 }

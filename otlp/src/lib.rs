@@ -54,7 +54,7 @@ pub fn attribute_str<'a>(attributes: &'a [KeyValue], key: &str) -> Option<&'a st
     }
 }
 
-pub fn attribute_int(attributes: &[KeyValue], key: &str) -> Option<i64> {
+pub(crate) fn attribute_int(attributes: &[KeyValue], key: &str) -> Option<i64> {
     match attribute(attributes, key)? {
         any_value::Value::IntValue(i) => Some(*i),
         any_value::Value::StringValue(s) => s.parse().ok(),
