@@ -177,8 +177,9 @@ impl Jobs {
             Some(last) if last.0 > ts => {}
             _ => rank.series.push_back((ts, total)),
         }
+        // The window's points, and the one in effect as it begins.
         let horizon = ts.saturating_sub(self.config.window_ns);
-        while rank.series.len() > 1 && rank.series.front().is_some_and(|(t, _)| *t < horizon) {
+        while rank.series.get(1).is_some_and(|(t, _)| *t <= horizon) {
             rank.series.pop_front();
         }
         if total > rank.peak.0 {

@@ -90,10 +90,11 @@ struct FindingLabels {
 }
 
 /// A rank of a distributed job (`gpuprof.job.id`, `gpuprof.rank`): a job's label set is its
-/// ranks, bounded by its world size; jobs go with their processes (`--retention`).
+/// ranks, bounded by its world size; jobs go with their processes (`--retention`). `job_id`, not
+/// `job`: Prometheus gives every scraped series a `job` label of its own.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RankLabels {
-    job: String,
+    job_id: String,
     rank: String,
     node: String,
     pid: String,
@@ -101,12 +102,12 @@ struct RankLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct JobLabels {
-    job: String,
+    job_id: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RankFindingLabels {
-    job: String,
+    job_id: String,
     rank: String,
     kind: String,
 }
@@ -194,11 +195,11 @@ impl StateFamilies {
     fn add_jobs(&self, state: &State) {
         for job in state.job_ranks() {
             if let Some(world_size) = job.summary.world_size {
-                self.world_size.get_or_create(&JobLabels { job: job.summary.id.clone() }).set(i64::from(world_size));
+                self.world_size.get_or_create(&JobLabels { job_id: job.summary.id.clone() }).set(i64::from(world_size));
             }
             for rank in &job.ranks {
                 let labels = RankLabels {
-                    job: job.summary.id.clone(),
+                    job_id: job.summary.id.clone(),
                     rank: rank.rank.to_string(),
                     node: rank.node.clone(),
                     pid: rank.pid.to_string(),
@@ -214,7 +215,7 @@ impl StateFamilies {
             }
         }
         for ((job, rank, kind), count) in state.findings_by_rank() {
-            let labels = RankFindingLabels { job, rank: rank.to_string(), kind: kind.as_str().into() };
+            let labels = RankFindingLabels { job_id: job, rank: rank.to_string(), kind: kind.as_str().into() };
             self.rank_findings.get_or_create(&labels).set(count as i64);
         }
     }

@@ -233,7 +233,7 @@ fn a_job_on_two_nodes_is_one_view_and_the_rank_that_keeps_blocks_is_the_one_name
         std::thread::sleep(Duration::from_millis(500));
     }
     let per_rank = |metric: &str| -> Vec<(u64, u64)> {
-        let expr = format!("sum by (rank) ({metric}{{job=\"torchrun:train-7f3a\"}})");
+        let expr = format!("sum by (rank) ({metric}{{job_id=\"torchrun:train-7f3a\"}})");
         let mut values: Vec<(u64, u64)> = prometheus
             .query(&expr)
             .iter()
@@ -260,10 +260,10 @@ fn a_job_on_two_nodes_is_one_view_and_the_rank_that_keeps_blocks_is_the_one_name
     let findings = prometheus.query("gpuprof_job_rank_findings{kind=\"rank_divergence\"}");
     assert_eq!(findings.len(), 1, "{findings:?}");
     assert_eq!(
-        (findings[0].0["job"].as_str(), findings[0].0["rank"].as_str(), findings[0].1),
+        (findings[0].0["job_id"].as_str(), findings[0].0["rank"].as_str(), findings[0].1),
         (Some("torchrun:train-7f3a"), Some("3"), 1.0)
     );
-    assert_eq!(prometheus.query("gpuprof_job_world_size{job=\"torchrun:eval-51c0\"}")[0].1, 3.0);
+    assert_eq!(prometheus.query("gpuprof_job_world_size{job_id=\"torchrun:eval-51c0\"}")[0].1, 3.0);
 
     for (.., mut rank) in ranks.drain(..) {
         drop(rank.child.stdin.take());

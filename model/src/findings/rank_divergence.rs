@@ -6,7 +6,8 @@
 //!
 //! The comparison is robust to where each rank is inside its step: a rank's floor (the least it
 //! held over the recent window) is held against its peers' ceilings (the most each held over the
-//! same window). A rank diverges when its floor sits above the peers' median ceiling by
+//! same window), every rank seen over the whole window and heard from in it (a job's first
+//! figures are any moment of a step). A rank diverges when its floor sits above the peers' median ceiling by
 //! `min_bytes` and by `min_fraction` of that median. Three ranks at least: with two, neither is
 //! the odd one out. Each rank of a job is reported once, until it is back among its peers.
 //!
@@ -92,14 +93,17 @@ fn diverging<'a>(ranks: &'a [RankMemory], now: u64, config: &DivergenceConfig) -
         return Vec::new();
     }
     let since = now.saturating_sub(config.window_ns);
-    let recent = |rank: &RankMemory| -> Vec<u64> {
-        rank.allocated.iter().filter(|(ts, _)| *ts >= since).map(|(_, bytes)| *bytes).collect()
+    // What a rank held over the whole window: the figure in effect as it began, and every one
+    // after. None for a rank not seen that long (a job starting: its first figures are any
+    // moment of a step) or silent through it (nothing to hold the others against at that time).
+    let over_window = |rank: &RankMemory| -> Option<Vec<u64>> {
+        let at_start = rank.allocated.iter().rposition(|(ts, _)| *ts <= since)?;
+        let held: Vec<u64> = rank.allocated[at_start..].iter().map(|(_, bytes)| *bytes).collect();
+        rank.allocated.last().filter(|(ts, _)| *ts > since).map(|_| held)
     };
-    let windows: Vec<Vec<u64>> = ranks.iter().map(recent).collect();
-    if windows.iter().any(Vec::is_empty) {
-        // A rank silent over the window: nothing to hold the others against at the same time.
+    let Some(windows) = ranks.iter().map(over_window).collect::<Option<Vec<Vec<u64>>>>() else {
         return Vec::new();
-    }
+    };
     let ceilings: Vec<u64> = windows.iter().map(|w| *w.iter().max().expect("not empty")).collect();
     let mut found = Vec::new();
     for (i, rank) in ranks.iter().enumerate() {
@@ -255,6 +259,12 @@ mod tests {
         let mut late = (0..4).map(|r| rank(r, 512 * MIB, 0, vec![])).collect::<Vec<_>>();
         late[3].allocated = vec![(0, 4096 * MIB)];
         assert!(Divergences::default().check("job", &late, 20 * S, &config).is_empty());
+        // A job seen for less than the window: its first figures are any moment of a step.
+        let mut starting = (0..4).map(|r| rank(r, 512 * MIB, 0, vec![])).collect::<Vec<_>>();
+        starting[3].allocated = vec![(4 * S, 4096 * MIB), (5 * S, 4096 * MIB)];
+        assert!(Divergences::default().check("job", &starting, 10 * S, &config).is_empty());
+        starting[3].allocated.insert(0, (0, 4096 * MIB));
+        assert_eq!(Divergences::default().check("job", &starting, 10 * S, &config).len(), 1);
     }
 
     #[test]
