@@ -79,6 +79,8 @@ pub struct DueRank {
 #[derive(Debug, Serialize)]
 pub struct JobSummary {
     pub id: String,
+    /// The job's trace (hex): each rank's span in it, sent by the rank's node.
+    pub trace_id: String,
     pub world_size: Option<u32>,
     pub ranks_seen: usize,
     pub nodes: Vec<String>,
@@ -227,6 +229,7 @@ impl Jobs {
                 let peak = figures.iter().max_by_key(|f| (f.peak_allocated_bytes, u64::MAX - f.peak_ts));
                 JobSummary {
                     id: id.clone(),
+                    trace_id: trace_id(id),
                     world_size: job.world_size,
                     ranks_seen: job.ranks.len(),
                     nodes: nodes(job),
@@ -244,6 +247,7 @@ impl Jobs {
         let job = self.jobs.get(id)?;
         let summary = self.list().into_iter().find(|s| s.id == id).unwrap_or(JobSummary {
             id: id.to_string(),
+            trace_id: trace_id(id),
             world_size: job.world_size,
             ranks_seen: 0,
             nodes: nodes(job),
@@ -278,6 +282,10 @@ impl Jobs {
             self.divergences.forget(&id);
         }
     }
+}
+
+fn trace_id(job: &str) -> String {
+    gpuprof_otlp::ids::job_trace_id(job).iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn nodes(job: &Job) -> Vec<String> {

@@ -263,11 +263,105 @@ fn a_job_on_two_nodes_is_one_view_and_the_rank_that_keeps_blocks_is_the_one_name
         (findings[0].0["job_id"].as_str(), findings[0].0["rank"].as_str(), findings[0].1),
         (Some("torchrun:train-7f3a"), Some("3"), 1.0)
     );
-    assert_eq!(prometheus.query("gpuprof_job_world_size{job_id=\"torchrun:eval-51c0\"}")[0].1, 3.0);
+    let started = Instant::now();
+    let eval_world = loop {
+        let found = prometheus.query("gpuprof_job_world_size{job_id=\"torchrun:eval-51c0\"}");
+        if !found.is_empty() || started.elapsed() > Duration::from_secs(30) {
+            break found;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    assert_eq!(eval_world.iter().map(|(_, v)| *v).collect::<Vec<_>>(), [3.0]);
 
+    // The ranks end: in Jaeger, through the Collector, the job's trace has a span per rank,
+    // from whichever node, holding what the view said and its findings as events.
+    let train_expected = expected("train-7f3a");
     for (.., mut rank) in ranks.drain(..) {
         drop(rank.child.stdin.take());
         assert!(wait_with_limit(&mut rank.child, Duration::from_secs(30)).success());
     }
+    let trace_id = train["trace_id"].as_str().unwrap().to_string();
+    assert_eq!(trace_id.len(), 32);
+    let attribute = |attributes: &Value, key: &str| -> Value {
+        let value = attributes.as_array().and_then(|a| a.iter().find(|kv| kv["key"] == key)).map(|kv| &kv["value"]);
+        match value {
+            Some(v) if v["intValue"].is_string() => {
+                Value::from(v["intValue"].as_str().unwrap().parse::<u64>().unwrap())
+            }
+            Some(v) if !v["intValue"].is_null() => v["intValue"].clone(),
+            Some(v) => v["stringValue"].clone(),
+            None => Value::Null,
+        }
+    };
+    let started = Instant::now();
+    let spans: Vec<(Value, Value)> = loop {
+        let (status, body) = jaeger.get(&format!("/api/v3/traces/{trace_id}"));
+        let trace: Value = if status == 200 { serde_json::from_str(&body).unwrap() } else { Value::Null };
+        let spans: Vec<(Value, Value)> = trace["result"]["resourceSpans"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|resource| {
+                let attributes = resource["resource"]["attributes"].clone();
+                resource["scopeSpans"].as_array().cloned().unwrap_or_default().into_iter().flat_map(move |scope| {
+                    let attributes = attributes.clone();
+                    scope["spans"]
+                        .as_array()
+                        .cloned()
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(move |s| (attributes.clone(), s))
+                })
+            })
+            .filter(|(_, span)| span["name"] == "gpuprof.rank")
+            .collect();
+        if spans.len() >= 4 {
+            break spans;
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "the job's trace in Jaeger: {status} {body}");
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    let mut seen: Vec<(u64, String, u64, u64, Vec<String>)> = spans
+        .iter()
+        .map(|(resource, span)| {
+            assert_eq!(attribute(&span["attributes"], "gpuprof.job.id"), "torchrun:train-7f3a");
+            assert_eq!(attribute(resource, "gpuprof.job.id"), "torchrun:train-7f3a");
+            let mut events: Vec<String> = span["events"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|e| attribute(&e["attributes"], "gpuprof.finding.id").as_str().unwrap().to_string())
+                .collect();
+            events.sort();
+            (
+                attribute(&span["attributes"], "gpuprof.rank").as_u64().unwrap(),
+                attribute(resource, "host.name").as_str().unwrap().to_string(),
+                attribute(resource, "process.pid").as_u64().unwrap(),
+                attribute(&span["attributes"], "gpuprof.rank.allocated_bytes").as_u64().unwrap(),
+                events,
+            )
+        })
+        .collect();
+    seen.sort();
+    // Each rank left holding its allocator's memory: at least its exit's finding is an event.
+    assert!(seen.iter().all(|(.., events)| !events.is_empty()), "{seen:?}");
+    let node_findings = |node: &str, pid: u64| -> Vec<String> {
+        let mut ids: Vec<String> = shards[shard]
+            .findings(&format!("?node={node}&pid={pid}"))
+            .iter()
+            .filter(|f| f["kind"] != "rank_divergence")
+            .map(|f| f["finding_id"].as_str().unwrap().to_string())
+            .collect();
+        ids.sort();
+        ids
+    };
+    let want: Vec<(u64, String, u64, u64, Vec<String>)> = train_expected
+        .into_iter()
+        .map(|(rank, node, pid, allocated, _)| {
+            let findings = node_findings(&node, pid);
+            (rank, node, pid, allocated, findings)
+        })
+        .collect();
+    assert_eq!(seen, want, "the rank spans in Jaeger against the job's view and findings");
     drop(daemons);
 }

@@ -78,6 +78,9 @@ pub mod span {
     pub const FINDING_SECONDS_TO_FULL: &str = "gpuprof.finding.seconds_to_full";
     /// The process's rank in a distributed job (`RANK` in its environment).
     pub const RANK: &str = "gpuprof.rank";
+    /// A rank's span in its job's trace: what its allocator held as the span ended.
+    pub const RANK_ALLOCATED_BYTES: &str = "gpuprof.rank.allocated_bytes";
+    pub const RANK_RESERVED_BYTES: &str = "gpuprof.rank.reserved_bytes";
     /// A finding's post-mortem: where the collector serves its report
     /// (`/api/v1/findings/{id}/report`), and its two files on the node.
     pub const POSTMORTEM_URL: &str = "gpuprof.postmortem.url";

@@ -9,7 +9,8 @@
 //! - gauges every `metrics_interval`: per process and device, the allocator's allocated and
 //!   reserved bytes, and live bytes by layer and kind;
 //! - spans, one trace per process instance: driver allocations, tensor blocks from a size up,
-//!   findings — a bounded number per trace;
+//!   findings — a bounded number per trace; and one trace per distributed job, a span per rank
+//!   (`job_trace`);
 //! - the HTML report of each post-mortem the node writes (gzipped, one log record, when it fits
 //!   in a request; else a record saying where it is), which the collector serves by finding.
 //!
@@ -17,6 +18,7 @@
 //! the network never slows the capture, and whatever is not delivered is counted.
 
 mod identity;
+pub mod job_trace;
 mod profile;
 mod settings;
 #[cfg(test)]
@@ -154,6 +156,8 @@ pub struct Telemetry {
     /// Encoded bytes of `records`.
     records_bytes: usize,
     spans: Vec<(u32, Span)>,
+    /// Ranks of distributed jobs, each a span of its job's trace until it exits.
+    ranks: job_trace::RankSpans,
     metrics: Vec<ResourceMetrics>,
     /// Live processes whose profile is due at the next flush, and why.
     profiles_due: BTreeMap<u32, Reason>,
@@ -198,6 +202,7 @@ impl Telemetry {
             records: Vec::new(),
             records_bytes: 0,
             spans: Vec::new(),
+            ranks: job_trace::RankSpans::default(),
             metrics: Vec::new(),
             profiles_due: BTreeMap::new(),
             findings_sent: 0,
@@ -229,6 +234,7 @@ impl Telemetry {
         if identity::says_job(event) {
             if let Some(identity) = self.identities.get_mut(&pid) {
                 identity::learn_job(identity, event);
+                self.ranks.learn(pid, identity, event.ts);
             }
         }
         let record = match (self.options.events, event.layer) {
@@ -254,6 +260,8 @@ impl Telemetry {
                 self.process_metrics(process, event.ts);
                 self.profile(process, event.ts, Reason::Exit);
             }
+            let rank_span = self.ranks.end(pid, &self.node, last_instance(tracker, pid), event.ts);
+            self.spans.extend(rank_span.map(|span| (pid, span)));
             self.profiles_due.remove(&pid);
             self.exited.push(pid);
         }
@@ -269,6 +277,7 @@ impl Telemetry {
             self.findings_sent += 1;
             let span = crate::findings::span_of(finding, &self.node, self.findings_sent);
             self.spans.push((finding.pid, span));
+            self.ranks.finding(finding);
         }
     }
 
@@ -462,6 +471,10 @@ impl Telemetry {
             }
         }
         self.profiles_due.clear();
+        for pid in self.ranks.pids() {
+            let rank_span = self.ranks.end(pid, &self.node, last_instance(tracker, pid), now);
+            self.spans.extend(rank_span.map(|span| (pid, span)));
+        }
         self.flush(tracker, now);
         let (findings, profiles, postmortems, shed, over_cap, handed) = (
             self.findings_sent,
