@@ -971,6 +971,9 @@ fn expected_sidecar(expected: &Expected<'_>, targets: &[&str]) -> Value {
         field("K8S_POD_NAME", "metadata.name"),
         field("K8S_NAMESPACE", "metadata.namespace"),
         field("K8S_POD_UID", "metadata.uid"),
+        field("GPUPROF_K8S_JOBSET_NAME", "metadata.labels['jobset.sigs.k8s.io/jobset-name']"),
+        field("GPUPROF_K8S_TRAINING_JOB_NAME", "metadata.labels['training.kubeflow.org/job-name']"),
+        field("K8S_JOB_NAME", "metadata.labels['batch.kubernetes.io/job-name']"),
         serde_json::json!({ "name": "GPUPROF_WORKLOAD_CONTAINER", "value": targets.join(",") }),
     ];
     if let Some((secret, key)) = expected.token {

@@ -17,6 +17,18 @@ pub const JOB_ID_VARIABLE: &str = "GPUPROF_JOB_ID";
 /// metadata: the Kubernetes Job (or JobSet, PyTorchJob) owning the pod, and its namespace.
 pub const K8S_JOB_NAME_VARIABLE: &str = "K8S_JOB_NAME";
 pub const K8S_NAMESPACE_VARIABLE: &str = "K8S_NAMESPACE";
+/// The pod's JobSet and training operator's job (PyTorchJob…), which `gpuprof inject` gives a
+/// sidecar from the pod's labels: the job its ranks are one of, before a child batch Job's name.
+pub const K8S_JOBSET_NAME_VARIABLE: &str = "GPUPROF_K8S_JOBSET_NAME";
+pub const K8S_TRAINING_JOB_NAME_VARIABLE: &str = "GPUPROF_K8S_TRAINING_JOB_NAME";
+
+/// The pod's owner as a sidecar's downward-API variables name it (`value_of` a variable, empty
+/// as absent): its JobSet, else its training operator's job, else its batch Job.
+pub fn kubernetes_owner(value_of: impl Fn(&str) -> Option<String>) -> Option<String> {
+    [K8S_JOBSET_NAME_VARIABLE, K8S_TRAINING_JOB_NAME_VARIABLE, K8S_JOB_NAME_VARIABLE]
+        .iter()
+        .find_map(|name| value_of(name).filter(|v| !v.is_empty()))
+}
 /// torch elastic's rendezvous id (torchrun's `--rdzv-id`).
 const TORCHELASTIC_RUN_ID: &str = "TORCHELASTIC_RUN_ID";
 /// torchrun's default `--rdzv-id`: every run that did not choose one has it, on every node, so
@@ -147,6 +159,27 @@ pub fn pod_id(host: &str, namespace: Option<&str>, pod: Option<&str>) -> String 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pods_owner_is_its_jobset_then_its_training_job_then_its_batch_job() {
+        let owner = |vars: &[(&str, &str)]| {
+            let vars: Vec<(String, String)> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+            kubernetes_owner(|name| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()))
+        };
+        let all = [
+            (K8S_JOB_NAME_VARIABLE, "pretrain-workers-0"),
+            (K8S_TRAINING_JOB_NAME_VARIABLE, ""),
+            (K8S_JOBSET_NAME_VARIABLE, "pretrain"),
+        ];
+        assert_eq!(owner(&all).as_deref(), Some("pretrain"));
+        assert_eq!(
+            owner(&[(K8S_TRAINING_JOB_NAME_VARIABLE, "llama-ft"), (K8S_JOB_NAME_VARIABLE, "x")]).as_deref(),
+            Some("llama-ft")
+        );
+        // A label the pod lacks comes as an empty value.
+        assert_eq!(owner(&[(K8S_JOBSET_NAME_VARIABLE, ""), (K8S_JOB_NAME_VARIABLE, "eval")]).as_deref(), Some("eval"));
+        assert_eq!(owner(&[(K8S_JOBSET_NAME_VARIABLE, "")]), None);
+    }
 
     /// The job `environ` (as /proc/PID/environ holds it: `NAME=value` entries, each ended by a
     /// NUL) names.

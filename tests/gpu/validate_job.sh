@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A DDP job of four ranks (gloo, all on the first GPU) started as two "nodes" of two ranks each
-# (two torchrun agents, one rendezvous id), each node's ranks preloading the shim of its own
+# (two torchrun agents, one run id, a static rendezvous), each node's ranks preloading the shim of its own
 # daemon (`--capture shim`, node-a and node-b), both daemons sending to one gpuprof-collector.
 # Rank 3 keeps a 32 MiB tensor every step. While every rank holds its memory: the collector's
 # job view (per-rank allocated against each rank's torch.cuda.memory_allocated()), NVML per
@@ -23,12 +23,14 @@ done
 for node in node-a node-b; do for _ in $(seq 100); do [ -S "$work/$node.sock" ] && break; sleep 0.1; done; done
 : > "$out/ranks.jsonl"
 job=gpujob-$$
+ranks=()
 for n in 0 1; do
   node=$([ $n = 0 ] && echo node-a || echo node-b)
   RANKS_OUT="$out/ranks.jsonl" KEEP_RANK=3 HOLD=14 \
     LD_PRELOAD="$shim" GPUPROF_SHIM_SOCKET="$work/$node.sock" GPUPROF_SHIM_LEVEL=tensors \
-    "$torchrun" --nnodes 2 --node-rank $n --nproc-per-node 2 --rdzv-backend c10d \
-    --rdzv-endpoint 127.0.0.1:29611 --rdzv-id "$job" "$here/train_job.py" > "$out/torchrun-$node.log" 2>&1 &
+    "$torchrun" --nnodes 2 --node-rank $n --nproc-per-node 2 --master-addr 127.0.0.1 --master-port 29611 \
+    --rdzv-id "$job" "$here/train_job.py" > "$out/torchrun-$node.log" 2>&1 &
+  ranks+=($!)
 done
 for _ in $(seq 600); do [ "$(wc -l < "$out/ranks.jsonl")" = 4 ] && break; sleep 0.1; done
 sleep 7
@@ -37,7 +39,7 @@ curl -s 127.0.0.1:4318/api/v1/jobs > "$out/jobs.json"
 curl -s "127.0.0.1:4318/api/v1/jobs/torchrun%3A$job" > "$out/job.json"
 curl -s '127.0.0.1:4318/api/v1/findings?kind=rank_divergence' > "$out/divergence.json"
 curl -s 127.0.0.1:4318/metrics | grep '^gpuprof_job_' > "$out/job_metrics.txt"
-wait %3 %4 2>/dev/null
+wait "${ranks[@]}"
 sleep 2
 for d in "${daemons[@]}"; do kill -TERM "$d"; wait "$d"; done
 kill "$collector" 2>/dev/null

@@ -5,7 +5,7 @@ use anyhow::{bail, Result};
 use yaml_rust2::yaml::Hash;
 use yaml_rust2::Yaml;
 
-use gpuprof_model::shim;
+use gpuprof_model::{job, shim};
 
 use super::key;
 
@@ -333,6 +333,11 @@ fn sidecar(settings: &SidecarSettings, targets: &[String]) -> Yaml {
         field("K8S_POD_NAME", "metadata.name"),
         field("K8S_NAMESPACE", "metadata.namespace"),
         field("K8S_POD_UID", "metadata.uid"),
+        // The pod's owner, the job its ranks are one of (empty where the label is absent): a
+        // JobSet, a training operator's job (PyTorchJob…), a batch Job.
+        field(job::K8S_JOBSET_NAME_VARIABLE, "metadata.labels['jobset.sigs.k8s.io/jobset-name']"),
+        field(job::K8S_TRAINING_JOB_NAME_VARIABLE, "metadata.labels['training.kubeflow.org/job-name']"),
+        field(job::K8S_JOB_NAME_VARIABLE, "metadata.labels['batch.kubernetes.io/job-name']"),
         literal("GPUPROF_WORKLOAD_CONTAINER", &targets.join(",")),
     ];
     if let Some((secret, secret_key)) = &settings.token {

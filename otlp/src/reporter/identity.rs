@@ -152,7 +152,7 @@ impl PodIdentity {
             namespace: var(K8S_NAMESPACE_VARIABLE),
             uid,
             node: var("K8S_NODE_NAME"),
-            job_name: var(K8S_JOB_NAME_VARIABLE),
+            job_name: job::kubernetes_owner(var),
             container: var("GPUPROF_WORKLOAD_CONTAINER").filter(|names| !names.contains(',')),
             processes_visible: false,
         }
