@@ -10,8 +10,6 @@
 //! Client and collector share the machine, so the figures are a floor.
 
 use std::borrow::Cow;
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
 use std::time::Instant;
 
 use gpuprof_model::{Event, Frame, Kind, Layer, Op, Source, Tracker};
@@ -22,6 +20,9 @@ use gpuprof_otlp::proto::logs::v1::{ResourceLogs, ScopeLogs};
 use gpuprof_otlp::proto::trace::v1::{ResourceSpans, ScopeSpans};
 use gpuprof_otlp::resource::ProcessIdentity;
 use prost::Message;
+
+mod common;
+use common::start;
 
 const LIFETIMES_PER_REQUEST: u64 = 1000;
 const REQUESTS: u64 = 400;
@@ -88,40 +89,6 @@ fn requests(node: &str, pid: u32, first_ts: u64, keep: bool) -> (Vec<u8>, Vec<u8
         }],
     };
     (logs.encode_to_vec(), traces.encode_to_vec())
-}
-
-struct Collector {
-    child: Child,
-    http: String,
-}
-
-impl Drop for Collector {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start(db: &std::path::Path) -> Collector {
-    let _ = std::fs::remove_file(db);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_gpuprof-collector"))
-        .args([
-            "--db",
-            db.to_str().unwrap(),
-            "--grpc-listen",
-            "127.0.0.1:0",
-            "--http-listen",
-            "127.0.0.1:0",
-            "--rate-limit",
-            "1000000",
-        ])
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stderr.take().unwrap()).read_line(&mut line).unwrap();
-    let http = line.split("/metrics on ").nth(1).unwrap().split(',').next().unwrap().to_string();
-    Collector { child, http: format!("http://{http}") }
 }
 
 fn rss_bytes(pid: u32) -> u64 {

@@ -6,8 +6,6 @@
 //! one rank of each job keeping 64 MiB more each second. Reports both times per gauge request and
 //! their ratio, and checks that each job's one straying rank was named.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
 use std::time::Instant;
 
 use gpuprof_model::otel::metric as name;
@@ -18,6 +16,9 @@ use gpuprof_otlp::proto::metrics::v1::{
 };
 use gpuprof_otlp::resource::ProcessIdentity;
 use prost::Message;
+
+mod common;
+use common::{start, Collector};
 
 const NODES: u32 = 125;
 const PER_NODE: u32 = 8;
@@ -79,32 +80,6 @@ fn request(node: u32, s: u64, jobs: bool) -> Vec<u8> {
         })
         .collect();
     ExportMetricsServiceRequest { resource_metrics }.encode_to_vec()
-}
-
-struct Collector {
-    child: Child,
-    http: String,
-}
-
-impl Drop for Collector {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start(db: &std::path::Path) -> Collector {
-    let _ = std::fs::remove_file(db);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_gpuprof-collector"))
-        .args(["--db", db.to_str().unwrap(), "--grpc-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"])
-        .args(["--rate-limit", "1000000"])
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stderr.take().unwrap()).read_line(&mut line).unwrap();
-    let http = line.split("/metrics on ").nth(1).unwrap().split(',').next().unwrap().to_string();
-    Collector { child, http: format!("http://{http}") }
 }
 
 /// Sends every second's requests in order; returns the seconds taken.

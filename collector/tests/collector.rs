@@ -272,6 +272,8 @@ fn postmortem_of(pid: u32, ts: u64, body: gpuprof_otlp::logs::PostmortemBody, ht
     let mut finding =
         Finding::new(gpuprof_model::FindingKind::Oom, pid, "trainer", MIB, 1, ts, ts, &[], "out of memory".into());
     finding.finding_id = format!("{:016x}", 0xabc0_0000 + u64::from(pid));
+    // The node names the process instance, as an agent's finding does.
+    finding.process_since = ts - 5_000_000_000;
     let report = format!("/var/lib/gpuprof/postmortems/node-m-{pid}-trainer-oom.html");
     finding.postmortem = Some(gpuprof_model::postmortem::Postmortem {
         node: "node-m".into(),

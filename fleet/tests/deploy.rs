@@ -26,6 +26,11 @@ const COLLECTOR_METRICS: &[&str] = &[
     "gpuprof_findings",
     "gpuprof_recent_finding_bytes",
     "gpuprof_top_stack_live_bytes",
+    "gpuprof_job_rank_allocated_bytes",
+    "gpuprof_job_rank_reserved_bytes",
+    "gpuprof_job_rank_over_median_bytes",
+    "gpuprof_job_world_size",
+    "gpuprof_job_rank_findings",
     "gpuprof_collector_received_total",
     "gpuprof_collector_rejected_log_records_total",
     "gpuprof_collector_refused_requests_total",
@@ -734,13 +739,13 @@ fn dashboards_use_every_documented_metric_and_no_other() {
 }
 
 #[test]
-fn the_otel_collector_routes_each_node_to_one_collector() {
+fn the_otel_collector_routes_each_job_to_one_collector() {
     let objects = yaml_documents(&render_with_token(&["--set", "otelCollector.enabled=true"]));
     let config = object(&objects, "ConfigMap", "gpuprof-otel-collector")["data"]["config.yaml"].as_str().unwrap();
     let config = yaml_document(config);
     let balancer = &config["exporters"]["load_balancing"];
     assert_eq!(balancer["routing_key"], "attributes");
-    assert_eq!(strings(&balancer["routing_attributes"]), ["host.name"]);
+    assert_eq!(strings(&balancer["routing_attributes"]), ["gpuprof.job.id"]);
     assert_eq!(balancer["resolver"]["static"]["hostnames"], "${env:GPUPROF_COLLECTOR_SHARDS}");
     assert_eq!(strings(&config["service"]["pipelines"]["logs"]["exporters"]), ["load_balancing"]);
     assert_eq!(strings(&config["service"]["pipelines"]["traces"]["exporters"]), ["load_balancing", "otlp_grpc/traces"]);
@@ -859,6 +864,25 @@ fn the_dashboards_metrics_are_served_by_a_running_collector_and_daemon() {
             .0,
         200
     );
+    // Two ranks of a job, one with a finding: the Job dashboard's series.
+    let rank = |pid: u32, rank: u32| {
+        let mut identity = trainer("node-m", pid);
+        identity.job_id = "torchrun:deploy-1".into();
+        identity.rank = Some(rank);
+        identity.world_size = Some(2);
+        identity
+    };
+    for (pid, r) in [(902, 0), (903, 1)] {
+        let gauges = allocator_gauges(&rank(pid, r), base + 1, (1 + u64::from(r)) << 20, 4 << 20);
+        assert_eq!(collector.post("/v1/metrics", "application/x-protobuf", &gauges, None).0, 200);
+    }
+    let mut ranked = found[0].clone();
+    (ranked.pid, ranked.rank) = (903, Some(1));
+    let finding = gpuprof_otlp::logs::finding_record(&ranked, base + 3);
+    assert_eq!(
+        collector.post("/v1/logs", "application/x-protobuf", &records_request(&rank(903, 1), vec![finding]), None).0,
+        200
+    );
     let (status, text) = collector.get("/metrics");
     assert_eq!(status, 200);
     let served = sample_names(&text);
@@ -924,6 +948,9 @@ fn the_binaries_need_only_glibc_and_libgcc_at_run_time() {
 // ---- gpuprof inject ---------------------------------------------------------------------------
 
 const SHIM: &str = "/gpuprof/libgpuprof_shim.so";
+
+/// What inject says when the sidecars get no token.
+const NO_TOKEN: &str = "gpuprof: warning: the sidecars send no bearer token (no --token-secret, no tokenSecret in --settings), and a collector that asks for one (the Helm chart's always does) refuses them: give --token-secret SECRET/KEY (the chart's Secret: <release>-token/token, or auth.existingSecret/token), or --settings with the chart's <release>-sidecar ConfigMap\n";
 
 fn inject(args: &[&str], input: &str) -> Output {
     let mut all = vec!["inject"];
@@ -1101,7 +1128,7 @@ fn inject_adds_the_sidecar_to_every_pod_template_and_nothing_else() {
     assert!(output.status.success(), "{}", text(&output.stderr));
     assert_eq!(
         text(&output.stderr),
-        "gpuprof: injected document 1 (Pod notebook), document 2 (Job train), document 3 (Deployment inference), document 5 (StatefulSet embeddings), document 6 (CronJob nightly-eval); already injected none; no pod template (unchanged) document 4 (Service inference)\n"
+        format!("gpuprof: injected document 1 (Pod notebook), document 2 (Job train), document 3 (Deployment inference), document 5 (StatefulSet embeddings), document 6 (CronJob nightly-eval); already injected none; no pod template (unchanged) document 4 (Service inference)\n{NO_TOKEN}")
     );
     let injected = text(&output.stdout);
     let objects = yaml_documents(&injected);
@@ -1190,7 +1217,7 @@ fn inject_patches_each_replica_of_a_pytorchjob() {
     assert!(output.status.success(), "{}", text(&output.stderr));
     assert_eq!(
         text(&output.stderr),
-        "gpuprof: injected document 1 (PyTorchJob ddp); already injected none; no pod template (unchanged) none\n"
+        format!("gpuprof: injected document 1 (PyTorchJob ddp); already injected none; no pod template (unchanged) none\n{NO_TOKEN}")
     );
     let mut object = yaml_document(&text(&output.stdout));
     // No schema knows PyTorchJob: each replica's pod template is validated as a Pod.

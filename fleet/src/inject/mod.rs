@@ -45,6 +45,9 @@ pub struct InjectRequest {
     pub port: Option<u16>,
 }
 
+/// Said when the sidecars get no token: the chart's collector always asks for one.
+const NO_TOKEN: &str = "warning: the sidecars send no bearer token (no --token-secret, no tokenSecret in --settings), and a collector that asks for one (the Helm chart's always does) refuses them: give --token-secret SECRET/KEY (the chart's Secret: <release>-token/token, or auth.existingSecret/token), or --settings with the chart's <release>-sidecar ConfigMap";
+
 /// Returns gpuprof's exit code.
 pub fn run(args: &InjectRequest) -> Result<u8> {
     let settings = SidecarSettings::from_request(args)?;
@@ -55,6 +58,9 @@ pub fn run(args: &InjectRequest) -> Result<u8> {
     let mut writer = gpuprof_views::output::open_writer(args.output.as_deref())?;
     writer.write_all(output.as_bytes()).and_then(|_| writer.flush()).context("cannot write the manifests")?;
     eprintln!("gpuprof: {report}");
+    if settings.token.is_none() && !report.injected.is_empty() {
+        eprintln!("gpuprof: {NO_TOKEN}");
+    }
     Ok(0)
 }
 
