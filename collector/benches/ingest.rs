@@ -22,7 +22,7 @@ use gpuprof_otlp::resource::ProcessIdentity;
 use prost::Message;
 
 mod common;
-use common::start;
+use common::{post, start};
 
 const LIFETIMES_PER_REQUEST: u64 = 1000;
 const REQUESTS: u64 = 400;
@@ -113,12 +113,7 @@ fn send_all(http: &str, path: &str, bodies: &[Vec<u8>]) -> f64 {
             scope.spawn(move || {
                 let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
                 for body in bodies.iter().skip(client as usize).step_by(CLIENTS as usize) {
-                    let response = agent
-                        .post(&format!("{http}{path}"))
-                        .header("content-type", "application/x-protobuf")
-                        .send(&body[..])
-                        .unwrap();
-                    assert_eq!(response.status().as_u16(), 200);
+                    post(&agent, &format!("{http}{path}"), body);
                 }
             });
         }

@@ -18,7 +18,7 @@ use gpuprof_otlp::resource::ProcessIdentity;
 use prost::Message;
 
 mod common;
-use common::{start, Collector};
+use common::{post, start, Collector};
 
 const NODES: u32 = 125;
 const PER_NODE: u32 = 8;
@@ -87,12 +87,7 @@ fn send(collector: &Collector, bodies: &[Vec<u8>]) -> f64 {
     let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
     let started = Instant::now();
     for body in bodies {
-        let response = agent
-            .post(&format!("{}/v1/metrics", collector.http))
-            .header("content-type", "application/x-protobuf")
-            .send(&body[..])
-            .unwrap();
-        assert_eq!(response.status().as_u16(), 200);
+        post(&agent, &format!("{}/v1/metrics", collector.http), body);
     }
     started.elapsed().as_secs_f64()
 }

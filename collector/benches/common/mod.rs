@@ -29,3 +29,9 @@ pub fn start(db: &std::path::Path) -> Collector {
     let http = line.split("/metrics on ").nth(1).unwrap().split(',').next().unwrap().to_string();
     Collector { child, http: format!("http://{http}") }
 }
+
+/// One OTLP/HTTP protobuf request, which the collector must take.
+pub fn post(agent: &ureq::Agent, url: &str, body: &[u8]) {
+    let response = agent.post(url).header("content-type", "application/x-protobuf").send(body).unwrap();
+    assert_eq!(response.status().as_u16(), 200, "{url}");
+}
