@@ -530,3 +530,70 @@ fn record_driver_only(dir: &Path) -> (PathBuf, Vec<Event>) {
     assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
     (page, read_events(&out))
 }
+
+/// Three ranks of one job (torchrun's variables; dp_rank.py over the stand-ins), rank 2 keeping
+/// a block each step, under one capture: the report shows the ranks side by side, in rank
+/// order, each with its job and the peaks its allocator reported.
+#[test]
+fn the_ranks_of_a_job_stand_side_by_side() {
+    const LAUNCHER: &str = r#"
+import json, os, subprocess, sys
+script, said, libc10_cuda = sys.argv[1], sys.argv[2], sys.argv[3]
+ranks = []
+for rank in range(3):
+    env = dict(os.environ, RANK=str(rank), WORLD_SIZE="3", LOCAL_RANK=str(rank), TORCHELASTIC_RUN_ID="html-7",
+               GPUPROF_LIBC10_CUDA=libc10_cuda)
+    keep = "1" if rank == 2 else "0"
+    ranks.append(subprocess.Popen([sys.executable, script, "5", keep], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE))
+with open(said, "w") as out:
+    for p in ranks:
+        out.write(p.communicate()[0].decode())
+"#;
+    const MIB: u64 = 1 << 20;
+    let dir = scratch("html_ranks");
+    let (log, page, said) = (dir.join("expected.jsonl"), dir.join("ranks.html"), dir.join("said.jsonl"));
+    let script = workloads().join("dp_rank.py");
+    let output = gpuprof_run(
+        &["--output", dir.join("ranks.jsonl").to_str().unwrap(), "--html", page.to_str().unwrap()],
+        &[
+            python3(),
+            "-c",
+            LAUNCHER,
+            script.to_str().unwrap(),
+            said.to_str().unwrap(),
+            libc10_cuda_standin().to_str().unwrap(),
+        ],
+        &log,
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    let pids: Vec<u64> = std::fs::read_to_string(&said)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str::<Value>(line).unwrap()["pid"].as_u64().unwrap())
+        .collect();
+    assert_eq!(pids.len(), 3);
+    let report = browse_report(
+        &page,
+        json!([{ "eval": "Array.from(document.querySelectorAll('#ranks tbody tr')).map(r => ({ data: Object.assign({}, r.dataset), cells: Array.from(r.cells).map(c => c.textContent) }))" }]),
+    );
+    let ranks: Vec<(u64, u64, String, u64, u64)> = report["results"][0]
+        .as_array()
+        .unwrap_or_else(|| panic!("{report}"))
+        .iter()
+        .map(|row| {
+            let number = |key: &str| row["data"][key].as_str().unwrap().parse::<u64>().unwrap();
+            let job = row["cells"][2].as_str().unwrap().to_string();
+            (number("rank"), number("pid"), job, number("peakAllocated"), number("peakReserved"))
+        })
+        .collect();
+    // Weights 256 MiB and a step's 64 MiB of activations; rank 2 also its five kept 16 MiB blocks.
+    let job = "torchrun:html-7".to_string();
+    assert_eq!(
+        ranks,
+        [
+            (0, pids[0], job.clone(), 320 * MIB, 1024 * MIB),
+            (1, pids[1], job.clone(), 320 * MIB, 1024 * MIB),
+            (2, pids[2], job, 400 * MIB, 1024 * MIB),
+        ]
+    );
+}

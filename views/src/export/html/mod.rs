@@ -114,6 +114,12 @@ struct ProcessOut {
     exit: Option<u64>,
     /// It made a CUDA call (launchers and helpers that never did are listed but not drawn).
     cuda: bool,
+    /// Its rank and job in a distributed job, as its first call said (the ranks are shown side
+    /// by side).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rank: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    job: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -382,6 +388,8 @@ impl Builder {
                     start: t,
                     exit: None,
                     cuda: false,
+                    rank: None,
+                    job: None,
                 });
                 self.markers.push(Marker { t, kind: MarkerKind::Start, process: index, finding: None });
                 index
@@ -439,6 +447,11 @@ impl Builder {
             return;
         };
         let index = self.process_index(process, t);
+        if event.rank.is_some() || event.job.is_some() {
+            let shown = &mut self.processes[index as usize];
+            shown.rank = event.rank.or(shown.rank);
+            shown.job = event.job.as_deref().map(String::from).or(shown.job.take());
+        }
         match event.layer {
             Layer::Process => {}
             Layer::Allocator => {

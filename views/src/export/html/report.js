@@ -40,13 +40,16 @@
     for (const name of names) {
       const th = document.createElement("th");
       th.textContent = name;
-      if (/bytes|size|blocks|value|at |change|time/i.test(name)) th.className = "num";
+      if (/bytes|size|blocks|value|at |change|time|peak|^rank$/i.test(name)) th.className = "num";
       row.appendChild(th);
     }
     return table.createTBody();
   }
 
-  const processLabel = (i) => `pid ${data.processes[i].pid} ${data.processes[i].comm}`;
+  const processLabel = (i) => {
+    const p = data.processes[i];
+    return `pid ${p.pid} ${p.comm}${p.rank === undefined ? "" : ` (rank ${p.rank})`}`;
+  };
   const kindLabel = (k) => (k === KIND_CACHE ? "allocator's cache (reserved, no live tensor)" : data.kinds[k]);
   const METRIC_LABEL = { allocated: "allocated (tensors)", reserved: "reserved (allocator's cache included)", driver: "driver allocations" };
   const curveLabel = (c) => `${processLabel(c.process)} · GPU ${c.device === null ? "?" : c.device} · ${METRIC_LABEL[c.metric]}`;
@@ -331,6 +334,36 @@
         row.dataset.bytes = v === null ? "" : v;
         cell(row, v === null ? "—" : human(v), "num", v === null ? "" : `${v} bytes`);
       }
+    }
+  }
+
+  // ---- the ranks of a distributed job, side by side -------------------------------------------
+
+  // Each ranked process's allocator at the instant picked (the range's end) and at its peak,
+  // summed over its devices, in rank order: the one that holds more than its peers stands out.
+  function renderRanks() {
+    const ranked = data.processes.map((p, i) => ({ p, i })).filter((r) => r.p.rank !== undefined);
+    const table = byId("ranks");
+    if (ranked.length < 2) return;
+    byId("ranks-title").hidden = false;
+    table.hidden = false;
+    ranked.sort((a, b) => a.p.rank - b.p.rank || a.p.start - b.p.start);
+    const pick = recorded(), t = pick.from !== undefined ? pick.to : pick.t;
+    const body = header(table, ["rank", "process", "job", `allocated at ${seconds(t)}`, `reserved at ${seconds(t)}`, "peak allocated", "peak reserved"]);
+    for (const { p, i } of ranked) {
+      const mine = (metric) => data.curves.filter((c) => c.process === i && c.metric === metric);
+      const at = (metric) => mine(metric).reduce((sum, c) => sum + (valueAt(c, t) || 0), 0);
+      const peak = (metric) => mine(metric).reduce((sum, c) => sum + c.v.reduce((m, v) => Math.max(m, v), 0), 0);
+      const row = body.insertRow();
+      row.dataset.rank = p.rank;
+      row.dataset.pid = p.pid;
+      row.dataset.peakAllocated = peak("allocated");
+      row.dataset.peakReserved = peak("reserved");
+      cell(row, String(p.rank), "num");
+      cell(row, `pid ${p.pid} ${p.comm}`);
+      cell(row, p.job || "");
+      for (const metric of ["allocated", "reserved"]) cell(row, human(at(metric)), "num", `${at(metric)} bytes`);
+      for (const metric of ["allocated", "reserved"]) cell(row, human(peak(metric)), "num", `${peak(metric)} bytes`);
     }
   }
 
@@ -628,6 +661,7 @@
     history.replaceState(null, "", `#${params}`);
     byId("zoom-in").disabled = p.from === undefined || !chart;
     renderReadout();
+    renderRanks();
     renderStacks();
     if (chart) chart.redraw(false);
   }
