@@ -224,39 +224,20 @@ impl Jobs {
         self.jobs
             .iter()
             .filter(|(_, job)| !job.ranks.is_empty())
-            .map(|(id, job)| {
-                let figures: Vec<RankFigures> = figures(job);
-                let peak = figures.iter().max_by_key(|f| (f.peak_allocated_bytes, u64::MAX - f.peak_ts));
-                JobSummary {
-                    id: id.clone(),
-                    trace_id: trace_id(id),
-                    world_size: job.world_size,
-                    ranks_seen: job.ranks.len(),
-                    nodes: nodes(job),
-                    allocated_bytes: figures.iter().map(|f| f.allocated_bytes).sum(),
-                    reserved_bytes: figures.iter().map(|f| f.reserved_bytes).sum(),
-                    peak_allocated_bytes: peak.map_or(0, |p| p.peak_allocated_bytes),
-                    peak_ts: peak.map_or(0, |p| p.peak_ts),
-                }
-            })
+            .map(|(id, job)| summary(id, job, &figures(job)))
             .collect()
+    }
+
+    /// Every job with ranks, with its ranks' figures (the metrics).
+    pub fn with_ranks(&self) -> Vec<JobFigures> {
+        self.jobs.iter().filter(|(_, job)| !job.ranks.is_empty()).filter_map(|(id, _)| self.job(id)).collect()
     }
 
     /// One job: its summary, its ranks' figures, and its processes without a rank.
     pub fn job(&self, id: &str) -> Option<JobFigures> {
         let job = self.jobs.get(id)?;
-        let summary = self.list().into_iter().find(|s| s.id == id).unwrap_or(JobSummary {
-            id: id.to_string(),
-            trace_id: trace_id(id),
-            world_size: job.world_size,
-            ranks_seen: 0,
-            nodes: nodes(job),
-            allocated_bytes: 0,
-            reserved_bytes: 0,
-            peak_allocated_bytes: 0,
-            peak_ts: 0,
-        });
-        Some(JobFigures { summary, ranks: figures(job), others: job.others.iter().cloned().collect() })
+        let ranks = figures(job);
+        Some(JobFigures { summary: summary(id, job, &ranks), ranks, others: job.others.iter().cloned().collect() })
     }
 
     /// The job a process of a node is one of.
@@ -281,6 +262,22 @@ impl Jobs {
             self.jobs.remove(&id);
             self.divergences.forget(&id);
         }
+    }
+}
+
+/// What `GET /api/v1/jobs` says of a job, from its ranks' figures.
+fn summary(id: &str, job: &Job, figures: &[RankFigures]) -> JobSummary {
+    let peak = figures.iter().max_by_key(|f| (f.peak_allocated_bytes, u64::MAX - f.peak_ts));
+    JobSummary {
+        id: id.to_string(),
+        trace_id: trace_id(id),
+        world_size: job.world_size,
+        ranks_seen: job.ranks.len(),
+        nodes: nodes(job),
+        allocated_bytes: figures.iter().map(|f| f.allocated_bytes).sum(),
+        reserved_bytes: figures.iter().map(|f| f.reserved_bytes).sum(),
+        peak_allocated_bytes: peak.map_or(0, |p| p.peak_allocated_bytes),
+        peak_ts: peak.map_or(0, |p| p.peak_ts),
     }
 }
 

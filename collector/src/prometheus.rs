@@ -197,7 +197,9 @@ impl StateFamilies {
             if let Some(world_size) = job.summary.world_size {
                 self.world_size.get_or_create(&JobLabels { job_id: job.summary.id.clone() }).set(i64::from(world_size));
             }
-            for rank in &job.ranks {
+            let allocated: Vec<u64> = job.ranks.iter().map(|r| r.allocated_bytes).collect();
+            let medians = gpuprof_model::findings::rank_divergence::medians_of_the_others(&allocated);
+            for (rank, median) in job.ranks.iter().zip(medians) {
                 let labels = RankLabels {
                     job_id: job.summary.id.clone(),
                     rank: rank.rank.to_string(),
@@ -206,11 +208,8 @@ impl StateFamilies {
                 };
                 self.rank_allocated.get_or_create(&labels).set(rank.allocated_bytes as i64);
                 self.rank_reserved.get_or_create(&labels).set(rank.reserved_bytes as i64);
-                let mut others: Vec<u64> =
-                    job.ranks.iter().filter(|r| r.rank != rank.rank).map(|r| r.allocated_bytes).collect();
-                others.sort_unstable();
-                if let Some(median) = others.get((others.len().max(1) - 1) / 2) {
-                    self.rank_over_median.get_or_create(&labels).set(rank.allocated_bytes as i64 - *median as i64);
+                if let Some(median) = median {
+                    self.rank_over_median.get_or_create(&labels).set(rank.allocated_bytes as i64 - median as i64);
                 }
             }
         }

@@ -302,7 +302,7 @@ impl State {
 
     /// Each job with ranks and its ranks' figures (the metrics).
     pub fn job_ranks(&self) -> Vec<JobFigures> {
-        self.jobs.list().iter().filter_map(|job| self.jobs.job(&job.id)).collect()
+        self.jobs.with_ranks()
     }
 
     /// Findings of jobs' ranks, counted by (job, rank, kind).

@@ -547,25 +547,21 @@ for rank in range(3):
     ranks.append(subprocess.Popen([sys.executable, script, "5", keep], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE))
 with open(said, "w") as out:
     for p in ranks:
-        out.write(p.communicate()[0].decode())
+        out.write(p.communicate(timeout=60)[0].decode())
 "#;
     const MIB: u64 = 1 << 20;
     let dir = scratch("html_ranks");
     let (log, page, said) = (dir.join("expected.jsonl"), dir.join("ranks.html"), dir.join("said.jsonl"));
     let script = workloads().join("dp_rank.py");
-    let output = gpuprof_run(
-        &["--output", dir.join("ranks.jsonl").to_str().unwrap(), "--html", page.to_str().unwrap()],
-        &[
-            python3(),
-            "-c",
-            LAUNCHER,
-            script.to_str().unwrap(),
-            said.to_str().unwrap(),
-            libc10_cuda_standin().to_str().unwrap(),
-        ],
-        &log,
-    );
-    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    let mut run = Command::new(gpuprof());
+    run.args(["run", "--output", dir.join("ranks.jsonl").to_str().unwrap(), "--html", page.to_str().unwrap(), "--"]);
+    run.args([python3(), "-c", LAUNCHER, script.to_str().unwrap(), said.to_str().unwrap()]);
+    run.arg(libc10_cuda_standin());
+    workload_env(&mut run, &log);
+    let stderr = dir.join("run.stderr");
+    let mut child = run.stderr(std::fs::File::create(&stderr).unwrap()).spawn().unwrap();
+    let status = wait_with_limit(&mut child, std::time::Duration::from_secs(120));
+    assert_eq!(status.code(), Some(0), "{}", std::fs::read_to_string(&stderr).unwrap());
     let pids: Vec<u64> = std::fs::read_to_string(&said)
         .unwrap()
         .lines()

@@ -105,17 +105,37 @@ fn diverging<'a>(ranks: &'a [RankMemory], now: u64, config: &DivergenceConfig) -
         return Vec::new();
     };
     let ceilings: Vec<u64> = windows.iter().map(|w| *w.iter().max().expect("not empty")).collect();
+    let peers_medians = medians_of_the_others(&ceilings);
     let mut found = Vec::new();
     for (i, rank) in ranks.iter().enumerate() {
         let floor = *windows[i].iter().min().expect("not empty");
-        let peers: Vec<u64> = ceilings.iter().enumerate().filter(|(j, _)| *j != i).map(|(_, c)| *c).collect();
-        let peers_median = median(&peers);
+        let peers_median = peers_medians[i].unwrap_or(0);
         let over = floor.saturating_sub(peers_median);
         if over >= config.min_bytes && over as f64 >= config.min_fraction * peers_median as f64 {
             found.push(Diverging { rank, floor, peers_median });
         }
     }
     found
+}
+
+/// For each of `values`, the median of all the others (None for a value alone): what a rank is
+/// held against. Sorted once, not once a value.
+pub fn medians_of_the_others(values: &[u64]) -> Vec<Option<u64>> {
+    let mut sorted = values.to_vec();
+    sorted.sort_unstable();
+    // Among the n - 1 others, the lower middle one: its index there.
+    let k = values.len().saturating_sub(2) / 2;
+    values
+        .iter()
+        .map(|value| {
+            if values.len() < 2 {
+                return None;
+            }
+            // Equal values are interchangeable: dropping any one of them leaves the same others.
+            let at = sorted.partition_point(|v| v < value);
+            Some(if k < at { sorted[k] } else { sorted[k + 1] })
+        })
+        .collect()
 }
 
 /// The median (the lower of the two middle values of an even count).
@@ -246,6 +266,15 @@ mod tests {
         assert!(!f.finding_id.is_empty());
         // Once: the same state again says nothing.
         assert!(divergences.check("torchrun:job-1", &ranks, 12 * S, &ten_seconds()).is_empty());
+    }
+
+    #[test]
+    fn the_median_of_the_others_is_the_lower_middle_of_the_rest() {
+        assert_eq!(medians_of_the_others(&[520, 520, 520, 592]), [Some(520), Some(520), Some(520), Some(520)]);
+        assert_eq!(medians_of_the_others(&[1, 5, 3, 9, 7]), [Some(5), Some(3), Some(5), Some(3), Some(3)]);
+        assert_eq!(medians_of_the_others(&[4, 8]), [Some(8), Some(4)]);
+        assert_eq!(medians_of_the_others(&[4]), [None]);
+        assert!(medians_of_the_others(&[]).is_empty());
     }
 
     #[test]
