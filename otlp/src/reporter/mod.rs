@@ -43,6 +43,9 @@ pub use settings::OtlpTuning;
 
 /// How long the end of a capture waits for what is queued to be delivered.
 const DRAIN_LIMIT: Duration = Duration::from_secs(5);
+/// Exited processes whose identities are kept for what comes after their exit: a node's
+/// post-mortems within their window.
+const DEPARTED_KEPT: usize = 4096;
 
 /// Which events go out as log records.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
@@ -156,6 +159,8 @@ pub struct Telemetry {
     /// Encoded bytes of `records`.
     records_bytes: usize,
     spans: Vec<(u32, Span)>,
+    /// Identities of processes that exited, the latest `DEPARTED_KEPT`.
+    departed: std::collections::VecDeque<(u32, ProcessIdentity)>,
     /// Ranks of distributed jobs, each a span of its job's trace until it exits.
     ranks: job_trace::RankSpans,
     metrics: Vec<ResourceMetrics>,
@@ -203,6 +208,7 @@ impl Telemetry {
             records_bytes: 0,
             spans: Vec::new(),
             ranks: job_trace::RankSpans::default(),
+            departed: std::collections::VecDeque::new(),
             metrics: Vec::new(),
             profiles_due: BTreeMap::new(),
             findings_sent: 0,
@@ -367,7 +373,14 @@ impl Telemetry {
             self.client.metrics(metrics);
         }
         for pid in self.exited.drain(..) {
-            self.identities.remove(&pid);
+            if let Some(identity) = self.identities.remove(&pid) {
+                // What comes of it after its exit (a post-mortem written a window later) goes
+                // out under the same resource, so to the same job and shard.
+                self.departed.push_back((pid, identity));
+                if self.departed.len() > DEPARTED_KEPT {
+                    self.departed.pop_front();
+                }
+            }
         }
     }
 
@@ -421,6 +434,9 @@ impl Telemetry {
     fn identity(&mut self, pid: u32, comm: &str, ppid: Option<u32>) -> ProcessIdentity {
         if let Some(known) = self.identities.get(&pid) {
             return known.clone();
+        }
+        if let Some((_, departed)) = self.departed.iter().rev().find(|(gone, _)| *gone == pid) {
+            return departed.clone();
         }
         let identity = self.identity_of(pid, comm, ppid);
         self.identities.insert(pid, identity.clone());

@@ -110,3 +110,43 @@ fn every_record_of_a_process_names_the_job_its_first_call_says_else_its_launcher
         (named(format!("node-a/{}", untold.id())), named(format!("node-a/pgid-{}", untold.id())), None, None, None)
     );
 }
+
+/// A post-mortem written after its process exited (a window later) goes out under the process's
+/// resource, so to its job's shard: the identity outlives the exit.
+#[test]
+fn what_comes_after_an_exit_goes_out_under_the_process_own_job() {
+    let recorded = Arc::new(Mutex::new(Vec::new()));
+    let options = OtlpTuning::default()
+        .options("http://recorded", Protocol::Grpc, None, Some("node-a".into()))
+        .expect("the defaults are valid");
+    let mut telemetry = Telemetry::with_outbox(options, Box::new(Recorded(recorded.clone())), 1);
+    let tracker = Tracker::new();
+    // A pid no process has now: its /proc says nothing, its first call named its job.
+    let pid = u32::MAX - 7;
+    let mut first = event(pid, 3, Layer::Driver, Op::Alloc, "cuMemAlloc_v2");
+    (first.job, first.rank) = (Some("torchrun:r9".into()), Some(0));
+    telemetry.after(&first, &[], &tracker);
+    telemetry.after(&event(pid, 4, Layer::Process, Op::Exit, "sched_process_exit"), &[], &tracker);
+    telemetry.flush(&tracker, 5);
+    telemetry.postmortem(&PostmortemReport {
+        finding_id: "00000000000000aa".into(),
+        kind: gpuprof_model::FindingKind::Oom,
+        pid,
+        recording: "/pm/a.gpuprof".into(),
+        report: "/pm/a.html".into(),
+        events: 3,
+        processes: 1,
+        span_ns: 1,
+        html_bytes: 10,
+        gzip: vec![1, 2, 3],
+    });
+    telemetry.flush(&tracker, 6);
+    let recorded = recorded.lock().expect("recorded");
+    let jobs: Vec<Option<String>> = recorded
+        .iter()
+        .filter_map(|logs| logs.resource.as_ref())
+        .map(|r| attribute_str(&r.attributes, attr::JOB_ID).map(str::to_string))
+        .collect();
+    assert_eq!(jobs.len(), 2, "the call's batch, then the post-mortem's");
+    assert!(jobs.iter().all(|job| job.as_deref() == Some("torchrun:r9")), "{jobs:?}");
+}
