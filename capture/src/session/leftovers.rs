@@ -1,8 +1,10 @@
 //! After the target of a capture ends, processes it started may still hold GPU memory (workers
 //! left behind): they are named, with what they hold, and followed until they end, the deadline
-//! passes or a signal says stop.
+//! passes or a signal says stop. Those holding nothing (multiprocessing's resource tracker, a
+//! shell) usually end a moment after the target, when its pipes close: they get that moment, so
+//! that one run records their exits as the next does.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
@@ -25,6 +27,11 @@ pub fn follow<'c>(
     what: &str,
     hooks: &mut [Every<'_, 'c>],
 ) -> Result<()> {
+    let moment = Instant::now() + LINGER;
+    let only_holders_left = |session: &Session<'_>| running_holding_nothing(session) == 0;
+    if !only_holders_left(session) {
+        session.run(Until::Holds(&only_holders_left), Some(deadline.map_or(moment, |d| d.min(moment))), hooks)?;
+    }
     let holding = holders(session);
     if holding.is_empty() {
         return Ok(());
@@ -50,6 +57,16 @@ pub fn follow<'c>(
     };
     session.flow_mut().notice(said);
     Ok(())
+}
+
+/// How long the processes left behind that hold nothing are waited for.
+const LINGER: Duration = Duration::from_millis(500);
+
+/// Followed processes still running that hold no device memory and no CUDA context.
+fn running_holding_nothing(session: &Session<'_>) -> usize {
+    let tracker = session.flow().analyzer().tracker();
+    let holds_nothing = |p: &&gpuprof_model::track::ProcessMemory| p.device_bytes() == 0 && p.contexts() == 0;
+    tracker.live_processes().into_iter().filter(holds_nothing).filter(|p| process::is_running(p.pid)).count()
 }
 
 fn holders(session: &Session<'_>) -> Vec<Holder> {
