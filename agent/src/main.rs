@@ -60,24 +60,7 @@ fn dispatch(command: Command) -> anyhow::Result<u8> {
                 }),
             })
         }
-        Command::Whatif { input, input_flag, settings, device_memory, suggest, ran_with, pid, format, output } => {
-            let input = setup::one_input("whatif", input, input_flag)?;
-            gpuprof_views::whatif::run(&gpuprof_views::whatif::WhatifRequest {
-                input: &input,
-                output: output.as_deref(),
-                pid,
-                settings,
-                ran_with,
-                device_memory,
-                suggest,
-                smallest_device: suggest,
-                format: format.map(Into::into).unwrap_or(if gpuprof_views::output::for_a_person(output.as_deref()) {
-                    gpuprof_views::whatif::WhatifFormat::Table
-                } else {
-                    gpuprof_views::whatif::WhatifFormat::Json
-                }),
-            })
-        }
+        Command::Whatif { whatif: args } => whatif(args),
         Command::Daemon { daemon: args } => daemon::run(args.resolve()?),
         Command::Inject { inject: args } => inject::run(&(&args).into()),
         Command::Top { pid, interval } => top::run(&top::TopArgs { pid, interval }),
@@ -119,4 +102,52 @@ fn reader_went_away(error: &anyhow::Error) -> bool {
     error
         .chain()
         .any(|cause| cause.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe))
+}
+
+/// One recording's what-if, or with --scale a plan from several.
+fn whatif(args: flags::WhatifArgs) -> anyhow::Result<u8> {
+    use gpuprof_views::whatif::{plan, WhatifFormat};
+    let format =
+        args.format.map(Into::into).unwrap_or(if gpuprof_views::output::for_a_person(args.output.as_deref()) {
+            WhatifFormat::Table
+        } else {
+            WhatifFormat::Json
+        });
+    if let Some((size, values)) = args.scale {
+        if args.suggest || args.pid.is_some() {
+            anyhow::bail!(
+                "--scale plans every process of the recordings, with the usual settings under --largest: leave --suggest and --pid out"
+            );
+        }
+        let inputs: Vec<std::path::PathBuf> = args.input.into_iter().chain(args.input_flag).collect();
+        return plan::run(&plan::PlanRequest {
+            inputs: &inputs,
+            size,
+            values,
+            at: args.at,
+            largest: args.largest,
+            step: args.step,
+            settings: args.settings,
+            ran_with: args.ran_with,
+            device_memory: args.device_memory,
+            format: match format {
+                WhatifFormat::Table => plan::PlanFormat::Table,
+                WhatifFormat::Json => plan::PlanFormat::Json,
+                WhatifFormat::Html => plan::PlanFormat::Html,
+            },
+            output: args.output.as_deref(),
+        });
+    }
+    let input = setup::one_input("whatif", args.input, args.input_flag)?;
+    gpuprof_views::whatif::run(&gpuprof_views::whatif::WhatifRequest {
+        input: &input,
+        output: args.output.as_deref(),
+        pid: args.pid,
+        settings: args.settings,
+        ran_with: args.ran_with,
+        device_memory: args.device_memory,
+        suggest: args.suggest,
+        smallest_device: args.suggest,
+        format,
+    })
 }

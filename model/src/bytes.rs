@@ -42,6 +42,30 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     Ok((value * scale).round() as u64)
 }
 
+/// The least memory a device is taken to have: a smaller `--device-memory` is a slip (a unit
+/// left out), not a device.
+pub const LEAST_DEVICE_MEMORY: u64 = 64 << 20;
+
+/// A device's memory as a person writes it: `parse_size` with a unit required (a bare number is
+/// too easily taken for GiB) and at least `LEAST_DEVICE_MEMORY`.
+pub fn parse_device_memory(text: &str) -> Result<u64, String> {
+    let trimmed = text.trim();
+    if !trimmed.is_empty() && trimmed.chars().all(|c| c.is_ascii_digit() || c == '.') {
+        return Err(format!(
+            "`{text}` has no unit: write the device's memory as {trimmed}GiB, {trimmed}GB or {trimmed}MiB"
+        ));
+    }
+    let bytes = parse_size(text)?;
+    if bytes < LEAST_DEVICE_MEMORY {
+        return Err(format!(
+            "`{text}` is {}: no device has less than {}; write it as 40GiB, 81559MiB or 80GB",
+            human(bytes),
+            human(LEAST_DEVICE_MEMORY)
+        ));
+    }
+    Ok(bytes)
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -54,6 +78,20 @@ mod tests {
         assert_eq!(super::parse_size("4096"), Ok(4096));
         assert!(super::parse_size("forty").unwrap_err().contains("not a size"));
         assert!(super::parse_size("40 GiBs").unwrap_err().contains("unknown unit `gibs`"));
+    }
+
+    #[test]
+    fn a_device_memory_needs_a_unit_and_a_size_a_device_has() {
+        assert_eq!(super::parse_device_memory("24GiB"), Ok(24 << 30));
+        assert_eq!(
+            super::parse_device_memory("24").unwrap_err(),
+            "`24` has no unit: write the device's memory as 24GiB, 24GB or 24MiB"
+        );
+        assert_eq!(
+            super::parse_device_memory("0GiB").unwrap_err(),
+            "`0GiB` is 0 B: no device has less than 64.0 MiB; write it as 40GiB, 81559MiB or 80GB"
+        );
+        assert!(super::parse_device_memory("GiB").unwrap_err().contains("not a size"));
     }
 
     #[test]

@@ -131,6 +131,54 @@ fn fragmentation_no_setting_helps_and_the_smallest_device_says_how_much_more() {
     assert_eq!(smallest["device_memory"].as_u64().unwrap() - allocator, 85_520_809_984 - 84_465_090_560);
 }
 
+/// "Would expandable segments let this fit on a 40 GiB card?": the job's own settings on that
+/// card beside the one asked, both within the same budget, the share not the allocator's
+/// measured where the job ran out of memory.
+#[test]
+fn on_another_device_the_jobs_own_settings_stand_beside_the_one_asked() {
+    let input = recording("halves.default");
+    let answer = json_of(&whatif(&[
+        input.to_str().unwrap(),
+        "--device-memory",
+        "40GiB",
+        "-s",
+        "expandable_segments:True",
+        "-f",
+        "json",
+    ]));
+    let process = &answer["processes"][0];
+    let settings: Vec<&str> =
+        process["runs"].as_array().unwrap().iter().map(|r| r["setting"].as_str().unwrap()).collect();
+    assert_eq!(settings, ["default", "default", "expandable_segments:True"], "as it ran, then both on 40 GiB");
+    let not_allocators = 85_520_809_984u64 - 84_465_090_560;
+    assert_eq!(process["budget"].as_u64(), Some((40u64 << 30) - not_allocators));
+    assert_eq!(
+        process["budget_source"],
+        "40.00 GiB device less 0.98 GiB that was not the allocator's (measured when the job ran out of memory)"
+    );
+    // On 40 GiB both run out: the job's settings at request 204, expandable segments at 372
+    // (it ran out at 378 on its own 80 GB device).
+    let first_out = |run: usize| process["runs"][run]["out_of_memory"][0]["at"]["step"].as_u64();
+    assert_eq!((first_out(0), first_out(1), first_out(2)), (Some(378), Some(204), Some(372)));
+    let table = String::from_utf8_lossy(
+        &whatif(&[
+            input.to_str().unwrap(),
+            "--device-memory",
+            "40GiB",
+            "-s",
+            "expandable_segments:True",
+            "-f",
+            "table",
+        ])
+        .stdout,
+    )
+    .into_owned();
+    assert!(
+        table.contains("  default on 40.00 GiB: out of memory asking for 0.63 GiB at whatif_job.py:127 halves"),
+        "{table}"
+    );
+}
+
 #[test]
 fn a_run_taken_for_the_wrong_settings_is_refused_with_where_it_parted() {
     let input = recording("halves.max_split_size_mb");
@@ -138,7 +186,7 @@ fn a_run_taken_for_the_wrong_settings_is_refused_with_where_it_parted() {
     assert_eq!(output.status.code(), Some(1));
     let table = String::from_utf8_lossy(&output.stdout);
     assert!(
-        table.contains("no prediction: the replay under the settings the job ran with parts from the recording at step 2: expected allocated Some(270532608) reserved Some(807403520), replay has allocated 270532608 reserved 536870912"),
+        table.contains("no prediction: the replay under the settings the job ran with parts from the recording at request 2: the job's allocator reported 258.0 MiB (270,532,608 bytes) allocated and 770.0 MiB (807,403,520 bytes) reserved after it, the replay has 258.0 MiB (270,532,608 bytes) and 512.0 MiB (536,870,912 bytes); no prediction is made"),
         "{table}"
     );
     assert!(!table.contains("peak reserved"), "{table}");
@@ -158,6 +206,16 @@ fn bad_questions_get_one_line_each() {
     assert!(
         String::from_utf8_lossy(&output.stderr).contains("`forty` is not a size: write it as 40GiB, 81559MiB or 80GB")
     );
+
+    // A size without a unit, or one no device has, is a slip, not a device.
+    for (given, said) in [
+        ("24", "`24` has no unit: write the device's memory as 24GiB, 24GB or 24MiB"),
+        ("0GiB", "`0GiB` is 0 B: no device has less than 64.0 MiB; write it as 40GiB, 81559MiB or 80GB"),
+    ] {
+        let output = whatif(&[input.to_str().unwrap(), "--device-memory", given]);
+        assert_eq!(output.status.code(), Some(2), "{given}");
+        assert!(String::from_utf8_lossy(&output.stderr).contains(said), "{}", String::from_utf8_lossy(&output.stderr));
+    }
 
     let dir = scratch("whatif_no_allocator");
     let file = dir.join("driver.jsonl");

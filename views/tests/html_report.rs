@@ -494,7 +494,8 @@ fn the_what_if_panel_ranks_the_usual_settings() {
             { "screenshot": dir.join("whatif.png").to_str().unwrap() },
         ]),
     );
-    let oom = "request 378 (0.011 s), asking for 0.75 GiB; every segment holds a live block";
+    // Seconds from the recording's first event, as the timelines and `export --at` count them.
+    let oom = "request 378 (3.618 s), asking for 0.75 GiB; every segment holds a live block";
     assert_eq!(
         report["results"][0],
         json!([

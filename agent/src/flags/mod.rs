@@ -31,6 +31,7 @@ pub mod daemon;
 pub mod inject;
 pub mod otlp;
 pub mod views;
+pub mod whatif;
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -41,7 +42,8 @@ pub use capture::{CaptureArgs, Compression, RuleArgs, Via};
 pub use daemon::DaemonArgs;
 pub use inject::InjectArgs;
 pub use otlp::{protocol_named, OtlpArgs};
-use views::{ExportFormat, ReportFormat, StackLayer, SummaryFormat, WhatifFormat};
+use views::{ExportFormat, ReportFormat, StackLayer, SummaryFormat};
+pub use whatif::WhatifArgs;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -163,41 +165,11 @@ pub enum Command {
     /// Would it have fit? Replays a recording's requests to PyTorch's caching allocator under
     /// other settings or on another device, beside what happened (docs/whatif.md).
     #[command(
-        after_help = "Examples:\n  gpuprof whatif run.gpuprof --setting expandable_segments:True\n  gpuprof whatif run.gpuprof --setting max_split_size_mb:128 --device-memory 40GiB\n  gpuprof whatif run.gpuprof --suggest"
+        after_help = "Examples:\n  gpuprof whatif run.gpuprof --setting expandable_segments:True\n  gpuprof whatif run.gpuprof --setting max_split_size_mb:128 --device-memory 40GiB\n  gpuprof whatif run.gpuprof --suggest\n  gpuprof whatif b4.gpuprof b8.gpuprof --scale batch=4,8 --at 16,32 --largest --device-memory 80GiB"
     )]
-    #[command(group = clap::ArgGroup::new("file").required(true).args(["input", "input_flag"]))]
     Whatif {
-        /// The event file (a recording or jsonl, captured at --level tensors).
-        #[arg(value_name = "FILE", num_args = 1..)]
-        input: Vec<PathBuf>,
-        /// The event file, as a flag.
-        #[arg(short = 'i', long = "input", value_name = "FILE")]
-        input_flag: Option<PathBuf>,
-        /// A PYTORCH_CUDA_ALLOC_CONF item to try on top of the settings the job ran with; each
-        /// --setting is a run of its own (KEY:VALUE, e.g. expandable_segments:True).
-        #[arg(short, long = "setting", value_name = "KEY:VALUE")]
-        settings: Vec<String>,
-        /// The device's memory for the replays, as nvidia-smi reports it (40GiB, 81559MiB, 80GB);
-        /// default: the device the job ran on.
-        #[arg(long, value_name = "SIZE", value_parser = size_in)]
-        device_memory: Option<u64>,
-        /// Try the usual settings and rank them by out-of-memory and peak reserved; and find the
-        /// smallest device the best one fits.
-        #[arg(long, conflicts_with = "settings")]
-        suggest: bool,
-        /// PYTORCH_CUDA_ALLOC_CONF as the job ran (default: PyTorch's defaults, or
-        /// expandable_segments:True where the recording shows expandable segments).
-        #[arg(long, value_name = "CONF")]
-        ran_with: Option<String>,
-        /// Only this process.
-        #[arg(short, long, value_name = "PID")]
-        pid: Option<u32>,
-        /// Output format (default: a table on a terminal, JSON into a file or a pipe).
-        #[arg(short, long, value_enum)]
-        format: Option<WhatifFormat>,
-        /// Write the output here instead of stdout.
-        #[arg(short, long, value_name = "FILE")]
-        output: Option<PathBuf>,
+        #[command(flatten)]
+        whatif: WhatifArgs,
     },
     /// The lines that held the most GPU memory, per process: at the peak, at the end, and
     /// allocated over the whole recording.
@@ -283,10 +255,6 @@ fn env_shown_where_set(command: clap::Command) -> clap::Command {
 }
 
 /// A size as nvidia-smi and people write it (40GiB, 81559MiB, 80GB).
-fn size_in(text: &str) -> Result<u64, String> {
-    gpuprof_model::bytes::parse_size(text)
-}
-
 /// A moment in a recording: seconds after its first event, 0 or more.
 fn seconds_in(text: &str) -> Result<f64, String> {
     match text.parse::<f64>() {

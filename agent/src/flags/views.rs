@@ -61,5 +61,7 @@ values_of! {
         Table,
         /// One JSON document: the same numbers, and each run's reserved curve.
         Json,
+        /// With --scale: one page, peak reserved against the size, a line per setting.
+        Html,
     }
 }

@@ -1,8 +1,8 @@
 //! PyTorch's CUDA caching allocator (c10/cuda/CUDACachingAllocator.cpp, 2.x), as a model: given
 //! the requests a job made, in order, it says which segments the allocator would have asked the
 //! driver for, how much it would have reserved, and whether and why it would have run out — under
-//! the settings the job ran with, or any others. It is the ground of `gpuprof whatif` (issue 37;
-//! the command is not built yet: docs/whatif.md).
+//! the settings the job ran with, or any others. It is the ground of `gpuprof whatif` (docs/whatif.md), and of
+//! planning a size before running (`scale`).
 //!
 //! What it follows, each in the function named after PyTorch's: the small (<= 1 MiB) and large
 //! pools, request rounding (`round_size`, `roundup_power2_next_division`), segment sizes
@@ -24,6 +24,9 @@
 mod caching;
 mod config;
 mod replay;
+mod scale;
+#[cfg(test)]
+mod scale_tests;
 #[cfg(test)]
 mod tests;
 mod trace;
@@ -39,8 +42,9 @@ pub use config::{settings_in_environment, AllocatorConfig, ConfigError, SETTINGS
 use replay::replay_check;
 pub use replay::{replay, Divergence, Recorded, Replay, Request};
 use replay::{replay_at, replay_checked};
+pub use scale::{Largest, PlanError, Reach, ScaleError, ScalePoint, Scaling, LARGEST_TRIED};
 pub use trace::{traces, AllocatorTrace, Origin, TraceBuilder};
-pub use whatif::{Budget, Prediction, RecordedRun, SettingsSource, WhatifError, USUAL_SETTINGS};
+pub use whatif::{Budget, NonAllocatorSource, Prediction, RecordedRun, SettingsSource, WhatifError, USUAL_SETTINGS};
 
 pub const MIB: u64 = 1 << 20;
 /// All sizes are rounded to at least this (`kMinBlockSize`).

@@ -46,7 +46,13 @@ pub struct Replay {
 /// Where a replay first parted from the recording.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Divergence {
-    #[error("step {step}: expected allocated {expected_allocated:?} reserved {expected_reserved:?}, replay has allocated {allocated} reserved {reserved}")]
+    #[error(
+        "request {step}: the job's allocator reported {} allocated and {} reserved after it, the replay has {} and {}",
+        reported(*expected_allocated),
+        reported(*expected_reserved),
+        sized(*allocated),
+        sized(*reserved)
+    )]
     Counters {
         step: usize,
         expected_allocated: Option<u64>,
@@ -54,16 +60,33 @@ pub enum Divergence {
         allocated: u64,
         reserved: u64,
     },
-    #[error("step {step}: the replay ran out of memory where the job did not ({oom})")]
+    #[error("request {step}: the replay ran out of memory where the job did not ({oom})")]
     UnexpectedOutOfMemory { step: usize, oom: OutOfMemory },
-    #[error("step {step}: the job ran out of memory where the replay did not")]
+    #[error("request {step}: the job ran out of memory where the replay did not")]
     MissedOutOfMemory { step: usize },
-    #[error("step {step}: {why}")]
+    #[error("request {step}: {why}")]
     BadRequest { step: usize, why: String },
     #[error("the replay made {replayed} device allocations for its segments, the job {recorded}")]
     Segments { replayed: u64, recorded: u64 },
-    #[error("the recording has {recorded} steps of counters for {requests} requests")]
+    #[error("the recording has {recorded} reports of the allocator's totals for {requests} requests")]
     Length { requests: usize, recorded: usize },
+}
+
+/// "770.0 MiB (807,403,520 bytes)": read at a glance, and exact where two differ by little.
+fn sized(bytes: u64) -> String {
+    let digits = bytes.to_string();
+    let mut grouped = String::new();
+    for (i, digit) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            grouped.push(',');
+        }
+        grouped.push(digit);
+    }
+    format!("{} ({grouped} bytes)", crate::bytes::human(bytes))
+}
+
+fn reported(bytes: Option<u64>) -> String {
+    bytes.map_or_else(|| "nothing".to_string(), sized)
 }
 
 /// Runs `requests` through a fresh allocator. Fails only on a request stream the allocator could

@@ -60,6 +60,11 @@ pub struct AllocatorTrace {
     /// The device's memory: NVML's total from the capture's own readings, else `cuMemGetInfo`'s
     /// total where the job asked the driver.
     pub device_memory: Option<u64>,
+    /// The most the device held beyond what this allocator had reserved, over the device
+    /// readings: the capture's NVML readings (while this process held the most of the followed
+    /// ones) and the job's own `cuMemGetInfo` calls: the CUDA context, libraries' own buffers,
+    /// other processes.
+    pub beyond_allocator: Option<u64>,
     /// PyTorch's allocator settings in the environment the process was started with, where the
     /// capture read them (`Event::allocator_settings`).
     pub started_with: Option<String>,
@@ -81,6 +86,7 @@ impl AllocatorTrace {
             segment_addresses: Vec::new(),
             budget: None,
             device_memory: None,
+            beyond_allocator: None,
             started_with: None,
             incomplete: None,
         }
@@ -90,6 +96,14 @@ impl AllocatorTrace {
         self.requests.push(request);
         self.recorded.push(recorded);
         self.origins.push(origin);
+    }
+
+    /// A reading of the device's free memory (`event.size`) and total, while the allocator had
+    /// `reserved`.
+    fn device_reading(&mut self, event: &Event, reserved: u64) {
+        let used = event.total.unwrap_or(0).saturating_sub(event.size);
+        let beyond = used.saturating_sub(reserved);
+        self.beyond_allocator = Some(self.beyond_allocator.map_or(beyond, |b| b.max(beyond)));
     }
 
     fn mark_incomplete(&mut self, why: String) {
@@ -254,8 +268,9 @@ impl TraceBuilder {
         let process = self.processes.entry(event.pid).or_default();
         if event.op == Op::MemInfo && event.api.starts_with("nvml") {
             process.nvml_total = event.total;
-            if let Some((trace, _)) = event.device.and_then(|d| self.traces.get_mut(&(event.pid, d))) {
+            if let Some((trace, state)) = event.device.and_then(|d| self.traces.get_mut(&(event.pid, d))) {
                 trace.device_memory = event.total;
+                trace.device_reading(event, state.reserved_now);
             }
             return;
         }
@@ -292,7 +307,11 @@ impl TraceBuilder {
             }
             (Op::MemInfo, 0) if event.api.starts_with("cuMemGetInfo") => {
                 trace.device_memory = trace.device_memory.or(event.total);
-                let Some(failure) = state.failure.take() else { return };
+                let Some(failure) = state.failure.take() else {
+                    // The job asked (torch.cuda.mem_get_info()): a reading of the device like NVML's.
+                    trace.device_reading(event, state.reserved_now);
+                    return;
+                };
                 // The allocator gave up: this is its error message's free memory.
                 let budget = state.reserved_now + event.size;
                 trace.budget = Some(trace.budget.map_or(budget, |b| b.min(budget)));

@@ -65,9 +65,35 @@ pub enum Budget {
     Unbounded,
     /// What the recorded device gave the allocator when it ran out of memory.
     Recorded(u64),
-    /// A device of `device_memory` bytes, less what was not the allocator's
-    /// (`non_allocator`: measured at the job's out-of-memory, or `NON_ALLOCATOR_DEFAULT`).
-    Device { device_memory: u64, non_allocator: u64, measured: bool },
+    /// A device of `device_memory` bytes, less what was not the allocator's (`non_allocator`,
+    /// found as `source` says).
+    Device { device_memory: u64, non_allocator: u64, source: NonAllocatorSource },
+}
+
+/// Where the share of device memory that is not the allocator's comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NonAllocatorSource {
+    /// The device less what it could give the allocator when the job ran out of memory.
+    OutOfMemory,
+    /// The most the device held beyond the allocator's reserve in the capture's device readings
+    /// (the CUDA context, cuBLAS and NCCL buffers, other processes on the device).
+    Readings,
+    /// `NON_ALLOCATOR_DEFAULT`: the recording has neither.
+    Default,
+}
+
+impl NonAllocatorSource {
+    pub fn describe(self) -> &'static str {
+        match self {
+            NonAllocatorSource::OutOfMemory => "measured when the job ran out of memory",
+            NonAllocatorSource::Readings => {
+                "the most the device held beyond the allocator's reserve in the capture's device readings"
+            }
+            NonAllocatorSource::Default => {
+                "as measured on an H100 machine: the recording has no device readings to measure it from"
+            }
+        }
+    }
 }
 
 impl Budget {
@@ -80,22 +106,23 @@ impl Budget {
     }
 
     /// Device memory that was not the allocator's: measured where the job ran out (the device
-    /// less what it could give the allocator then), else `NON_ALLOCATOR_DEFAULT`; and whether
-    /// it was measured.
-    pub fn non_allocator(trace: &AllocatorTrace) -> (u64, bool) {
-        match trace.budget.zip(trace.device_memory) {
-            Some((budget, total)) => (total.saturating_sub(budget), true),
-            None => (NON_ALLOCATOR_DEFAULT, false),
+    /// less what it could give the allocator then), else from the device readings, else
+    /// `NON_ALLOCATOR_DEFAULT`; and where it came from.
+    pub fn non_allocator(trace: &AllocatorTrace) -> (u64, NonAllocatorSource) {
+        match (trace.budget.zip(trace.device_memory), trace.beyond_allocator) {
+            (Some((budget, total)), _) => (total.saturating_sub(budget), NonAllocatorSource::OutOfMemory),
+            (None, Some(seen)) => (seen, NonAllocatorSource::Readings),
+            (None, None) => (NON_ALLOCATOR_DEFAULT, NonAllocatorSource::Default),
         }
     }
 
     /// The budget of a replay on a device of `device_memory` bytes (`None`: the recorded one).
     pub fn for_device(trace: &AllocatorTrace, device_memory: Option<u64>) -> Budget {
-        let (non_allocator, measured) = Budget::non_allocator(trace);
+        let (non_allocator, source) = Budget::non_allocator(trace);
         match (device_memory, trace.budget, trace.device_memory) {
-            (Some(device_memory), _, _) => Budget::Device { device_memory, non_allocator, measured },
+            (Some(device_memory), _, _) => Budget::Device { device_memory, non_allocator, source },
             (None, Some(recorded), _) => Budget::Recorded(recorded),
-            (None, None, Some(device_memory)) => Budget::Device { device_memory, non_allocator, measured: false },
+            (None, None, Some(device_memory)) => Budget::Device { device_memory, non_allocator, source },
             (None, None, None) => Budget::Unbounded,
         }
     }
@@ -138,7 +165,7 @@ impl<'t> RecordedRun<'t> {
     }
 
     /// The settings it ran with, with `extra` (KEY:VALUE items) on top.
-    pub(crate) fn setting(&self, extra: &[String]) -> String {
+    pub fn setting(&self, extra: &[String]) -> String {
         let mut parts: Vec<&str> = self.ran_with.split(',').filter(|p| !p.trim().is_empty()).collect();
         parts.extend(extra.iter().map(String::as_str));
         parts.join(",")

@@ -1,6 +1,11 @@
 //! Fitting text into a terminal's columns: long names lose their middle (both ends say the
 //! most: a module's start, a function's name), long sentences wrap at word boundaries.
 
+/// `text` as HTML text or an attribute's value.
+pub(crate) fn escape_html(text: &str) -> String {
+    text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+}
+
 /// The width gpuprof's tables keep to.
 pub(crate) const COLUMNS: usize = 120;
 

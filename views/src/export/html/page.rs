@@ -5,6 +5,7 @@
 //! uPlot 1.6.32 (MIT; vendor/README.md says where it came from and its sha256) is compiled in
 //! with `include_str!`: building needs no network and no npm.
 
+use crate::output::text::escape_html;
 use std::io::{self, Write};
 
 use super::Report;
@@ -43,10 +44,6 @@ pub(super) fn write(report: &Report, writer: &mut dyn Write) -> io::Result<()> {
         rest = &rest[at + name.len()..];
     }
     writer.write_all(rest.as_bytes())
-}
-
-fn escape_html(text: &str) -> String {
-    text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
 }
 
 #[cfg(test)]

@@ -14,6 +14,8 @@ use serde::Serialize;
 use crate::input::for_each_event;
 use crate::output::python_column;
 
+pub mod plan;
+
 /// Output formats of `whatif`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WhatifFormat {
@@ -21,6 +23,9 @@ pub enum WhatifFormat {
     Table,
     /// One JSON document: the same numbers, and each run's reserved curve.
     Json,
+    /// A plan's page (`plan::PlanFormat::Html`); a single recording's what-if is on the page of
+    /// `export -f html`.
+    Html,
 }
 
 pub struct WhatifRequest<'a> {
@@ -69,6 +74,9 @@ pub(crate) struct ProcessWhatif {
     /// With --suggest: the least device memory on which the best run never runs out.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub smallest_device: Option<SmallestDevice>,
+    /// `--device-memory`, where given: the runs after the first are on that device.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub asked_device: Option<u64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -88,7 +96,7 @@ pub(crate) struct Run {
     pub cache_at_peak: u64,
     pub largest_free_at_peak: u64,
     pub out_of_memory: Vec<OutOfMemoryAt>,
-    /// (seconds from the first request, reserved bytes): the highest of each stretch of requests,
+    /// (seconds from the recording's first event, reserved bytes): the highest of each stretch of requests,
     /// at the stretch's first request, so that every run of a process has the same times.
     pub curve: Vec<(f64, u64)>,
 }
@@ -126,47 +134,69 @@ pub fn run(request: &WhatifRequest<'_>) -> Result<u8> {
             writeln!(writer)?;
         }
         WhatifFormat::Table => write_table(&mut writer, &whatif, request.input)?,
+        WhatifFormat::Html => anyhow::bail!(
+            "whatif -f html draws a plan (--scale); the what-if of one recording is on its page: gpuprof export {} -f html",
+            request.input.display()
+        ),
     }
     writer.flush().context("cannot write the what-if")?;
     Ok(if whatif.processes.iter().all(|p| p.check == "exact") { 0 } else { 1 })
 }
 
-pub(crate) fn answer(request: &WhatifRequest<'_>) -> Result<Whatif> {
+/// A recording's allocator traces (`pid`: only that process's), and the time of its first
+/// event: the zero of every moment named, as `summary` and `export --at` count.
+pub(crate) struct Traces {
+    pub traces: Vec<AllocatorTrace>,
+    pub first_ts: u64,
+}
+
+pub(crate) fn traces_of(input: &Path, pid: Option<u32>) -> Result<Traces> {
     let mut builder = TraceBuilder::new();
-    for_each_event(request.input, |event| {
+    let mut first_ts = None;
+    for_each_event(input, |event| {
+        first_ts.get_or_insert(event.ts);
         builder.push(&event);
         Ok(())
     })?;
-    let traces: Vec<AllocatorTrace> =
-        builder.finish().into_iter().filter(|t| request.pid.is_none_or(|pid| pid == t.pid)).collect();
+    let traces: Vec<AllocatorTrace> = builder.finish().into_iter().filter(|t| pid.is_none_or(|p| p == t.pid)).collect();
     if traces.is_empty() {
         anyhow::bail!(
             "{} has no allocator requests{}: a what-if replays PyTorch's allocator, whose reports a capture at --level tensors (the default of `run` and `attach`) records from a job using PyTorch",
-            request.input.display(),
-            request.pid.map(|p| format!(" of pid {p}")).unwrap_or_default()
+            input.display(),
+            pid.map(|p| format!(" of pid {p}")).unwrap_or_default()
         );
     }
+    Ok(Traces { traces, first_ts: first_ts.unwrap_or(0) })
+}
+
+pub(crate) fn answer(request: &WhatifRequest<'_>) -> Result<Whatif> {
+    let Traces { traces, first_ts } = traces_of(request.input, request.pid)?;
     let mut processes = Vec::new();
     for trace in &traces {
-        processes.push(process_whatif(trace, request)?);
+        processes.push(process_whatif(trace, first_ts, request)?);
     }
-    name_places(request.input, &mut processes)?;
+    name_places(request.input, places_of(processes.iter_mut().flat_map(|p| p.runs.iter_mut())))?;
     Ok(Whatif { processes })
 }
 
-fn process_whatif(trace: &AllocatorTrace, request: &WhatifRequest<'_>) -> Result<ProcessWhatif> {
-    let recorded = RecordedRun::new(trace, request.ran_with.as_deref());
-    let budget = Budget::for_device(trace, request.device_memory);
-    let budget_source = match budget {
+/// Where the replays' device memory comes from, in words.
+pub(crate) fn budget_source(budget: Budget) -> String {
+    match budget {
         Budget::Unbounded => "no limit: the recording says nothing of the device (give --device-memory)".to_string(),
         Budget::Recorded(_) => "what the device gave the allocator when the job ran out of memory".to_string(),
-        Budget::Device { device_memory, non_allocator, measured } => format!(
+        Budget::Device { device_memory, non_allocator, source } => format!(
             "{} device less {} that was not the allocator's ({})",
             gib(device_memory),
             gib(non_allocator),
-            if measured { "measured when the job ran out of memory" } else { "as seen on an H100 machine" }
+            source.describe()
         ),
-    };
+    }
+}
+
+fn process_whatif(trace: &AllocatorTrace, first_ts: u64, request: &WhatifRequest<'_>) -> Result<ProcessWhatif> {
+    let recorded = RecordedRun::new(trace, request.ran_with.as_deref());
+    let budget = Budget::for_device(trace, request.device_memory);
+    let budget_source = budget_source(budget);
     let mut out = ProcessWhatif {
         pid: trace.pid,
         device: trace.device,
@@ -179,6 +209,7 @@ fn process_whatif(trace: &AllocatorTrace, request: &WhatifRequest<'_>) -> Result
         budget_source,
         runs: Vec::new(),
         smallest_device: None,
+        asked_device: request.device_memory,
     };
     let as_it_ran = match recorded.as_it_ran() {
         Ok(as_it_ran) => as_it_ran,
@@ -188,21 +219,22 @@ fn process_whatif(trace: &AllocatorTrace, request: &WhatifRequest<'_>) -> Result
         }
         Err(error) => return Err(error).context("the settings the job ran with (--ran-with)"),
     };
-    out.runs.push(run_of(trace, &as_it_ran));
+    out.runs.push(run_of(trace, first_ts, &as_it_ran));
     let predictions = if request.suggest {
         recorded.suggest(budget)?
     } else {
         let mut asked = Vec::new();
+        // On another device, the job's own settings there come first: the setting asked about
+        // is weighed against them on the same device.
+        if request.device_memory.is_some() {
+            asked.push(recorded.predict(&[], budget)?);
+        }
         for setting in &request.settings {
             asked.push(recorded.predict(std::slice::from_ref(setting), budget).context("--setting")?);
         }
-        // Another device with the same settings is a run of its own.
-        if request.settings.is_empty() && request.device_memory.is_some() {
-            asked.push(recorded.predict(&[], budget)?);
-        }
         asked
     };
-    out.runs.extend(predictions.iter().map(|p| run_of(trace, p)));
+    out.runs.extend(predictions.iter().map(|p| run_of(trace, first_ts, p)));
     if request.suggest && request.smallest_device {
         if let Some(best) = predictions.first() {
             let allocator_budget = recorded.smallest_budget(&best.extra)?;
@@ -217,9 +249,10 @@ fn process_whatif(trace: &AllocatorTrace, request: &WhatifRequest<'_>) -> Result
     Ok(out)
 }
 
-fn run_of(trace: &AllocatorTrace, prediction: &Prediction) -> Run {
+/// A replay as the views show it; moments counted from `first_ts`, the recording's first event.
+pub(crate) fn run_of(trace: &AllocatorTrace, first_ts: u64, prediction: &Prediction) -> Run {
     let replay = &prediction.replay;
-    let start = trace.origins.first().map_or(0, |o| o.ts);
+    let start = first_ts;
     let place = |step: usize| Place {
         step,
         event: trace.origins[step].event,
@@ -259,13 +292,18 @@ fn run_of(trace: &AllocatorTrace, prediction: &Prediction) -> Run {
     }
 }
 
-/// Fills in the user's line of every place named, from a second pass over the file.
-fn name_places(input: &Path, processes: &mut [ProcessWhatif]) -> Result<()> {
+/// The places runs name: their peaks and out-of-memory requests.
+pub(crate) fn places_of<'r>(runs: impl Iterator<Item = &'r mut Run>) -> Vec<&'r mut Place> {
     let mut places: Vec<&mut Place> = Vec::new();
-    for run in processes.iter_mut().flat_map(|p| p.runs.iter_mut()) {
+    for run in runs {
         places.extend(run.peak_at.as_mut());
         places.extend(run.out_of_memory.iter_mut().map(|oom| &mut oom.at));
     }
+    places
+}
+
+/// Fills in the user's line of every place named, from a second pass over the file.
+pub(crate) fn name_places(input: &Path, places: Vec<&mut Place>) -> Result<()> {
     let wanted: HashSet<usize> = places.iter().map(|p| p.event).collect();
     let mut named: HashMap<usize, String> = HashMap::new();
     let mut index = 0;
@@ -284,7 +322,7 @@ fn name_places(input: &Path, processes: &mut [ProcessWhatif]) -> Result<()> {
 }
 
 /// Settings as people read them: PyTorch's defaults by name.
-fn shown(setting: &str) -> String {
+pub(crate) fn shown(setting: &str) -> String {
     if setting.is_empty() {
         "default".to_string()
     } else {
@@ -292,7 +330,7 @@ fn shown(setting: &str) -> String {
     }
 }
 
-fn gib(bytes: u64) -> String {
+pub(crate) fn gib(bytes: u64) -> String {
     format!("{:.2} GiB", bytes as f64 / (1024 * MIB) as f64)
 }
 
@@ -323,7 +361,7 @@ fn write_table(writer: &mut dyn Write, whatif: &Whatif, input: &Path) -> Result<
             write_columns(writer, process)?;
         }
         let as_it_ran = process.runs.first().into_iter().map(|run| ("as it ran".to_string(), run));
-        let asked = process.runs.iter().skip(1).map(|run| (run.setting.clone(), run));
+        let asked = process.runs.iter().enumerate().skip(1).map(|(i, run)| (column_name(process, i), run));
         let shown: Vec<(String, &Run)> =
             if process.smallest_device.is_some() { as_it_ran.collect() } else { as_it_ran.chain(asked).collect() };
         for (name, run) in shown {
@@ -363,7 +401,7 @@ fn write_columns(writer: &mut dyn Write, process: &ProcessWhatif) -> Result<()> 
     let width = 30;
     let mut header = format!("  {:<24}", "");
     for (i, run) in process.runs.iter().enumerate() {
-        let title = if i == 0 { format!("as it ran ({})", run.setting) } else { run.setting.clone() };
+        let title = if i == 0 { format!("as it ran ({})", run.setting) } else { column_name(process, i) };
         header.push_str(&format!("{:<width$}", fit_to(&title, width - 2)));
     }
     writeln!(writer, "{}", header.trim_end())?;
@@ -385,6 +423,17 @@ fn write_columns(writer: &mut dyn Write, process: &ProcessWhatif) -> Result<()> 
     writeln!(writer, "{}", row("  largest free block", &|r| gib(r.largest_free_at_peak)))?;
     writeln!(writer, "{}", row("out of memory", &|r| out_of_memory_cell(r)))?;
     Ok(())
+}
+
+/// A run's name: its setting, and for the job's own settings on an asked device, which.
+fn column_name(process: &ProcessWhatif, i: usize) -> String {
+    let run = &process.runs[i];
+    match process.asked_device {
+        Some(device) if i > 0 && run.setting == process.runs[0].setting => {
+            format!("{} on {}", run.setting, gib(device))
+        }
+        _ => run.setting.clone(),
+    }
 }
 
 /// --suggest: what happened, then the settings tried, best first, a row each.
@@ -411,7 +460,7 @@ fn out_of_memory_cell(run: &Run) -> String {
     }
 }
 
-fn fit_to(text: &str, width: usize) -> String {
+pub(crate) fn fit_to(text: &str, width: usize) -> String {
     if text.chars().count() <= width {
         text.to_string()
     } else {
