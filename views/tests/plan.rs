@@ -69,7 +69,7 @@ fn two_batches_predict_a_third_request_by_request_and_in_peak_reserved() {
     assert_eq!(t7.requests.len(), 54);
     let scaling =
         Scaling::align(vec![ScalePoint { value: 2, trace: &t2 }, ScalePoint { value: 4, trace: &t4 }]).unwrap();
-    assert_eq!(scaling.requests_at(7).unwrap(), t7.requests);
+    assert_eq!(scaling.requests_at(7).unwrap().requests, t7.requests);
 
     let plan = json_of(&whatif(&[
         b2.to_str().unwrap(),
@@ -106,7 +106,7 @@ fn three_lengths_predict_attention_that_grows_with_the_square() {
     let traces: Vec<AllocatorTrace> = recordings.iter().map(|r| trace_of(r)).collect();
     let points = (0..3).map(|i| ScalePoint { value: [64, 128, 192][i], trace: &traces[i] }).collect();
     let scaling = Scaling::align(points).unwrap();
-    assert_eq!(scaling.requests_at(320).unwrap(), traces[3].requests);
+    assert_eq!(scaling.requests_at(320).unwrap().requests, traces[3].requests);
 
     let args: Vec<&str> = recordings[..3].iter().map(|p| p.to_str().unwrap()).collect();
     let mut args = args.clone();

@@ -42,7 +42,7 @@ pub use config::{settings_in_environment, AllocatorConfig, ConfigError, SETTINGS
 use replay::replay_check;
 pub use replay::{replay, Divergence, Recorded, Replay, Request};
 use replay::{replay_at, replay_checked};
-pub use scale::{Largest, PlanError, Reach, ScaleError, ScalePoint, Scaling, LARGEST_TRIED};
+pub use scale::{Largest, PlanError, Planned, Reach, ScaleError, ScalePoint, Scaled, Scaling, LARGEST_TRIED};
 pub use trace::{traces, AllocatorTrace, Origin, TraceBuilder};
 pub use whatif::{Budget, NonAllocatorSource, Prediction, RecordedRun, SettingsSource, WhatifError, USUAL_SETTINGS};
 

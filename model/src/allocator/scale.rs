@@ -3,7 +3,8 @@
 //! the largest value that fits a device.
 //!
 //! The traces must be the same program path: the same requests in the same order, allocations
-//! and frees of the same blocks and `empty_cache` at the same places; only sizes may differ.
+//! and frees of the same blocks and `empty_cache` at the same places; only sizes may differ, and
+//! the order of frees with nothing between them (`parting`).
 //! Where they part, nothing is predicted and the first request where they do is said: a job
 //! whose path depends on the size (another kernel chosen, a cuBLAS workspace made at one size
 //! only) cannot be scaled soundly by fitting sizes.
@@ -69,8 +70,6 @@ pub enum ScaleError {
          the job does not take the same path at both sizes, so no size between or beyond them can be predicted"
     )]
     Parted { step: usize, first: u64, second: u64, first_has: String, second_has: String },
-    #[error("at {value}, request {step} would ask for {size} bytes: the fit does not reach that far")]
-    Empty { value: u64, step: usize, size: i128 },
     #[error("a value of the size must be 1 or more")]
     Zero,
 }
@@ -104,12 +103,7 @@ impl<'t> Scaling<'t> {
         let first = &points[0];
         for other in &points[1..] {
             let (a, b) = (&first.trace.requests, &other.trace.requests);
-            let parted = (0..a.len().max(b.len())).find(|&step| match (a.get(step), b.get(step)) {
-                (Some(Request::Alloc { id: x, .. }), Some(Request::Alloc { id: y, .. })) => x != y,
-                (Some(x), Some(y)) => x != y,
-                _ => true,
-            });
-            if let Some(step) = parted {
+            if let Some(step) = parting(a, b) {
                 return Err(ScaleError::Parted {
                     step,
                     first: first.value,
@@ -144,20 +138,23 @@ impl<'t> Scaling<'t> {
         }
     }
 
-    /// The requests at `value`: each allocation's size fitted through its recorded points.
-    pub fn requests_at(&self, value: u64) -> Result<Vec<Request>, ScaleError> {
+    /// The requests at `value`: each allocation's size fitted through its recorded points. A
+    /// size that shrinks as the size grows (a library's workspace picked by a heuristic) may
+    /// fit to nothing or less far enough out: it is held at the least it was recorded at, which
+    /// over-states what the job asks rather than under-state it, and counted (`held`).
+    pub fn requests_at(&self, value: u64) -> Result<Scaled, ScaleError> {
         if value == 0 {
             return Err(ScaleError::Zero);
         }
         if let Some(trace) = self.recorded(value) {
-            return Ok(trace.requests.clone());
+            return Ok(Scaled { requests: trace.requests.clone(), held: 0 });
         }
         let first = self.points[0].trace;
         let mut sizes = vec![0u64; self.points.len()];
-        let mut requests = Vec::with_capacity(first.requests.len());
+        let mut scaled = Scaled { requests: Vec::with_capacity(first.requests.len()), held: 0 };
         for (step, request) in first.requests.iter().enumerate() {
             let Request::Alloc { id, .. } = *request else {
-                requests.push(*request);
+                scaled.requests.push(*request);
                 continue;
             };
             for (size, point) in sizes.iter_mut().zip(&self.points) {
@@ -166,13 +163,16 @@ impl<'t> Scaling<'t> {
                 };
                 *size = recorded;
             }
-            let size = self.fitted(&sizes, value);
-            if size <= 0 {
-                return Err(ScaleError::Empty { value, step, size });
-            }
-            requests.push(Request::Alloc { id, size: size as u64 });
+            let fitted = self.fitted(&sizes, value);
+            let size = if fitted > 0 {
+                fitted as u64
+            } else {
+                scaled.held += 1;
+                sizes.iter().copied().min().expect("two points at least")
+            };
+            scaled.requests.push(Request::Alloc { id, size });
         }
-        Ok(requests)
+        Ok(scaled)
     }
 
     /// Lagrange's polynomial through `(value of each point, its size)` at `value`, to the byte.
@@ -202,10 +202,11 @@ impl<'t> Scaling<'t> {
     }
 
     /// The replay at `value` under `config` within `budget`.
-    pub fn replay(&self, value: u64, config: &AllocatorConfig, budget: Budget) -> Result<Replay, PlanError> {
-        let requests = self.requests_at(value)?;
+    pub fn replay(&self, value: u64, config: &AllocatorConfig, budget: Budget) -> Result<Planned, PlanError> {
+        let scaled = self.requests_at(value)?;
         let addresses = &self.nearest(value).segment_addresses;
-        Ok(replay_at(config, budget.bytes(), &requests, addresses)?)
+        let replay = replay_at(config, budget.bytes(), &scaled.requests, addresses)?;
+        Ok(Planned { replay, held: scaled.held })
     }
 
     /// The largest value (a multiple of `step`) whose replay under `config` within `budget`
@@ -216,7 +217,7 @@ impl<'t> Scaling<'t> {
     pub fn largest(&self, config: &AllocatorConfig, budget: Budget, step: u64) -> Result<Largest, PlanError> {
         let step = step.max(1);
         let fits = |value: u64| -> Result<bool, PlanError> {
-            Ok(self.replay(value, config, budget)?.out_of_memory.is_empty())
+            Ok(self.replay(value, config, budget)?.replay.out_of_memory.is_empty())
         };
         let most = self.points[self.points.len() - 1].value;
         let start = (most / step).max(1) * step;
@@ -251,6 +252,22 @@ impl<'t> Scaling<'t> {
     }
 }
 
+/// A job's requests at a value of the size.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Scaled {
+    pub requests: Vec<Request>,
+    /// Sizes whose fit reached nothing at that value, held at the least they were recorded at.
+    pub held: usize,
+}
+
+/// A replay at a value of the size.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Planned {
+    pub replay: Replay,
+    /// As `Scaled::held`.
+    pub held: usize,
+}
+
 /// Values beyond this are not tried when searching the largest that fits.
 pub const LARGEST_TRIED: u64 = 1 << 20;
 
@@ -273,6 +290,42 @@ pub enum PlanError {
     Scale(#[from] ScaleError),
     #[error("the replay cannot go on at {0}")]
     Replay(#[from] Divergence),
+}
+
+/// The first request where two traces take different paths, if they do. Frees with nothing else
+/// between them are one set, their order free: the allocator ends them in the same state
+/// whatever the order (a freed block merges with its free neighbours either way, and nothing is
+/// reserved or handed out meanwhile), and a job frees such sets in an order that depends on
+/// addresses — autocast's cache of casts, a dictionary of tensors.
+fn parting(a: &[Request], b: &[Request]) -> Option<usize> {
+    let mut step = 0;
+    while step < a.len().max(b.len()) {
+        match (a.get(step), b.get(step)) {
+            (Some(Request::Free { .. }), Some(Request::Free { .. })) => {
+                let frees = |trace: &[Request]| -> Vec<u64> {
+                    trace[step..]
+                        .iter()
+                        .map_while(|r| if let Request::Free { id } = r { Some(*id) } else { None })
+                        .collect()
+                };
+                let (mut x, mut y) = (frees(a), frees(b));
+                if x.len() != y.len() {
+                    return Some(step + x.len().min(y.len()));
+                }
+                let length = x.len();
+                x.sort_unstable();
+                y.sort_unstable();
+                if x != y {
+                    return Some(step);
+                }
+                step += length;
+            }
+            (Some(Request::Alloc { id: x, .. }), Some(Request::Alloc { id: y, .. })) if x == y => step += 1,
+            (Some(Request::EmptyCache), Some(Request::EmptyCache)) => step += 1,
+            _ => return Some(step),
+        }
+    }
+    None
 }
 
 fn described(request: Option<&Request>) -> String {

@@ -46,8 +46,8 @@ fn three_recordings_predict_a_size_that_grows_with_its_square_exactly() {
     let (b2, b4, b6, b9) = (job(2, 3), job(4, 3), job(6, 3), job(9, 3));
     let scaling = scaling(&[(6, &b6), (2, &b2), (4, &b4)]).unwrap();
     assert_eq!(scaling.values(), [2, 4, 6]);
-    assert_eq!(scaling.requests_at(9).unwrap(), b9.requests);
-    assert_eq!(scaling.requests_at(4).unwrap(), b4.requests);
+    assert_eq!(scaling.requests_at(9).unwrap().requests, b9.requests);
+    assert_eq!(scaling.requests_at(4).unwrap().requests, b4.requests);
     assert_eq!(scaling.reach(5), Reach::Interpolated);
     assert_eq!(scaling.reach(9), Reach::Extrapolated { times: 1.5 });
     assert_eq!(scaling.reach(4), Reach::Recorded);
@@ -59,12 +59,19 @@ fn two_recordings_draw_a_line() {
     let scaling = scaling(&[(2, &b2), (4, &b4)]).unwrap();
     // The activation is linear and exact; the score, b² × 2 MiB, is 8 MiB at 2 and 32 at 4:
     // the line through them gives 56 MiB at 6, not 72: a square needs a third point.
-    let at6 = scaling.requests_at(6).unwrap();
+    let at6 = scaling.requests_at(6).unwrap().requests;
     assert_eq!(at6[1], Request::Alloc { id: 1, size: 24 * MIB });
     assert_eq!(at6[2], Request::Alloc { id: 2, size: 56 * MIB });
     assert_eq!(at6[0], Request::Alloc { id: 0, size: 40 * MIB }, "the weights do not scale");
-    // Below the recorded values the line reaches zero: refused, with the request.
-    assert_eq!(scaling.requests_at(1).unwrap_err(), ScaleError::Empty { value: 1, step: 2, size: -4 * MIB as i128 });
+    // Below the recorded values the scores' line reaches zero and less (-4 MiB at 1): held at
+    // the least they were recorded at, and counted; the activations' line is still above zero.
+    let at1 = scaling.requests_at(1).unwrap();
+    assert_eq!(
+        (at1.requests[1], at1.requests[2]),
+        (Request::Alloc { id: 1, size: 4 * MIB }, Request::Alloc { id: 2, size: 8 * MIB })
+    );
+    assert_eq!(at1.held, 1);
+    assert_eq!(scaling.requests_at(6).unwrap().held, 0);
 }
 
 #[test]
@@ -87,6 +94,26 @@ fn recordings_that_take_other_paths_are_refused_with_where() {
     assert!(matches!(error, ScaleError::Parted { step: 5, .. }), "{error}");
     assert_eq!(scaling(&[(2, &b2)]).unwrap_err(), ScaleError::TooFew(1));
     assert_eq!(scaling(&[(2, &b2), (2, &b2)]).unwrap_err(), ScaleError::SameValue(2));
+}
+
+/// Frees with nothing between them may come in another order at another size (autocast's cache
+/// of casts is freed in the order of their addresses): the same set, the same path.
+#[test]
+fn frees_together_in_another_order_are_the_same_path() {
+    let (b2, mut b4) = (job(2, 3), job(4, 3));
+    let frees = b4.requests.iter().position(|r| matches!(r, Request::Free { .. })).unwrap();
+    b4.requests[frees..frees + 6].reverse();
+    let scaling = scaling(&[(2, &b2), (4, &b4)]).unwrap();
+    assert_eq!(scaling.requests_at(4).unwrap().requests, b4.requests);
+    assert_eq!(scaling.requests_at(6).unwrap().requests[frees..frees + 6], b2.requests[frees..frees + 6]);
+    // Another set is another path: at 4 the first of them frees block 1 instead of block 6.
+    let mut other = job(4, 3);
+    other.requests[frees] = Request::Free { id: 1 };
+    assert!(matches!(scaling_error(&b2, &other), ScaleError::Parted { step, .. } if step == frees));
+}
+
+fn scaling_error(a: &AllocatorTrace, b: &AllocatorTrace) -> ScaleError {
+    scaling(&[(2, a), (4, b)]).unwrap_err()
 }
 
 #[test]

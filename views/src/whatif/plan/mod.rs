@@ -89,6 +89,9 @@ pub(crate) struct PlanPoint {
     pub value: u64,
     /// "recorded", "interpolated", "extrapolated, 2.00× the largest recorded".
     pub reach: String,
+    /// Requests whose size shrinks with the size and whose fit reached nothing here: held at
+    /// the least they were recorded at (`Scaling::requests_at`).
+    pub held: usize,
     /// A run per setting; none where the value cannot be predicted (`why`).
     pub runs: Vec<Run>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -223,8 +226,8 @@ fn process_plan(
         Ok(scaling) => scaling,
         Err(error) => {
             plan.check = error.to_string();
-            if let ScaleError::Parted { step, .. } = error {
-                plan.check.push_str(&lines_at(request, traces, step)?);
+            if let ScaleError::Parted { step, first, second, .. } = error {
+                plan.check.push_str(&lines_at(request, traces, step, [first, second])?);
             }
             return Ok(plan);
         }
@@ -263,11 +266,13 @@ fn process_plan(
     values.sort_unstable();
     values.dedup();
     for value in values {
-        let mut point = PlanPoint { value, reach: scaling.reach(value).describe(), runs: Vec::new(), why: None };
+        let mut point =
+            PlanPoint { value, reach: scaling.reach(value).describe(), held: 0, runs: Vec::new(), why: None };
         for (setting, config) in &configs {
             match scaling.replay(value, config, budget) {
-                Ok(replay) => {
-                    let prediction = Prediction { setting: setting.clone(), extra: Vec::new(), replay };
+                Ok(planned) => {
+                    point.held = planned.held;
+                    let prediction = Prediction { setting: setting.clone(), extra: Vec::new(), replay: planned.replay };
                     point.runs.push(run_of(origin, first_ts, &prediction));
                 }
                 Err(error) => {
@@ -308,7 +313,7 @@ fn largest_fits(
             Largest::None => (None, false),
         };
         let peak = match value {
-            Some(value) => Some(scaling.replay(value, &config, budget).map_err(plan_error)?.peak_reserved),
+            Some(value) => Some(scaling.replay(value, &config, budget).map_err(plan_error)?.replay.peak_reserved),
             None => None,
         };
         Ok(Candidate {
@@ -344,10 +349,11 @@ fn largest_fits(
 }
 
 /// "; request 7 is at plan_job.py:82 main at 2, at plan_job.py:57 Job.attention at 8": the
-/// user's line of a request in each recording that has it.
-fn lines_at(request: &PlanRequest<'_>, traces: &[&AllocatorTrace], step: usize) -> Result<String> {
+/// user's line of a request in the two recordings that part there, where they have it.
+fn lines_at(request: &PlanRequest<'_>, traces: &[&AllocatorTrace], step: usize, parted: [u64; 2]) -> Result<String> {
     let mut said = Vec::new();
-    for ((trace, input), value) in traces.iter().zip(request.inputs).zip(&request.values) {
+    let recordings = traces.iter().zip(request.inputs).zip(&request.values);
+    for ((trace, input), value) in recordings.filter(|(_, value)| parted.contains(value)) {
         let Some(origin) = trace.origins.get(step) else { continue };
         let mut place = Place { step, event: origin.event, seconds: 0.0, place: String::new() };
         name_places(input, vec![&mut place])?;
@@ -372,7 +378,7 @@ fn chart(scaling: &Scaling<'_>, configs: &[(String, AllocatorConfig)], budget: B
             value,
             peak_reserved: configs
                 .iter()
-                .map(|(_, config)| scaling.replay(value, config, budget).ok().map(|r| r.peak_reserved))
+                .map(|(_, config)| scaling.replay(value, config, budget).ok().map(|p| p.replay.peak_reserved))
                 .collect(),
         })
         .collect()
@@ -425,6 +431,13 @@ fn write_table(writer: &mut dyn Write, plan: &Plan) -> Result<()> {
                 }
             }
             writeln!(writer, "{}", line.trim_end())?;
+        }
+        for point in process.points.iter().filter(|p| p.held > 0) {
+            writeln!(
+                writer,
+                "  {} {}: {} requests whose size shrinks as the {} grows, and whose fit reaches nothing there, are held at the least they were recorded at",
+                plan.size, point.value, point.held, plan.size
+            )?;
         }
         for fit in &process.largest {
             let said = match (fit.value, fit.unbounded) {
