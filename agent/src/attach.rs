@@ -63,9 +63,9 @@ pub fn attach(pid: u32, wait: bool, args: &CaptureArgs) -> Result<u8> {
     if session.run(Until::RootExits, deadline, &mut hooks)? == gpuprof_capture::session::Ended::RootExited {
         gpuprof_capture::session::leftovers::follow(&mut session, deadline, "process", &mut hooks)?;
     }
-    session.finish()?;
+    let findings = session.finish()?;
     args.write_html(&destination)?;
-    Ok(0)
+    Ok(args.exit_status(&findings, 0))
 }
 
 fn target_libraries(pid: u32, args: &CaptureArgs) -> Result<Vec<LibraryFile>> {

@@ -64,13 +64,14 @@ fn dispatch(command: Command) -> anyhow::Result<u8> {
         Command::Daemon { daemon: args } => daemon::run(args.resolve()?),
         Command::Inject { inject: args } => inject::run(&(&args).into()),
         Command::Top { pid, interval } => top::run(&top::TopArgs { pid, interval }),
-        Command::Report { input, input_flag, format, output, rules } => {
+        Command::Report { input, input_flag, format, output, rules, fail_on } => {
             let format = format.map(Into::into).unwrap_or(if gpuprof_views::output::for_a_person(output.as_deref()) {
                 report::ReportFormat::Table
             } else {
                 report::ReportFormat::Json
             });
-            report::run(&setup::one_input("report", input, input_flag)?, format, output.as_deref(), rules.config()?)
+            let input = setup::one_input("report", input, input_flag)?;
+            report::run(&input, format, output.as_deref(), rules.config()?, fail_on.map(Into::into))
         }
         Command::Export {
             input,

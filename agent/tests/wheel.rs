@@ -211,6 +211,12 @@ fn plugin_tests(name: &str) -> PathBuf {
 /// `pytest -v ARGS` from the virtual environment in `dir`, with every capability dropped (the
 /// plugin needs none), on the stand-ins.
 fn pytest(dir: &Path, args: &[&str]) -> Output {
+    pytest_over(standin_dir(), dir, args)
+}
+
+/// `pytest`, with `libraries` where the loader looks first (the stand-ins, with or without
+/// libcupti).
+fn pytest_over(libraries: &Path, dir: &Path, args: &[&str]) -> Output {
     let installed = installed();
     let mut command = Command::new("setpriv");
     command.args(["--bounding-set=-all", "--inh-caps=-all", "--ambient-caps=-all", "--no-new-privs", "--"]);
@@ -218,7 +224,7 @@ fn pytest(dir: &Path, args: &[&str]) -> Output {
     command
         .current_dir(dir)
         .env("GPUPROF_LIBC10_CUDA", libc10_cuda_standin())
-        .env("LD_LIBRARY_PATH", standin_dir())
+        .env("LD_LIBRARY_PATH", libraries)
         .env("PYTHONDONTWRITEBYTECODE", "1")
         .env("COLUMNS", "200")
         // As under CI: elsewhere pytest cuts the short summary's lines to the terminal's width.
@@ -404,6 +410,25 @@ fn without_allocator_events_the_driver_allocations_count() {
             ),
         ]
     );
+}
+
+/// Without libcupti the shim sees no driver call: a test that keeps 8 MiB of driver memory, with
+/// no allocator events to go by, is not passed blind: it fails, saying why and what to do.
+#[test]
+fn a_test_the_shim_cannot_see_fails_saying_why() {
+    let dir = plugin_tests("wheel_pytest_blind");
+    let output = pytest_over(standin_dir_without_cupti(), &dir, &["--gpuprof", "test_driver.py"]);
+    let said = session(&output);
+    assert_eq!(output.status.code(), Some(1), "{}{}", text(&output.stdout), text(&output.stderr));
+    assert_eq!(said.counts, "2 failed");
+    let why = "gpuprof: this test's GPU memory was not checked: no allocator events in this process, and the shim does not see its driver calls: no libcupti was found: set GPUPROF_CUPTI=/path/to/libcupti.so (it comes with the CUDA toolkit and with PyTorch's nvidia-cuda-cupti wheel); a test is not passed blind\n";
+    let names: Vec<&str> = said.failures.iter().map(|(name, _)| name.as_str()).collect();
+    assert_eq!(names, ["test_driver_leak", "test_driver_over_the_limit"]);
+    // The first test is where CUDA started: pytest shows the shim's own warning under it.
+    let (first, second) = (&said.failures[0].1, &said.failures[1].1);
+    let warning = ": driver calls are not captured in-process: no libcupti (loaded, $GPUPROF_CUPTI, beside libcudart, $CUDA_HOME, /usr/local/cuda, the loader's path): set GPUPROF_CUPTI=/path/to/libcupti.so\n";
+    assert!(first.starts_with(why) && first.contains("Captured stderr call") && first.ends_with(warning), "{first}");
+    assert_eq!(second, why);
 }
 
 #[test]

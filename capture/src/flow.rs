@@ -337,8 +337,8 @@ impl EventFlow {
     /// The end of the run: findings the rules give only now, post-mortems still being written,
     /// then each reporter finished, the last first: what one says it delivered joins `closing`
     /// (what the capture took in, in words) for those finished after it. `lost_events`: what the
-    /// capture dropped (a recording keeps the count).
-    pub(crate) fn finish(mut self, mut closing: Vec<String>, lost_events: u64) -> Result<()> {
+    /// capture dropped (a recording keeps the count). The run's findings, where they were kept.
+    pub(crate) fn finish(mut self, mut closing: Vec<String>, lost_events: u64) -> Result<Vec<Finding>> {
         let mut ended = self.analyzer.finish();
         self.ranks.name(&mut ended);
         if let Some(postmortems) = &mut self.postmortems {
@@ -369,6 +369,6 @@ impl EventFlow {
                 closing.push(delivered);
             }
         }
-        Ok(())
+        Ok(self.findings)
     }
 }

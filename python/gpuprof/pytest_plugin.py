@@ -72,6 +72,37 @@ def _flush_function():
     return flush
 
 
+# What `gpuprof_shim_driver_calls` returns, when the shim does not see the driver's calls: why.
+BLIND = {
+    0: "CUDA was initialized without the shim's CUPTI subscription (another library named by CUDA_INJECTION64_PATH?)",
+    2: "another CUPTI subscriber (a profiler: PyTorch's, Nsight) holds this process's only slot",
+    3: "no libcupti was found: set GPUPROF_CUPTI=/path/to/libcupti.so (it comes with the CUDA toolkit and with PyTorch's nvidia-cuda-cupti wheel)",
+    4: "CUPTI refused the shim's subscription (the shim's warning on stderr says how)",
+    5: "the shim handed CUPTI over to a profiler that subscribed after it",
+}
+SUBSCRIBED = 1
+
+
+def _driver_calls_function():
+    """The preloaded shim's `gpuprof_shim_driver_calls`, or None for a shim without it."""
+    try:
+        state = ctypes.CDLL(None).gpuprof_shim_driver_calls
+    except AttributeError:
+        return None
+    state.argtypes = []
+    state.restype = ctypes.c_int
+    return state
+
+
+def _libcuda_loaded():
+    """Whether this process mapped libcuda: it may have called the driver."""
+    try:
+        with open("/proc/self/maps", "rb") as maps:
+            return b"/libcuda.so" in maps.read()
+    except OSError:
+        return False
+
+
 def _restart_with_the_shim():
     events = os.environ.get(EVENTS_VAR)
     if events and os.environ.get("GPUPROF_SHIM_OUTPUT") == events and _flush_function() is not None:
@@ -169,6 +200,7 @@ class GpuMemoryChecks:
             raise pytest.UsageError(
                 "--gpuprof: gpuprof's shim is not in this process (pytest did not restart itself with it)"
             )
+        self.driver_calls = _driver_calls_function()
         self.root = str(getattr(config, "rootpath", None) or config.rootdir)
         # Bytes of the events file read so far (whole lines).
         self.read_to = 0
@@ -214,6 +246,14 @@ class GpuMemoryChecks:
             return
         self.allocator_seen = self.allocator_seen or any(e["layer"] == "allocator" for e in events)
         layer = "allocator" if self.allocator_seen else "driver"
+        blind = self._blind_to_driver_calls() if layer == "driver" else None
+        if blind is not None:
+            text = (
+                f"gpuprof: this test's GPU memory was not checked: no allocator events in this process, and the shim "
+                f"does not see its driver calls: {blind}; a test is not passed blind"
+            )
+            self.failures[item.nodeid] = GpuMemoryFailure(text, text, item.location[0], item.location[1] + 1)
+            return
         shown = self._frames_shown(item)
         verdicts = []
         if wanted.limit is not None:
@@ -226,6 +266,16 @@ class GpuMemoryChecks:
             self.failures[item.nodeid] = GpuMemoryFailure(
                 "\n".join(v.text for v in verdicts), verdicts[0].summary, path, line
             )
+
+    def _blind_to_driver_calls(self):
+        """Why the shim cannot see this process's driver calls, or None when it can (or when the
+        process never loaded libcuda: nothing to see)."""
+        if self.driver_calls is None:
+            return "the shim is too old to say whether it sees them"
+        state = self.driver_calls()
+        if state == SUBSCRIBED or not _libcuda_loaded():
+            return None
+        return BLIND.get(state, f"the shim's CUPTI state is {state}")
 
     def _frames_shown(self, item):
         code = getattr(getattr(item, "function", None), "__code__", None)

@@ -5,6 +5,7 @@ use std::io::Write;
 use std::path::Path;
 
 use anyhow::{Context, Result};
+use gpuprof_model::findings::{FailOn, FAIL_ON_EXIT};
 use gpuprof_model::forward_stacks::ForwardStacks;
 use gpuprof_model::rank::Ranks;
 use gpuprof_model::{Analyzer, Finding, RuleConfig};
@@ -21,8 +22,15 @@ pub enum ReportFormat {
     Table,
 }
 
-/// Returns gpuprof's exit code: 0 whenever the report ran, whatever it found.
-pub fn run(input: &Path, format: ReportFormat, output_path: Option<&Path>, rules: RuleConfig) -> Result<u8> {
+/// Returns gpuprof's exit code: 0 whenever the report ran, or `FAIL_ON_EXIT` when it found what
+/// `fail_on` names (said on stderr).
+pub fn run(
+    input: &Path,
+    format: ReportFormat,
+    output_path: Option<&Path>,
+    rules: RuleConfig,
+    fail_on: Option<FailOn>,
+) -> Result<u8> {
     let mut analyzer = Analyzer::new(rules);
     // A shim's own file has no forward lines yet.
     let mut forward_stacks = ForwardStacks::default();
@@ -52,5 +60,11 @@ pub fn run(input: &Path, format: ReportFormat, output_path: Option<&Path>, rules
     }
     .and_then(|_| writer.flush())
     .context("cannot write the report")?;
-    Ok(0)
+    match fail_on.and_then(|f| f.verdict(&found)) {
+        Some(said) => {
+            eprintln!("gpuprof: {said}");
+            Ok(FAIL_ON_EXIT)
+        }
+        None => Ok(0),
+    }
 }

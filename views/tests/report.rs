@@ -74,3 +74,39 @@ fn report_refuses_corrupt_files_and_reads_truncated_ones_up_to_their_cut() {
         "{table}"
     );
 }
+
+/// `--fail-on`: a recording with a leak fails a CI job (exit status 3, said on stderr), a clean
+/// one does not, and a kind the recording does not have does not.
+#[test]
+fn fail_on_gives_exit_status_3_for_the_findings_it_names() {
+    let dir = scratch("report_fail_on");
+    let alloc = r#"{"ts":1,"pid":7,"tid":7,"source":"ebpf","layer":"driver","op":"alloc","api":"cuMemAlloc_v2","kind":"device","addr":"0x7f0000000000","size":4096,"result":0,"stack":[]}"#;
+    let free = r#"{"ts":2,"pid":7,"tid":7,"source":"ebpf","layer":"driver","op":"free","api":"cuMemFree_v2","kind":"device","addr":"0x7f0000000000","size":0,"result":0,"stack":[]}"#;
+    let exit = r#"{"ts":3,"pid":7,"tid":7,"source":"ebpf","layer":"process","op":"exit","api":"sched_process_exit","size":0,"result":0,"exit_code":0,"stack":[]}"#;
+    let (leaking, clean) = (dir.join("leaking.jsonl"), dir.join("clean.jsonl"));
+    std::fs::write(&leaking, format!("{alloc}\n{exit}\n")).unwrap();
+    std::fs::write(&clean, format!("{alloc}\n{free}\n{exit}\n")).unwrap();
+    let report_failing_on = |input: &Path, kind: &str| {
+        let output = Command::new(gpuprof())
+            .args(["report", input.to_str().unwrap(), "-f", "json", "--fail-on", kind])
+            .output()
+            .unwrap();
+        let findings: Vec<Finding> = serde_json::from_slice(&output.stdout).unwrap();
+        let kinds: Vec<FindingKind> = findings.iter().map(|f| f.kind).collect();
+        (output.status.code(), String::from_utf8_lossy(&output.stderr).into_owned(), kinds)
+    };
+    let said = "gpuprof: 1 finding matched --fail-on leak: exit status 3\n";
+    assert_eq!(
+        report_failing_on(&leaking, "leak"),
+        (Some(3), said.to_string(), vec![FindingKind::ExitWithLiveAllocations])
+    );
+    assert_eq!(report_failing_on(&leaking, "any").0, Some(3));
+    assert_eq!(
+        report_failing_on(&leaking, "oom"),
+        (Some(0), String::new(), vec![FindingKind::ExitWithLiveAllocations])
+    );
+    assert_eq!(report_failing_on(&clean, "any"), (Some(0), String::new(), vec![]));
+    let output =
+        Command::new(gpuprof()).args(["report", leaking.to_str().unwrap(), "--fail-on", "leaks"]).output().unwrap();
+    assert_eq!(output.status.code(), Some(2), "a kind it does not know is a usage error");
+}

@@ -93,6 +93,11 @@ pub struct CaptureArgs {
     /// timelines, the stacks behind any instant, the findings; one file that opens offline.
     #[arg(help_heading = "Output", long, value_name = "FILE")]
     pub html: Option<PathBuf>,
+    /// Exit with status 3 when findings of this kind were made (and the command exited 0), for
+    /// a CI job to gate on: leak (every finding that asks for action but an out-of-memory),
+    /// oom, or any (never an info finding).
+    #[arg(help_heading = "Findings", long, value_enum, value_name = "KIND")]
+    pub fail_on: Option<super::views::FailOn>,
     #[command(flatten, next_help_heading = "Findings")]
     pub rules: RuleArgs,
     #[command(flatten, next_help_heading = "Fleet (OTLP)")]

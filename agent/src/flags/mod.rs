@@ -78,7 +78,9 @@ pub enum Command {
         capture: CaptureArgs,
     },
     /// Leak findings of a recorded event file (a recording or jsonl, as `attach`/`run` write them).
-    #[command(after_help = "Example:\n  gpuprof report run.gpuprof -f table")]
+    #[command(
+        after_help = "Examples:\n  gpuprof report run.gpuprof -f table\n  gpuprof report run.gpuprof --fail-on leak   # exit status 3 when it has a leak"
+    )]
     #[command(group = clap::ArgGroup::new("file").required(true).args(["input", "input_flag"]))]
     Report {
         /// The event file (a recording or jsonl).
@@ -95,6 +97,11 @@ pub enum Command {
         output: Option<PathBuf>,
         #[command(flatten)]
         rules: RuleArgs,
+        /// Exit with status 3 when the recording has findings of this kind, for a CI job to gate
+        /// on: leak (every finding that asks for action but an out-of-memory), oom, or any
+        /// (never an info finding).
+        #[arg(long, value_enum, value_name = "KIND")]
+        fail_on: Option<views::FailOn>,
     },
     /// A live view of every CUDA process on the machine (or one process tree).
     #[command(

@@ -65,3 +65,15 @@ values_of! {
         Html,
     }
 }
+
+values_of! {
+    /// The findings `--fail-on` fails on.
+    FailOn => gpuprof_model::findings::FailOn {
+        /// Every finding that asks for action, but an out-of-memory.
+        Leak,
+        /// An out-of-memory failure.
+        Oom,
+        /// Any finding that asks for action (never an info one).
+        Any,
+    }
+}

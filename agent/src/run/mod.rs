@@ -57,9 +57,9 @@ pub fn run(command: &[OsString], args: &CaptureArgs) -> Result<u8> {
     if let Ended::CommandExited(_) = ended {
         gpuprof_capture::session::leftovers::follow(&mut session, deadline, "command", &mut hooks)?;
     }
-    session.finish()?;
+    let findings = session.finish()?;
     args.write_html(&destination)?;
-    Ok(exit_code(ended, &child))
+    Ok(args.exit_status(&findings, exit_code(ended, &child)))
 }
 
 /// The command's exit code, or 0 when the capture stopped first (said, with where it still runs).

@@ -59,9 +59,9 @@ pub fn run(command: &[OsString], args: &CaptureArgs, shim: Option<&Path>) -> Res
     }
     session.pump(Duration::ZERO)?;
     let _ = std::fs::remove_dir_all(&dir);
-    session.finish()?;
+    let findings = session.finish()?;
     args.write_html(&destination)?;
-    Ok(exit_code(ended, &child))
+    Ok(args.exit_status(&findings, exit_code(ended, &child)))
 }
 
 /// `--shim`, else next to the gpuprof executable (a cargo build), else in `../lib/gpuprof/` from

@@ -34,6 +34,19 @@ impl CaptureArgs {
         Ok(destination)
     }
 
+    /// gpuprof's exit status after a capture: the command's (`code`), or with `--fail-on` and a
+    /// command that exited 0, `FAIL_ON_EXIT` when the run's findings match (said on stderr).
+    pub fn exit_status(&self, findings: &[gpuprof_model::Finding], code: u8) -> u8 {
+        let fail_on: Option<gpuprof_model::findings::FailOn> = self.fail_on.map(Into::into);
+        match fail_on.and_then(|f| f.verdict(findings)).filter(|_| code == 0) {
+            Some(said) => {
+                eprintln!("gpuprof: {said}");
+                gpuprof_model::findings::FAIL_ON_EXIT
+            }
+            None => code,
+        }
+    }
+
     /// `--html`: the report of the file the capture wrote (none when it kept no file).
     pub fn write_html(&self, destination: &Destination) -> anyhow::Result<()> {
         let (Some(html), Some(events)) = (self.html.as_deref(), destination.file.as_deref()) else { return Ok(()) };

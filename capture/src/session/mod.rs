@@ -317,7 +317,8 @@ impl<'c> Session<'c> {
     /// The end of the run: the flow's last findings, and its reporters finished with what was
     /// captured in words (and the counters, with `--stats` or when something was lost; the
     /// phases' costs when they were measured; a warning when the kernel lost events).
-    pub fn finish(self) -> Result<()> {
+    /// Ends the capture (`EventFlow::finish`); the run's findings, where they were kept.
+    pub fn finish(self) -> Result<Vec<gpuprof_model::Finding>> {
         let lost = self.lost_events();
         let mut closing = vec![self.account(lost)];
         if self.counters || lost > 0 {

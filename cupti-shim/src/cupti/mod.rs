@@ -66,6 +66,15 @@ pub fn state() -> CuptiState {
     STATES[usize::from(STATE.load(Ordering::Acquire))]
 }
 
+/// Whether the shim sees this process's driver calls, for a program that loaded it (the pytest
+/// plugin, through ctypes): the index of its state in `STATES` — 0 not started (CUDA not
+/// initialized, or the driver injected another library), 1 subscribed, 2 another subscriber holds
+/// the slot, 3 no libcupti, 4 CUPTI refused, 5 handed over to a profiler.
+#[no_mangle]
+pub extern "C" fn gpuprof_shim_driver_calls() -> libc::c_int {
+    libc::c_int::from(STATE.load(Ordering::Acquire))
+}
+
 fn set_state(state: CuptiState) {
     let index = STATES.iter().position(|known| *known == state).expect("the shim sets only the states it lists");
     STATE.store(index as u8, Ordering::Release);

@@ -5,6 +5,7 @@
 //! A clean process produces no finding: a false positive is a bug.
 
 mod exit_with_live_allocations;
+mod fail_on;
 mod growth;
 mod ipc_export_freed_while_imported;
 mod ipc_handle_not_closed;
@@ -16,6 +17,7 @@ pub mod wording;
 mod worker_cuda_context;
 
 pub use crate::user_frame::user_frame;
+pub use fail_on::{FailOn, FAIL_ON_EXIT};
 
 use std::collections::BTreeMap;
 
