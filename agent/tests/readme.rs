@@ -1,13 +1,16 @@
-//! README.md shows what `bash scripts/demo.sh` prints. This test runs the demo's capture as the
-//! script does (the bundled job, the libcuda stand-in alone on the library path, the recording
-//! into target/demo/demo.gpuprof) and holds README's block to it, pids, times and the checkout's
-//! path made the README's own, so that the sample cannot go stale. When the output changes on
-//! purpose: `GPUPROF_BLESS_README=1 cargo test -p gpuprof --test readme` rewrites the block.
+//! README.md shows what `bash scripts/demo.sh` prints. This test runs the script as a reader
+//! would (with this build's gpuprof instead of a release build: GPUPROF_BIN) and holds README's
+//! block to its output — the checkout's path made the README's own, pids numbered from 4710 in
+//! the order the tables list them, and what differs from run to run by timing alone (seconds,
+//! rates, finding ids) taken as it comes — and checks what the demo is for: every finding's kind,
+//! line and diagnosis, and the HTML report. When the output changes on purpose:
+//! `GPUPROF_BLESS_README=1 cargo test -p gpuprof --test readme` rewrites the block.
 
 use std::collections::HashMap;
 use std::path::Path;
 use std::process::Command;
 
+use gpuprof_model::{Finding, FindingKind};
 use gpuprof_testkit::*;
 
 const START: &str = "<!-- demo output, checked by agent/tests/readme.rs -->\n```text\n";
@@ -16,64 +19,193 @@ const END: &str = "```\n";
 const CHECKOUT: &str = "/home/me/gpuprof";
 
 #[test]
-fn the_readme_shows_what_the_demo_prints() {
-    let checkout = scratch("readme_demo");
-    let demo = checkout.join("target/demo");
-    std::fs::create_dir_all(&demo).unwrap();
-    std::fs::copy(standin_dir().join("libcuda.so.1"), demo.join("libcuda.so.1")).unwrap();
-    let output = Command::new(gpuprof())
-        .current_dir(&checkout)
-        .args(["run", "-o", "target/demo/demo.gpuprof", "--", python3()])
-        .arg(workloads().join("process_tree.py"))
-        .env("LD_LIBRARY_PATH", &demo)
-        .env("PYTHONPATH", workloads())
+fn the_readme_shows_what_the_demo_prints_and_the_demo_finds_its_four_problems() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    standin_dir();
+    let output = Command::new("bash")
+        .args(["-c", "bash scripts/demo.sh 2>&1"])
+        .current_dir(root)
+        .env("GPUPROF_BIN", gpuprof())
+        .env("PYTHON", python3())
         .env_remove("NO_COLOR")
+        .env_remove("LD_LIBRARY_PATH")
         .output()
         .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
-    assert_eq!(output.status.code(), Some(0), "{stderr}");
-    let printed = format!("$ sudo bash scripts/demo.sh\n{}", as_in_the_readme(&stderr, &checkout));
+    let said = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert_eq!(output.status.code(), Some(0), "{said}");
+    let printed = format!("$ sudo bash scripts/demo.sh\n{}", as_in_the_readme(&said, root));
 
-    let readme_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md");
+    let readme_path = root.join("README.md");
     let readme = std::fs::read_to_string(&readme_path).unwrap();
     let start = readme.find(START).expect("README.md has the demo's output block") + START.len();
     let end = start + readme[start..].find(END).unwrap();
-    if readme[start..end] != printed && std::env::var_os("GPUPROF_BLESS_README").is_some() {
+    let shown = &readme[start..end];
+    if timing_aside(shown) != timing_aside(&printed) && std::env::var_os("GPUPROF_BLESS_README").is_some() {
         std::fs::write(&readme_path, format!("{}{printed}{}", &readme[..start], &readme[end..])).unwrap();
         return;
     }
     assert_eq!(
-        readme[start..end],
-        printed,
+        timing_aside(shown),
+        timing_aside(&printed),
         "README.md's demo output is stale: GPUPROF_BLESS_README=1 cargo test -p gpuprof --test readme rewrites it"
     );
+
+    // What the demo is for: each problem at its line, with its diagnosis.
+    let demo = root.join("target/demo");
+    let report =
+        Command::new(gpuprof()).args(["report", "-f", "json"]).arg(demo.join("demo.gpuprof")).output().unwrap();
+    let findings: Vec<Finding> = serde_json::from_slice(&report.stdout).unwrap();
+    let job = std::fs::read_to_string(workloads().join("demo_job.py")).unwrap();
+    let line_of = |marker: &str| job.lines().position(|l| l.contains(marker)).unwrap() as u32 + 1;
+    let found: Vec<Seen> = findings
+        .iter()
+        .map(|f| {
+            let at = f.user_frame.as_ref().map(|u| (u.function.clone(), u.line));
+            assert!(f.user_frame.as_ref().is_none_or(|u| u.file.ends_with("/demo_job.py")), "{f:?}");
+            (f.kind, f.severity.as_str(), at, f.diagnosis.map(|d| d.as_str()))
+        })
+        .collect();
+    let at = |function: &str, marker: &str| Some((function.to_string(), line_of(marker)));
+    assert_eq!(
+        found,
+        [
+            (
+                FindingKind::WorkerCudaContext,
+                "leak",
+                at("CudaDataset.__getitem__", "# a CUDA context in the worker"),
+                Some("cuda_in_dataloader_worker")
+            ),
+            (
+                FindingKind::ExitWithLiveAllocations,
+                "info",
+                at("CudaDataset.__getitem__", "# a CUDA context in the worker"),
+                None
+            ),
+            (FindingKind::IpcExportFreedWhileImported, "leak", at("share", "# the shared buffer"), None),
+            (
+                FindingKind::IpcHandleNotClosed,
+                "leak",
+                at("consume", "# opened, never closed"),
+                Some("ipc_handle_not_released")
+            ),
+            (
+                FindingKind::Growth,
+                "leak",
+                at("forward", "# the loss, kept by train"),
+                Some("tensors_kept_by_user_code")
+            ),
+            (FindingKind::Oom, "leak", at("grow_buffers", "# the growing buffer"), Some("fragmentation")),
+            (FindingKind::ExitWithLiveAllocations, "info", at("grow_buffers", "# the growing buffer"), None),
+        ]
+    );
+    // The report the demo says to open, with the job's lines in it; and whatif's answer.
+    let html = std::fs::read_to_string(demo.join("demo.html")).unwrap();
+    assert!(html.contains("tensors_kept_by_user_code") && html.contains("demo_job.py"));
+    let whatif = said.find("$ gpuprof whatif").unwrap();
+    let ran_out = said[whatif..].lines().find(|l| l.starts_with("  out of memory ")).unwrap();
+    assert!(ran_out.starts_with("  out of memory           request ") && ran_out.ends_with("  no"), "{ran_out}");
 }
 
-/// The run's stderr with what differs between runs and machines made fixed: the checkout's path,
-/// the seconds the capture took, and pids (numbered from 4710 in the order they appear).
-fn as_in_the_readme(stderr: &str, checkout: &Path) -> String {
-    let text = stderr.replace(checkout.to_str().unwrap(), CHECKOUT);
+/// A finding as the demo is checked for it: kind, severity, the user's function and line, why.
+type Seen<'f> = (FindingKind, &'f str, Option<(String, u32)>, Option<&'f str>);
+
+/// The output with what differs between machines made fixed: the checkout's path, the binary's
+/// (a release build's, as the reader's), Python's standard library (Debian's) and pids (numbered
+/// from 4710 in the order the first table lists them, PPID first).
+fn as_in_the_readme(said: &str, checkout: &Path) -> String {
+    let stdlib = Command::new(python3())
+        .args(["-c", "import sysconfig; print(sysconfig.get_paths()['stdlib'])"])
+        .output()
+        .unwrap();
+    let stdlib = String::from_utf8(stdlib.stdout).unwrap();
+    let version = stdlib.trim().rsplit('/').next().unwrap().to_string();
+    let text = said
+        .replace(gpuprof(), "target/release/gpuprof")
+        .replace(stdlib.trim(), &format!("/usr/lib/{version}"))
+        .replace(checkout.to_str().unwrap(), CHECKOUT);
     let mut pids: HashMap<String, String> = HashMap::new();
-    let mut lines = Vec::new();
     for line in text.lines() {
-        let mut line = line.to_string();
-        if let Some((before, after)) = line.split_once(" s, ").filter(|_| line.starts_with("gpuprof: captured ")) {
-            let (head, _secs) = before.rsplit_once(' ').unwrap();
-            line = format!("{head} 0.3 s, {after}");
-        }
         // A row of the live-memory table: pid and ppid, right-aligned, first.
         let fields: Vec<&str> = line.split_whitespace().collect();
-        if fields.len() > 3 && fields[0].parse::<u32>().is_ok() && fields[1].parse::<u32>().is_ok() {
-            let (pid, ppid) = (fields[0].to_string(), fields[1].to_string());
-            for original in [&ppid, &pid] {
+        let is_pid = |field: &str| field.len() > 1 && field.parse::<u32>().is_ok();
+        if fields.len() > 3 && is_pid(fields[0]) && is_pid(fields[1]) && fields[2] != "B" {
+            for original in [fields[1], fields[0]] {
                 let next = format!("{}", 4710 + pids.len());
-                pids.entry(original.clone()).or_insert(next);
+                pids.entry(original.to_string()).or_insert(next);
             }
-            let after_pid = line.find(fields[0]).unwrap() + fields[0].len();
-            let rest = &line[after_pid + line[after_pid..].find(fields[1]).unwrap() + fields[1].len()..];
-            line = format!("{:>7} {:>7}{rest}", pids[&pid], pids[&ppid]);
         }
-        lines.push(line);
+    }
+    let mut lines = Vec::new();
+    for line in text.lines() {
+        let chars: Vec<char> = line.chars().collect();
+        let mut out = String::new();
+        let mut i = 0;
+        while i < chars.len() {
+            if !chars[i].is_ascii_digit() {
+                out.push(chars[i]);
+                i += 1;
+                continue;
+            }
+            let start = i;
+            while i < chars.len() && chars[i].is_ascii_digit() {
+                i += 1;
+            }
+            let word: String = chars[start..i].iter().collect();
+            // Digits glued to a dot, a letter or a hex digit are not a pid (sizes, names, ids).
+            let glued = |c: Option<&char>| c.is_some_and(|c| *c == '.' || c.is_ascii_alphanumeric());
+            let renamed = pids
+                .get(&word)
+                .filter(|_| !glued(chars.get(i)) && !glued(start.checked_sub(1).and_then(|b| chars.get(b))));
+            match renamed {
+                Some(pid) => {
+                    // In a table the column keeps its width: spaces and pid, right-aligned.
+                    let spaces = out.len() - out.trim_end_matches(' ').len();
+                    if spaces > 1 {
+                        out.truncate(out.len() - spaces);
+                        out.push_str(&format!("{pid:>width$}", width = spaces + word.len()));
+                    } else {
+                        out.push_str(pid);
+                    }
+                }
+                None => out.push_str(&word),
+            }
+        }
+        lines.push(out);
     }
     lines.join("\n") + "\n"
+}
+
+/// The text with what timing alone changes set aside: numbers before " s" and "/s", and finding
+/// ids.
+fn timing_aside(text: &str) -> String {
+    let mut out = String::new();
+    for line in text.lines() {
+        let mut kept = String::new();
+        let chars: Vec<char> = line.chars().collect();
+        let mut i = 0;
+        while i < chars.len() {
+            if chars[i].is_ascii_digit() {
+                let start = i;
+                while i < chars.len() && (chars[i].is_ascii_digit() || chars[i] == '.') {
+                    i += 1;
+                }
+                let after: String = chars[i..].iter().take(6).collect();
+                let timed = after.starts_with(" s") || after.starts_with(" MiB/s") || after.starts_with(" GiB/s");
+                if timed {
+                    kept.push('#');
+                } else {
+                    kept.extend(&chars[start..i]);
+                }
+                continue;
+            }
+            kept.push(chars[i]);
+            i += 1;
+        }
+        if let Some(at) = kept.find("(id ") {
+            kept.replace_range(at + 4..(at + 20).min(kept.len()), "#");
+        }
+        out.push_str(&kept);
+        out.push('\n');
+    }
+    out
 }

@@ -375,7 +375,7 @@ fn write_table(writer: &mut dyn Write, whatif: &Whatif, input: &Path) -> Result<
                     gib(oom.reserved_unallocated),
                     gib(oom.largest_free_block),
                     if oom.every_segment_holds_a_live_block {
-                        "; every segment holds a live block, so no setting that only recuts the cache helps"
+                        "; every segment holds a live block, so emptying the cache cannot make room (a setting that lays blocks out otherwise, as expandable segments do, may: the other columns say)"
                     } else {
                         ""
                     }
