@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Packs already-built gpuprof binaries into the wheel `pip install gpuprof` installs:
+"""Packs already-built gpuprof binaries into the wheel `pip install gpuprof-memory` installs:
 
-    gpuprof-<version>-py3-none-manylinux_<x>_<y>_<arch>.whl
+    gpuprof_memory-<version>-py3-none-manylinux_<x>_<y>_<arch>.whl
       gpuprof/                                  the Python package (python/gpuprof: the pytest plugin)
-      gpuprof-<v>.data/scripts/gpuprof          -> <prefix>/bin/gpuprof
-      gpuprof-<v>.data/scripts/gpuprof-collector
-      gpuprof-<v>.data/data/lib/gpuprof/libgpuprof_shim.so   -> <prefix>/lib/gpuprof/
-      gpuprof-<v>.dist-info/                    METADATA, WHEEL, entry_points.txt (pytest11), RECORD
+      gpuprof_memory-<v>.data/scripts/gpuprof   -> <prefix>/bin/gpuprof
+      gpuprof_memory-<v>.data/scripts/gpuprof-collector
+      gpuprof_memory-<v>.data/data/lib/gpuprof/libgpuprof_shim.so   -> <prefix>/lib/gpuprof/
+      gpuprof_memory-<v>.dist-info/             METADATA, WHEEL, entry_points.txt (pytest11), RECORD
 
     cargo build --release -p gpuprof -p gpuprof-collector -p gpuprof-shim
     python3 scripts/build-wheel.py            # from target/release into dist/; prints the wheel's path
@@ -39,6 +39,12 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# The distribution's name on PyPI: `gpuprof` there is another project's profiler (0.7.1, with a
+# `gpuprof` command of its own), so this one is `gpuprof-memory` (free when checked, 2026-11-29);
+# the package it installs and its commands keep the name people know.
+DISTRIBUTION = "gpuprof-memory"
+# The distribution's name in file names (PEP 427: runs of -_. as one underscore).
+FILE_NAME = re.sub(r"[-_.]+", "_", DISTRIBUTION)
 NAME = "gpuprof"
 SHIM = "libgpuprof_shim.so"
 # Libraries a manylinux wheel may take from the system (auditwheel's lib_whitelist, the same in
@@ -221,8 +227,8 @@ def build(gpuprof, collector, shim, out_dir, keep_debug, python_dir):
     if not sources:
         raise Refused(f"no Python package at {package}")
 
-    data = f"{NAME}-{version}.data"
-    info = f"{NAME}-{version}.dist-info"
+    data = f"{FILE_NAME}-{version}.data"
+    info = f"{FILE_NAME}-{version}.dist-info"
     with tempfile.TemporaryDirectory() as scratch:
         if not keep_debug:
             gpuprof, collector, shim = (strip_debug(p, scratch) for p in (gpuprof, collector, shim))
@@ -235,7 +241,7 @@ def build(gpuprof, collector, shim, out_dir, keep_debug, python_dir):
     metadata = "\n".join(
         [
             "Metadata-Version: 2.1",
-            f"Name: {NAME}",
+            f"Name: {DISTRIBUTION}",
             f"Version: {version}",
             f"Summary: {SUMMARY}",
             "License: Apache-2.0",
@@ -264,7 +270,7 @@ def build(gpuprof, collector, shim, out_dir, keep_debug, python_dir):
     entries.append((f"{info}/RECORD", record.getvalue().encode(), 0o644))
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    target = out_dir / f"{NAME}-{version}-{tag}.whl"
+    target = out_dir / f"{FILE_NAME}-{version}-{tag}.whl"
     # The same inputs give the same bytes: fixed timestamps (SOURCE_DATE_EPOCH when set).
     stamp = time.gmtime(max(int(os.environ.get("SOURCE_DATE_EPOCH", "315532800")), 315532800))[:6]
     staging = target.with_suffix(f".tmp{os.getpid()}")

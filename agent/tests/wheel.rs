@@ -1,4 +1,4 @@
-//! `pip install gpuprof`, offline: the wheel is packed by scripts/build-wheel.py from this test
+//! `pip install gpuprof-memory`, offline: the wheel is packed by scripts/build-wheel.py from this test
 //! build's own binaries (no second compile), installed with pytest from the test tools' wheelhouse
 //! into a fresh virtual environment, and used from there as a user would: `gpuprof --version`, a
 //! capture through the installed shim on the stand-ins, and the pytest plugin's own tests
@@ -91,12 +91,13 @@ fn expected_platform() -> String {
 fn the_wheel_installs_the_binaries_the_shim_and_the_plugin() {
     let installed = installed();
     let name = installed.wheel.file_name().unwrap().to_str().unwrap().to_string();
-    assert_eq!(name, format!("gpuprof-{VERSION}-py3-none-{}.whl", expected_platform()));
+    // `gpuprof` on PyPI is another project's: the distribution is gpuprof-memory.
+    assert_eq!(name, format!("gpuprof_memory-{VERSION}-py3-none-{}.whl", expected_platform()));
     let listing = run(Command::new(python3())
         .args(["-c", "import sys, zipfile; print('\\n'.join(sorted(zipfile.ZipFile(sys.argv[1]).namelist())))"])
         .arg(&installed.wheel));
-    let data = format!("gpuprof-{VERSION}.data");
-    let info = format!("gpuprof-{VERSION}.dist-info");
+    let data = format!("gpuprof_memory-{VERSION}.data");
+    let info = format!("gpuprof_memory-{VERSION}.dist-info");
     let mut expected = vec![
         format!("{data}/data/lib/gpuprof/libgpuprof_shim.so"),
         format!("{data}/scripts/gpuprof"),

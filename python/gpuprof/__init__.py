@@ -1,4 +1,4 @@
-"""gpuprof as `pip install gpuprof` installs it: the `gpuprof` and `gpuprof-collector` commands,
+"""gpuprof as `pip install gpuprof-memory` installs it: the `gpuprof` and `gpuprof-collector` commands,
 the in-process shim `libgpuprof_shim.so` and a pytest plugin (`pytest --gpuprof`, docs/pytest.md).
 
 The profiler itself is the Rust binaries; this package only finds the shim the wheel installed,
@@ -13,6 +13,8 @@ SHIM_FILE = "libgpuprof_shim.so"
 # finds it at `<its directory>/../lib/gpuprof/`, since scripts go to `<data>/bin`.
 SHIM_DATA_PATH = ("lib", "gpuprof", SHIM_FILE)
 
+# The distribution on PyPI (`gpuprof` there is another project's): scripts/build-wheel.py.
+DISTRIBUTION = "gpuprof-memory"
 
 def shim_path():
     """The shim library to preload: $GPUPROF_SHIM (as `gpuprof run --via shim` takes it), else the
@@ -27,7 +29,7 @@ def shim_path():
     installed = _installed_shim()
     if installed:
         return installed
-    looked.append("the files of the installed gpuprof distribution")
+    looked.append(f"the files of the installed {DISTRIBUTION} distribution")
     binary = shutil.which("gpuprof")
     if binary:
         directory = os.path.dirname(os.path.realpath(binary))
@@ -38,7 +40,7 @@ def shim_path():
     else:
         looked.append("next to a gpuprof on PATH (none)")
     raise FileNotFoundError(
-        f"{SHIM_FILE} not found (looked in {', '.join(looked)}): `pip install gpuprof`, or set GPUPROF_SHIM to the library"
+        f"{SHIM_FILE} not found (looked in {', '.join(looked)}): `pip install gpuprof-memory`, or set GPUPROF_SHIM to the library"
     )
 
 
@@ -48,7 +50,7 @@ def _installed_shim():
     try:
         from importlib import metadata
 
-        files = metadata.files("gpuprof") or []
+        files = metadata.files(DISTRIBUTION) or []
     except Exception:  # not installed as a distribution (run from a source tree)
         return None
     for file in files:
