@@ -16,6 +16,7 @@ SHIM_DATA_PATH = ("lib", "gpuprof", SHIM_FILE)
 # The distribution on PyPI (`gpuprof` there is another project's): scripts/build-wheel.py.
 DISTRIBUTION = "gpuprof-memory"
 
+
 def shim_path():
     """The shim library to preload: $GPUPROF_SHIM (as `gpuprof run --via shim` takes it), else the
     file this distribution installed, else next to a `gpuprof` on PATH (a cargo build's
