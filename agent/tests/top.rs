@@ -78,7 +78,7 @@ fn top_shows_a_cuda_process_and_quits_on_q() {
         [pid.as_str(), "python3", "running", "0", "11.0", "MiB", "-", "-", "-", "-", "-", "0", "1", "4"],
         "{screen}"
     );
-    assert!(screen.contains("1 CUDA processes"), "{screen}");
+    assert!(screen.contains("1 CUDA process,"), "{screen}");
     assert!(screen.contains(&format!("Live bytes by the user's line — pid {pid}")), "{screen}");
     assert!(screen.lines().any(|l| l.contains("11.0 MiB device") && l.contains("Driver.call")), "{screen}");
     assert!(screen.lines().any(|l| l.contains("64.0 KiB host_pinned")), "{screen}");

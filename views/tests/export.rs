@@ -260,7 +260,7 @@ fn empty_and_impossible_moments_are_refused_with_a_hint() {
     let span = (events.last().unwrap().ts - events[0].ts) as f64 / 1e9;
     assert_eq!(
         said(&export(&input, &["--format", "folded", "--at", "99999"])),
-        (Some(1), format!("gpuprof: error: --at 99999 is past the end of {path}: its events span {span:.3} s; give at most that, or leave --at out for the end\n"))
+        (Some(1), format!("gpuprof: error: --at 99999 is past the end of {path}: its events span {span:.3} s; give at most that, or --end for the end\n"))
     );
     let (code, stderr) = said(&export(&input, &["--format", "folded", "--oom", "0"]));
     assert_eq!(code, Some(2));

@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 
 use gpuprof_model::bytes::human;
+use gpuprof_model::findings::wording::count;
 use gpuprof_model::track::{LiveSummary, ProcessState};
 use gpuprof_model::Finding;
 use ratatui::layout::{Constraint, Direction, Layout};
@@ -162,11 +163,15 @@ fn in_order(model: &Model, sort: SortKey) -> Vec<&LiveSummary> {
 
 fn header(model: &Model, processes: &[&LiveSummary], sort: SortKey) -> String {
     format!(
-        "gpuprof top — {} CUDA processes, {} events{}, {} findings — sorted by {} — q quit, ↑/↓ select, s sort, PgUp/PgDn findings",
-        processes.iter().filter(|p| p.state == ProcessState::Running).count(),
-        model.events,
+        "gpuprof top — {}, {}{}, {} — sorted by {} — q quit, ↑/↓ select, s sort, PgUp/PgDn findings",
+        count(
+            processes.iter().filter(|p| p.state == ProcessState::Running).count() as u64,
+            "CUDA process",
+            "CUDA processes"
+        ),
+        count(model.events, "event", "events"),
         if model.lost > 0 { format!(" ({} lost)", model.lost) } else { String::new() },
-        model.findings.len(),
+        count(model.findings.len() as u64, "finding", "findings"),
         sort.name()
     )
 }

@@ -60,7 +60,7 @@ pub(crate) fn replay_to(input: &Path, moment: Moment, mut each: impl FnMut(&Even
         Moment::Oom(n) if !reached => bail!("{} has fewer than {n} out-of-memory failures", input.display()),
         Moment::At(secs) if !reached => {
             let span = cut.span_secs();
-            bail!("--at {secs} is past the end of {}: its events span {span:.3} s; give at most that, or leave --at out for the end", input.display())
+            bail!("--at {secs} is past the end of {}: its events span {span:.3} s; give at most that, or --end for the end", input.display())
         }
         _ => {}
     }
