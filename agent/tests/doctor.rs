@@ -173,6 +173,12 @@ fn without_capabilities_the_shim_alone_captures() {
     let with_shim = doctor_in_namespace(&binary, &unprivileged, &["-f", "json"], &env, "");
     std::fs::remove_file(&shim).unwrap();
     let without_shim = doctor_in_namespace(&binary, &unprivileged, &["-f", "json"], &env, "");
+    let refused = Command::new(unprivileged[0])
+        .args(&unprivileged[1..])
+        .arg(&binary)
+        .args(["run", "--", "true"])
+        .output()
+        .unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
 
     let mut checks = vec![
@@ -245,6 +251,15 @@ fn without_capabilities_the_shim_alone_captures() {
                 ),
             }
         })
+    );
+
+    // `run` refuses in one line, which points here.
+    assert_eq!(refused.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&refused.stderr),
+        format!(
+            "gpuprof: error: missing privileges CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE: gpuprof loads eBPF probes (CAP_BPF, CAP_PERFMON) and reads other processes' memory maps (CAP_SYS_PTRACE); {PRIVILEGES_FIX}, or capture without them from inside the process: `gpuprof run --via shim -- CMD` (gpuprof doctor says what this machine can capture)\n"
+        )
     );
 }
 

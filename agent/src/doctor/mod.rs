@@ -117,6 +117,15 @@ pub struct Report {
     pub verdict: Verdict,
 }
 
+/// What a refusal of the machine ends with: where to see everything it lacks at once.
+pub const SEE_DOCTOR: &str = "(gpuprof doctor says what this machine can capture)";
+
+/// The capture's own preflight (`gpuprof_capture::preflight`) for the verbs that load probes,
+/// its refusal, still one line, pointing at the doctor.
+pub fn check_ebpf_capture() -> Result<()> {
+    gpuprof_capture::preflight::check_ebpf_capture().map_err(|error| anyhow::anyhow!("{error:#} {SEE_DOCTOR}"))
+}
+
 /// Runs the checks and writes the report; gpuprof's exit code.
 pub fn run(format: DoctorFormat, shim: Option<&Path>) -> Result<u8> {
     let report = examine(shim);
