@@ -10,7 +10,7 @@ use crate::flags::CaptureArgs;
 use gpuprof_capture::kernel::Capture;
 use gpuprof_capture::libcuda::{self, LibraryFile};
 use gpuprof_capture::session::{EbpfSource, Scope, Session, Until};
-use gpuprof_capture::{preflight, signals};
+use gpuprof_capture::signals;
 use gpuprof_procfs::process;
 
 const WAIT_INTERVAL: Duration = Duration::from_millis(20);
@@ -23,7 +23,7 @@ pub fn attach(pid: u32, wait: bool, args: &CaptureArgs) -> Result<u8> {
     if !process::is_running(pid) {
         bail!("no process with pid {pid}: check the pid with `ps -p {pid}` (it may have exited)");
     }
-    preflight::check_ebpf_capture()?;
+    crate::doctor::check_ebpf_capture()?;
     signals::install();
 
     let mut libraries = target_libraries(pid, args)?;

@@ -1,11 +1,13 @@
 //! `gpuprof`: parse the command line, run the verb, turn any error into one line and a non-zero
 //! exit code. The verbs that capture (`attach`, `run`, `top`) are configurations of
 //! `gpuprof_capture::session::Session`; `daemon` and `inject` are `gpuprof_fleet`'s; `report`,
-//! `summary` and `export` are `gpuprof_views`'.
+//! `summary` and `export` are `gpuprof_views`'; `doctor` says which of the captures this machine
+//! can run.
 
 use std::process::ExitCode;
 
 mod attach;
+mod doctor;
 mod flags;
 mod run;
 mod setup;
@@ -64,6 +66,14 @@ fn dispatch(command: Command) -> anyhow::Result<u8> {
         Command::Daemon { daemon: args } => daemon::run(args.resolve()?),
         Command::Inject { inject: args } => inject::run(&(&args).into()),
         Command::Top { pid, interval } => top::run(&top::TopArgs { pid, interval }),
+        Command::Doctor { format, shim } => {
+            let format = format.map(Into::into).unwrap_or(if gpuprof_views::output::for_a_person(None) {
+                doctor::DoctorFormat::Table
+            } else {
+                doctor::DoctorFormat::Json
+            });
+            doctor::run(format, shim.as_deref())
+        }
         Command::Report { input, input_flag, format, output, rules, fail_on } => {
             let format = format.map(Into::into).unwrap_or(if gpuprof_views::output::for_a_person(output.as_deref()) {
                 report::ReportFormat::Table

@@ -147,10 +147,14 @@ fn with_hidden(dir: &str) -> Output {
 
 #[test]
 fn kernel_without_btf() {
+    let output = with_hidden("/sys/kernel/btf");
     assert_one_line_error(
-        &with_hidden("/sys/kernel/btf"),
+        &output,
         "this kernel has no BTF (/sys/kernel/btf/vmlinux is missing): gpuprof's CO-RE probes need a kernel built with CONFIG_DEBUG_INFO_BTF=y",
     );
+    assert!(String::from_utf8_lossy(&output.stderr).ends_with(
+        "(the default of current distributions' kernels) (gpuprof doctor says what this machine can capture)\n"
+    ));
 }
 
 #[test]

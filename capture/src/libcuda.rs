@@ -49,8 +49,8 @@ pub(crate) fn is_libc10_cuda(path: &str) -> bool {
 }
 
 /// Every process on the machine, but this one and those in `skip`, that maps libcuda or libc10:
-/// the CUDA processes a node-wide view (`top`, the daemon) has not picked up yet.
-pub(crate) fn cuda_processes_on_node(skip: &std::collections::HashSet<u32>) -> Vec<u32> {
+/// the CUDA processes a node-wide view (`top`, the daemon, `gpuprof doctor`) has not picked up yet.
+pub fn cuda_processes_on_node(skip: &std::collections::HashSet<u32>) -> Vec<u32> {
     let me = std::process::id();
     process::all_pids()
         .into_iter()
@@ -82,26 +82,74 @@ pub(crate) fn mapped_matching(pid: u32, wanted: fn(&str) -> bool) -> Result<Vec<
     Ok(found)
 }
 
+/// The directories the loader searches when neither LD_LIBRARY_PATH nor its cache has the file.
+const DEFAULT_DIRS: [&str; 6] =
+    ["/lib64", "/usr/lib64", "/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib", "/usr/lib"];
+
+/// The loader cache, as a place looked in, and as one that could not be (`ldconfig` lives in
+/// /sbin, which a user's PATH may leave out).
+const LOADER_CACHE: &str = "the loader cache (ldconfig -p)";
+const NO_LOADER_CACHE: &str = "the loader cache (unread: no ldconfig on PATH)";
+
+/// Where `libcuda.so.1` was looked for, in the loader's order, and the file found there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoaderLookup {
+    pub found: Option<PathBuf>,
+    /// Each place looked in up to the find (all of them when nothing was found), in words.
+    pub looked_in: Vec<String>,
+}
+
 /// The file the dynamic loader would load for `libcuda.so.1` given this environment:
 /// LD_LIBRARY_PATH, then the loader cache, then the default directories.
 pub fn resolve_for_loader() -> Option<PathBuf> {
-    let from_env = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
-    let env_dirs = from_env.split(':').filter(|d| !d.is_empty()).map(PathBuf::from);
-    if let Some(found) = env_dirs.map(|dir| dir.join(SONAME)).find(|p| p.is_file()) {
-        return Some(found);
-    }
-    if let Some(found) = from_loader_cache() {
-        return Some(found);
-    }
-    ["/lib64", "/usr/lib64", "/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib", "/usr/lib"]
-        .iter()
-        .map(|dir| Path::new(dir).join(SONAME))
-        .find(|p| p.is_file())
+    look_up_for_loader().found
 }
 
-fn from_loader_cache() -> Option<PathBuf> {
+/// `resolve_for_loader`, saying where it looked (`gpuprof doctor` names the places when there
+/// is no libcuda).
+pub fn look_up_for_loader() -> LoaderLookup {
+    let from_env = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
+    let mut looked_in = Vec::new();
+    for dir in from_env.split(':').filter(|d| !d.is_empty()) {
+        looked_in.push(format!("{dir} (LD_LIBRARY_PATH)"));
+        let path = Path::new(dir).join(SONAME);
+        if path.is_file() {
+            return LoaderLookup { found: Some(path), looked_in };
+        }
+    }
+    let cached = from_loader_cache();
+    looked_in.push(if cached.is_some() { LOADER_CACHE } else { NO_LOADER_CACHE }.to_string());
+    if let Some(found) = cached.flatten() {
+        return LoaderLookup { found: Some(found), looked_in };
+    }
+    for dir in DEFAULT_DIRS {
+        looked_in.push(dir.to_string());
+        let path = Path::new(dir).join(SONAME);
+        if path.is_file() {
+            return LoaderLookup { found: Some(path), looked_in };
+        }
+    }
+    LoaderLookup { found: None, looked_in }
+}
+
+/// The driver's version from the name of the file `path` leads to: the driver installs
+/// `libcuda.so.580.95.05` and links `libcuda.so.1` to it. None for a file named otherwise.
+pub fn driver_version(path: &Path) -> Option<String> {
+    let file = fs::canonicalize(path).ok()?;
+    version_in_name(file.file_name()?.to_str()?).map(str::to_string)
+}
+
+fn version_in_name(name: &str) -> Option<&str> {
+    let version = name.strip_prefix("libcuda.so.")?;
+    let dotted =
+        version.contains('.') && version.split('.').all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
+    dotted.then_some(version)
+}
+
+/// The cache's libcuda; None when ldconfig cannot be run.
+fn from_loader_cache() -> Option<Option<PathBuf>> {
     let output = Command::new("ldconfig").arg("-p").output().ok()?;
-    parse_ldconfig(&String::from_utf8_lossy(&output.stdout))
+    Some(parse_ldconfig(&String::from_utf8_lossy(&output.stdout)))
 }
 
 /// Picks the x86-64 `libcuda.so.1` line of `ldconfig -p`.
@@ -137,5 +185,13 @@ mod tests {
 ";
         assert_eq!(parse_ldconfig(listing), Some(PathBuf::from("/usr/lib/x86_64-linux-gnu/libcuda.so.1")));
         assert_eq!(parse_ldconfig("0 libs found\n"), None);
+    }
+
+    #[test]
+    fn the_driver_version_is_the_file_name_past_the_soname() {
+        assert_eq!(version_in_name("libcuda.so.580.95.05"), Some("580.95.05"));
+        assert_eq!(version_in_name("libcuda.so.1"), None);
+        assert_eq!(version_in_name("libcuda.so.1.bak"), None);
+        assert_eq!(version_in_name("libcudart.so.12.4"), None);
     }
 }

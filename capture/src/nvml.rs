@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use gpuprof_model::Tracker;
 
-pub(crate) const LIBRARY: &str = "libnvidia-ml.so.1";
+pub const LIBRARY: &str = "libnvidia-ml.so.1";
 
 /// How often the driver is asked (each ask walks every device).
 const SAMPLE_INTERVAL: Duration = Duration::from_secs(1);
@@ -192,6 +192,28 @@ impl Nvml {
 
 // SAFETY: NVML's calls are thread-safe (nvml.h); the handles it returns are process-wide.
 unsafe impl Send for Nvml {}
+
+/// NVML as this process finds it, opened as a capture opens it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NvmlHere {
+    /// The file the loader opened, where it can say.
+    pub path: Option<std::path::PathBuf>,
+    pub devices: u32,
+}
+
+/// Whether NVML works here (`gpuprof doctor`): its file and devices, None when there is no
+/// library, or why it does not work.
+pub fn open_here() -> Result<Option<NvmlHere>, String> {
+    let Some(nvml) = Nvml::open()? else { return Ok(None) };
+    // SAFETY: Dl_info is pointers and nothing else, for which zero is a valid value.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: dladdr reads the address of a function NVML exported, and fills `info`.
+    let known = unsafe { libc::dladdr(nvml.get_handle as *const c_void, &mut info) } != 0;
+    let path = (known && !info.dli_fname.is_null())
+        // SAFETY: dladdr's file name is a NUL-terminated string that lives as long as the library.
+        .then(|| std::path::PathBuf::from(unsafe { CStr::from_ptr(info.dli_fname) }.to_string_lossy().into_owned()));
+    Ok(Some(NvmlHere { path, devices: nvml.devices }))
+}
 
 /// NVML's figures for the processes gpuprof follows, sampled every second.
 pub struct NvmlView {

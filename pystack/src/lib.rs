@@ -25,6 +25,6 @@ pub mod offsets;
 pub mod strings;
 
 pub use code::Symbolizer;
-pub use discovery::{find_interpreter, Interpreter};
+pub use discovery::{find_interpreter, DiscoveryError, Interpreter};
 pub use memory::{Memory, MemoryError, RemoteMemory};
 pub use offsets::{InstrEncoding, Layout, LineTableFormat, Offsets, Version};

@@ -145,3 +145,13 @@ pub struct DaemonArgs {
     #[arg(long, value_name = "MIB", env = "GPUPROF_POSTMORTEM_NODE_MIB")]
     pub postmortem_node_mib: Option<u64>,
 }
+
+impl DaemonArgs {
+    /// The daemon's settings as its environment alone gives them: what `gpuprof daemon` with no
+    /// flags would start from (`gpuprof doctor` reads its collector there).
+    pub fn from_environment() -> Result<DaemonArgs, clap::Error> {
+        use clap::FromArgMatches;
+        let command = DaemonArgs::augment_args(clap::Command::new("daemon").no_binary_name(true));
+        DaemonArgs::from_arg_matches(&command.try_get_matches_from(std::iter::empty::<&str>())?)
+    }
+}

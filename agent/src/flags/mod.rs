@@ -50,7 +50,7 @@ pub use whatif::WhatifArgs;
     name = "gpuprof",
     version,
     about = "GPU memory profiler: every CUDA allocation, free, mapping and IPC handle of a process tree, from outside, with eBPF",
-    after_help = "Examples:\n  sudo gpuprof run -- python3 train.py\n  sudo gpuprof attach 4711 --duration 30 --format table\n  sudo gpuprof run --output events.jsonl -- python3 -m torch.distributed.run train.py"
+    after_help = "Examples:\n  gpuprof doctor\n  sudo gpuprof run -- python3 train.py\n  sudo gpuprof attach 4711 --duration 30 --format table\n  sudo gpuprof run --output events.jsonl -- python3 -m torch.distributed.run train.py"
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -114,6 +114,20 @@ pub enum Command {
         /// Seconds between redraws.
         #[arg(long, value_name = "SECS", default_value_t = 0.5)]
         interval: f64,
+    },
+    /// What this machine can capture, and why not: the kernel's features and the privileges
+    /// eBPF needs, the libcuda `run` would probe, PyTorch's libc10, NVML, the CUDA processes
+    /// running and their CPython, the shim, the collector. Exits 1 when nothing can capture.
+    #[command(
+        after_help = "Each line: ✓ works, ✗ does not (its fix on the line), – does not apply here.\nExamples:\n  gpuprof doctor\n  sudo gpuprof doctor -f json"
+    )]
+    Doctor {
+        /// Output format (default: a table on a terminal, JSON into a pipe).
+        #[arg(short, long, value_enum)]
+        format: Option<DoctorFormat>,
+        /// The shim library to look at (default: libgpuprof_shim.so next to gpuprof, or $GPUPROF_SHIM).
+        #[arg(long, value_name = "PATH", env = "GPUPROF_SHIM")]
+        shim: Option<PathBuf>,
     },
     /// Views of a recorded event file: an HTML report, folded stacks, a flame graph, speedscope,
     /// a PyTorch memory_viz snapshot, or the events themselves as jsonl (or jsonl as a recording).
@@ -240,6 +254,16 @@ pub enum Command {
         #[arg(required = true, trailing_var_arg = true, value_name = "CMD", help_heading = None::<&str>)]
         command: Vec<OsString>,
     },
+}
+
+values_of! {
+    /// Output formats of `doctor`.
+    DoctorFormat => crate::doctor::DoctorFormat {
+        /// A line per check, then the verdict.
+        Table,
+        /// One JSON document: every check's name, status, detail and fix, and the verdict.
+        Json,
+    }
 }
 
 /// The command line's definition, its help showing an environment variable's value only where

@@ -19,7 +19,7 @@ use crate::flags::CaptureArgs;
 use gpuprof_capture::kernel::Capture;
 use gpuprof_capture::libcuda::{self, LibraryFile};
 use gpuprof_capture::session::{EbpfSource, Ended, Session, Until};
-use gpuprof_capture::{preflight, signals};
+use gpuprof_capture::signals;
 
 /// `gpuprof run -- CMD…` with eBPF: returns CMD's exit code.
 pub fn run(command: &[OsString], args: &CaptureArgs) -> Result<u8> {
@@ -27,7 +27,7 @@ pub fn run(command: &[OsString], args: &CaptureArgs) -> Result<u8> {
     args.rules.config()?;
     let (program, program_args) = command.split_first().ok_or_else(|| anyhow!("no command given after `--`"))?;
     let program = find_program(program)?;
-    preflight::check_ebpf_capture()?;
+    crate::doctor::check_ebpf_capture()?;
     signals::install();
 
     let library = match &args.libcuda {
@@ -43,8 +43,9 @@ pub fn run(command: &[OsString], args: &CaptureArgs) -> Result<u8> {
             eprintln!("gpuprof: probing {} entry points of {}", attachment.probes, library.path.display());
         }
         None => eprintln!(
-            "gpuprof: no {} where the dynamic loader looks; probes will be attached when a process of the command maps one",
-            libcuda::SONAME
+            "gpuprof: no {} where the dynamic loader looks; probes will be attached when a process of the command maps one {}",
+            libcuda::SONAME,
+            crate::doctor::SEE_DOCTOR
         ),
     }
 

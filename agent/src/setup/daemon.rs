@@ -128,6 +128,17 @@ impl DaemonArgs {
         })
     }
 
+    /// The collector the daemon would send to, and where that was said (`gpuprof doctor`):
+    /// `--otlp-endpoint` or its variable, else the config file's `otlp_endpoint`.
+    pub(crate) fn endpoint(&self) -> Result<Option<(String, String)>> {
+        if let Some(endpoint) = &self.otlp_endpoint {
+            return Ok(Some((endpoint.clone(), "GPUPROF_OTLP_ENDPOINT".to_string())));
+        }
+        let Some(path) = &self.config else { return Ok(None) };
+        let file = read_file(path)?;
+        Ok(file.otlp_endpoint.map(|endpoint| (endpoint, format!("otlp_endpoint in {}", path.display()))))
+    }
+
     /// OTLP, the jsonl file and the post-mortems; at least one of the first two.
     fn destinations(&self, file: &FileConfig) -> Result<Destinations> {
         let protocol = match (&self.otlp_protocol, &file.otlp_protocol) {

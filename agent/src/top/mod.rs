@@ -16,7 +16,7 @@ use gpuprof_model::RuleConfig;
 use gpuprof_capture::flow::{EventFlow, FlowOptions};
 use gpuprof_capture::kernel::{Capture, CaptureOptions};
 use gpuprof_capture::session::{EbpfOptions, EbpfSource, Every, Scope, Session, Until};
-use gpuprof_capture::{preflight, signals};
+use gpuprof_capture::signals;
 use gpuprof_procfs::process;
 use gpuprof_views::output::{Format, Terminal, TerminalOptions};
 
@@ -39,7 +39,7 @@ pub fn run(args: &TopArgs) -> Result<u8> {
     if !(args.interval.is_finite() && args.interval >= 0.1) {
         anyhow::bail!("--interval {}: give at least 0.1 seconds", args.interval);
     }
-    preflight::check_ebpf_capture()?;
+    crate::doctor::check_ebpf_capture()?;
     signals::install();
     let capture = Capture::load(CaptureOptions::default())?;
     // The screen is the view's: notices are logged, findings kept for the end.
