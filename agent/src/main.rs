@@ -14,6 +14,7 @@ mod top;
 use clap::FromArgMatches;
 use flags::{Cli, Command, Via};
 use gpuprof_fleet::{daemon, inject};
+use gpuprof_views::output::progress;
 use gpuprof_views::{export, report};
 
 fn main() -> ExitCode {
@@ -37,6 +38,19 @@ fn main() -> ExitCode {
 
 /// Runs the verb; its exit code.
 fn dispatch(command: Command) -> anyhow::Result<u8> {
+    // The views read whole recordings, several times for some: a person at a terminal is told
+    // how far each pass is; but an export streaming onto that terminal is not drawn over.
+    let _progress = match &command {
+        Command::Export { output: Some(output), .. }
+            if output.as_os_str() == "-" && std::io::IsTerminal::is_terminal(&std::io::stdout()) =>
+        {
+            None
+        }
+        Command::Summary { .. } | Command::Report { .. } | Command::Export { .. } | Command::Whatif { .. } => {
+            Some(progress::show(None))
+        }
+        _ => None,
+    };
     match command {
         Command::Attach { pid, pid_flag, wait, capture } => {
             attach::attach(pid.or(pid_flag).expect("clap requires one of them"), wait, &capture)

@@ -57,8 +57,7 @@ pub fn run(command: &[OsString], args: &CaptureArgs) -> Result<u8> {
     if let Ended::CommandExited(_) = ended {
         gpuprof_capture::session::leftovers::follow(&mut session, deadline, "command", &mut hooks)?;
     }
-    session.finish()?;
-    args.write_html(&destination)?;
+    args.finish(session, &destination)?;
     Ok(exit_code(ended, &child))
 }
 
