@@ -1,12 +1,15 @@
 //! `gpuprof`: parse the command line, run the verb, turn any error into one line and a non-zero
 //! exit code. The verbs that capture (`attach`, `run`, `top`) are configurations of
 //! `gpuprof_capture::session::Session`; `daemon` and `inject` are `gpuprof_fleet`'s; `report`,
-//! `summary` and `export` are `gpuprof_views`'.
+//! `summary` and `export` are `gpuprof_views`'; `completions` and `man` are made here from the
+//! command line's own definition.
 
 use std::process::ExitCode;
 
 mod attach;
+mod completions;
 mod flags;
+mod man;
 mod run;
 mod setup;
 mod top;
@@ -78,6 +81,8 @@ fn dispatch(command: Command) -> anyhow::Result<u8> {
         Command::Daemon { daemon: args } => daemon::run(args.resolve()?),
         Command::Inject { inject: args } => inject::run(&(&args).into()),
         Command::Top { pid, interval } => top::run(&top::TopArgs { pid, interval }),
+        Command::Completions { shell } => completions::run(shell),
+        Command::Man { dir } => man::run(dir.as_deref()),
         Command::Report { input, input_flag, format, output, rules } => {
             let format = format.map(Into::into).unwrap_or(if gpuprof_views::output::for_a_person(output.as_deref()) {
                 report::ReportFormat::Table
