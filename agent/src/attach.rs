@@ -63,8 +63,7 @@ pub fn attach(pid: u32, wait: bool, args: &CaptureArgs) -> Result<u8> {
     if session.run(Until::RootExits, deadline, &mut hooks)? == gpuprof_capture::session::Ended::RootExited {
         gpuprof_capture::session::leftovers::follow(&mut session, deadline, "process", &mut hooks)?;
     }
-    let findings = session.finish()?;
-    args.write_html(&destination)?;
+    let findings = args.finish(session, &destination)?;
     Ok(args.exit_status(&findings, 0))
 }
 

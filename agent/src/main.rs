@@ -2,13 +2,15 @@
 //! exit code. The verbs that capture (`attach`, `run`, `top`) are configurations of
 //! `gpuprof_capture::session::Session`; `daemon` and `inject` are `gpuprof_fleet`'s; `report`,
 //! `summary` and `export` are `gpuprof_views`'; `doctor` says which of the captures this machine
-//! can run.
+//! can run; `completions` and `man` are made here from the command line's own definition.
 
 use std::process::ExitCode;
 
 mod attach;
+mod completions;
 mod doctor;
 mod flags;
+mod man;
 mod run;
 mod setup;
 mod top;
@@ -16,6 +18,7 @@ mod top;
 use clap::FromArgMatches;
 use flags::{Cli, Command, Via};
 use gpuprof_fleet::{daemon, inject};
+use gpuprof_views::output::progress;
 use gpuprof_views::{export, report};
 
 fn main() -> ExitCode {
@@ -39,6 +42,19 @@ fn main() -> ExitCode {
 
 /// Runs the verb; its exit code.
 fn dispatch(command: Command) -> anyhow::Result<u8> {
+    // The views read whole recordings, several times for some: a person at a terminal is told
+    // how far each pass is; but an export streaming onto that terminal is not drawn over.
+    let _progress = match &command {
+        Command::Export { output: Some(output), .. }
+            if output.as_os_str() == "-" && std::io::IsTerminal::is_terminal(&std::io::stdout()) =>
+        {
+            None
+        }
+        Command::Summary { .. } | Command::Report { .. } | Command::Export { .. } | Command::Whatif { .. } => {
+            Some(progress::show(None))
+        }
+        _ => None,
+    };
     match command {
         Command::Attach { pid, pid_flag, wait, capture } => {
             attach::attach(pid.or(pid_flag).expect("clap requires one of them"), wait, &capture)
@@ -74,6 +90,8 @@ fn dispatch(command: Command) -> anyhow::Result<u8> {
             });
             doctor::run(format, shim.as_deref())
         }
+        Command::Completions { shell } => completions::run(shell),
+        Command::Man { dir } => man::run(dir.as_deref()),
         Command::Report { input, input_flag, format, output, rules, fail_on } => {
             let format = format.map(Into::into).unwrap_or(if gpuprof_views::output::for_a_person(output.as_deref()) {
                 report::ReportFormat::Table

@@ -477,7 +477,8 @@ fn on_a_terminal(dir: &Path, command: &str, env: &[(&str, &str)]) -> String {
 }
 
 /// While a capture runs on a terminal, one line on stderr, redrawn in place each second, says
-/// what it has seen and how to stop it; through a pipe there is none.
+/// what it has seen and how to stop it; through a pipe there is none, nor where the person asked
+/// for plain text (NO_COLOR, TERM=dumb).
 #[test]
 fn a_capture_on_a_terminal_keeps_a_live_line_and_a_pipe_gets_none() {
     let dir = scratch("first_run_live_line");
@@ -486,7 +487,7 @@ fn a_capture_on_a_terminal_keeps_a_live_line_and_a_pipe_gets_none() {
     let recording = dir.join("slow.gpuprof");
     let (recording, slow_app) = (recording.to_str().unwrap(), slow_app.to_str().unwrap());
     let command = format!("{} run -o {recording} -- {} {slow_app}", gpuprof(), python3());
-    let said = on_a_terminal(&dir, &command, &[("NO_COLOR", "1")]);
+    let said = on_a_terminal(&dir, &command, &[("TERM", "xterm")]);
     // Drawn over itself: erase the line, write it, back to its start.
     let drawn: Vec<&str> = said
         .split("\r\x1b[2K")
@@ -507,6 +508,10 @@ fn a_capture_on_a_terminal_keeps_a_live_line_and_a_pipe_gets_none() {
     assert_eq!(piped.status.code(), Some(0));
     let piped = text(&piped.stderr);
     assert!(!piped.contains("Ctrl-C to stop") && !piped.contains('\x1b'), "{piped:?}");
+    for plain_text in [("NO_COLOR", "1"), ("TERM", "dumb")] {
+        let plain = on_a_terminal(&dir, &command, &[plain_text]);
+        assert!(!plain.contains("Ctrl-C to stop") && !plain.contains('\x1b'), "{plain_text:?}: {plain:?}");
+    }
 }
 
 /// Exports on a terminal go to files named after the input and the moment, never onto the

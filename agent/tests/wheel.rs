@@ -1,9 +1,9 @@
 //! `pip install gpuprof-memory`, offline: the wheel is packed by scripts/build-wheel.py from this test
 //! build's own binaries (no second compile), installed with pytest from the test tools' wheelhouse
-//! into a fresh virtual environment, and used from there as a user would: `gpuprof --version`, a
-//! capture through the installed shim on the stand-ins, and the pytest plugin's own tests
-//! (testkit/fixtures/pytest_plugin: leaking and clean tests, limits, a process with driver memory
-//! only, a bad marker), run without privileges.
+//! into a fresh virtual environment, and used from there as a user would: `gpuprof --version`,
+//! its man pages and completion scripts in place, a capture through the installed shim on the
+//! stand-ins, and the pytest plugin's own tests (testkit/fixtures/pytest_plugin: leaking and clean
+//! tests, limits, a process with driver memory only, a bad marker), run without privileges.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -111,8 +111,30 @@ fn the_wheel_installs_the_binaries_the_shim_and_the_plugin() {
         "gpuprof/checks.py".to_string(),
         "gpuprof/pytest_plugin.py".to_string(),
     ];
+    // The man pages and completion scripts, as the binary makes them.
+    let pages = scratch("wheel_man_pages");
+    assert_eq!(run(Command::new(gpuprof()).arg("man").arg("--dir").arg(&pages)).status.code(), Some(0));
+    let mut made: Vec<(String, Vec<u8>)> = std::fs::read_dir(&pages)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .map(|e| (format!("share/man/man1/{}", e.file_name().to_string_lossy()), std::fs::read(e.path()).unwrap()))
+        .collect();
+    assert_eq!(made.len(), 12, "gpuprof.1 and a page for each of its 11 verbs");
+    for (shell, place) in [
+        ("bash", "share/bash-completion/completions/gpuprof"),
+        ("zsh", "share/zsh/site-functions/_gpuprof"),
+        ("fish", "share/fish/vendor_completions.d/gpuprof.fish"),
+    ] {
+        made.push((place.to_string(), run(Command::new(gpuprof()).args(["completions", shell])).stdout));
+    }
+    expected.extend(made.iter().map(|(place, _)| format!("{data}/data/{place}")));
     expected.sort();
     assert_eq!(text(&listing.stdout).lines().collect::<Vec<_>>(), expected);
+    // Installed under the prefix, where man and the shells look.
+    for (place, content) in &made {
+        let on_disk = std::fs::read(installed.venv.join(place)).unwrap_or_else(|e| panic!("{place}: {e}"));
+        assert!(on_disk == *content, "{place} differs from what gpuprof makes");
+    }
 
     let bin = installed.venv.join("bin");
     for binary in ["gpuprof", "gpuprof-collector"] {

@@ -16,9 +16,11 @@ mod read;
 mod varint;
 mod write;
 
+use std::cell::Cell;
 use std::fs::File;
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 
 use gpuprof_model::Event;
 
@@ -32,6 +34,25 @@ pub use write::{compress, Compressor, Writer};
 pub struct EventFile {
     path: PathBuf,
     source: Source,
+    /// Bytes taken from the file so far, and its size when opened: how far through it the
+    /// reader is, for a person waiting on a long pass.
+    read: Rc<Cell<u64>>,
+    size: u64,
+}
+
+/// The file as read, each read counted: the readers above it (a buffer, zstd) take what they
+/// need and need not know.
+struct Counted {
+    file: File,
+    read: Rc<Cell<u64>>,
+}
+
+impl Read for Counted {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.file.read(buf)?;
+        self.read.set(self.read.get() + n as u64);
+        Ok(n)
+    }
 }
 
 enum Source {
@@ -85,7 +106,10 @@ pub(crate) enum FileFormat {
 impl EventFile {
     pub fn open(path: &Path) -> Result<EventFile, FileError> {
         let open_error = |error| FileError::Open { path: path.to_path_buf(), error };
-        let mut input = BufReader::with_capacity(1 << 16, File::open(path).map_err(open_error)?);
+        let file = File::open(path).map_err(open_error)?;
+        let size = file.metadata().map_err(open_error)?.len();
+        let read = Rc::new(Cell::new(0));
+        let mut input = BufReader::with_capacity(1 << 16, Counted { file, read: Rc::clone(&read) });
         if let Some(what) = export_kind(input.fill_buf().map_err(open_error)?) {
             return Err(FileError::NotEvents { path: path.to_path_buf(), what });
         }
@@ -96,7 +120,18 @@ impl EventFile {
         } else {
             Source::Jsonl(jsonl::JsonlReader::new(Box::new(input) as Box<dyn BufRead>))
         };
-        Ok(EventFile { path: path.to_path_buf(), source })
+        Ok(EventFile { path: path.to_path_buf(), source, read, size })
+    }
+
+    /// Bytes read from the file so far: ahead of the events returned by at most what its
+    /// buffers hold (64 KiB, and a zstd frame's window), and its size at the end.
+    pub fn bytes_read(&self) -> u64 {
+        self.read.get()
+    }
+
+    /// The file's size when it was opened.
+    pub fn size(&self) -> u64 {
+        self.size
     }
 
     #[cfg(test)]

@@ -367,6 +367,12 @@ fn event_files_of_either_format_read_the_same() {
         assert_eq!(back, events);
         assert!(back[2].stack.same(&back[3].stack), "{format:?}: stacks shared");
         assert!(matches!(ending, Ending::Closed { events: 13, .. }), "{ending:?}");
+        // Read to its end, every byte of it was taken, and no more.
+        let mut file = EventFile::open(path).unwrap();
+        let size = std::fs::metadata(path).unwrap().len();
+        assert_eq!((file.size(), file.bytes_read() <= size), (size, true), "{format:?}");
+        while file.next_event().unwrap().is_some() {}
+        assert_eq!(file.bytes_read(), size, "{format:?}");
     }
     // jsonl cut inside its last line: truncated after the whole lines; a bad line elsewhere is an error.
     std::fs::write(&jsonl, &text[..text.len() - 20]).unwrap();

@@ -254,6 +254,23 @@ pub enum Command {
         #[arg(required = true, trailing_var_arg = true, value_name = "CMD", help_heading = None::<&str>)]
         command: Vec<OsString>,
     },
+    /// Print the completion script of a shell to stdout (docs/install.md says where each goes).
+    #[command(
+        after_help = "Examples:\n  gpuprof completions bash > ~/.local/share/bash-completion/completions/gpuprof\n  gpuprof completions zsh > ~/.zfunc/_gpuprof    # with fpath=(~/.zfunc $fpath) before compinit\n  gpuprof completions fish > ~/.config/fish/completions/gpuprof.fish"
+    )]
+    Completions {
+        /// The shell.
+        #[arg(value_enum, value_name = "SHELL")]
+        shell: clap_complete::Shell,
+    },
+    /// The manual pages: gpuprof.1 on stdout, or with --dir gpuprof.1 and gpuprof-VERB.1 for
+    /// every verb, written into a folder.
+    #[command(after_help = "Examples:\n  gpuprof man | man -l -\n  gpuprof man --dir ~/.local/share/man/man1")]
+    Man {
+        /// Write every page into this folder (made if missing) instead of gpuprof.1 to stdout.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
 }
 
 values_of! {
@@ -269,7 +286,13 @@ values_of! {
 /// The command line's definition, its help showing an environment variable's value only where
 /// the variable is set (clap shows `[env: NAME=]` for one that is not, which reads as set empty).
 pub fn command() -> clap::Command {
-    env_shown_where_set(<Cli as clap::CommandFactory>::command())
+    env_shown_where_set(definition())
+}
+
+/// The command line's definition as written, whatever the environment: what completion scripts
+/// and man pages are made from, the same wherever they are made.
+pub fn definition() -> clap::Command {
+    <Cli as clap::CommandFactory>::command()
 }
 
 fn env_shown_where_set(command: clap::Command) -> clap::Command {

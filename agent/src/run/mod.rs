@@ -58,8 +58,7 @@ pub fn run(command: &[OsString], args: &CaptureArgs) -> Result<u8> {
     if let Ended::CommandExited(_) = ended {
         gpuprof_capture::session::leftovers::follow(&mut session, deadline, "command", &mut hooks)?;
     }
-    let findings = session.finish()?;
-    args.write_html(&destination)?;
+    let findings = args.finish(session, &destination)?;
     Ok(args.exit_status(&findings, exit_code(ended, &child)))
 }
 

@@ -59,8 +59,7 @@ pub fn run(command: &[OsString], args: &CaptureArgs, shim: Option<&Path>) -> Res
     }
     session.pump(Duration::ZERO)?;
     let _ = std::fs::remove_dir_all(&dir);
-    let findings = session.finish()?;
-    args.write_html(&destination)?;
+    let findings = args.finish(session, &destination)?;
     Ok(args.exit_status(&findings, exit_code(ended, &child)))
 }
 

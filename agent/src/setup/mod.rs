@@ -16,6 +16,7 @@ use gpuprof_capture::kernel::CaptureOptions;
 use gpuprof_capture::session::{EbpfOptions, Every, Session};
 use gpuprof_model::Reporter;
 use gpuprof_views::output::live_line::{self, LiveLine, Progress};
+use gpuprof_views::output::progress::{self, Pending};
 use gpuprof_views::output::{self, Destination, EventOutput, EventSink, Format, Terminal, TerminalOptions};
 
 use crate::flags::{CaptureArgs, Compression, OtlpArgs, RuleArgs};
@@ -47,19 +48,48 @@ impl CaptureArgs {
         }
     }
 
+    /// The end of a capture: its reporters finished (the events' file closed, the findings
+    /// said), then `--html`. Either can take a while after a large capture: a person at the
+    /// terminal is told what is still being written.
+    pub fn finish(
+        &self,
+        session: Session<'_>,
+        destination: &Destination,
+    ) -> anyhow::Result<Vec<gpuprof_model::Finding>> {
+        let events = session.flow().events();
+        let what = match (&destination.file, destination.format) {
+            (Some(file), Format::Recording) => {
+                format!("writing the recording of {} events to {}", progress::grouped(events), file.display())
+            }
+            (Some(file), _) => format!("writing {} events to {}", progress::grouped(events), file.display()),
+            (None, _) => format!("finishing the capture of {} events", progress::grouped(events)),
+        };
+        // Events going onto the terminal are not drawn over (their table ends now, on stdout).
+        let writing = (!events_on_stdout(destination)).then(|| Pending::start(what));
+        let findings = session.finish()?;
+        drop(writing);
+        self.write_html(destination, events)?;
+        Ok(findings)
+    }
+
     /// `--html`: the report of the file the capture wrote (none when it kept no file).
-    pub fn write_html(&self, destination: &Destination) -> anyhow::Result<()> {
-        let (Some(html), Some(events)) = (self.html.as_deref(), destination.file.as_deref()) else { return Ok(()) };
-        if !events.is_file() {
+    fn write_html(&self, destination: &Destination, events: u64) -> anyhow::Result<()> {
+        let (Some(html), Some(file)) = (self.html.as_deref(), destination.file.as_deref()) else { return Ok(()) };
+        if !file.is_file() {
             return Ok(());
         }
+        let _progress = progress::show(Some(format!(
+            "writing the HTML report of {} events to {}",
+            progress::grouped(events),
+            html.display()
+        )));
         // The capture is done and kept: a report that fails is said, not the run's outcome.
-        match gpuprof_views::export::html::write_file(events, html, &[]) {
+        match gpuprof_views::export::html::write_file(file, html, &[]) {
             Ok(()) => eprintln!("gpuprof: wrote the report to {}; open it in a browser", html.display()),
             Err(error) => eprintln!(
                 "gpuprof: warning: no report written to {}: {error:#}; the events are in {}",
                 html.display(),
-                events.display()
+                file.display()
             ),
         }
         Ok(())
@@ -96,8 +126,7 @@ impl CaptureArgs {
     /// `--stats`.
     pub fn watching<'h, 'c: 'h>(&self, destination: &Destination) -> Vec<Every<'h, 'c>> {
         let mut hooks = Vec::new();
-        let events_on_stdout = destination.file.is_none() && destination.format != Format::None;
-        if let Some(mut line) = LiveLine::for_stderr().filter(|_| !events_on_stdout) {
+        if let Some(mut line) = LiveLine::for_stderr().filter(|_| !events_on_stdout(destination)) {
             hooks.push(Every::new(Duration::ZERO, move |session: &mut Session<'c>| {
                 line.tick(|| progress(session));
                 Ok(ControlFlow::Continue(()))
@@ -207,4 +236,9 @@ pub fn one_input(verb: &str, positional: Vec<PathBuf>, flag: Option<PathBuf>) ->
         given.len(),
         names.join(", ")
     )
+}
+
+/// Whether the captured events themselves go to stdout (no line is drawn on the terminal then).
+fn events_on_stdout(destination: &Destination) -> bool {
+    destination.file.is_none() && destination.format != Format::None
 }

@@ -208,19 +208,29 @@ impl<'t> RecordedRun<'t> {
 
     /// The usual settings, each replayed within `budget`, best first: those that never run out of
     /// memory before those that do, then by peak reserved. The recorded settings are among them
-    /// on another device than the one it ran on (on that one they are `as_it_ran`).
-    pub fn suggest(&self, budget: Budget) -> Result<Vec<Prediction>, WhatifError> {
-        let mut tried = Vec::new();
+    /// on another device than the one it ran on (on that one they are `as_it_ran`). `replayed`
+    /// is told after each replay how many are done, of how many, for a person waiting on them.
+    pub fn suggest(
+        &self,
+        budget: Budget,
+        mut replayed: impl FnMut(usize, usize),
+    ) -> Result<Vec<Prediction>, WhatifError> {
+        let mut extras: Vec<Vec<String>> = Vec::new();
         if budget != Budget::for_device(self.trace, None) {
-            tried.push(self.predict(&[], budget)?);
+            extras.push(Vec::new());
         }
         for usual in USUAL_SETTINGS {
-            let extra = [usual.to_string()];
+            let extra = vec![usual.to_string()];
             let setting = self.setting(&extra);
-            if tried.iter().any(|p| p.setting == setting) {
+            if extras.iter().any(|e| self.setting(e) == setting) {
                 continue;
             }
-            tried.push(self.predict(&extra, budget)?);
+            extras.push(extra);
+        }
+        let mut tried = Vec::with_capacity(extras.len());
+        for (done, extra) in extras.iter().enumerate() {
+            tried.push(self.predict(extra, budget)?);
+            replayed(done + 1, extras.len());
         }
         tried.sort_by_key(|p| (p.replay.out_of_memory.len(), p.replay.peak_reserved));
         Ok(tried)
@@ -228,15 +238,27 @@ impl<'t> RecordedRun<'t> {
 
     /// The least allocator budget (to 2 MiB) under which the replay with `extra` never runs out
     /// of memory: at least the peak allocated, at most the unbounded replay's peak reserved.
-    pub fn smallest_budget(&self, extra: &[String]) -> Result<u64, WhatifError> {
+    /// `replayed` is told after each replay how many are done, of at most how many.
+    pub fn smallest_budget(
+        &self,
+        extra: &[String],
+        mut replayed: impl FnMut(usize, usize),
+    ) -> Result<u64, WhatifError> {
         let unbounded = self.predict(extra, Budget::Unbounded)?.replay;
         let fits = |bytes: u64| -> Result<bool, WhatifError> {
             Ok(self.predict(extra, Budget::Recorded(bytes))?.replay.out_of_memory.is_empty())
         };
         let (mut low, mut high) = (unbounded.peak_allocated / (2 * MIB), unbounded.peak_reserved.div_ceil(2 * MIB));
+        // The unbounded replay, then at most one a halving of the range.
+        let most = 1 + high.saturating_sub(low).checked_ilog2().map_or(0, |bits| bits as usize + 1);
+        let mut done = 1;
+        replayed(done, most);
         while low < high {
             let middle = low + (high - low) / 2;
-            if fits(middle * 2 * MIB)? {
+            let fit = fits(middle * 2 * MIB)?;
+            done += 1;
+            replayed(done, most);
+            if fit {
                 high = middle;
             } else {
                 low = middle + 1;

@@ -50,7 +50,7 @@ fn write(request: &ExportRequest<'_>) -> Result<u8> {
 fn convert(request: &ExportRequest<'_>, format: output::Format) -> Result<u8> {
     let format = output::Format::resolve(Some(format), request.output.as_deref())?;
     let mut sink = output::sink(format, output::open_writer(request.output.as_deref())?, request.compress, false)?;
-    let mut file = gpuprof_recording::EventFile::open(request.input)?;
+    let mut file = input::Reading::open(request.input)?;
     // A shim's own file has no forward lines yet: converted, it has.
     let mut forward_stacks = ForwardStacks::default();
     while let Some(mut event) = file.next_event()? {

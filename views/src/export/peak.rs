@@ -64,7 +64,7 @@ pub(crate) fn scan(
     let mut counted: HashMap<u32, u64> = HashMap::new();
     let (mut total, mut events, mut first_ts) = (0u64, 0u64, None);
     let mut peak = Peak { events: 0, secs: 0.0, bytes: 0 };
-    let mut file = gpuprof_recording::EventFile::open(input)?;
+    let mut file = crate::input::Reading::open(input)?;
     while let Some(mut event) = file.next_event()? {
         events += 1;
         let first = *first_ts.get_or_insert(event.ts);

@@ -38,7 +38,7 @@ pub(crate) fn replay_to(input: &Path, moment: Moment, mut each: impl FnMut(&Even
     let mut forward_stacks = ForwardStacks::default();
     let mut cut = Cut::new(moment);
     let mut reached = false;
-    let mut file = gpuprof_recording::EventFile::open(input)?;
+    let mut file = input::Reading::open(input)?;
     while let Some(mut event) = file.next_event()? {
         cut.last_ts = event.ts;
         if cut.before(&event) {

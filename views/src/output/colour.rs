@@ -1,5 +1,6 @@
 //! Colour for people: findings' severity stands out on a terminal. Off in files and pipes, and
-//! wherever `NO_COLOR` is set (no-color.org) or the terminal is `dumb`.
+//! wherever `NO_COLOR` is set (no-color.org) or the terminal is `dumb`; lines drawn in place on
+//! stderr (`live_line::drawn_on_stderr`) follow the same rule.
 
 use std::io::IsTerminal;
 

@@ -8,6 +8,7 @@ mod event_output;
 pub mod findings;
 mod jsonl;
 pub mod live_line;
+pub mod progress;
 mod recording;
 mod table;
 mod terminal;

@@ -12,6 +12,7 @@ use gpuprof_model::allocator::{AllocatorTrace, Budget, Prediction, RecordedRun, 
 use serde::Serialize;
 
 use crate::input::for_each_event;
+use crate::output::progress::ProgressLine;
 use crate::output::python_column;
 
 pub mod plan;
@@ -221,7 +222,8 @@ fn process_whatif(trace: &AllocatorTrace, first_ts: u64, request: &WhatifRequest
     };
     out.runs.push(run_of(trace, first_ts, &as_it_ran));
     let predictions = if request.suggest {
-        recorded.suggest(budget)?
+        let mut line = ProgressLine::doing(format!("replaying pid {}'s requests under the usual settings", trace.pid));
+        recorded.suggest(budget, |done, of| replayed(&mut line, format!("{done} of {of} replays"), done, of))?
     } else {
         let mut asked = Vec::new();
         // On another device, the job's own settings there come first: the setting asked about
@@ -237,7 +239,10 @@ fn process_whatif(trace: &AllocatorTrace, first_ts: u64, request: &WhatifRequest
     out.runs.extend(predictions.iter().map(|p| run_of(trace, first_ts, p)));
     if request.suggest && request.smallest_device {
         if let Some(best) = predictions.first() {
-            let allocator_budget = recorded.smallest_budget(&best.extra)?;
+            let mut line = ProgressLine::doing(format!("finding the least device memory pid {} fits in", trace.pid));
+            let allocator_budget = recorded.smallest_budget(&best.extra, |done, most| {
+                replayed(&mut line, format!("{done} of at most {most} replays"), done, most)
+            })?;
             let (non_allocator, _) = Budget::non_allocator(trace);
             out.smallest_device = Some(SmallestDevice {
                 setting: shown(&best.setting),
@@ -247,6 +252,13 @@ fn process_whatif(trace: &AllocatorTrace, first_ts: u64, request: &WhatifRequest
         }
     }
     Ok(out)
+}
+
+/// A person waiting on replays is told how many are done (`count`, in words).
+fn replayed(line: &mut Option<ProgressLine>, count: String, done: usize, of: usize) {
+    if let Some(line) = line {
+        line.tick(done as f64 / of as f64, |_| count);
+    }
 }
 
 /// A replay as the views show it; moments counted from `first_ts`, the recording's first event.
@@ -308,7 +320,7 @@ pub(crate) fn name_places(input: &Path, places: Vec<&mut Place>) -> Result<()> {
     let mut named: HashMap<usize, String> = HashMap::new();
     let mut index = 0;
     // The first pass said how the file ended; this one need not again.
-    gpuprof_recording::EventFile::open(input)?.for_each(|event| {
+    crate::input::Reading::open(input)?.for_each(|event| {
         if wanted.contains(&index) {
             named.insert(index, python_column(&event.attributed_stack()));
         }

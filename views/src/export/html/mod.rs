@@ -190,7 +190,7 @@ fn build(input: &Path, moment: Moment, layer: StackLayer, pid: Option<u32>, note
     };
     let span = last_ts.saturating_sub(first_ts);
     let mut builder = Builder::new(first_ts, span, peak);
-    let mut file = gpuprof_recording::EventFile::open(input)?;
+    let mut file = crate::input::Reading::open(input)?;
     let mut forward_stacks = ForwardStacks::default();
     let mut analyzer = Analyzer::new(RuleConfig::default());
     // Findings name ranks as the live capture did: the file has each on its process's first call.
