@@ -9,8 +9,20 @@ use std::process::{Command, Output};
 use gpuprof_testkit::*;
 
 /// The verbs, in the order --help lists them: completions and man last.
-const VERBS: [&str; 11] =
-    ["attach", "report", "top", "export", "whatif", "summary", "daemon", "inject", "run", "completions", "man"];
+const VERBS: [&str; 12] = [
+    "attach",
+    "report",
+    "top",
+    "doctor",
+    "export",
+    "whatif",
+    "summary",
+    "daemon",
+    "inject",
+    "run",
+    "completions",
+    "man",
+];
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
@@ -113,7 +125,7 @@ fn man_writes_a_page_for_gpuprof_and_every_verb() {
     assert_eq!(
         text(&wrote.stderr),
         format!(
-            "gpuprof: wrote 12 man pages to {} (gpuprof.1 and gpuprof-VERB.1); read one with `man -l {}`, or install them under share/man/man1\n",
+            "gpuprof: wrote 13 man pages to {} (gpuprof.1 and gpuprof-VERB.1); read one with `man -l {}`, or install them under share/man/man1\n",
             pages.display(),
             pages.join("gpuprof.1").display()
         )

@@ -119,7 +119,7 @@ fn the_wheel_installs_the_binaries_the_shim_and_the_plugin() {
         .map(|e| e.unwrap())
         .map(|e| (format!("share/man/man1/{}", e.file_name().to_string_lossy()), std::fs::read(e.path()).unwrap()))
         .collect();
-    assert_eq!(made.len(), 12, "gpuprof.1 and a page for each of its 11 verbs");
+    assert_eq!(made.len(), 13, "gpuprof.1 and a page for each of its 12 verbs");
     for (shell, place) in [
         ("bash", "share/bash-completion/completions/gpuprof"),
         ("zsh", "share/zsh/site-functions/_gpuprof"),
