@@ -175,8 +175,8 @@ fn as_in_the_readme(said: &str, checkout: &Path) -> String {
     lines.join("\n") + "\n"
 }
 
-/// The text with what timing alone changes set aside: numbers before " s" and "/s", and finding
-/// ids.
+/// The text with what timing alone changes set aside (numbers before " s" and "/s", and finding
+/// ids), as words.
 fn timing_aside(text: &str) -> String {
     let mut out = String::new();
     for line in text.lines() {
@@ -207,5 +207,7 @@ fn timing_aside(text: &str) -> String {
         out.push_str(&kept);
         out.push('\n');
     }
-    out
+    // A finding's sentences are wrapped at 120 columns before the checkout's path is made the
+    // README's, so where they wrap depends on the length of that path: words, not lines.
+    out.split_whitespace().collect::<Vec<_>>().join(" ")
 }
