@@ -313,7 +313,7 @@ fn two_nodes_and_a_sidecar_through_the_opentelemetry_collector_fill_shards_jaege
     let mut holder_a = hold(&socket_a, &nvml_a, "holder-a.log");
     let mut holder_b = hold(&socket_b, &nvml_b, "holder-b.log");
 
-    // Each node whole on one shard: its processes and findings there, nothing of it on the other.
+    // Each job whole on one shard: its processes and findings there, nothing of it on the other.
     let started = Instant::now();
     let on_shard = loop {
         let found: Vec<Vec<Value>> = (0..2)
@@ -338,8 +338,19 @@ fn two_nodes_and_a_sidecar_through_the_opentelemetry_collector_fill_shards_jaege
         assert_eq!(holding.len(), 1, "{node} is on shards {holding:?}");
         holding[0]
     };
+    // node-a's processes are one job (this test's process group, the job of a launcher-less
+    // process), so node-a is whole on one shard. node-b has two: the pod's (its owner) and its
+    // holder's, routed each to its shard, which may be the same or not; no process is on both.
     let shard_a = shard_of("node-a");
-    shard_of("node-b");
+    let pids_on = |n: usize| -> Vec<u64> {
+        let (status, body) = on(&shards, n).get("/api/v1/processes?node=node-b");
+        assert_eq!(status, 200);
+        let processes: Vec<Value> = serde_json::from_str(&body).unwrap();
+        processes.iter().map(|p| p["pid"].as_u64().unwrap()).collect()
+    };
+    let (b_on_0, b_on_1) = (pids_on(0), pids_on(1));
+    assert!(!b_on_0.is_empty() || !b_on_1.is_empty(), "node-b is on no shard");
+    assert!(b_on_0.iter().all(|pid| !b_on_1.contains(pid)), "a node-b process on both shards: {b_on_0:?} {b_on_1:?}");
     // The findings: each worker's exit holding its 8 MiB, the pod's as rank 1.
     let worker_a = pid_of_role(&read_expected(&dir.join("leak-a.log")), "worker");
     let worker_pod = pid_of_role(&read_expected(&dir.join("leak-pod.log")), "worker");
