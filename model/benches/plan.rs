@@ -13,7 +13,7 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use gpuprof_model::allocator::{
-    replay, AllocatorConfig, AllocatorTrace, Budget, Largest, Origin, Recorded, Request, ScalePoint, Scaling, MIB,
+    replay, AllocatorConfig, AllocatorTrace, Budget, Largest, Request, ScalePoint, Scaling, MIB,
 };
 
 const ROUNDS: usize = 3;
@@ -42,21 +42,7 @@ fn trace(batch: u64) -> AllocatorTrace {
             requests.push(Request::Free { id });
         }
     }
-    AllocatorTrace {
-        pid: 1,
-        device: 0,
-        recorded: vec![Recorded::default(); requests.len()],
-        origins: vec![Origin { event: 0, ts: 0 }; requests.len()],
-        requests,
-        expandable: false,
-        segments_allocated: 0,
-        segment_addresses: Vec::new(),
-        budget: None,
-        device_memory: None,
-        beyond_allocator: None,
-        started_with: None,
-        incomplete: None,
-    }
+    AllocatorTrace::of_requests(1, 0, requests)
 }
 
 fn timed<T>(what: &str, baseline: Option<f64>, mut run: impl FnMut() -> T) -> (f64, T) {

@@ -20,21 +20,7 @@ fn job(b: u64, layers: u64) -> AllocatorTrace {
         requests.push(Request::Free { id });
     }
     requests.push(Request::EmptyCache);
-    AllocatorTrace {
-        pid: 1,
-        device: 0,
-        recorded: vec![Recorded::default(); requests.len()],
-        origins: vec![Origin { event: 0, ts: 0 }; requests.len()],
-        requests,
-        expandable: false,
-        segments_allocated: 0,
-        segment_addresses: Vec::new(),
-        budget: None,
-        device_memory: None,
-        beyond_allocator: None,
-        started_with: None,
-        incomplete: None,
-    }
+    AllocatorTrace::of_requests(1, 0, requests)
 }
 
 fn scaling<'t>(points: &[(u64, &'t AllocatorTrace)]) -> Result<Scaling<'t>, ScaleError> {

@@ -92,6 +92,16 @@ impl AllocatorTrace {
         }
     }
 
+    /// A trace of `requests` alone, nothing reported after them and no segment known: a job made
+    /// up rather than recorded, as tests and benchmarks make one.
+    pub fn of_requests(pid: u32, device: i32, requests: Vec<Request>) -> Self {
+        let mut trace = AllocatorTrace::new(pid, device);
+        trace.recorded = vec![Recorded::default(); requests.len()];
+        trace.origins = vec![Origin { event: 0, ts: 0 }; requests.len()];
+        trace.requests = requests;
+        trace
+    }
+
     fn push(&mut self, request: Request, recorded: Recorded, origin: Origin) {
         self.requests.push(request);
         self.recorded.push(recorded);

@@ -165,16 +165,16 @@ pub(crate) fn answer(request: &PlanRequest<'_>) -> Result<Plan> {
             said.join(", ")
         );
     }
+    // Moments are those of the recording at the largest value, whose places are named, in one
+    // pass over it for every process.
+    let largest_recorded = (0..request.values.len()).max_by_key(|&i| request.values[i]).expect("two recordings");
     let mut processes = Vec::new();
     for index in 0..counts[0] {
         let traces: Vec<&AllocatorTrace> = recordings.iter().map(|r| &r.traces[index]).collect();
-        // Moments are those of the recording at the largest value, whose places are named.
-        let largest_recorded = (0..traces.len()).max_by_key(|&i| request.values[i]).expect("two recordings");
-        let mut process = process_plan(request, &traces, largest_recorded, recordings[largest_recorded].first_ts)?;
-        let runs = process.points.iter_mut().flat_map(|p| p.runs.iter_mut());
-        name_places(&request.inputs[largest_recorded], places_of(runs))?;
-        processes.push(process);
+        processes.push(process_plan(request, &traces, largest_recorded, recordings[largest_recorded].first_ts)?);
     }
+    let runs = processes.iter_mut().flat_map(|p| p.points.iter_mut()).flat_map(|p| p.runs.iter_mut());
+    name_places(&request.inputs[largest_recorded], places_of(runs))?;
     Ok(Plan {
         size: request.size.clone(),
         recorded: request
