@@ -9,6 +9,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 use std::process::Command;
+use std::time::Duration;
 
 use gpuprof_model::{Finding, FindingKind};
 use gpuprof_testkit::*;
@@ -22,15 +23,14 @@ const CHECKOUT: &str = "/home/me/gpuprof";
 fn the_readme_shows_what_the_demo_prints_and_the_demo_finds_its_four_problems() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
     standin_dir();
-    let output = Command::new("bash")
-        .args(["-c", "bash scripts/demo.sh 2>&1"])
+    let mut demo = Command::new("bash");
+    demo.args(["-c", "bash scripts/demo.sh 2>&1"])
         .current_dir(root)
         .env("GPUPROF_BIN", gpuprof())
         .env("PYTHON", python3())
         .env_remove("NO_COLOR")
-        .env_remove("LD_LIBRARY_PATH")
-        .output()
-        .unwrap();
+        .env_remove("LD_LIBRARY_PATH");
+    let output = output_within(&mut demo, Duration::from_secs(300), "scripts/demo.sh");
     let said = String::from_utf8_lossy(&output.stdout).into_owned();
     assert_eq!(output.status.code(), Some(0), "{said}");
     let printed = format!("$ sudo bash scripts/demo.sh\n{}", as_in_the_readme(&said, root));
@@ -51,9 +51,10 @@ fn the_readme_shows_what_the_demo_prints_and_the_demo_finds_its_four_problems() 
     );
 
     // What the demo is for: each problem at its line, with its diagnosis.
-    let demo = root.join("target/demo");
-    let report =
-        Command::new(gpuprof()).args(["report", "-f", "json"]).arg(demo.join("demo.gpuprof")).output().unwrap();
+    let demo_dir = root.join("target/demo");
+    let mut report = Command::new(gpuprof());
+    report.args(["report", "-f", "json"]).arg(demo_dir.join("demo.gpuprof"));
+    let report = output_within(&mut report, Duration::from_secs(60), "gpuprof report of the demo");
     let findings: Vec<Finding> = serde_json::from_slice(&report.stdout).unwrap();
     let job = std::fs::read_to_string(workloads().join("demo_job.py")).unwrap();
     let line_of = |marker: &str| job.lines().position(|l| l.contains(marker)).unwrap() as u32 + 1;
@@ -99,7 +100,7 @@ fn the_readme_shows_what_the_demo_prints_and_the_demo_finds_its_four_problems() 
         ]
     );
     // The report the demo says to open, with the job's lines in it; and whatif's answer.
-    let html = std::fs::read_to_string(demo.join("demo.html")).unwrap();
+    let html = std::fs::read_to_string(demo_dir.join("demo.html")).unwrap();
     assert!(html.contains("tensors_kept_by_user_code") && html.contains("demo_job.py"));
     let whatif = said.find("$ gpuprof whatif").unwrap();
     let ran_out = said[whatif..].lines().find(|l| l.starts_with("  out of memory ")).unwrap();
@@ -113,10 +114,9 @@ type Seen<'f> = (FindingKind, &'f str, Option<(String, u32)>, Option<&'f str>);
 /// (a release build's, as the reader's), Python's standard library (Debian's) and pids (numbered
 /// from 4710 in the order the first table lists them, PPID first).
 fn as_in_the_readme(said: &str, checkout: &Path) -> String {
-    let stdlib = Command::new(python3())
-        .args(["-c", "import sysconfig; print(sysconfig.get_paths()['stdlib'])"])
-        .output()
-        .unwrap();
+    let mut ask = Command::new(python3());
+    ask.args(["-c", "import sysconfig; print(sysconfig.get_paths()['stdlib'])"]);
+    let stdlib = output_within(&mut ask, Duration::from_secs(30), "python3's stdlib path");
     let stdlib = String::from_utf8(stdlib.stdout).unwrap();
     let version = stdlib.trim().rsplit('/').next().unwrap().to_string();
     let text = said

@@ -566,6 +566,38 @@ pub fn wait_with_limit(child: &mut Child, limit: Duration) -> std::process::Exit
     }
 }
 
+/// Runs `command` to its end, as `Command::output` does, within `limit`: one that overstays is
+/// killed and the test fails naming `what`.
+pub fn output_within(command: &mut Command, limit: Duration, what: &str) -> Output {
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
+    let drain = |mut pipe: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            let _ = pipe.read_to_end(&mut bytes);
+            bytes
+        })
+    };
+    let stdout = drain(Box::new(child.stdout.take().unwrap()));
+    let stderr = drain(Box::new(child.stderr.take().unwrap()));
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("{what} did not end within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Output { status, stdout: stdout.join().unwrap(), stderr: stderr.join().unwrap() }
+}
+
 /// What one `gpuprof run` of a leaks.py scenario left behind.
 pub struct LeaksRun {
     pub findings: Vec<gpuprof_model::Finding>,

@@ -7,6 +7,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::time::Duration;
 
 use gpuprof_model::allocator::{traces, AllocatorTrace, ScalePoint, Scaling};
 use gpuprof_testkit::*;
@@ -34,7 +35,7 @@ fn record(dir: &Path, batch: u64, seq: u64, env: &[(&str, &str)]) -> PathBuf {
         command.env(key, value.unwrap());
     }
     command.envs(env.iter().copied());
-    let output = command.output().unwrap();
+    let output = output_within(&mut command, Duration::from_secs(120), "gpuprof run of plan_job.py");
     assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
     out
 }
@@ -46,7 +47,7 @@ fn trace_of(path: &Path) -> AllocatorTrace {
 }
 
 fn whatif(args: &[&str]) -> Output {
-    Command::new(gpuprof()).arg("whatif").args(args).output().unwrap()
+    output_within(Command::new(gpuprof()).arg("whatif").args(args), Duration::from_secs(120), "gpuprof whatif")
 }
 
 fn json_of(output: &Output) -> Value {
@@ -174,11 +175,9 @@ fn the_largest_batch_that_fits_is_what_running_every_batch_finds() {
     // out of memory.
     let mut brute = 0;
     for batch in 1..=40 {
-        let output = job_command(batch, 128)
-            .env("GPUPROF_STANDIN_DEVICE_MEMORY", device.to_string())
-            .env("PLAN_JOB_IMPORT_SECONDS", "0")
-            .output()
-            .unwrap();
+        let mut job = job_command(batch, 128);
+        job.env("GPUPROF_STANDIN_DEVICE_MEMORY", device.to_string()).env("PLAN_JOB_IMPORT_SECONDS", "0");
+        let output = output_within(&mut job, Duration::from_secs(60), "plan_job.py");
         match output.status.code() {
             Some(0) => brute = batch,
             Some(1) => {

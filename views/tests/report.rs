@@ -4,6 +4,7 @@
 
 use std::path::Path;
 use std::process::Command;
+use std::time::Duration;
 
 use gpuprof_model::{Finding, FindingKind};
 use gpuprof_testkit::*;
@@ -87,10 +88,9 @@ fn fail_on_gives_exit_status_3_for_the_findings_it_names() {
     std::fs::write(&leaking, format!("{alloc}\n{exit}\n")).unwrap();
     std::fs::write(&clean, format!("{alloc}\n{free}\n{exit}\n")).unwrap();
     let report_failing_on = |input: &Path, kind: &str| {
-        let output = Command::new(gpuprof())
-            .args(["report", input.to_str().unwrap(), "-f", "json", "--fail-on", kind])
-            .output()
-            .unwrap();
+        let mut report = Command::new(gpuprof());
+        report.args(["report", input.to_str().unwrap(), "-f", "json", "--fail-on", kind]);
+        let output = output_within(&mut report, Duration::from_secs(60), "gpuprof report --fail-on");
         let findings: Vec<Finding> = serde_json::from_slice(&output.stdout).unwrap();
         let kinds: Vec<FindingKind> = findings.iter().map(|f| f.kind).collect();
         (output.status.code(), String::from_utf8_lossy(&output.stderr).into_owned(), kinds)
@@ -106,7 +106,8 @@ fn fail_on_gives_exit_status_3_for_the_findings_it_names() {
         (Some(0), String::new(), vec![FindingKind::ExitWithLiveAllocations])
     );
     assert_eq!(report_failing_on(&clean, "any"), (Some(0), String::new(), vec![]));
-    let output =
-        Command::new(gpuprof()).args(["report", leaking.to_str().unwrap(), "--fail-on", "leaks"]).output().unwrap();
+    let mut report = Command::new(gpuprof());
+    report.args(["report", leaking.to_str().unwrap(), "--fail-on", "leaks"]);
+    let output = output_within(&mut report, Duration::from_secs(60), "gpuprof report --fail-on leaks");
     assert_eq!(output.status.code(), Some(2), "a kind it does not know is a usage error");
 }
