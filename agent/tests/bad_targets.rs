@@ -26,16 +26,16 @@ fn unused_pid() -> u32 {
 #[test]
 fn missing_pid() {
     let pid = unused_pid();
-    let output = Command::new(gpuprof()).args(["attach", &pid.to_string()]).output().unwrap();
+    let output = Command::new(gpuprof()).args(["attach", &pid.to_string()]).output_within(PATIENCE);
     assert_one_line_error(&output, &format!("no process with pid {pid}: check the pid with `ps -p {pid}`"));
 }
 
 #[test]
 fn process_without_libcuda() {
     let mut sleeper = Command::new("sleep").arg("30").spawn().unwrap();
-    let output = Command::new(gpuprof()).args(["attach", &sleeper.id().to_string()]).output().unwrap();
+    let output = Command::new(gpuprof()).args(["attach", &sleeper.id().to_string()]).output_within(PATIENCE);
     sleeper.kill().unwrap();
-    sleeper.wait().unwrap();
+    sleeper.wait_within(PATIENCE, "sleeper");
     assert_one_line_error(
         &output,
         &format!(
@@ -68,8 +68,8 @@ fn wait_attaches_once_the_process_loads_libcuda() {
     wait_for_stderr(&mut stderr, "waiting for process");
     writeln!(workload.stdin.as_mut().unwrap(), "go").unwrap();
     wait_for_stderr(&mut stderr, "capturing pid");
-    assert!(wait_with_limit(&mut workload, Duration::from_secs(30)).success());
-    assert!(wait_with_limit(&mut agent, Duration::from_secs(30)).success());
+    assert!(workload.wait_within(Duration::from_secs(30), "workload").success());
+    assert!(agent.wait_within(Duration::from_secs(30), "agent").success());
     let events = read_events(&out);
     assert_same_calls(&expected_calls(&read_expected(&log)), &driver_events(&events));
     assert_eq!(events.last().unwrap().op, Op::Exit);
@@ -78,8 +78,8 @@ fn wait_attaches_once_the_process_loads_libcuda() {
 #[test]
 fn wait_gives_up_when_the_process_exits_first() {
     let mut short = Command::new("sleep").arg("0.3").spawn().unwrap();
-    let output = Command::new(gpuprof()).args(["attach", &short.id().to_string(), "--wait"]).output().unwrap();
-    short.wait().unwrap();
+    let output = Command::new(gpuprof()).args(["attach", &short.id().to_string(), "--wait"]).output_within(PATIENCE);
+    short.wait_within(PATIENCE, "short");
     // The waiting notice comes first; the error is the last line.
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stderr}");
@@ -96,11 +96,10 @@ fn wait_ends_at_the_duration() {
     let started = std::time::Instant::now();
     let output = Command::new(gpuprof())
         .args(["attach", &idle.id().to_string(), "--wait", "--duration", "0.5"])
-        .output()
-        .unwrap();
+        .output_within(PATIENCE);
     let took = started.elapsed();
     idle.kill().unwrap();
-    idle.wait().unwrap();
+    idle.wait_within(PATIENCE, "idle");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stderr}");
     assert_eq!(
@@ -127,8 +126,7 @@ fn missing_privileges_name_the_capabilities() {
         .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"])
         .arg(&binary)
         .args(["run", "--", "true"])
-        .output()
-        .expect("setpriv (util-linux) is installed");
+        .output_within(PATIENCE);
     std::fs::remove_dir_all(&dir).unwrap();
     assert_one_line_error(&output, "missing privileges CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE: ");
     assert_one_line_error(&output, "or capture without them from inside the process: `gpuprof run --via shim -- CMD`");
@@ -138,11 +136,7 @@ fn missing_privileges_name_the_capabilities() {
 /// Runs gpuprof in a private mount namespace with `dir` hidden under an empty tmpfs.
 fn with_hidden(dir: &str) -> Output {
     let script = format!("mount -t tmpfs none {dir} && exec \"$0\" run -- true");
-    Command::new("unshare")
-        .args(["-m", "sh", "-c", &script])
-        .arg(gpuprof())
-        .output()
-        .expect("unshare (util-linux) is installed")
+    Command::new("unshare").args(["-m", "sh", "-c", &script]).arg(gpuprof()).output_within(PATIENCE)
 }
 
 #[test]
@@ -167,23 +161,25 @@ fn kernel_without_uprobes() {
 
 #[test]
 fn command_that_does_not_exist() {
-    let output = Command::new(gpuprof()).args(["run", "--", "/nonexistent/train.py"]).output().unwrap();
+    let output = Command::new(gpuprof()).args(["run", "--", "/nonexistent/train.py"]).output_within(PATIENCE);
     assert_one_line_error(&output, "cannot run `/nonexistent/train.py`: No such file or directory");
-    let output = Command::new(gpuprof()).args(["run", "--", "no-such-command-gpuprof"]).output().unwrap();
+    let output = Command::new(gpuprof()).args(["run", "--", "no-such-command-gpuprof"]).output_within(PATIENCE);
     assert_one_line_error(&output, "cannot run `no-such-command-gpuprof`: no such command in PATH");
     let dir = scratch("not_executable");
     let data = dir.join("train.py");
     std::fs::write(&data, "print('hi')\n").unwrap();
-    let output = Command::new(gpuprof()).args(["run", "--"]).arg(&data).output().unwrap();
+    let output = Command::new(gpuprof()).args(["run", "--"]).arg(&data).output_within(PATIENCE);
     assert_one_line_error(&output, &format!("cannot run `{}`: it is not an executable file", data.display()));
 }
 
 #[test]
 fn libcuda_that_is_not_a_library() {
-    let output = Command::new(gpuprof()).args(["run", "--libcuda", "/etc/hostname", "--", "true"]).output().unwrap();
-    assert_one_line_error(&output, "/etc/hostname is not an ELF shared library");
     let output =
-        Command::new(gpuprof()).args(["run", "--libcuda", "/nonexistent/libcuda.so.1", "--", "true"]).output().unwrap();
+        Command::new(gpuprof()).args(["run", "--libcuda", "/etc/hostname", "--", "true"]).output_within(PATIENCE);
+    assert_one_line_error(&output, "/etc/hostname is not an ELF shared library");
+    let output = Command::new(gpuprof())
+        .args(["run", "--libcuda", "/nonexistent/libcuda.so.1", "--", "true"])
+        .output_within(PATIENCE);
     assert_one_line_error(
         &output,
         "--libcuda /nonexistent/libcuda.so.1: cannot open /nonexistent/libcuda.so.1: No such file or directory",
@@ -192,11 +188,12 @@ fn libcuda_that_is_not_a_library() {
 
 #[test]
 fn bad_flag_values() {
-    let output = Command::new(gpuprof()).args(["run", "--duration", "-1", "--", "true"]).output().unwrap();
+    let output = Command::new(gpuprof()).args(["run", "--duration", "-1", "--", "true"]).output_within(PATIENCE);
     assert_one_line_error(&output, "--duration -1: give a positive number of seconds");
-    let output = Command::new(gpuprof()).args(["run", "--buffer-mib", "3", "--", "true"]).output().unwrap();
+    let output = Command::new(gpuprof()).args(["run", "--buffer-mib", "3", "--", "true"]).output_within(PATIENCE);
     assert_one_line_error(&output, "--buffer-mib 3: give a power of two from 1 to 1024");
-    let output =
-        Command::new(gpuprof()).args(["run", "--output", "/nonexistent/dir/x.jsonl", "--", "true"]).output().unwrap();
+    let output = Command::new(gpuprof())
+        .args(["run", "--output", "/nonexistent/dir/x.jsonl", "--", "true"])
+        .output_within(PATIENCE);
     assert_one_line_error(&output, "cannot create output file /nonexistent/dir/x.jsonl: No such file or directory");
 }

@@ -29,7 +29,7 @@ fn text(bytes: &[u8]) -> String {
 }
 
 fn gpuprof_with(args: &[&str]) -> Output {
-    let output = Command::new(gpuprof()).args(args).output().unwrap();
+    let output = Command::new(gpuprof()).args(args).output_within(PATIENCE);
     assert_eq!(output.status.code(), Some(0), "gpuprof {}: {}", args.join(" "), text(&output.stderr));
     output
 }
@@ -49,7 +49,7 @@ fn verbs_in_help() -> Vec<String> {
 
 /// Where `tool` is on PATH; None, said, when it is missing outside CI (under CI=true it fails).
 fn prerequisite(tool: &str, checks: &str) -> Option<String> {
-    let found = Command::new("sh").args(["-c", &format!("command -v {tool}")]).output().unwrap();
+    let found = Command::new("sh").args(["-c", &format!("command -v {tool}")]).output_within(PATIENCE);
     if found.status.success() {
         return Some(text(&found.stdout).trim().to_string());
     }
@@ -89,7 +89,7 @@ fn every_shell_gets_a_script_it_parses_naming_every_verb() {
             _ => continue,
         };
         let Some(parser) = prerequisite(parse[0], &format!("the {shell} script's syntax")) else { continue };
-        let parsed = Command::new(parser).args(&parse[1..]).arg(&file).output().unwrap();
+        let parsed = Command::new(parser).args(&parse[1..]).arg(&file).output_within(PATIENCE);
         assert_eq!(
             (parsed.status.code(), text(&parsed.stderr)),
             (Some(0), String::new()),
@@ -105,8 +105,7 @@ fn every_shell_gets_a_script_it_parses_naming_every_verb() {
             "source {}; COMP_WORDS=(gpuprof su); COMP_CWORD=1; COMP_LINE='gpuprof su'; COMP_POINT=10; _gpuprof gpuprof su gpuprof; printf '%s\\n' \"${{COMPREPLY[@]}}\"",
             dir.join("gpuprof.bash").display()
         ))
-        .output()
-        .unwrap();
+        .output_within(PATIENCE);
     assert_eq!(text(&completed.stdout), "summary\n", "{}", text(&completed.stderr));
 }
 
@@ -139,7 +138,7 @@ fn man_writes_a_page_for_gpuprof_and_every_verb() {
         let Some(groff) = prerequisite("groff", "how the man pages render") else { continue };
         // -k: the pages are UTF-8 (help says "…" and "↑/↓"), read as man reads them (preconv).
         let rendered =
-            Command::new(groff).args(["-k", "-man", "-Tutf8", "-ww"]).arg(pages.join(page)).output().unwrap();
+            Command::new(groff).args(["-k", "-man", "-Tutf8", "-ww"]).arg(pages.join(page)).output_within(PATIENCE);
         let shown = text(&rendered.stdout);
         assert_eq!((rendered.status.code(), text(&rendered.stderr)), (Some(0), String::new()), "{page}");
         // groff draws names in bold by overstriking: the plain text, for reading.

@@ -34,7 +34,7 @@ fn doctor_in_namespace(binary: &Path, wrapper: &[&str], args: &[&str], env: &[(&
         .arg("doctor");
     command.env_clear().env("PATH", std::env::var_os("PATH").unwrap_or_default());
     command.envs(env.iter().copied());
-    command.output().expect("unshare (util-linux) is installed")
+    command.output_within(PATIENCE)
 }
 
 fn json_of(output: &Output) -> Value {
@@ -61,15 +61,14 @@ fn python_on_path(wrapper: &[&str]) -> String {
         .args(&words[1..])
         .env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .output()
-        .unwrap();
+        .output_within(PATIENCE);
     String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
 
 /// The machine these tests describe has no GPU driver and no PyTorch: a system libcuda, NVML or
 /// torch would change the lines asserted, so it is refused here rather than read as a failure.
 fn assert_bare_machine() {
-    let cache = Command::new("ldconfig").arg("-p").output().expect("ldconfig is installed");
+    let cache = Command::new("ldconfig").arg("-p").output_within(PATIENCE);
     let cache = String::from_utf8_lossy(&cache.stdout);
     assert!(
         !cache.contains("libcuda.so.1") && !cache.contains("libnvidia-ml.so.1"),
@@ -77,8 +76,7 @@ fn assert_bare_machine() {
     );
     let torch = Command::new("python3")
         .args(["-c", "import importlib.util; print(importlib.util.find_spec('torch') is None)"])
-        .output()
-        .unwrap();
+        .output_within(PATIENCE);
     assert_eq!(String::from_utf8_lossy(&torch.stdout).trim(), "True", "python3 on PATH has torch");
 }
 
@@ -120,7 +118,7 @@ fn as_root_every_ebpf_check_passes_and_each_library_is_named() {
     let shim = shim_library().canonicalize().unwrap();
     let comm: String = Path::new(python).file_name().unwrap().to_str().unwrap().chars().take(15).collect();
     let version =
-        Command::new(python).args(["-c", "import sys; print('%d.%d' % sys.version_info[:2])"]).output().unwrap();
+        Command::new(python).args(["-c", "import sys; print('%d.%d' % sys.version_info[:2])"]).output_within(PATIENCE);
     let version = String::from_utf8(version.stdout).unwrap().trim().to_string();
 
     let mut checks = vec![
@@ -177,8 +175,7 @@ fn without_capabilities_the_shim_alone_captures() {
         .args(&unprivileged[1..])
         .arg(&binary)
         .args(["run", "--", "true"])
-        .output()
-        .unwrap();
+        .output_within(PATIENCE);
     std::fs::remove_dir_all(&dir).unwrap();
 
     let mut checks = vec![

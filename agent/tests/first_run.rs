@@ -49,7 +49,7 @@ fn gpuprof_in(dir: &Path, args: &[&str]) -> Output {
     let mut command = Command::new(gpuprof());
     command.current_dir(dir).args(args);
     workload_env(&mut command, &dir.join("expected.jsonl"));
-    command.output().unwrap()
+    command.output_within(PATIENCE)
 }
 
 fn text(bytes: &[u8]) -> String {
@@ -150,8 +150,7 @@ fn event_count(recording: &Path) -> usize {
     let jsonl = recording.with_extension("jsonl");
     let output = Command::new(gpuprof())
         .args(["export", recording.to_str().unwrap(), "-f", "jsonl", "-o", jsonl.to_str().unwrap()])
-        .output()
-        .unwrap();
+        .output_within(PATIENCE);
     assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
     read_events(&jsonl).len()
 }
@@ -231,8 +230,8 @@ del x
     let mut stderr = BufReader::new(agent.stderr.take().unwrap());
     let mut said = wait_for_stderr(&mut stderr, "capturing pid");
     writeln!(workload.stdin.as_mut().unwrap(), "go").unwrap();
-    assert!(wait_with_limit(&mut workload, Duration::from_secs(60)).success());
-    assert!(wait_with_limit(&mut agent, Duration::from_secs(30)).success());
+    assert!(workload.wait_within(Duration::from_secs(60), "workload").success());
+    assert!(agent.wait_within(Duration::from_secs(30), "agent").success());
     said.extend(stderr.lines().map(Result::unwrap));
     let rest = said;
     let table = std::fs::read_to_string(&out).unwrap_or_else(|e| panic!("{e}: {rest:?}"));
@@ -471,7 +470,7 @@ fn on_a_terminal(dir: &Path, command: &str, env: &[(&str, &str)]) -> String {
     let mut on_terminal = Command::new("script");
     on_terminal.current_dir(dir).args(["-qec", command, "/dev/null"]).env_remove("NO_COLOR").envs(env.iter().copied());
     workload_env(&mut on_terminal, &dir.join("expected.jsonl"));
-    let output = on_terminal.output().unwrap();
+    let output = on_terminal.output_within(PATIENCE);
     assert_eq!(output.status.code(), Some(0), "{command}: {}", text(&output.stdout));
     text(&output.stdout).replace("\r\n", "\n")
 }
@@ -585,7 +584,7 @@ fn exports_write_named_files_and_say_how_to_open_them() {
 
 /// What a command that fails prints on a pseudo-terminal.
 fn on_a_terminal_failing(dir: &Path, command: &str) -> String {
-    let output = Command::new("script").current_dir(dir).args(["-qec", command, "/dev/null"]).output().unwrap();
+    let output = Command::new("script").current_dir(dir).args(["-qec", command, "/dev/null"]).output_within(PATIENCE);
     assert_eq!(output.status.code(), Some(1), "{command}: {}", text(&output.stdout));
     text(&output.stdout).replace("\r\n", "\n")
 }
@@ -600,8 +599,7 @@ fn run_help_has_headings_and_shows_environment_values_only_where_set() {
             .env_remove("GPUPROF_OTLP_EVENTS")
             .env_remove("GPUPROF_SHIM")
             .envs(env.iter().copied())
-            .output()
-            .unwrap();
+            .output_within(PATIENCE);
         assert_eq!(output.status.code(), Some(0));
         text(&output.stdout)
     };

@@ -62,8 +62,7 @@ fn large_recording(dir: &Path) -> PathBuf {
         .arg(&to)
         .arg(&from)
         .env("GPUPROF_PROGRESS_AFTER_MS", "0")
-        .output()
-        .unwrap();
+        .output_within(PATIENCE);
     assert_eq!(made.status.code(), Some(0), "{}", text(&made.stderr));
     // Through a pipe: what it wrote, and no progress.
     let size = gpuprof_model::bytes::human(std::fs::metadata(&to).unwrap().len());
@@ -87,7 +86,7 @@ fn on_a_terminal(dir: &Path, command: &str, env: &[(&str, &str)]) -> String {
         .env("GPUPROF_PROGRESS_AFTER_MS", "0")
         .envs(env.iter().copied());
     workload_env(&mut on_terminal, &dir.join("expected.jsonl"));
-    let output = on_terminal.output().unwrap();
+    let output = on_terminal.output_within(PATIENCE);
     assert_eq!(output.status.code(), Some(0), "{command}: {}", text(&output.stdout));
     text(&output.stdout).replace("\r\n", "\n")
 }
@@ -127,8 +126,7 @@ fn a_summary_of_a_large_recording_draws_its_progress_and_erases_it() {
         .args(["summary", "-f", "table"])
         .arg(&recording)
         .env("GPUPROF_PROGRESS_AFTER_MS", "0")
-        .output()
-        .unwrap();
+        .output_within(PATIENCE);
     assert_eq!(piped.status.code(), Some(0));
     let table = text(&piped.stdout);
     assert!(table.contains("pid 4711") && said.ends_with(&table), "{said:?}");
@@ -198,7 +196,7 @@ fn the_end_of_a_capture_says_what_it_is_still_writing() {
     let mut piped = Command::new(gpuprof());
     piped.current_dir(&dir).args(["run", "-o", "app.gpuprof", "--html", "app.html", "--", python3(), "app.py"]);
     workload_env(&mut piped, &dir.join("expected.jsonl"));
-    let piped = piped.env("GPUPROF_PROGRESS_AFTER_MS", "0").output().unwrap();
+    let piped = piped.env("GPUPROF_PROGRESS_AFTER_MS", "0").output_within(PATIENCE);
     assert_eq!(piped.status.code(), Some(0));
     let stderr = text(&piped.stderr);
     assert!(!stderr.contains("writing") && !stderr.contains('\x1b') && !stderr.contains('\r'), "{stderr:?}");
@@ -207,8 +205,12 @@ fn the_end_of_a_capture_says_what_it_is_still_writing() {
 /// The events in a recording, read back as jsonl.
 fn event_count(recording: &Path) -> usize {
     let jsonl = recording.with_extension("jsonl");
-    let output =
-        Command::new(gpuprof()).arg("export").arg(recording).args(["-f", "jsonl", "-o"]).arg(&jsonl).output().unwrap();
+    let output = Command::new(gpuprof())
+        .arg("export")
+        .arg(recording)
+        .args(["-f", "jsonl", "-o"])
+        .arg(&jsonl)
+        .output_within(PATIENCE);
     assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
     read_events(&jsonl).len()
 }

@@ -30,7 +30,7 @@ fn the_readme_shows_what_the_demo_prints_and_the_demo_finds_its_four_problems() 
         .env("PYTHON", python3())
         .env_remove("NO_COLOR")
         .env_remove("LD_LIBRARY_PATH");
-    let output = output_within(&mut demo, Duration::from_secs(300), "scripts/demo.sh");
+    let output = demo.output_within(Duration::from_secs(300));
     let said = String::from_utf8_lossy(&output.stdout).into_owned();
     assert_eq!(output.status.code(), Some(0), "{said}");
     let printed = format!("$ sudo bash scripts/demo.sh\n{}", as_in_the_readme(&said, root));
@@ -54,7 +54,7 @@ fn the_readme_shows_what_the_demo_prints_and_the_demo_finds_its_four_problems() 
     let demo_dir = root.join("target/demo");
     let mut report = Command::new(gpuprof());
     report.args(["report", "-f", "json"]).arg(demo_dir.join("demo.gpuprof"));
-    let report = output_within(&mut report, Duration::from_secs(60), "gpuprof report of the demo");
+    let report = report.output_within(Duration::from_secs(60));
     let findings: Vec<Finding> = serde_json::from_slice(&report.stdout).unwrap();
     let job = std::fs::read_to_string(workloads().join("demo_job.py")).unwrap();
     let line_of = |marker: &str| job.lines().position(|l| l.contains(marker)).unwrap() as u32 + 1;
@@ -116,7 +116,7 @@ type Seen<'f> = (FindingKind, &'f str, Option<(String, u32)>, Option<&'f str>);
 fn as_in_the_readme(said: &str, checkout: &Path) -> String {
     let mut ask = Command::new(python3());
     ask.args(["-c", "import sysconfig; print(sysconfig.get_paths()['stdlib'])"]);
-    let stdlib = output_within(&mut ask, Duration::from_secs(30), "python3's stdlib path");
+    let stdlib = ask.output_within(Duration::from_secs(30));
     let stdlib = String::from_utf8(stdlib.stdout).unwrap();
     let version = stdlib.trim().rsplit('/').next().unwrap().to_string();
     let text = said

@@ -13,7 +13,7 @@ struct Tmux {
 
 impl Tmux {
     fn run(&self, args: &[&str]) -> std::process::Output {
-        Command::new("tmux").arg("-L").arg(&self.socket).args(args).output().expect("tmux is installed")
+        Command::new("tmux").arg("-L").arg(&self.socket).args(args).output_within(PATIENCE)
     }
 
     fn screen(&self) -> String {
@@ -85,7 +85,7 @@ fn top_shows_a_cuda_process_and_quits_on_q() {
 
     // An exited process stays, with what it held when it ended, and no longer counts as running.
     workload.kill().unwrap();
-    workload.wait().unwrap();
+    workload.wait_within(PATIENCE, "workload");
     let deadline = Instant::now() + Duration::from_secs(10);
     let screen = loop {
         let screen = tmux.screen();

@@ -22,7 +22,7 @@ struct Installed {
 }
 
 fn run(command: &mut Command) -> Output {
-    command.output().unwrap_or_else(|e| panic!("cannot run {command:?}: {e}"))
+    command.output_within(PATIENCE)
 }
 
 fn text(bytes: &[u8]) -> String {

@@ -50,7 +50,7 @@ fn backward_blocks_carry_their_node_and_its_forward_line() {
     cmd.args(["run", "--format", "jsonl", "--output", out.to_str().unwrap(), "--"]).arg(python3()).arg(&script);
     workload_env(&mut cmd, &log);
     cmd.env("GPUPROF_LIBTORCH_CPU", libtorch_cpu_standin());
-    let output = cmd.output().unwrap();
+    let output = cmd.output_within(PATIENCE);
     assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
 
     let events = read_events(&out);
@@ -73,7 +73,7 @@ fn table_shows_the_allocator_curves_at_the_end() {
         .arg(&script)
         .args(["--hold", "0.6"]);
     workload_env(&mut cmd, &log);
-    let output = cmd.output().unwrap();
+    let output = cmd.output_within(PATIENCE);
     assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
     let table = std::fs::read_to_string(&out).unwrap();
     let expected = read_expected(&log);

@@ -117,9 +117,9 @@ fn attach_follows_a_running_process_tree() {
     let mut stderr = BufReader::new(agent.stderr.take().unwrap());
     wait_for_stderr(&mut stderr, "capturing pid");
     writeln!(workload.stdin.as_mut().unwrap(), "go").unwrap();
-    assert!(wait_with_limit(&mut workload, Duration::from_secs(60)).success());
+    assert!(workload.wait_within(Duration::from_secs(60), "workload").success());
     // The agent stops by itself when its target exits.
-    assert!(wait_with_limit(&mut agent, Duration::from_secs(30)).success());
+    assert!(agent.wait_within(Duration::from_secs(30), "agent").success());
     let rest: Vec<String> = stderr.lines().map(Result::unwrap).collect();
     assert!(rest.iter().any(|l| l.ends_with(", none lost")), "{rest:?}");
 
@@ -168,15 +168,14 @@ fn attach_stops_at_the_duration_and_leaves_the_target_running() {
     let mut workload = start_ready_workload(command);
     let output = Command::new(gpuprof())
         .args(["attach", &workload.id().to_string(), "--duration", "0.5", "--format", "table"])
-        .output()
-        .unwrap();
+        .output_within(PATIENCE);
     assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
     assert!(workload.try_wait().unwrap().is_none(), "the target must outlive the capture");
     let stdout = String::from_utf8(output.stdout).unwrap();
     // No event: no table header, only the (empty) summary.
     assert!(stdout.starts_with("\nLive GPU memory at end, per process and kind:\n"), "{stdout}");
     workload.kill().unwrap();
-    workload.wait().unwrap();
+    workload.wait_within(PATIENCE, "workload");
 }
 
 #[test]
@@ -309,11 +308,11 @@ fn a_full_ring_buffer_is_counted_not_silent() {
     // SAFETY: signals to our own children.
     unsafe { libc::kill(agent.id() as i32, libc::SIGSTOP) };
     writeln!(workload.stdin.as_mut().unwrap(), "go").unwrap();
-    let status = wait_with_limit(&mut workload, Duration::from_secs(120));
+    let status = workload.wait_within(Duration::from_secs(120), "workload");
     // SAFETY: as above.
     unsafe { libc::kill(agent.id() as i32, libc::SIGCONT) };
     assert!(status.success());
-    let agent_status = wait_with_limit(&mut agent, Duration::from_secs(30));
+    let agent_status = agent.wait_within(Duration::from_secs(30), "agent");
     let rest: String = stderr.lines().map(Result::unwrap).collect::<Vec<_>>().join("\n");
     assert!(agent_status.success(), "{agent_status:?}: {rest}");
 
@@ -353,13 +352,13 @@ fn sigint_stops_attach_cleanly_and_sigterm_is_forwarded_by_run() {
     wait_for_stderr(&mut stderr, "capturing pid");
     // SAFETY: a signal to our own child.
     unsafe { libc::kill(agent.id() as i32, libc::SIGINT) };
-    assert!(wait_with_limit(&mut agent, Duration::from_secs(10)).success());
+    assert!(agent.wait_within(Duration::from_secs(10), "agent").success());
     let mut summary = String::new();
     std::io::Read::read_to_string(agent.stdout.as_mut().unwrap(), &mut summary).unwrap();
     assert!(summary.contains("Live GPU memory at end"), "{summary}");
     assert!(workload.try_wait().unwrap().is_none(), "attach must not stop the target");
     workload.kill().unwrap();
-    workload.wait().unwrap();
+    workload.wait_within(PATIENCE, "workload");
 
     let mut run = Command::new(gpuprof())
         .args(["run", "--output", "/dev/null", "--", "sleep", "30"])
@@ -372,7 +371,7 @@ fn sigint_stops_attach_cleanly_and_sigterm_is_forwarded_by_run() {
     // SAFETY: kill takes no memory; the pid is our own child's, not yet waited for, so not reused.
     unsafe { libc::kill(run.id() as i32, libc::SIGTERM) };
     // sleep dies of the forwarded SIGTERM: 128 + 15.
-    assert_eq!(wait_with_limit(&mut run, Duration::from_secs(10)).code(), Some(143));
+    assert_eq!(run.wait_within(Duration::from_secs(10), "run").code(), Some(143));
 }
 
 /// Kernels before 6.6 get one perf-event link per probe instead of uprobe-multi links: the same
@@ -384,7 +383,7 @@ fn perf_event_links_capture_the_same_calls() {
     let mut cmd = Command::new(gpuprof());
     cmd.args(["run", "--output", out.to_str().unwrap(), "--"]).arg(ipc_fork_program());
     workload_env(&mut cmd, &log);
-    let output = cmd.env("GPUPROF_PROBE_LINKS", "perf-event").output().unwrap();
+    let output = cmd.env("GPUPROF_PROBE_LINKS", "perf-event").output_within(PATIENCE);
     assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
     let expected = read_expected(&log);
     let events = read_events(&out);
@@ -445,7 +444,7 @@ fn driver_calls_name_the_module_that_made_them() {
         cmd.arg("run").args(args).args(["--", python3(), "-c", script]);
         workload_env(&mut cmd, &log);
         cmd.env("LD_LIBRARY_PATH", format!("{}:{}", standin_dir().display(), nccl_standin_dir().display()));
-        let output = cmd.output().unwrap();
+        let output = cmd.output_within(PATIENCE);
         assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
         pids.push(read_expected(&log).last().unwrap()["pid"].as_u64().unwrap() as u32);
     }
@@ -513,7 +512,7 @@ fn the_caching_allocators_segments_are_marked_and_a_backward_segment_names_the_l
             .env("GPUPROF_LIBC10_CUDA", libc10_cuda_standin())
             .env("GPUPROF_LIBTORCH_CPU", libtorch_cpu_standin())
             .env("GPUPROF_WORKLOADS", workloads());
-        let output = command.stdout(Stdio::piped()).output().unwrap();
+        let output = command.stdout(Stdio::piped()).output_within(PATIENCE);
         assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
         let pid: u32 = serde_json::from_slice::<serde_json::Value>(&output.stdout).unwrap()["pid"]
             .as_u64()

@@ -157,7 +157,7 @@ fn run_ranks(hold: &Path, log: &Path, collector: &Collector, node: &str, args: &
         assert_eq!(by_device(&processes, ranks_now[rank]).as_ref(), Some(want), "rank {rank}: {processes:#}");
     }
     std::fs::write(hold, "").unwrap();
-    let output = agent.wait_with_output().unwrap();
+    let output = agent.output_within(PATIENCE, "agent");
     let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
     assert_eq!(output.status.code(), Some(0), "{stderr}");
     assert!(stderr.contains(", none lost\n"), "{stderr}");
@@ -168,7 +168,7 @@ fn run_ranks(hold: &Path, log: &Path, collector: &Collector, node: &str, args: &
 /// ranks.py name each rank as the live capture did (`live`: its findings' pids and ranks).
 fn assert_file_names_ranks(file: &Path, ranks: [u32; 2], live: &[(u32, Option<u32>)]) {
     let gpuprof_of = |args: &[&str]| {
-        let output = Command::new(gpuprof()).args(args).arg(file).output().unwrap();
+        let output = Command::new(gpuprof()).args(args).arg(file).output_within(PATIENCE);
         assert_eq!(output.status.code(), Some(0), "{args:?}: {}", String::from_utf8_lossy(&output.stderr));
         String::from_utf8(output.stdout).unwrap()
     };

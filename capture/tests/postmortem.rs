@@ -33,7 +33,8 @@ fn read(path: &Path) -> Vec<Event> {
 
 /// `YYYYmmdd-HHMMSS` of `ts` (ns) in UTC, as post-mortems are named.
 fn utc(ts: u64) -> String {
-    let output = Command::new("date").args(["-u", "-d", &format!("@{}", ts / S), "+%Y%m%d-%H%M%S"]).output().unwrap();
+    let output =
+        Command::new("date").args(["-u", "-d", &format!("@{}", ts / S), "+%Y%m%d-%H%M%S"]).output_within(PATIENCE);
     String::from_utf8(output.stdout).unwrap().trim().to_string()
 }
 
@@ -77,7 +78,7 @@ fn oom_at_the_collector(collector: &Collector, pid: u32) -> Value {
 /// Lets the job give everything back and exit.
 fn finish(mut job: Child) {
     job.stdin.take().unwrap().write_all(b"go\n").unwrap();
-    assert_eq!(wait_with_limit(&mut job, Duration::from_secs(30)).code(), Some(0));
+    assert_eq!(job.wait_within(Duration::from_secs(30), "job").code(), Some(0));
 }
 
 #[test]

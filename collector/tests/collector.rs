@@ -315,7 +315,7 @@ fn post_mortems_are_served_by_finding_kept_through_a_restart_and_within_their_ca
     assert_eq!(collector.get_bytes(&url(&a.finding_id)), (200, first.clone()));
     assert_eq!(collector.get_bytes(&url(&findings[0]["id"].to_string())), (200, first.clone()));
     // A browser takes it gzipped.
-    let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+    let agent: ureq::Agent = http_client();
     let mut response = agent
         .get(&format!("{}{}", collector.http, url(&a.finding_id)))
         .header("accept-encoding", "gzip, br")
@@ -470,8 +470,7 @@ fn the_read_side_takes_its_own_token() {
     // One token for both sides would let every agent read: refused.
     let output = std::process::Command::new(collector_bin())
         .args(["--db", dir.join("d.redb").to_str().unwrap(), "--token", "same", "--read-token", "same"])
-        .output()
-        .unwrap();
+        .output_within(PATIENCE);
     assert_eq!(output.status.code(), Some(1));
     assert_eq!(
         String::from_utf8_lossy(&output.stderr),
@@ -491,8 +490,7 @@ fn refuses_to_start_unsafely_or_on_a_corrupt_database() {
             "--http-listen",
             "127.0.0.1:0",
         ])
-        .output()
-        .unwrap();
+        .output_within(PATIENCE);
     assert_eq!(output.status.code(), Some(1));
     assert_eq!(
         String::from_utf8_lossy(&output.stderr),
@@ -500,7 +498,7 @@ fn refuses_to_start_unsafely_or_on_a_corrupt_database() {
     );
     let corrupt = dir.join("corrupt.redb");
     std::fs::write(&corrupt, vec![0x5a; 8192]).unwrap();
-    let output = Command::new(collector_bin()).args(["--db", corrupt.to_str().unwrap()]).output().unwrap();
+    let output = Command::new(collector_bin()).args(["--db", corrupt.to_str().unwrap()]).output_within(PATIENCE);
     assert_eq!(output.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
@@ -627,7 +625,7 @@ fn promtool_accepts_the_metrics_and_the_values_are_the_nodes() {
         .spawn()
         .expect("promtool (Debian package prometheus) must be installed: scripts/install-prerequisites.sh");
     std::io::Write::write_all(&mut promtool.stdin.take().unwrap(), text.as_bytes()).unwrap();
-    let output = promtool.wait_with_output().unwrap();
+    let output = promtool.output_within(PATIENCE, "promtool");
     assert!(
         output.status.success(),
         "{}{}\n{text}",
@@ -681,8 +679,10 @@ fn the_python_sdk_is_accepted_and_forwarded_spans_decode_with_opentelemetry_prot
     let collector = Collector::start(&dir.join("c.redb"), &["--forward-endpoint", &format!("http://127.0.0.1:{port}")]);
 
     // The OpenTelemetry Python SDK, over OTLP/HTTP.
-    let sdk =
-        Command::new(tools_python()).arg(fixtures().join("otlp/sdk_spans.py")).arg(&collector.http).output().unwrap();
+    let sdk = Command::new(tools_python())
+        .arg(fixtures().join("otlp/sdk_spans.py"))
+        .arg(&collector.http)
+        .output_within(PATIENCE);
     assert_eq!(
         String::from_utf8_lossy(&sdk.stdout),
         "SUCCESS SUCCESS SUCCESS\n",
@@ -775,7 +775,7 @@ fn grpc_refuses_oversized_and_unauthenticated_requests_and_keeps_serving() {
     let collector = Collector::start(&dir.join("c.redb"), &["--token", "s3cret", "--max-request-mib", "1"]);
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let endpoint = collector.grpc.clone();
-    let codes = runtime.block_on(async move {
+    let exchange = async move {
         let mut client = LogsServiceClient::connect(endpoint).await.unwrap();
         let with_token = |request: ExportLogsServiceRequest, token: Option<&str>| {
             let mut request = tonic::Request::new(request);
@@ -802,7 +802,10 @@ fn grpc_refuses_oversized_and_unauthenticated_requests_and_keeps_serving() {
             });
         }
         codes
-    });
+    };
+    let codes = runtime
+        .block_on(tokio::time::timeout(4 * HTTP_LIMIT, exchange))
+        .unwrap_or_else(|_| panic!("the gRPC exchange with gpuprof-collector did not end within {:?}", 4 * HTTP_LIMIT));
     assert_eq!(
         codes,
         vec![tonic::Code::Unauthenticated, tonic::Code::Unauthenticated, tonic::Code::OutOfRange, tonic::Code::Ok]
@@ -952,7 +955,7 @@ exporters:
             .stderr(log)
             .spawn()
             .unwrap();
-        let agent = ureq::Agent::config_builder().http_status_as_error(false).build().new_agent();
+        let agent = http_client();
         wait_ready("the OpenTelemetry Collector", &mut child, &log_path, Duration::from_secs(30), || {
             agent.get(&format!("http://127.0.0.1:{health}/")).call().is_ok_and(|r| r.status().as_u16() == 200)
         });
@@ -1108,8 +1111,7 @@ fn the_shipped_opentelemetry_collector_configuration_is_valid() {
         .env("GPUPROF_COLLECTOR_TOKEN", "s3cret")
         .env("GPUPROF_COLLECTOR_SHARDS", "[shard-0:4317, shard-1:4317]")
         .env("GPUPROF_TRACES_OTLP", "jaeger:4317")
-        .output()
-        .unwrap();
+        .output_within(PATIENCE);
     assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
     // And a mistake is caught: the key that routes a node whole, misspelt.
     let wrong = scratch("collector_otelcol_validate").join("wrong.yaml");
@@ -1121,8 +1123,7 @@ fn the_shipped_opentelemetry_collector_configuration_is_valid() {
         .env("GPUPROF_COLLECTOR_TOKEN", "s3cret")
         .env("GPUPROF_COLLECTOR_SHARDS", "[shard-0:4317, shard-1:4317]")
         .env("GPUPROF_TRACES_OTLP", "jaeger:4317")
-        .output()
-        .unwrap();
+        .output_within(PATIENCE);
     assert_eq!(output.status.code(), Some(1));
     assert!(
         String::from_utf8_lossy(&output.stderr).contains("routing_keys"),

@@ -21,7 +21,7 @@ use gpuprof_testkit::*;
 use serde_json::Value;
 
 fn run(command: &mut Command) -> Output {
-    command.output().unwrap()
+    command.output_within(PATIENCE)
 }
 
 fn preloaded(program: &str, args: &[&str]) -> Command {

@@ -110,16 +110,16 @@ fn the_daemon_at_its_defaults_says_one_leak_per_problem_and_none_of_healthy_jobs
         .split(' ')
         .map(|pid| pid.parse().unwrap())
         .collect();
-    assert_eq!(wait_with_limit(&mut launcher.child, Duration::from_secs(10)).signal(), Some(9));
+    assert_eq!(launcher.child.wait_within(Duration::from_secs(10), "launcher").signal(), Some(9));
     for (job, name) in [(&mut leak, "leak"), (&mut healthy, "healthy"), (&mut loader, "workers")] {
         assert_eq!(job.line(&format!("the {name} job's \"done\""), Duration::from_secs(60)), "done");
-        assert_eq!(wait_with_limit(&mut job.child, Duration::from_secs(10)).code(), Some(0), "{name}");
+        assert_eq!(job.child.wait_within(Duration::from_secs(10), "job").code(), Some(0), "{name}");
     }
     for _ in &orphans {
         assert_eq!(launcher.line("an orphan's \"done\"", Duration::from_secs(40)), "done");
     }
     assert_eq!(oom.line("the oom job's \"out of memory\"", Duration::from_secs(40)), "out of memory");
-    assert_eq!(wait_with_limit(&mut oom.child, Duration::from_secs(10)).code(), Some(1));
+    assert_eq!(oom.child.wait_within(Duration::from_secs(10), "oom").code(), Some(1));
 
     // What the node said, at the collector: every process's findings by kind and severity.
     // Leaks: the growth (leak job), a context in each of the loader's workers, each orphan, the

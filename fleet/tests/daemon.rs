@@ -47,7 +47,7 @@ fn run_workers(first: usize, count: usize) -> Vec<(u32, String, u64)> {
             })
             .collect();
         for (child, leak) in children {
-            let output = child.wait_with_output().unwrap();
+            let output = child.output_within(PATIENCE, "child");
             assert_eq!(output.status.code(), Some(0));
             let line = String::from_utf8(output.stdout).unwrap();
             let (pid, addr) = line.trim().split_once(' ').unwrap();
@@ -98,7 +98,7 @@ fn the_daemon_follows_every_cuda_process_of_the_node_through_churn() {
     let found_after = mapped.elapsed();
     assert!(found_after < Duration::from_millis(2000), "found {found_after:?} after it mapped libcuda");
     late.stdin.take().unwrap().write_all(b"go\n").unwrap();
-    assert_eq!(wait_with_limit(&mut late, Duration::from_secs(10)).code(), Some(0));
+    assert_eq!(late.wait_within(Duration::from_secs(10), "late").code(), Some(0));
 
     // Short-lived processes the daemon is told nothing about.
     let early = run_workers(0, 50);
@@ -185,7 +185,7 @@ fn the_daemon_follows_every_cuda_process_of_the_node_through_churn() {
 fn bad_settings_are_one_line_errors() {
     let dir = scratch("daemon_settings");
     let daemon = |args: &[&str], env: &[(&str, &str)]| {
-        let output = Command::new(gpuprof()).arg("daemon").args(args).envs(env.iter().copied()).output().unwrap();
+        let output = Command::new(gpuprof()).arg("daemon").args(args).envs(env.iter().copied()).output_within(PATIENCE);
         (output.status.code(), String::from_utf8_lossy(&output.stderr).into_owned())
     };
     assert_eq!(
@@ -372,10 +372,10 @@ fn a_shim_connection_speaks_only_for_its_own_process() {
         .spawn()
         .unwrap();
     let forger_pid = forger.id();
-    let forger = forger.wait_with_output().unwrap();
+    let forger = forger.output_within(PATIENCE, "forger");
     assert_eq!(forger.status.code(), Some(0), "{}", String::from_utf8_lossy(&forger.stderr));
     daemon.wait_for("gpuprof_daemon_shim_refused_total", 2, Duration::from_secs(10));
-    assert!(workload.wait().unwrap().success());
+    assert!(workload.wait_within(PATIENCE, "workload").success());
     daemon.wait_for("gpuprof_daemon_processes_exited_total", 1, Duration::from_secs(10));
     let stderr = daemon.stop();
     let _ = std::fs::remove_dir_all(&shared);
@@ -450,7 +450,7 @@ fn tensors_with_the_shim(dir: &Path, socket: &Path) -> ShimmedTensors {
         .env("LD_PRELOAD", shim_library())
         .env("GPUPROF_SHIM_SOCKET", socket)
         .env("GPUPROF_LIBC10_CUDA", libc10_cuda_standin());
-    let output = command.output().unwrap();
+    let output = command.output_within(PATIENCE);
     assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
     let expected = read_expected(&log);
     let pid = pid_of_role(&expected, "parent");
@@ -543,7 +543,7 @@ fn the_sidecar_arrangement_gives_what_run_via_shim_gives() {
         .spawn()
         .unwrap();
     inject.stdin.take().unwrap().write_all(pod.as_bytes()).unwrap();
-    let injected = inject.wait_with_output().unwrap();
+    let injected = inject.output_within(PATIENCE, "inject");
     assert!(injected.status.success(), "{}", String::from_utf8_lossy(&injected.stderr));
     let yaml_to_json = Command::new(tools_python())
         .args(["-c", "import json, sys, yaml; json.dump(yaml.safe_load(sys.stdin), sys.stdout)"])
@@ -552,7 +552,7 @@ fn the_sidecar_arrangement_gives_what_run_via_shim_gives() {
         .spawn()
         .unwrap();
     yaml_to_json.stdin.as_ref().unwrap().write_all(&injected.stdout).unwrap();
-    let manifest: Value = serde_json::from_slice(&yaml_to_json.wait_with_output().unwrap().stdout).unwrap();
+    let manifest: Value = serde_json::from_slice(&yaml_to_json.output_within(PATIENCE, "yaml_to_json").stdout).unwrap();
     let sidecar = &manifest["spec"]["initContainers"][0];
     let trainer = &manifest["spec"]["containers"][0];
     let literal_env = |container: &Value| -> Vec<(String, String)> {
@@ -638,7 +638,7 @@ fn the_sidecar_arrangement_gives_what_run_via_shim_gives() {
         assert!(Instant::now() < deadline, "the collector never showed the pod's process: {metrics}");
         std::thread::sleep(Duration::from_millis(200));
     };
-    assert!(workload.wait().unwrap().success());
+    assert!(workload.wait_within(PATIENCE, "workload").success());
     // tensors.py twice and leaks.py's worker (its parent makes no CUDA call: the shim stays silent).
     daemon.wait_for("gpuprof_daemon_processes_exited_total", 3, Duration::from_secs(15));
     assert!(
@@ -698,7 +698,7 @@ fn the_sidecar_arrangement_gives_what_run_via_shim_gives() {
     for (name, value) in inner.get_envs() {
         run.env(name, value.unwrap());
     }
-    let output = run.output().unwrap();
+    let output = run.output_within(PATIENCE);
     assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
     let base_events = read_events(&base_path);
 
@@ -826,9 +826,9 @@ wait $sidecar"#,
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    let outsider = outsider.output().unwrap();
+    let outsider = outsider.output_within(PATIENCE);
     assert!(outsider.status.success(), "{}", String::from_utf8_lossy(&outsider.stderr));
-    let status = wait_with_limit(&mut pod, Duration::from_secs(60));
+    let status = pod.wait_within(Duration::from_secs(60), "pod");
     let stderr = std::fs::read_to_string(&said).unwrap();
     assert_eq!(status.code(), Some(0), "{stderr}");
     assert!(

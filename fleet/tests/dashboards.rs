@@ -101,7 +101,7 @@ fn every_dashboard_panel_answers_from_a_real_prometheus() {
     leak.arg(workloads().join("leaks.py")).arg("ipc-left-open");
     workload_env(&mut leak, &log);
     leak.env("GPUPROF_STANDIN_NVML_DIR", &nvml);
-    assert!(leak.status().unwrap().success());
+    assert!(leak.status_within(PATIENCE).success());
     // The job that holds memory while the panels are read.
     let mut holder = Command::new(python3());
     holder.arg("-c").arg(HOLDER).arg(workloads());
@@ -160,7 +160,7 @@ fn every_dashboard_panel_answers_from_a_real_prometheus() {
     assert_eq!(value(r#"sum(gpuprof_findings{node=~"$node", severity="leak"})"#), 1.0);
 
     drop(holder.stdin.take());
-    let _ = wait_with_limit(&mut holder, Duration::from_secs(10));
+    let _ = holder.wait_within(Duration::from_secs(10), "holder");
 }
 
 /// gpuprof's OpenTelemetry Collector running deploy/otel-collector/loadbalancing.yaml as it
@@ -289,14 +289,13 @@ fn two_nodes_and_a_sidecar_through_the_opentelemetry_collector_fill_shards_jaege
     let leaks = workloads().join("leaks.py");
     let leaks = leaks.to_str().unwrap();
     // Multiprocess jobs whose worker exits holding 8 MiB: one on node-a, one in the pod as rank 1.
-    let status = job(&[leaks, "worker-exit-live"], &socket_a, shim, &nvml_a, "leak-a.log").status().unwrap();
+    let status = job(&[leaks, "worker-exit-live"], &socket_a, shim, &nvml_a, "leak-a.log").status_within(PATIENCE);
     assert!(status.success());
     let pod_shim = pod.join("libgpuprof_shim.so");
     let status = job(&[leaks, "worker-exit-live"], &pod.join("shim.sock"), &pod_shim, &nvml_b, "leak-pod.log")
         .env("RANK", "1")
         .env("WORLD_SIZE", "2")
-        .status()
-        .unwrap();
+        .status_within(PATIENCE);
     assert!(status.success());
     // A holder on each node while the panels are read.
     let hold = |socket: &Path, nvml: &Path, log: &str| {
@@ -484,7 +483,7 @@ fn two_nodes_and_a_sidecar_through_the_opentelemetry_collector_fill_shards_jaege
     // node-a's shard restarted while node-a sends: what was sent meanwhile arrives (the
     // Collector's queue and retry for that shard), what it had is kept (its database).
     shards[shard_a].take().unwrap().stop();
-    let status = job(&[leaks, "worker-exit-live"], &socket_a, shim, &nvml_a, "leak-a2.log").status().unwrap();
+    let status = job(&[leaks, "worker-exit-live"], &socket_a, shim, &nvml_a, "leak-a2.log").status_within(PATIENCE);
     assert!(status.success());
     let worker_a2 = pid_of_role(&read_expected(&dir.join("leak-a2.log")), "worker");
     std::thread::sleep(Duration::from_secs(2));
@@ -510,8 +509,8 @@ fn two_nodes_and_a_sidecar_through_the_opentelemetry_collector_fill_shards_jaege
 
     drop(holder_a.stdin.take());
     drop(holder_b.stdin.take());
-    let _ = wait_with_limit(&mut holder_a, Duration::from_secs(10));
-    let _ = wait_with_limit(&mut holder_b, Duration::from_secs(10));
+    let _ = holder_a.wait_within(Duration::from_secs(10), "holder_a");
+    let _ = holder_b.wait_within(Duration::from_secs(10), "holder_b");
     drop(prometheus);
     drop(otelcol);
     for shard in shards.iter_mut() {

@@ -13,7 +13,10 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use gpuprof_testkit::{collector::collector_bin, gpuprof, line_within, scratch, test_tools, tools_python, READY_LIMIT};
+use gpuprof_testkit::{
+    collector::collector_bin, gpuprof, http_client, line_within, scratch, test_tools, tools_python, ChildWithin,
+    CommandWithin, PATIENCE, READY_LIMIT,
+};
 use serde_json::{json, Value};
 
 /// Sample names of the collector's /metrics, as Prometheus stores them (counters end in _total).
@@ -124,7 +127,7 @@ fn run(program: &str, args: &[&str], stdin: Option<&str>) -> Output {
     let input = stdin.unwrap_or("").to_string();
     let mut pipe = child.stdin.take().unwrap();
     let writer = std::thread::spawn(move || std::io::Write::write_all(&mut pipe, input.as_bytes()));
-    let output = child.wait_with_output().unwrap();
+    let output = child.output_within(PATIENCE, &format!("{program} {}", args.join(" ")));
     // A program refusing its arguments may exit before it reads its input.
     match writer.join().unwrap() {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
@@ -488,8 +491,7 @@ fn the_rendered_configuration_is_what_the_binaries_and_prometheus_accept() {
         let output = Command::new(gpuprof())
             .env_clear()
             .args(["daemon", "--config", config.to_str().unwrap(), "--scan-interval", "5"])
-            .output()
-            .unwrap();
+            .output_within(PATIENCE);
         let stderr = text(&output.stderr);
         assert!(
             !output.status.success() && stderr.contains("scan_interval 5s: at most 1 second"),
@@ -527,7 +529,7 @@ fn the_rendered_configuration_is_what_the_binaries_and_prometheus_accept() {
     // The collector's flags: every one parses; it then stops at the token file, absent here.
     let collector = object(&objects, "Deployment", "gpuprof-collector");
     let args = strings(&collector["spec"]["template"]["spec"]["containers"][0]["args"]);
-    let output = Command::new(collector_bin()).env_clear().args(&args).output().unwrap();
+    let output = Command::new(collector_bin()).env_clear().args(&args).output_within(PATIENCE);
     let stderr = text(&output.stderr);
     assert!(
         !output.status.success() && stderr.contains("--token-file /etc/gpuprof/token/token: cannot read it"),
@@ -905,7 +907,7 @@ fn the_dashboards_metrics_are_served_by_a_running_collector_and_daemon() {
             break rest.split(';').next().unwrap().to_string();
         }
     };
-    let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+    let agent: ureq::Agent = http_client();
     let text = agent.get(&format!("http://{address}/metrics")).call().unwrap().body_mut().read_to_string().unwrap();
     let _ = daemon.kill();
     let _ = daemon.wait();

@@ -221,7 +221,7 @@ fn a_job_on_two_nodes_is_one_view_and_the_rank_that_keeps_blocks_is_the_one_name
     assert_job_dashboard(&fleet, &train);
     for rank in &mut ranks {
         drop(rank.child.stdin.take());
-        assert!(wait_with_limit(&mut rank.child, Duration::from_secs(30)).success());
+        assert!(rank.child.wait_within(Duration::from_secs(30), "rank").success());
     }
     assert_job_trace(&fleet, shard, &train, train_expected);
     drop(fleet.daemons);

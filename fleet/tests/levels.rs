@@ -75,7 +75,7 @@ fn a_daemon_raises_a_growing_job_to_its_tensors_and_lowers_it_again() {
     daemon.wait_for_line(&format!("pid {pid}: back to driver"), Duration::from_secs(10));
     let done = line_within(&mut stdout, READY_LIMIT, "the workload's \"done\"");
     assert_eq!(done.trim(), "done");
-    assert_eq!(wait_with_limit(&mut job, Duration::from_secs(30)).code(), Some(0));
+    assert_eq!(job.wait_within(Duration::from_secs(30), "job").code(), Some(0));
     assert!(daemon.metric("gpuprof_daemon_raises_total") >= 1);
     assert_eq!(daemon.metric("gpuprof_daemon_processes_raised"), 0);
     daemon.stop();
@@ -193,7 +193,7 @@ fn the_daemons_api_switches_a_shimmed_process_and_its_events_follow_exactly() {
     daemon.wait_for_line(&format!("pid {pid}: the shim records at tensors from now on"), Duration::from_secs(5));
     hundred(&workdir, 2);
     std::fs::write(workdir.join("go.3"), "stop").unwrap();
-    assert_eq!(wait_with_limit(&mut job, Duration::from_secs(30)).code(), Some(0));
+    assert_eq!(job.wait_within(Duration::from_secs(30), "job").code(), Some(0));
     daemon.stop();
 
     let events = read_events(&events_path);
@@ -215,7 +215,7 @@ fn at_the_driver_level_run_records_the_driver_calls_and_no_tensor() {
         command.arg(python3()).arg(workloads().join("growing.py")).args(["1", "1"]);
         workload_env(&mut command, &dir.join("workload.jsonl"));
         command.env("GPUPROF_LIBC10_CUDA", libc10_cuda_standin());
-        let output = command.output().unwrap();
+        let output = command.output_within(PATIENCE);
         assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
         let events = read_events(&events_path);
         let segments = events.iter().filter(|e| e.api == "cuMemAlloc_v2").count();
@@ -223,7 +223,7 @@ fn at_the_driver_level_run_records_the_driver_calls_and_no_tensor() {
         // 20 reports a step and one kept, 10 steps.
         assert_eq!((level, segments, tensors), (level, 10, blocks));
     }
-    let output = Command::new(gpuprof()).args(["run", "--level", "off", "--", "true"]).output().unwrap();
+    let output = Command::new(gpuprof()).args(["run", "--level", "off", "--", "true"]).output_within(PATIENCE);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(2));
     assert!(

@@ -52,8 +52,7 @@ fn scenario(name: &str, env: &[(&str, String)], rule_args: &[&str]) -> Run {
     let report = Command::new(gpuprof())
         .args(["report", "--input", events.to_str().unwrap(), "--format", "json"])
         .args(rule_args)
-        .output()
-        .unwrap();
+        .output_within(PATIENCE);
     assert_eq!(report.status.code(), Some(0), "{}", String::from_utf8_lossy(&report.stderr));
     let reported: Vec<Finding> = serde_json::from_slice(&report.stdout).unwrap();
     assert_eq!(reported, findings, "report and the live capture disagree");

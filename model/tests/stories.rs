@@ -74,7 +74,7 @@ fn run_script(dir: &Path, script: &Path, name: &str, env: &[(&str, String)], arg
     for (key, value) in env {
         command.env(key, value);
     }
-    let output = command.output().unwrap();
+    let output = command.output_within(PATIENCE);
     let stderr = String::from_utf8_lossy(&output.stderr).to_string();
     assert!(stderr.contains(", none lost\n"), "{stderr}");
     let findings =
@@ -88,8 +88,7 @@ fn assert_report_agrees(story: &Story, rule_args: &[&str]) {
     let report = Command::new(gpuprof())
         .args(["report", "--input", story.events.to_str().unwrap(), "--format", "json"])
         .args(rule_args)
-        .output()
-        .unwrap();
+        .output_within(PATIENCE);
     assert_eq!(report.status.code(), Some(0), "{}", String::from_utf8_lossy(&report.stderr));
     let mut reported: Vec<Finding> = serde_json::from_slice(&report.stdout).unwrap();
     let mut live = story.findings.clone();
@@ -453,12 +452,15 @@ fn a_six_second_job_keeping_a_tensor_a_step_is_one_growth_at_the_line_that_made_
     assert_report_agrees(&story, &[]);
 
     // The findings table and the HTML report say why.
-    let table = Command::new(gpuprof()).args(["report", "-f", "table"]).arg(&story.events).output().unwrap();
+    let table = Command::new(gpuprof()).args(["report", "-f", "table"]).arg(&story.events).output_within(PATIENCE);
     let table = String::from_utf8_lossy(&table.stdout).to_string();
     assert!(table.contains("\n    why: tensors_kept_by_user_code (at "), "{table}");
     let page = story.events.with_extension("html");
-    let export =
-        Command::new(gpuprof()).args(["export", "-f", "html", "-o"]).arg(&page).arg(&story.events).output().unwrap();
+    let export = Command::new(gpuprof())
+        .args(["export", "-f", "html", "-o"])
+        .arg(&page)
+        .arg(&story.events)
+        .output_within(PATIENCE);
     assert_eq!(export.status.code(), Some(0), "{}", String::from_utf8_lossy(&export.stderr));
     let shown = browse_report(
         &page,

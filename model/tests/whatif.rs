@@ -20,7 +20,7 @@ fn pytorch(name: &str) -> Value {
 }
 
 fn whatif(args: &[&str]) -> Output {
-    Command::new(gpuprof()).arg("whatif").args(args).output().unwrap()
+    Command::new(gpuprof()).arg("whatif").args(args).output_within(PATIENCE)
 }
 
 fn json_of(output: &Output) -> Value {
@@ -244,7 +244,7 @@ fn the_settings_a_job_was_started_with_are_recorded_and_replayed_under() {
     cmd.args(["run", "--output", out.to_str().unwrap(), "--"]).arg(python3()).arg(workloads().join("tensors.py"));
     workload_env(&mut cmd, &log);
     cmd.env("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:64,roundup_power2_divisions:4");
-    let output = cmd.output().unwrap();
+    let output = cmd.output_within(PATIENCE);
     assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
     let events = read_events(&out);
     let pid = events.iter().find(|e| e.layer == gpuprof_model::event::Layer::Allocator).expect("allocator events").pid;
@@ -271,7 +271,7 @@ fn the_settings_a_job_was_started_with_are_recorded_and_replayed_under() {
         .arg(workloads().join("tensors.py"));
     workload_env(&mut cmd, &log);
     cmd.env("PYTORCH_ALLOC_CONF", "expandable_segments:True");
-    let output = cmd.output().unwrap();
+    let output = cmd.output_within(PATIENCE);
     assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
     let events = read_events(&shimmed);
     let said: Vec<&str> = events.iter().filter_map(|e| e.allocator_settings.as_deref()).collect();

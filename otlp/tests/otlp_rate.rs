@@ -44,7 +44,7 @@ fn run_training(dir: &Path, endpoint: &str, seconds: u32) -> (String, Vec<Value>
         ])
         .args(["--", "sh", "-c", &format!("{training} & {training} & wait")]);
     workload_env(&mut command, &log);
-    let output = command.output().unwrap();
+    let output = command.output_within(PATIENCE);
     let stderr = String::from_utf8_lossy(&output.stderr).to_string();
     assert_eq!(output.status.code(), Some(0), "{stderr}");
     let findings: Vec<Finding> = serde_json::from_str(&std::fs::read_to_string(&findings).unwrap()).unwrap();
@@ -147,8 +147,7 @@ fn go_pprof(args: &[&str]) -> String {
         .env("HOME", &home)
         .env("PPROF_TMPDIR", &home)
         .stdin(Stdio::null())
-        .output()
-        .expect("go (Debian package golang-go) must be installed: scripts/install-prerequisites.sh");
+        .output_within(PATIENCE);
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     String::from_utf8_lossy(&output.stdout).to_string()
 }

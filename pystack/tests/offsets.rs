@@ -24,10 +24,9 @@ fn derived_offsets(python: &std::path::Path, label: &str) -> Vec<(String, u16)> 
         .arg("-o")
         .arg(&binary)
         .arg(&source)
-        .status()
-        .unwrap();
+        .status_within(PATIENCE);
     assert!(status.success(), "compiling offsets.c against CPython {label}'s headers");
-    let output = Command::new(&binary).output().unwrap();
+    let output = Command::new(&binary).output_within(PATIENCE);
     String::from_utf8(output.stdout)
         .unwrap()
         .lines()
@@ -60,7 +59,7 @@ fn cpython_313_publishes_the_same_offsets() {
     line_within(&mut std::io::BufReader::new(child.stdout.as_mut().unwrap()), READY_LIMIT, "the workload's first line");
     let interpreter = gpuprof_pystack::find_interpreter(child.id()).unwrap().expect("an interpreter");
     child.kill().unwrap();
-    child.wait().unwrap();
+    child.wait_within(PATIENCE, "child");
     assert_eq!(interpreter.layout.version, Version { major: 3, minor: 13 });
     assert!(interpreter.module.ends_with("libpython3.13.so.1.0"), "{}", interpreter.module);
     // Read from _Py_DebugOffsets in the live interpreter, equal to the table from the headers.

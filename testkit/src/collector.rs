@@ -15,7 +15,7 @@ use gpuprof_otlp::resource::ProcessIdentity;
 use prost::Message;
 use serde_json::Value;
 
-use crate::wait_with_limit;
+use crate::{http_client, ChildWithin, CommandWithin};
 
 /// The collector binary, `gpuprof-collector`, brought up to date first.
 pub fn collector_bin() -> &'static Path {
@@ -41,8 +41,8 @@ pub fn jaeger_bin() -> &'static Path {
 /// The binary a scripts/ build script prints the path of (building it when its cache has none).
 fn built_by(script: &str, what: &str) -> PathBuf {
     let script = crate::workspace::root().join("scripts").join(script);
-    let output =
-        Command::new("bash").arg(&script).output().unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+    // install-prerequisites built it; from nothing it takes about 265 s on 2 cores.
+    let output = Command::new("bash").arg(&script).output_within(std::time::Duration::from_secs(600));
     assert!(
         output.status.success(),
         "cannot build {what} ({}): {}",
@@ -127,7 +127,7 @@ exporters:
             .stderr(log)
             .spawn()
             .unwrap();
-        let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+        let agent: ureq::Agent = http_client();
         let mut jaeger = Jaeger {
             child,
             otlp: format!("127.0.0.1:{otlp}"),
@@ -185,7 +185,7 @@ impl Collector {
             let _ = stderr.read_to_string(&mut rest);
             eprint!("{rest}");
         });
-        let agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+        let agent = http_client();
         Collector { child, grpc: format!("http://{grpc}"), http: format!("http://{http}"), agent }
     }
 
@@ -255,7 +255,7 @@ impl Collector {
     pub fn stop(mut self) {
         // SAFETY: kill takes no memory; the pid is our own child's, not yet waited for, so not reused.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let status = wait_with_limit(&mut self.child, Duration::from_secs(10));
+        let status = self.child.wait_within(Duration::from_secs(10), "gpuprof-collector, stopped with SIGTERM");
         assert_eq!(status.code(), Some(0));
     }
 }
@@ -453,7 +453,7 @@ impl ShippedCollector {
             .stderr(std::fs::File::create(&log_path).unwrap())
             .spawn()
             .unwrap();
-        let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+        let agent: ureq::Agent = http_client();
         wait_ready("the OpenTelemetry Collector", &mut child, &log_path, Duration::from_secs(30), || {
             agent.get(&format!("http://127.0.0.1:{health}/")).call().is_ok_and(|r| r.status().as_u16() == 200)
         });

@@ -6,7 +6,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::{gpuprof, wait_with_limit};
+use crate::{gpuprof, http_client, ChildWithin};
 
 /// A daemon sees every CUDA process of the machine: two at once would see each other's
 /// workloads, so the tests that run one take turns.
@@ -70,7 +70,7 @@ impl Daemon {
             }
         };
         let (health, started) = health;
-        let agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+        let agent = http_client();
         Daemon { child, started, health, agent, stderr }
     }
 
@@ -130,7 +130,7 @@ impl Daemon {
     pub fn stop(mut self) -> String {
         // SAFETY: kill takes no memory; the pid is our own child's, not yet waited for, so not reused.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let status = wait_with_limit(&mut self.child, Duration::from_secs(15));
+        let status = self.child.wait_within(Duration::from_secs(15), "the daemon, stopped with SIGTERM");
         assert_eq!(status.code(), Some(0));
         let mut said = String::new();
         while let Ok(line) = self.stderr.recv_timeout(Duration::from_millis(500)) {

@@ -5,11 +5,11 @@
 
 pub mod collector;
 pub mod daemon;
+pub mod deadline;
 pub mod prometheus;
 mod workspace;
 
-use std::io::{BufRead, BufReader, Read};
-use std::os::fd::{AsFd, AsRawFd};
+use std::io::BufReader;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStderr, Command, Output, Stdio};
 use std::sync::OnceLock;
@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use gpuprof_model::event::{Event, Layer};
 use serde_json::Value;
 
+pub use deadline::*;
 pub use workspace::target_tmpdir;
 
 /// The agent binary, `gpuprof`, brought up to date first.
@@ -55,16 +56,10 @@ pub fn standin_values(header: &str, expressions: &[&str]) -> Vec<usize> {
     )
     .unwrap();
     let program = dir.join("layout");
-    let status = Command::new("cc")
-        .arg("-I")
-        .arg(fixtures())
-        .arg("-o")
-        .arg(&program)
-        .arg(&source)
-        .status()
-        .expect("cc must be installed to compile the stand-in's declarations");
+    let status =
+        Command::new("cc").arg("-I").arg(fixtures()).arg("-o").arg(&program).arg(&source).status_within(PATIENCE);
     assert!(status.success(), "compiling a program over {header} failed");
-    let output = Command::new(&program).output().unwrap();
+    let output = Command::new(&program).output_within(PATIENCE);
     std::fs::remove_dir_all(&dir).unwrap();
     String::from_utf8(output.stdout).unwrap().lines().map(|line| line.parse().unwrap()).collect()
 }
@@ -96,8 +91,7 @@ fn compile(source: &str, output: &Path, extra: &[&str]) {
         .arg(&staging)
         .arg(fixtures().join(source))
         .args(extra)
-        .status()
-        .expect("cc (gcc) must be installed to build the test fixtures");
+        .status_within(PATIENCE);
     assert!(status.success(), "compiling {source} failed");
     std::fs::rename(&staging, output).unwrap();
 }
@@ -350,10 +344,7 @@ pub fn memory_events(events: &[Event]) -> Vec<&Event> {
 pub fn python3() -> &'static str {
     static PYTHON: OnceLock<String> = OnceLock::new();
     PYTHON.get_or_init(|| {
-        let out = Command::new("python3")
-            .args(["-c", "import sys; print(sys.executable)"])
-            .output()
-            .expect("python3 must be installed for the test workloads");
+        let out = Command::new("python3").args(["-c", "import sys; print(sys.executable)"]).output_within(PATIENCE);
         String::from_utf8(out.stdout).unwrap().trim().to_string()
     })
 }
@@ -374,7 +365,7 @@ pub fn gpuprof_run(args: &[&str], command: &[&str], log: &Path) -> Output {
     let mut cmd = Command::new(gpuprof());
     cmd.arg("run").args(args).arg("--").args(command);
     workload_env(&mut cmd, log);
-    cmd.output().expect("gpuprof runs")
+    cmd.output_within(PATIENCE)
 }
 
 /// The capture's counters at the end of a run given `--stats` (`gpuprof: N events (…/s) from …;
@@ -457,17 +448,17 @@ pub fn assert_same_calls_from(expected: &[Value], captured: &[&Event], source: g
 pub fn browse_report(page: &Path, steps: Value) -> Value {
     let steps_file = page.with_extension("steps.json");
     std::fs::write(&steps_file, steps.to_string()).unwrap();
-    let output =
-        Command::new(python3()).arg(fixtures().join("browse_report.py")).arg(page).arg(&steps_file).output().unwrap();
+    let output = Command::new(python3())
+        .arg(fixtures().join("browse_report.py"))
+        .arg(page)
+        .arg(&steps_file)
+        .output_within(PATIENCE);
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     let report: Value = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(report["errors"], serde_json::json!([]), "{report}");
     assert_eq!(report["requests"], serde_json::json!([format!("file://{}", page.display())]));
     report
 }
-
-/// How long a workload or a service may take to say it is ready.
-pub const READY_LIMIT: Duration = Duration::from_secs(60);
 
 /// Starts a workload that prints "ready" when it may be attached to; returns it with stdin open.
 pub fn start_ready_workload(mut command: Command) -> Child {
@@ -497,107 +488,6 @@ pub fn wait_for_stderr(stderr: &mut BufReader<ChildStderr>, text: &str) -> Vec<S
     }
 }
 
-/// Why a line did not come.
-#[derive(Debug)]
-pub enum NoLine {
-    /// The deadline passed; what had come of the line.
-    TimedOut(String),
-    /// The stream ended (the process exited); what had come of the line.
-    Ended(String),
-}
-
-impl std::fmt::Display for NoLine {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            NoLine::TimedOut(partial) => write!(f, "nothing more came in time; the line so far: {partial:?}"),
-            NoLine::Ended(partial) => write!(f, "the stream ended; the line so far: {partial:?}"),
-        }
-    }
-}
-
-/// One line from `reader`, waiting no later than `deadline` whether or not anything arrives: a
-/// silent process fails the test, saying what it waited for, instead of hanging it.
-pub fn read_line_before<R: Read + AsFd>(reader: &mut BufReader<R>, deadline: Instant) -> Result<String, NoLine> {
-    let mut line = Vec::new();
-    loop {
-        let buffered = reader.buffer();
-        if let Some(end) = buffered.iter().position(|&b| b == b'\n') {
-            line.extend_from_slice(&buffered[..=end]);
-            reader.consume(end + 1);
-            return Ok(String::from_utf8_lossy(&line).into_owned());
-        }
-        let taken = buffered.len();
-        line.extend_from_slice(buffered);
-        reader.consume(taken);
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(NoLine::TimedOut(String::from_utf8_lossy(&line).into_owned()));
-        }
-        let mut ready = libc::pollfd { fd: reader.get_ref().as_fd().as_raw_fd(), events: libc::POLLIN, revents: 0 };
-        let millis = left.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
-        // SAFETY: one pollfd of ours, for the length of the call.
-        if unsafe { libc::poll(&mut ready, 1, millis) } <= 0 {
-            // Nothing yet (or a signal): the deadline is checked again above.
-            continue;
-        }
-        if reader.fill_buf().unwrap().is_empty() {
-            return Err(NoLine::Ended(String::from_utf8_lossy(&line).into_owned()));
-        }
-    }
-}
-
-/// One line within `limit`, or the test fails naming `what` it waited for.
-pub fn line_within<R: Read + AsFd>(reader: &mut BufReader<R>, limit: Duration, what: &str) -> String {
-    read_line_before(reader, Instant::now() + limit).unwrap_or_else(|no| panic!("waited {limit:?} for {what}: {no}"))
-}
-
-/// Waits for a child with a time limit, killing it if it overstays.
-pub fn wait_with_limit(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("process {} did not exit within {limit:?}", child.id());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// Runs `command` to its end, as `Command::output` does, within `limit`: one that overstays is
-/// killed and the test fails naming `what`.
-pub fn output_within(command: &mut Command, limit: Duration, what: &str) -> Output {
-    let mut child = command
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
-    let drain = |mut pipe: Box<dyn Read + Send>| {
-        std::thread::spawn(move || {
-            let mut bytes = Vec::new();
-            let _ = pipe.read_to_end(&mut bytes);
-            bytes
-        })
-    };
-    let stdout = drain(Box::new(child.stdout.take().unwrap()));
-    let stderr = drain(Box::new(child.stderr.take().unwrap()));
-    let deadline = Instant::now() + limit;
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("{what} did not end within {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    Output { status, stdout: stdout.join().unwrap(), stderr: stderr.join().unwrap() }
-}
-
 /// What one `gpuprof run` of a leaks.py scenario left behind.
 pub struct LeaksRun {
     pub findings: Vec<gpuprof_model::Finding>,
@@ -619,7 +509,7 @@ pub fn run_leaks(dir_name: &str, scenario: &str, env: &[(&str, String)], args: &
     for (key, value) in env {
         cmd.env(key, value);
     }
-    let output = cmd.output().unwrap();
+    let output = cmd.output_within(PATIENCE);
     let stderr = String::from_utf8_lossy(&output.stderr).to_string();
     assert_eq!(output.status.code(), Some(0), "{stderr}");
     LeaksRun {
@@ -703,37 +593,4 @@ pub fn assert_nccl_callers(captured: &[Event], pid: u32) {
         context.caller_module.as_deref().is_some_and(|m| m.starts_with("libffi.so") || m.starts_with("_ctypes")),
         "{context:?}"
     );
-}
-
-#[cfg(test)]
-mod bounded_reads {
-    use super::*;
-
-    fn stdout_of(script: &str) -> (Child, BufReader<std::process::ChildStdout>) {
-        let mut child = Command::new("sh").args(["-c", script]).stdout(Stdio::piped()).spawn().unwrap();
-        let stdout = BufReader::new(child.stdout.take().unwrap());
-        (child, stdout)
-    }
-
-    #[test]
-    fn a_silent_process_times_out_at_the_deadline_and_an_ended_one_says_so() {
-        let (mut child, mut stdout) = stdout_of("printf 'one\\npart'; sleep 5");
-        let soon = Instant::now() + Duration::from_millis(300);
-        assert_eq!(read_line_before(&mut stdout, soon).unwrap(), "one\n");
-        let began = Instant::now();
-        match read_line_before(&mut stdout, soon) {
-            Err(NoLine::TimedOut(partial)) => assert_eq!(partial, "part"),
-            other => panic!("{other:?}"),
-        }
-        assert!(began.elapsed() < Duration::from_secs(2), "{:?}", began.elapsed());
-        child.kill().unwrap();
-        child.wait().unwrap();
-
-        let (mut child, mut stdout) = stdout_of("printf 'last'");
-        match read_line_before(&mut stdout, Instant::now() + Duration::from_secs(10)) {
-            Err(NoLine::Ended(partial)) => assert_eq!(partial, "last"),
-            other => panic!("{other:?}"),
-        }
-        child.wait().unwrap();
-    }
 }

@@ -8,6 +8,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::collector::{free_port, wait_ready};
+use crate::http_client;
 
 /// Every panel query of a dashboard: (panel title, expression).
 pub fn queries(dashboard: &str) -> Vec<(String, String)> {
@@ -66,7 +67,7 @@ impl Prometheus {
             .stderr(log)
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start prometheus ({e}): run scripts/install-prerequisites.sh"));
-        let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+        let agent: ureq::Agent = http_client();
         let mut prometheus = Prometheus { child, url: format!("http://127.0.0.1:{port}"), agent };
         let (url, agent) = (prometheus.url.clone(), prometheus.agent.clone());
         wait_ready("prometheus", &mut prometheus.child, &dir.join("prometheus.log"), Duration::from_secs(30), || {

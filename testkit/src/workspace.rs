@@ -7,6 +7,12 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
+use std::time::Duration;
+
+use crate::CommandWithin;
+
+/// A build from nothing of what a test drives, on a loaded 2-core machine, with room to spare.
+const BUILD_LIMIT: Duration = Duration::from_secs(1800);
 
 /// The workspace's root (this crate's parent folder).
 pub(crate) fn root() -> &'static Path {
@@ -56,8 +62,7 @@ pub(crate) fn build(package: &str, target: &[&str], file: &str) -> PathBuf {
         .arg(target_dir)
         .args(["-p", package])
         .args(target)
-        .status()
-        .unwrap_or_else(|e| panic!("cannot run cargo to build {package}: {e}"));
+        .status_within(BUILD_LIMIT);
     assert!(status.success(), "cannot build {package} (cargo build -p {package} {})", target.join(" "));
     let path = profile_dir.join(file);
     assert!(path.exists(), "{} missing after building {package}", path.display());

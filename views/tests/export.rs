@@ -27,12 +27,12 @@ fn record(name: &str) -> (std::path::PathBuf, Vec<Event>) {
 }
 
 fn export(input: &Path, args: &[&str]) -> std::process::Output {
-    Command::new(gpuprof()).args(["export", "--input", input.to_str().unwrap()]).args(args).output().unwrap()
+    Command::new(gpuprof()).args(["export", "--input", input.to_str().unwrap()]).args(args).output_within(PATIENCE)
 }
 
 fn inspect(kind: &str, path: &Path) -> Value {
     let output =
-        Command::new(python3()).arg(fixtures().join("inspect_export.py")).arg(kind).arg(path).output().unwrap();
+        Command::new(python3()).arg(fixtures().join("inspect_export.py")).arg(kind).arg(path).output_within(PATIENCE);
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     serde_json::from_slice(&output.stdout).unwrap()
 }
@@ -165,7 +165,7 @@ fn the_picture_at_an_out_of_memory_failure() {
     workload_env(&mut cmd, &log);
     cmd.env("GPUPROF_STANDIN_DEVICE_MEMORY", (64u64 << 20).to_string())
         .env("GPUPROF_STANDIN_DEVICE_FILE", dir.join("device"));
-    assert!(cmd.output().unwrap().status.success());
+    assert!(cmd.output_within(PATIENCE).status.success());
     let expected = read_expected(&log);
     let (parent, worker) = (pid_of_role(&expected, "parent"), pid_of_role(&expected, "worker"));
 
@@ -222,7 +222,7 @@ fn a_reader_that_leaves_early_ends_the_export_quietly() {
         .unwrap();
     let first = line_within(&mut std::io::BufReader::new(child.stdout.take().unwrap()), READY_LIMIT, "the first event");
     assert!(first.contains("\"addr\":\"0x7f0000000000\""), "{first}");
-    let output = child.wait_with_output().unwrap();
+    let output = child.output_within(PATIENCE, "child");
     assert_eq!((output.status.code(), String::from_utf8_lossy(&output.stderr).into_owned()), (Some(0), String::new()));
 }
 
@@ -276,7 +276,7 @@ fn short_flags_and_a_file_argument_are_the_long_flags() {
     let (input, _) = record("export_short_flags");
     let path = input.to_str().unwrap();
     let run = |args: &[&str]| {
-        let output = Command::new(gpuprof()).args(args).output().unwrap();
+        let output = Command::new(gpuprof()).args(args).output_within(PATIENCE);
         assert_eq!(output.status.code(), Some(0), "{args:?}: {}", String::from_utf8_lossy(&output.stderr));
         output.stdout
     };
@@ -290,7 +290,7 @@ fn short_flags_and_a_file_argument_are_the_long_flags() {
     run(&["report", path, "-o", out.to_str().unwrap()]);
     assert_eq!(std::fs::read_to_string(&out).unwrap().into_bytes(), run(&["report", path]));
     // One spelling of a pid for every verb: attach takes `-p` too.
-    let output = Command::new(gpuprof()).args(["attach", "-p", "4194304"]).output().unwrap();
+    let output = Command::new(gpuprof()).args(["attach", "-p", "4194304"]).output_within(PATIENCE);
     assert_eq!(
         (output.status.code(), String::from_utf8_lossy(&output.stderr).into_owned()),
         (

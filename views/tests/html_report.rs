@@ -191,7 +191,7 @@ fn timelines_and_stacks_at_the_instants_picked_equal_the_capture() {
 
     // The page opens on the peak, the same as `summary` finds.
     let summary =
-        Command::new(gpuprof()).args(["summary", "-f", "json"]).arg(dir.join("events.jsonl")).output().unwrap();
+        Command::new(gpuprof()).args(["summary", "-f", "json"]).arg(dir.join("events.jsonl")).output_within(PATIENCE);
     let summary: Value = serde_json::from_slice(&summary.stdout).unwrap();
     assert_eq!(results[0]["bytes"], summary["peak_bytes"]);
     assert_eq!(results[1]["snapshotLabel"], "peak");
@@ -427,8 +427,7 @@ fn bad_requests_say_what_to_do() {
         .args(["export", "-f", "html", "-o"])
         .arg(dir.join("r.html"))
         .arg(&empty)
-        .output()
-        .unwrap();
+        .output_within(PATIENCE);
     assert_eq!(output.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
@@ -440,8 +439,7 @@ fn bad_requests_say_what_to_do() {
         .args(["run", "-f", "jsonl", "-o", "-", "--html"])
         .arg(&page)
         .args(["--", "true"])
-        .output()
-        .unwrap();
+        .output_within(PATIENCE);
     assert_eq!(output.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
@@ -456,7 +454,7 @@ fn the_page_is_self_contained_with_the_pinned_chart_library() {
     let vendor = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/export/html/vendor");
     let readme = std::fs::read_to_string(vendor.join("README.md")).unwrap();
     for file in ["uPlot.iife.min.js", "uPlot.min.css", "uPlot.LICENSE"] {
-        let output = Command::new("sha256sum").arg(vendor.join(file)).output().unwrap();
+        let output = Command::new("sha256sum").arg(vendor.join(file)).output_within(PATIENCE);
         let sum = String::from_utf8(output.stdout).unwrap().split_whitespace().next().unwrap().to_string();
         assert!(
             readme.contains(&format!("| `{file}` | `{sum}` |")),
@@ -482,7 +480,8 @@ fn the_what_if_panel_ranks_the_usual_settings() {
     let dir = scratch("html_whatif");
     let page = dir.join("halves.html");
     let input = fixtures().join("h100_whatif").join("halves.default.gpuprof");
-    let output = Command::new(gpuprof()).args(["export", "-f", "html", "-o"]).arg(&page).arg(&input).output().unwrap();
+    let output =
+        Command::new(gpuprof()).args(["export", "-f", "html", "-o"]).arg(&page).arg(&input).output_within(PATIENCE);
     assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
     let cells = "Array.from(document.querySelectorAll('#whatif table.whatif-runs tbody tr')).map(r => Array.from(r.cells).map(c => c.textContent))";
     let report = browse_report(
@@ -561,7 +560,7 @@ with open(said, "w") as out:
     workload_env(&mut run, &log);
     let stderr = dir.join("run.stderr");
     let mut child = run.stderr(std::fs::File::create(&stderr).unwrap()).spawn().unwrap();
-    let status = wait_with_limit(&mut child, std::time::Duration::from_secs(120));
+    let status = child.wait_within(std::time::Duration::from_secs(120), "child");
     assert_eq!(status.code(), Some(0), "{}", std::fs::read_to_string(&stderr).unwrap());
     let pids: Vec<u64> = std::fs::read_to_string(&said)
         .unwrap()

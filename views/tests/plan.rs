@@ -35,7 +35,7 @@ fn record(dir: &Path, batch: u64, seq: u64, env: &[(&str, &str)]) -> PathBuf {
         command.env(key, value.unwrap());
     }
     command.envs(env.iter().copied());
-    let output = output_within(&mut command, Duration::from_secs(120), "gpuprof run of plan_job.py");
+    let output = command.output_within(Duration::from_secs(120));
     assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
     out
 }
@@ -47,7 +47,7 @@ fn trace_of(path: &Path) -> AllocatorTrace {
 }
 
 fn whatif(args: &[&str]) -> Output {
-    output_within(Command::new(gpuprof()).arg("whatif").args(args), Duration::from_secs(120), "gpuprof whatif")
+    Command::new(gpuprof()).arg("whatif").args(args).output_within(Duration::from_secs(120))
 }
 
 fn json_of(output: &Output) -> Value {
@@ -177,7 +177,7 @@ fn the_largest_batch_that_fits_is_what_running_every_batch_finds() {
     for batch in 1..=40 {
         let mut job = job_command(batch, 128);
         job.env("GPUPROF_STANDIN_DEVICE_MEMORY", device.to_string()).env("PLAN_JOB_IMPORT_SECONDS", "0");
-        let output = output_within(&mut job, Duration::from_secs(60), "plan_job.py");
+        let output = job.output_within(Duration::from_secs(60));
         match output.status.code() {
             Some(0) => brute = batch,
             Some(1) => {

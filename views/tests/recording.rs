@@ -113,8 +113,7 @@ fn two_training_processes_at_a_real_rate_lose_nothing_and_the_recording_holds_ev
                 "--output",
                 output.to_str().unwrap(),
             ])
-            .output()
-            .unwrap();
+            .output_within(PATIENCE);
         assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     }
     assert!(std::fs::read(&jsonl).unwrap() == std::fs::read(&jsonl_again).unwrap());
@@ -133,8 +132,7 @@ fn run_measured(args: &[&str], dir: &Path) -> (Option<i32>, String, String, u64)
         .args(args)
         .stdout(Stdio::from(std::fs::File::create(&out_path).unwrap()))
         .stderr(Stdio::from(std::fs::File::create(&err_path).unwrap()))
-        .status()
-        .unwrap();
+        .status_within(PATIENCE);
     let read = |p: &PathBuf| String::from_utf8_lossy(&std::fs::read(p).unwrap()).to_string();
     (status.code(), read(&out_path), read(&err_path), read(&peak_path).trim().parse().unwrap())
 }
@@ -304,8 +302,7 @@ fn every_export_of_a_two_million_event_recording_stays_within_its_memory_bound()
             .arg(fixtures().join("inspect_export.py"))
             .arg("memory-viz")
             .arg(&snapshot)
-            .output()
-            .unwrap();
+            .output_within(PATIENCE);
         assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
         serde_json::from_slice::<Value>(&output.stdout).unwrap()
     };
@@ -332,8 +329,7 @@ fn a_recording_cut_short_is_read_up_to_its_cut() {
     assert_eq!(ending, Ending::Truncated { events: events.len() as u64 });
     let output = Command::new(gpuprof())
         .args(["report", "--format", "json", "--input", cut.to_str().unwrap()])
-        .output()
-        .unwrap();
+        .output_within(PATIENCE);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(0), "{stderr}");
     assert_eq!(

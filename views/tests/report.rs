@@ -10,7 +10,9 @@ use gpuprof_model::{Finding, FindingKind};
 use gpuprof_testkit::*;
 
 fn report(input: &Path, format: &str) -> std::process::Output {
-    Command::new(gpuprof()).args(["report", "--input", input.to_str().unwrap(), "--format", format]).output().unwrap()
+    Command::new(gpuprof())
+        .args(["report", "--input", input.to_str().unwrap(), "--format", format])
+        .output_within(PATIENCE)
 }
 
 #[test]
@@ -90,7 +92,7 @@ fn fail_on_gives_exit_status_3_for_the_findings_it_names() {
     let report_failing_on = |input: &Path, kind: &str| {
         let mut report = Command::new(gpuprof());
         report.args(["report", input.to_str().unwrap(), "-f", "json", "--fail-on", kind]);
-        let output = output_within(&mut report, Duration::from_secs(60), "gpuprof report --fail-on");
+        let output = report.output_within(Duration::from_secs(60));
         let findings: Vec<Finding> = serde_json::from_slice(&output.stdout).unwrap();
         let kinds: Vec<FindingKind> = findings.iter().map(|f| f.kind).collect();
         (output.status.code(), String::from_utf8_lossy(&output.stderr).into_owned(), kinds)
@@ -108,6 +110,6 @@ fn fail_on_gives_exit_status_3_for_the_findings_it_names() {
     assert_eq!(report_failing_on(&clean, "any"), (Some(0), String::new(), vec![]));
     let mut report = Command::new(gpuprof());
     report.args(["report", leaking.to_str().unwrap(), "--fail-on", "leaks"]);
-    let output = output_within(&mut report, Duration::from_secs(60), "gpuprof report --fail-on leaks");
+    let output = report.output_within(Duration::from_secs(60));
     assert_eq!(output.status.code(), Some(2), "a kind it does not know is a usage error");
 }

@@ -51,8 +51,7 @@ fn ten_simulated_nodes_at_a_training_rate_reach_the_collector_whole() {
             "--timeout",
             "30",
         ])
-        .output()
-        .unwrap();
+        .output_within(PATIENCE);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(0), "{stderr}");
     let report: Value = serde_json::from_slice(&output.stdout).unwrap();
