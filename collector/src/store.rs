@@ -29,22 +29,85 @@ pub struct Store {
     path: PathBuf,
 }
 
+/// Records of the database that did not read back at start.
+#[derive(Debug, Default)]
+struct Dropped {
+    findings: Vec<u64>,
+    nodes: Vec<String>,
+    reports: Vec<String>,
+}
+
+impl Dropped {
+    /// "dropped 2 corrupt findings (ids 5, 9); the state of node a (its processes come back with
+    /// its next batches)", or None when nothing was dropped.
+    fn said(&self) -> Option<String> {
+        let mut parts = Vec::new();
+        if !self.findings.is_empty() {
+            let ids: Vec<String> = self.findings.iter().map(u64::to_string).collect();
+            let noun = if ids.len() == 1 { "finding (id" } else { "findings (ids" };
+            parts.push(format!("{} corrupt {noun} {})", ids.len(), ids.join(", ")));
+        }
+        if !self.nodes.is_empty() {
+            let noun = if self.nodes.len() == 1 { "node" } else { "nodes" };
+            parts.push(format!(
+                "the corrupt state of {noun} {} (its processes come back with its next batches; its findings are kept)",
+                self.nodes.join(", ")
+            ));
+        }
+        if !self.reports.is_empty() {
+            let noun = if self.reports.len() == 1 { "post-mortem report" } else { "post-mortem reports" };
+            parts.push(format!("{} corrupt {noun} (of findings {})", self.reports.len(), self.reports.join(", ")));
+        }
+        (!parts.is_empty()).then(|| format!("dropped {}; the rest is served", parts.join("; ")))
+    }
+}
+
 pub struct Loaded {
     pub findings: Vec<StoredFinding>,
     pub nodes: Vec<(String, Node)>,
     pub reports: Vec<ReportInfo>,
 }
 
+/// redb caches pages up to its cache size (1 GiB by default): the state is rewritten at every
+/// checkpoint, so a large cache is memory without a use.
+fn open_database(path: &Path) -> Result<Database, redb::DatabaseError> {
+    Database::builder().set_cache_size(CACHE_BYTES).create(path)
+}
+
+/// Renames an unreadable database to `<path>.unreadable-<unix seconds>` and returns that name.
+fn set_aside(path: &Path) -> std::io::Result<PathBuf> {
+    let seconds = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let mut aside = path.as_os_str().to_owned();
+    aside.push(format!(".unreadable-{seconds}"));
+    let aside = PathBuf::from(aside);
+    std::fs::rename(path, &aside)?;
+    Ok(aside)
+}
+
 impl Store {
+    /// Opens the database at `path`, or creates it. A file redb cannot open is kept aside (named
+    /// in the warning) and the collector starts on an empty one; records that do not read back
+    /// are dropped and counted: the collector keeps serving what it has, and says what it lost.
     pub fn open(path: &Path) -> Result<(Store, Loaded)> {
-        // redb caches pages up to its cache size (1 GiB by default): the state is rewritten at
-        // every checkpoint, so a large cache is memory without a use.
-        let db = Database::builder().set_cache_size(CACHE_BYTES).create(path).map_err(|e| {
-            anyhow::anyhow!(
-                "--db {}: cannot open it as a gpuprof-collector database ({e}); move it away or give another --db",
-                path.display()
-            )
-        })?;
+        let db = match open_database(path) {
+            Ok(db) => db,
+            Err(error) if path.exists() => {
+                let aside = set_aside(path).with_context(|| {
+                    format!(
+                        "--db {}: cannot open it ({error}) nor move it away; move it away or give another --db",
+                        path.display()
+                    )
+                })?;
+                eprintln!(
+                    "gpuprof-collector: warning: --db {}: cannot open it ({error}): kept it as {} and started on an empty database; the findings, nodes and reports it held are not served",
+                    path.display(),
+                    aside.display()
+                );
+                open_database(path)
+                    .map_err(|e| anyhow::anyhow!("--db {}: cannot create a database there ({e})", path.display()))?
+            }
+            Err(error) => bail!("--db {}: cannot create a database there ({error}); give another --db", path.display()),
+        };
         let setup = db.begin_write().context("cannot write to the database")?;
         setup.open_table(FINDINGS).context("cannot create the findings table")?;
         setup.open_table(NODES).context("cannot create the nodes table")?;
@@ -52,19 +115,24 @@ impl Store {
         setup.open_table(REPORT_PAGES).context("cannot create the reports table")?;
         setup.commit().context("cannot write to the database")?;
         let store = Store { db, path: path.to_path_buf() };
-        let loaded = store.load()?;
+        let (loaded, dropped) = store.load()?;
+        if let Some(said) = dropped.said() {
+            eprintln!("gpuprof-collector: warning: --db {}: {said}", path.display());
+            store.forget(&dropped)?;
+        }
         Ok((store, loaded))
     }
 
-    fn load(&self) -> Result<Loaded> {
+    fn load(&self) -> Result<(Loaded, Dropped)> {
         let read = self.db.begin_read().context("cannot read the database")?;
+        let mut dropped = Dropped::default();
         let mut findings = Vec::new();
         for entry in read.open_table(FINDINGS)?.iter()? {
             let (id, bytes) = entry?;
-            let finding: StoredFinding = serde_json::from_slice(bytes.value()).with_context(|| {
-                format!("--db {}: finding {} is corrupt; move the file away", self.path.display(), id.value())
-            })?;
-            findings.push(finding);
+            match serde_json::from_slice(bytes.value()) {
+                Ok(finding) => findings.push(finding),
+                Err(_) => dropped.findings.push(id.value()),
+            }
         }
         let mut nodes = Vec::new();
         for entry in read.open_table(NODES)?.iter()? {
@@ -77,30 +145,53 @@ impl Store {
                     eprintln!("gpuprof-collector: node {} was saved by an older gpuprof-collector: its processes start afresh (its findings are kept)", name.value());
                     continue;
                 }
-                _ => bail!("--db {}: node {} was saved by another version of gpuprof-collector; move the file away to start afresh", self.path.display(), name.value()),
-            }
-            let node: Node = postcard::from_bytes(&bytes[1..]).with_context(|| {
-                format!(
-                    "--db {}: the state of node {} is corrupt; move the file away",
+                Some(format) if *format > NODE_FORMAT => bail!(
+                    "--db {}: node {} was saved by a newer gpuprof-collector; move the file away to start afresh",
                     self.path.display(),
                     name.value()
-                )
-            })?;
-            nodes.push((name.value().to_string(), node));
+                ),
+                _ => {
+                    dropped.nodes.push(name.value().to_string());
+                    continue;
+                }
+            }
+            match postcard::from_bytes::<Node>(&bytes[1..]) {
+                Ok(node) => nodes.push((name.value().to_string(), node)),
+                Err(_) => dropped.nodes.push(name.value().to_string()),
+            }
         }
         let mut reports = Vec::new();
         for entry in read.open_table(REPORTS)?.iter()? {
             let (id, bytes) = entry?;
-            let info: ReportInfo = serde_json::from_slice(bytes.value()).with_context(|| {
-                format!(
-                    "--db {}: the report of finding {} is corrupt; move the file away",
-                    self.path.display(),
-                    id.value()
-                )
-            })?;
-            reports.push(info);
+            match serde_json::from_slice(bytes.value()) {
+                Ok(info) => reports.push(info),
+                Err(_) => dropped.reports.push(id.value().to_string()),
+            }
         }
-        Ok(Loaded { findings, nodes, reports })
+        Ok((Loaded { findings, nodes, reports }, dropped))
+    }
+
+    /// Deletes the records that did not read back, so the next start does not trip on them.
+    fn forget(&self, dropped: &Dropped) -> Result<()> {
+        let write = self.db.begin_write()?;
+        {
+            let mut findings = write.open_table(FINDINGS)?;
+            for id in &dropped.findings {
+                findings.remove(id)?;
+            }
+            let mut nodes = write.open_table(NODES)?;
+            for name in &dropped.nodes {
+                nodes.remove(name.as_str())?;
+            }
+            let mut reports = write.open_table(REPORTS)?;
+            let mut pages = write.open_table(REPORT_PAGES)?;
+            for id in &dropped.reports {
+                reports.remove(id.as_str())?;
+                pages.remove(id.as_str())?;
+            }
+        }
+        write.commit().context("cannot drop the corrupt records")?;
+        Ok(())
     }
 
     /// Keeps a post-mortem's report (its page gzipped; empty when the node did not send it).

@@ -479,7 +479,7 @@ fn the_read_side_takes_its_own_token() {
 }
 
 #[test]
-fn refuses_to_start_unsafely_or_on_a_corrupt_database() {
+fn refuses_to_start_unsafely() {
     let dir = scratch("collector_refusals");
     let output = Command::new(collector_bin())
         .args([
@@ -496,19 +496,95 @@ fn refuses_to_start_unsafely_or_on_a_corrupt_database() {
         String::from_utf8_lossy(&output.stderr),
         "gpuprof-collector: --grpc-listen 0.0.0.0:0 is reachable from other machines but no token is set: give --token-file (or GPUPROF_COLLECTOR_TOKEN), or listen on 127.0.0.1\n"
     );
-    let corrupt = dir.join("corrupt.redb");
-    std::fs::write(&corrupt, vec![0x5a; 8192]).unwrap();
-    let output = Command::new(collector_bin()).args(["--db", corrupt.to_str().unwrap()]).output_within(PATIENCE);
-    assert_eq!(output.status.code(), Some(1));
-    let stderr = String::from_utf8_lossy(&output.stderr);
+}
+
+/// A node's finding (process 501 exited holding 1 MiB) sent to `collector`, as its agent sends it.
+fn send_a_finding(collector: &Collector, node: &str, base: u64) {
+    let events = [
+        synthetic(base, 501, Op::Alloc, "cuMemAlloc_v2", 0x7000_0000, MIB),
+        Event::new(base + 1, 501, 501, Source::Ebpf, Layer::Process, Op::Exit, Cow::Borrowed("sched_process_exit")),
+    ];
+    assert_eq!(collector.post("/v1/logs", "application/x-protobuf", &logs_request(node, 501, &events), None).0, 200);
+    let found = gpuprof_model::analyze(&events, gpuprof_model::RuleConfig::default());
+    let finding = gpuprof_otlp::logs::finding_record(&found[0], base + 1);
+    let request = records_request(&trainer(node, 501), vec![finding]);
+    assert_eq!(collector.post("/v1/logs", "application/x-protobuf", &request, None).0, 200);
+}
+
+/// The database unreadable, cut short, or with records that do not read back: the collector
+/// starts anyway, keeps what it cannot read aside or drops it, says so, and serves the rest.
+#[test]
+fn a_corrupt_or_truncated_database_is_set_aside_or_salvaged_and_the_collector_serves() {
+    let dir = scratch("collector_corrupt_db");
+    // Not a database at all: kept aside, whole, and the collector starts empty.
+    let garbage = dir.join("garbage.redb");
+    std::fs::write(&garbage, vec![0x5a; 8192]).unwrap();
+    let collector = Collector::start(&garbage, &[]);
+    assert_eq!(collector.warnings.len(), 1, "{:?}", collector.warnings);
+    let warning = &collector.warnings[0];
+    let prefix = format!("gpuprof-collector: warning: --db {}: cannot open it (", garbage.display());
+    assert!(warning.starts_with(&prefix), "{warning}");
+    let aside = warning.split("): kept it as ").nth(1).unwrap().split(" and started").next().unwrap();
+    assert!(aside.starts_with(&format!("{}.unreadable-", garbage.display())), "{warning}");
     assert!(
-        stderr.starts_with(&format!(
-            "gpuprof-collector: --db {}: cannot open it as a gpuprof-collector database",
-            corrupt.display()
-        )),
-        "{stderr}"
+        warning.ends_with(" and started on an empty database; the findings, nodes and reports it held are not served"),
+        "{warning}"
     );
-    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert_eq!(std::fs::read(aside).unwrap(), vec![0x5a; 8192]);
+    assert!(collector.findings("").is_empty());
+    send_a_finding(&collector, "node-g", 1_800_000_000_000_000_000);
+    assert_eq!(collector.findings("?node=node-g").len(), 1);
+    collector.stop();
+
+    // Records that do not read back: a finding and a node's state written as garbage beside
+    // good ones. Each is dropped and named, then deleted, and the good ones are served.
+    let db = dir.join("records.redb");
+    let collector = Collector::start(&db, &[]);
+    send_a_finding(&collector, "node-a", 1_800_000_000_000_000_000);
+    collector.stop();
+    {
+        let database = redb::Database::create(&db).unwrap();
+        let write = database.begin_write().unwrap();
+        {
+            let mut findings = write.open_table(redb::TableDefinition::<u64, &[u8]>::new("findings")).unwrap();
+            findings.insert(77, b"{not json".as_slice()).unwrap();
+            let mut nodes = write.open_table(redb::TableDefinition::<&str, &[u8]>::new("nodes")).unwrap();
+            nodes.insert("node-x", [4u8, 0xff, 0xff, 0xff, 0xff, 0xff].as_slice()).unwrap();
+        }
+        write.commit().unwrap();
+    }
+    let collector = Collector::start(&db, &[]);
+    assert_eq!(
+        collector.warnings,
+        [format!(
+            "gpuprof-collector: warning: --db {}: dropped 1 corrupt finding (id 77); the corrupt state of node node-x (its processes come back with its next batches; its findings are kept); the rest is served",
+            db.display()
+        )]
+    );
+    let served = collector.findings("");
+    assert_eq!(served.len(), 1, "{served:#?}");
+    assert_eq!((&served[0]["node"], &served[0]["pid"]), (&Value::from("node-a"), &Value::from(501)));
+    collector.stop();
+    // Deleted: the next start says nothing.
+    let collector = Collector::start(&db, &[]);
+    assert_eq!(collector.warnings, Vec::<String>::new());
+    assert_eq!(collector.findings("").len(), 1);
+    collector.stop();
+
+    // Cut short (a disk that filled, a copy that stopped): redb refuses it, so it is set aside.
+    let cut = dir.join("cut.redb");
+    let collector = Collector::start(&cut, &[]);
+    send_a_finding(&collector, "node-c", 1_800_000_000_000_000_000);
+    collector.stop();
+    let length = std::fs::metadata(&cut).unwrap().len();
+    std::fs::OpenOptions::new().write(true).open(&cut).unwrap().set_len(length / 2).unwrap();
+    let collector = Collector::start(&cut, &[]);
+    assert_eq!(collector.warnings.len(), 1, "{:?}", collector.warnings);
+    let said = format!("--db {}: cannot open it (DB corrupted: File truncated below stored layout", cut.display());
+    assert!(collector.warnings[0].contains(&said), "{:?}", collector.warnings);
+    send_a_finding(&collector, "node-c", 1_800_000_000_000_000_100);
+    assert_eq!(collector.findings("?node=node-c").len(), 1);
+    collector.stop();
 }
 
 #[test]

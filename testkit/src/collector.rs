@@ -4,7 +4,7 @@
 use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use std::borrow::Cow;
 
@@ -163,6 +163,8 @@ pub struct Collector {
     pub grpc: String,
     pub http: String,
     agent: ureq::Agent,
+    /// What it said before it listened (warnings about its database).
+    pub warnings: Vec<String>,
 }
 
 impl Collector {
@@ -174,7 +176,16 @@ impl Collector {
         }
         let mut child = command.args(args).stderr(Stdio::piped()).spawn().unwrap();
         let mut stderr = BufReader::new(child.stderr.take().unwrap());
-        let line = crate::line_within(&mut stderr, crate::READY_LIMIT, "gpuprof-collector to say where it listens");
+        // Warnings first (a database it could not read whole), then the line that says where it
+        // listens.
+        let mut warnings = Vec::new();
+        let line = loop {
+            let line = crate::line_within(&mut stderr, crate::READY_LIMIT, "gpuprof-collector to say where it listens");
+            if line.contains("OTLP/gRPC on ") {
+                break line;
+            }
+            warnings.push(line.trim_end().to_string());
+        };
         // "gpuprof-collector: OTLP/gRPC on A, OTLP/HTTP + API + /metrics on B, state in C"
         let addr = |after: &str| {
             line.split(after).nth(1).unwrap_or_else(|| panic!("{line}")).split(',').next().unwrap().to_string()
@@ -186,7 +197,7 @@ impl Collector {
             eprint!("{rest}");
         });
         let agent = http_client();
-        Collector { child, grpc: format!("http://{grpc}"), http: format!("http://{http}"), agent }
+        Collector { child, grpc: format!("http://{grpc}"), http: format!("http://{http}"), agent, warnings }
     }
 
     pub fn get(&self, path: &str) -> (u16, String) {
@@ -240,6 +251,25 @@ impl Collector {
         let (status, body) = self.get(&format!("/api/v1/findings{query}"));
         assert_eq!(status, 200, "{body}");
         serde_json::from_str(&body).unwrap()
+    }
+
+    /// The findings of node `node`, once `leaks` of them are leaks and no finding more came for
+    /// two seconds.
+    pub fn settled_findings(&self, node: &str, leaks: usize, limit: Duration) -> Vec<Value> {
+        let deadline = Instant::now() + limit;
+        let mut last = (0, Instant::now());
+        loop {
+            let found = self.findings(&format!("?node={node}"));
+            if found.len() != last.0 {
+                last = (found.len(), Instant::now());
+            }
+            let leaking = found.iter().filter(|f| f["severity"] == "leak").count();
+            if leaking >= leaks && last.1.elapsed() >= Duration::from_secs(2) {
+                return found;
+            }
+            assert!(Instant::now() < deadline, "{leaking} leaks after {limit:?}, expected {leaks}: {found:#?}");
+            std::thread::sleep(Duration::from_millis(250));
+        }
     }
 
     pub fn metric(&self, name_and_labels: &str) -> u64 {
