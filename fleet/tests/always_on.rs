@@ -10,72 +10,15 @@
 #![allow(clippy::too_many_lines)]
 
 use std::collections::BTreeMap;
-use std::io::BufReader;
 use std::os::unix::process::ExitStatusExt;
-use std::path::Path;
-use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use gpuprof_model::event::{Event, Layer, Op};
+use gpuprof_testkit::caching_job::{caching_job_line, CachingJob};
 use gpuprof_testkit::collector::{Collector, Jaeger};
 use gpuprof_testkit::daemon::{one_daemon_at_a_time, Daemon};
 use gpuprof_testkit::*;
 use serde_json::Value;
-
-/// A caching_job.py process: the child, its pid (its "ready PID" line) and its stdout.
-struct Job {
-    child: Child,
-    pid: u32,
-    stdout: BufReader<ChildStdout>,
-}
-
-impl Job {
-    fn start(dir: &Path, mode: &str, seconds: u32, env: &[(&str, &str)]) -> Job {
-        let mut command = Command::new(python3());
-        command.arg(workloads().join("caching_job.py")).args([mode, &seconds.to_string()]);
-        workload_env(&mut command, &dir.join(format!("{mode}.log")));
-        command.env("GPUPROF_LIBC10_CUDA", libc10_cuda_standin()).env("GPUPROF_LIBTORCH_CPU", libtorch_cpu_standin());
-        for (name, value) in env {
-            command.env(name, value);
-        }
-        let mut child = command.stdout(Stdio::piped()).spawn().unwrap();
-        let mut stdout = BufReader::new(child.stdout.take().unwrap());
-        let line = line_within(&mut stdout, READY_LIMIT, &format!("the {mode} job's \"ready PID\""));
-        let pid = line.strip_prefix("ready ").and_then(|p| p.trim().parse().ok()).unwrap_or_else(|| panic!("{line:?}"));
-        Job { child, pid, stdout }
-    }
-
-    fn line(&mut self, what: &str, limit: Duration) -> String {
-        line_within(&mut self.stdout, limit, what).trim().to_string()
-    }
-}
-
-/// The line of caching_job.py holding `text`.
-fn line_of(text: &str) -> u64 {
-    let source = std::fs::read_to_string(workloads().join("caching_job.py")).unwrap();
-    source.lines().position(|line| line.contains(text)).unwrap_or_else(|| panic!("no {text:?} in caching_job.py"))
-        as u64
-        + 1
-}
-
-/// The collector's findings of node `node`, once `leaks` of them are leaks and no finding more
-/// came for two seconds.
-fn settled_findings(collector: &Collector, node: &str, leaks: usize, limit: Duration) -> Vec<Value> {
-    let deadline = Instant::now() + limit;
-    let mut last = (0, Instant::now());
-    loop {
-        let found = collector.findings(&format!("?node={node}"));
-        if found.len() != last.0 {
-            last = (found.len(), Instant::now());
-        }
-        let leaking = found.iter().filter(|f| f["severity"] == "leak").count();
-        if leaking >= leaks && last.1.elapsed() >= Duration::from_secs(2) {
-            return found;
-        }
-        assert!(Instant::now() < deadline, "{leaking} leaks after {limit:?}, expected {leaks}: {found:#?}");
-        std::thread::sleep(Duration::from_millis(250));
-    }
-}
 
 #[test]
 fn the_daemon_at_its_defaults_says_one_leak_per_problem_and_none_of_healthy_jobs() {
@@ -98,11 +41,11 @@ fn the_daemon_at_its_defaults_says_one_leak_per_problem_and_none_of_healthy_jobs
 
     // 45-second jobs side by side, as on a node; an OOM job, and a launcher killed under its
     // workers.
-    let mut leak = Job::start(&dir, "leak", 45, &[]);
-    let mut healthy = Job::start(&dir, "healthy", 45, &[]);
-    let mut loader = Job::start(&dir, "workers", 10, &[]);
-    let mut launcher = Job::start(&dir, "orphans", 20, &[]);
-    let mut oom = Job::start(&dir, "oom", 62, &[("GPUPROF_STANDIN_DEVICE_MEMORY", "2147483648")]);
+    let mut leak = CachingJob::start(&dir, "leak", 45, &[]);
+    let mut healthy = CachingJob::start(&dir, "healthy", 45, &[]);
+    let mut loader = CachingJob::start(&dir, "workers", 10, &[]);
+    let mut launcher = CachingJob::start(&dir, "orphans", 20, &[]);
+    let mut oom = CachingJob::start(&dir, "oom", 62, &[("GPUPROF_STANDIN_DEVICE_MEMORY", "2147483648")]);
     let orphans: Vec<u32> = launcher
         .line("the launcher's \"orphans PID PID\"", Duration::from_secs(30))
         .strip_prefix("orphans ")
@@ -124,7 +67,7 @@ fn the_daemon_at_its_defaults_says_one_leak_per_problem_and_none_of_healthy_jobs
     // What the node said, at the collector: every process's findings by kind and severity.
     // Leaks: the growth (leak job), a context in each of the loader's workers, each orphan, the
     // out-of-memory; the rest are infos.
-    let findings = settled_findings(&collector, "always-on", 6, Duration::from_secs(30));
+    let findings = collector.settled_findings("always-on", 6, Duration::from_secs(30));
     let mut by_pid: BTreeMap<u64, Vec<(String, String)>> = BTreeMap::new();
     for finding in &findings {
         by_pid
@@ -172,13 +115,16 @@ fn the_daemon_at_its_defaults_says_one_leak_per_problem_and_none_of_healthy_jobs
         (finding["user_frame"]["file"].as_str().unwrap().to_string(), finding["user_frame"]["line"].as_u64().unwrap())
     };
     let growth = findings.iter().find(|f| f["kind"] == "growth").unwrap();
-    assert_eq!(at(growth), (workload.clone(), line_of("kept.append(model.allocator.standin_caching_malloc(1 * MiB))")));
+    assert_eq!(
+        at(growth),
+        (workload.clone(), caching_job_line("kept.append(model.allocator.standin_caching_malloc(1 * MiB))"))
+    );
     assert_eq!(growth["diagnosis"], "tensors_kept_by_user_code", "{growth:#}");
     assert_eq!(growth["api"], "c10::reportMemoryUsageToProfiler");
     // The out-of-memory as PyTorch's allocator told it (it is probed at every level): the
     // request at its line, and its totals then: enough cached, in pieces too small.
     let out_of_memory = findings.iter().find(|f| f["kind"] == "oom").unwrap();
-    let load_line = line_of("block = model.allocator.standin_caching_malloc(512 * MiB)");
+    let load_line = caching_job_line("block = model.allocator.standin_caching_malloc(512 * MiB)");
     assert_eq!(at(out_of_memory), (workload.clone(), load_line));
     assert_eq!(
         (&out_of_memory["api"], &out_of_memory["diagnosis"], &out_of_memory["bytes"]),

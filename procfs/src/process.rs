@@ -54,6 +54,22 @@ fn process_group_in(stat: &str) -> Option<u32> {
     after_comm(stat)?.nth(2)?.parse().ok()
 }
 
+/// How long process `pid` had been running when process `than` started (both alive): None when
+/// either is gone or `pid` started later.
+pub fn started_before(pid: u32, than: u32) -> Option<std::time::Duration> {
+    let start = |pid: u32| start_ticks_in(&fs::read_to_string(format!("/proc/{pid}/stat")).ok()?);
+    let (theirs, ours) = (start(pid)?, start(than)?);
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    (theirs < ours).then(|| std::time::Duration::from_secs_f64((ours - theirs) as f64 / hz))
+}
+
+/// When the process started, in clock ticks since boot (/proc/PID/stat's 22nd field).
+fn start_ticks_in(stat: &str) -> Option<u64> {
+    // After comm the state is the third field: the start time is 19 fields on.
+    after_comm(stat)?.nth(19)?.parse().ok()
+}
+
 /// The fields of a /proc/PID/stat line from the state on (the third field).
 fn after_comm(stat: &str) -> Option<std::str::SplitWhitespace<'_>> {
     // comm may contain spaces and parentheses: the fields after it follow the last ')'.
@@ -143,6 +159,22 @@ mod tests {
         // SAFETY: getpgrp has no preconditions and cannot fail.
         let group = unsafe { libc::getpgrp() };
         assert_eq!(process_group(me), u32::try_from(group).ok());
+    }
+
+    #[test]
+    fn the_start_is_the_twenty_second_field_and_a_parent_started_before_its_child() {
+        let line = "4711 (py (worker) 3) S 4700 4690 4690 0 -1 4194560 1520 0 0 0 12 3 0 0 20 0 9 0 173 9\n";
+        assert_eq!(start_ticks_in(line), Some(173));
+        assert_eq!(start_ticks_in("4711 (python3) R 1 4711"), None);
+        let mut child = std::process::Command::new("sleep").arg("5").spawn().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        // The test's parent (cargo, its runner) started ticks before the child just spawned.
+        let (parent, them) = (std::os::unix::process::parent_id(), child.id());
+        assert!(started_before(parent, them).is_some_and(|d| d < std::time::Duration::from_secs(3600)));
+        assert_eq!(started_before(them, parent), None);
+        assert_eq!(started_before(parent, 0), None);
+        child.kill().unwrap();
+        child.wait().unwrap();
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! Python interpreter, and readers for the event stream and the workloads' expected-event logs.
 //! A dev-dependency of each package whose tests drive the real binaries.
 
+pub mod caching_job;
 pub mod collector;
 pub mod daemon;
 pub mod deadline;

@@ -227,22 +227,25 @@ impl<'c> Session<'c> {
 
     /// Follows the processes in `scope` not followed yet, their interpreters and libraries: the
     /// one way a session finds processes besides what its sources report.
-    pub fn follow(&mut self, scope: Scope) {
-        let Some(ebpf) = &mut self.ebpf else { return };
+    /// Returns the processes it followed anew.
+    pub fn follow(&mut self, scope: Scope) -> Vec<u32> {
+        let Some(ebpf) = &mut self.ebpf else { return Vec::new() };
         let candidates: Vec<u32> = match scope {
             Scope::Tree(root) => std::iter::once(root).chain(process::descendants(root)).collect(),
             Scope::Node => libcuda::cuda_processes_on_node(ebpf.alive()),
         };
+        let mut followed = Vec::new();
         for pid in candidates {
-            if !ebpf.alive().contains(&pid) {
-                // A process that exits meanwhile is simply not there to follow.
-                let _ = ebpf.add_process(pid);
+            // A process that exits meanwhile is simply not there to follow.
+            if !ebpf.alive().contains(&pid) && ebpf.add_process(pid).is_ok() {
+                followed.push(pid);
             }
         }
         // Now rather than at the next poll: a process found by a scan may make its first call
         // at any moment.
         ebpf.discover_interpreters();
         ebpf.discover_libraries(&mut self.flow);
+        followed
     }
 
     /// Records process `pid` at `level` from now on, in whichever capture follows it: the kernel's

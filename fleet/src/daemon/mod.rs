@@ -111,11 +111,12 @@ pub fn run(config: DaemonConfig) -> Result<u8> {
         shim.start_processes_at(config.level);
         session = session.with_shim(shim);
     }
-    session.follow(Scope::Node);
+    let already_running = session.follow(Scope::Node);
     let mut forgotten_total = 0u64;
     health.publish(health::Snapshot::of(&session, forgotten_total, &levels.borrow()));
     health.set_ready(true);
     eprintln!("gpuprof: {}", started_line(&config, &session, listening, postmortems_in.as_deref()));
+    say_what_came_before(&mut session, &already_running);
 
     let mut hooks = [
         Every::new(config.scan_interval, |session: &mut Session<'_>| {
@@ -141,6 +142,22 @@ pub fn run(config: DaemonConfig) -> Result<u8> {
 
 /// What the daemon says when it is ready: what it captures, from where, where it sends it and
 /// where its post-mortems go.
+/// The processes already using CUDA when the daemon starts (it was restarted, or deployed under
+/// running jobs): what each allocated before is not known, and that is said, each with how long
+/// it had run, so a reader weighs its figures and findings (an exit's live memory, a growth)
+/// knowing they count from now.
+fn say_what_came_before(session: &mut Session<'_>, already_running: &[u32]) {
+    let daemon = std::process::id();
+    for &pid in already_running {
+        let Some(ran) = gpuprof_procfs::process::started_before(pid, daemon) else { continue };
+        let comm = gpuprof_procfs::process::comm(pid);
+        session.flow_mut().notice(format!(
+            "pid {pid} ({comm}) was already using CUDA, running for {:.1} s, when the daemon started: what it allocated before now is not known to gpuprof; its memory and findings count from now on",
+            ran.as_secs_f64()
+        ));
+    }
+}
+
 fn started_line(
     config: &DaemonConfig,
     session: &Session<'_>,
