@@ -355,6 +355,9 @@ impl EventFlow {
             self.written(done, said);
         }
         let summaries = self.analyzer.tracker().summaries();
+        // One reporter that cannot finish (its output's disk is full) does not keep the others
+        // from saying what they have: its error comes after.
+        let mut failed = None;
         while let Some(reporter) = self.reporters.pop() {
             let end = EndOfRun {
                 tracker: self.analyzer.tracker(),
@@ -364,11 +367,17 @@ impl EventFlow {
                 events: self.events,
                 nvml: self.nvml.last_seen(),
                 closing: &closing,
+                output_failed: failed.is_some(),
             };
-            if let Some(delivered) = reporter.finish(&end).context("cannot write the output")? {
-                closing.push(delivered);
+            match reporter.finish(&end) {
+                Ok(Some(delivered)) => closing.push(delivered),
+                Ok(None) => {}
+                Err(error) => failed = failed.or(Some(error)),
             }
         }
-        Ok(self.findings)
+        match failed {
+            Some(error) => Err(error).context("cannot write the output"),
+            None => Ok(self.findings),
+        }
     }
 }

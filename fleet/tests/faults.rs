@@ -1,6 +1,7 @@
 //! The fault matrix of docs/reliability.md, a test a row: what breaks under gpuprof while jobs
 //! run, what is lost (counted) and what is said.
 
+use std::process::Command;
 use std::time::Duration;
 
 use gpuprof_testkit::caching_job::{caching_job_line, CachingJob};
@@ -62,4 +63,80 @@ fn a_daemon_killed_and_restarted_under_two_jobs_says_the_gap_and_still_finds_the
     leaks.sort();
     assert_eq!(leaks, expected, "{findings:#?}");
     second.stop();
+}
+
+/// A tmpfs of `bytes` mounted at `dir` (a disk that fills), unmounted when dropped.
+struct SmallDisk(std::path::PathBuf);
+
+impl SmallDisk {
+    fn mount(dir: &std::path::Path, bytes: u64) -> SmallDisk {
+        let _ = Command::new("umount").arg(dir).status_within(PATIENCE);
+        std::fs::create_dir_all(dir).unwrap();
+        let status = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
+            .arg(dir)
+            .status_within(PATIENCE);
+        assert!(status.success(), "cannot mount a tmpfs at {} (the tests run as root)", dir.display());
+        SmallDisk(dir.to_path_buf())
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status_within(PATIENCE);
+    }
+}
+
+/// The disk under a recording fills: the output stops, the capture and the job go on, the end
+/// of the run still covers every event, and gpuprof ends in an error that counts what was not
+/// written; what reached the disk reads back as a recording cut short.
+#[test]
+fn a_full_disk_under_a_recording_stops_the_output_not_the_capture_nor_the_job() {
+    let dir = scratch("faults_full_disk");
+    let disk = SmallDisk::mount(&dir.join("disk"), 64 << 10);
+    let recording = disk.0.join("run.gpuprof");
+    let log = dir.join("training.log");
+    let training = workloads().join("training.py");
+    let run = gpuprof_run(
+        &["--output", recording.to_str().unwrap()],
+        &[python3(), training.to_str().unwrap(), "--seconds", "2", "--leak-every", "20"],
+        &log,
+    );
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(1), "{stderr}");
+    // The job ran its two seconds to the end, unharmed.
+    let job: serde_json::Value = serde_json::from_str(std::fs::read_to_string(&log).unwrap().trim()).unwrap();
+    assert!(job["steps"].as_u64().unwrap() > 0, "{job}");
+    let number = |text: &str| text.replace(',', "").parse::<u64>().unwrap();
+    let stopped = stderr.lines().find(|l| l.starts_with("gpuprof: error: cannot write ")).unwrap();
+    let expected = format!(
+        "gpuprof: error: cannot write {} (No space left on device (os error 28)): the output stops after ",
+        recording.display()
+    );
+    assert!(stopped.starts_with(&expected), "{stderr}");
+    let written = number(stopped[expected.len()..].split(' ').next().unwrap());
+    assert!(
+        stopped.ends_with(" events; the capture goes on, and what it says at the end covers every event"),
+        "{stopped}"
+    );
+    // The end of the run covers every event: the leak's growth, found after the disk filled.
+    assert!(stderr.contains("growth [leak] pid "), "{stderr}");
+    let captured = stderr.lines().find(|l| l.starts_with("gpuprof: captured ")).unwrap();
+    let total = number(captured.split(' ').nth(2).unwrap());
+    assert!(written < total, "{stderr}");
+    assert!(!stderr.contains("; next:"), "an incomplete file is not offered to read: {stderr}");
+    assert_eq!(
+        stderr.lines().last().unwrap(),
+        format!(
+            "gpuprof: error: cannot write the output: {}: No space left on device (os error 28): it stopped after {written} of the {total} events captured (what reached it reads back, cut short)",
+            recording.display()
+        )
+    );
+    let summary = Command::new(gpuprof()).args(["summary", "-f", "json"]).arg(&recording).output_within(PATIENCE);
+    let said = String::from_utf8_lossy(&summary.stderr);
+    assert_eq!(summary.status.code(), Some(0), "{said}");
+    let prefix = format!("gpuprof: warning: {} is cut short after ", recording.display());
+    assert!(said.starts_with(&prefix), "{said}");
+    let kept = number(said[prefix.len()..].split(' ').next().unwrap());
+    assert!(kept > 0 && kept <= written, "{kept} of {written}: {said}");
 }

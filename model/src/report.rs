@@ -65,6 +65,9 @@ pub struct EndOfRun<'a> {
     pub nvml: &'a BTreeMap<u32, Reconciled>,
     /// What the capture took in, in words, and what the reporters finished so far delivered.
     pub closing: &'a [String],
+    /// A reporter finished before could not write its output (a full disk): its file is
+    /// incomplete, and no one should point at it as whole.
+    pub output_failed: bool,
 }
 
 /// What an export has delivered so far.

@@ -110,8 +110,10 @@ impl CaptureArgs {
             notices: true,
             findings_at_the_end: true,
         };
-        let mut reporters: Vec<Box<dyn Reporter>> =
-            vec![Box::new(Terminal::new(terminal)), Box::new(EventOutput::new(self.sink(destination)?))];
+        let mut reporters: Vec<Box<dyn Reporter>> = vec![
+            Box::new(Terminal::new(terminal)),
+            Box::new(EventOutput::new(self.sink(destination)?, destination.file.as_deref())),
+        ];
         reporters.extend(self.otlp.start()?);
         Ok(EventFlow::new(options, reporters))
     }

@@ -241,7 +241,7 @@ fn reporters(config: &DaemonConfig) -> Result<Vec<Box<dyn Reporter>>> {
     if let Some(path) = &config.output {
         let format = Format::resolve(None, Some(path))?;
         let sink = output::sink(format, output::open_writer(Some(path))?, true, false)?;
-        reporters.push(Box::new(EventOutput::new(sink)));
+        reporters.push(Box::new(EventOutput::new(sink, Some(path))));
     }
     if let Some(otlp) = config.otlp.clone() {
         reporters.push(Box::new(Telemetry::start(otlp)?));

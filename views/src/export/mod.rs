@@ -70,6 +70,7 @@ fn convert(request: &ExportRequest<'_>, format: output::Format) -> Result<u8> {
         events: 0,
         nvml: &std::collections::BTreeMap::new(),
         closing: &[],
+        output_failed: false,
     })
     .context("cannot write the export")?;
     Ok(0)

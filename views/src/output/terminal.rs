@@ -77,7 +77,7 @@ impl Reporter for Terminal {
         }
         // For files `summary`, `report` and `export` read; not for /dev/null and the like.
         let readable = matches!(format, Format::Recording | Format::Jsonl);
-        if let Some(file) = to_file.filter(|f| notices && readable && f.is_file()) {
+        if let Some(file) = to_file.filter(|f| notices && readable && f.is_file() && !end.output_failed) {
             write_next_steps(stderr, file, end.events)?;
         }
         Ok(None)
