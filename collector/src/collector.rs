@@ -70,6 +70,9 @@ pub struct Stats {
     /// Post-mortems' reports the nodes sent (a note where a page was too large to send counts).
     pub postmortems_received: AtomicU64,
     pub store_errors: AtomicU64,
+    /// Findings served from memory that the database has not taken yet (a full disk): saved at
+    /// the next checkpoint that can, lost if the collector stops first.
+    pub findings_unsaved: AtomicU64,
     refused: Mutex<HashMap<Refusal, u64>>,
 }
 
@@ -97,6 +100,8 @@ pub struct Collector {
     /// Finding records taken already, by a hash of node, time and body (the findings themselves
     /// are pruned by retention; so is this, at the same checkpoints).
     seen_findings: Mutex<std::collections::HashSet<u64>>,
+    /// Findings the database refused (its disk full): tried again at each checkpoint.
+    unsaved: Mutex<Vec<StoredFinding>>,
 }
 
 struct Bucket {
@@ -115,6 +120,7 @@ impl Collector {
             forwarder,
             limiter: Mutex::new(HashMap::new()),
             seen_findings: Mutex::new(std::collections::HashSet::new()),
+            unsaved: Mutex::new(Vec::new()),
         }
     }
 
@@ -346,8 +352,23 @@ impl Collector {
         self.stats.findings_received.fetch_add(stored.len() as u64, Ordering::Relaxed);
         if let Err(error) = self.store.add_findings(stored) {
             self.stats.store_errors.fetch_add(1, Ordering::Relaxed);
-            tracing::error!("{error:#}");
+            tracing::error!("{error:#}; they are served from memory and saved at the next checkpoint that can");
+            let mut unsaved = self.unsaved.lock().expect("unsaved lock");
+            unsaved.extend_from_slice(stored);
+            self.stats.findings_unsaved.store(unsaved.len() as u64, Ordering::Relaxed);
         }
+    }
+
+    /// Findings the database refused before, saved now if it takes them.
+    fn save_unsaved(&self) -> anyhow::Result<()> {
+        let mut unsaved = self.unsaved.lock().expect("unsaved lock");
+        if unsaved.is_empty() {
+            return Ok(());
+        }
+        self.store.add_findings(&unsaved)?;
+        unsaved.clear();
+        self.stats.findings_unsaved.store(0, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Post-mortems' reports the nodes sent: stored, counted, the oldest dropped past the cap.
@@ -378,6 +399,8 @@ impl Collector {
     /// time: a checkpoint of every node at once held all their saved forms (and the database's
     /// uncommitted pages) together, the shard's largest peak of memory.
     pub fn checkpoint(&self) -> anyhow::Result<()> {
+        self.store.reopen_if_failed()?;
+        self.save_unsaved()?;
         let horizon = gpuprof_model::event::wall_clock_ns().saturating_sub(self.config.retention.as_nanos() as u64);
         let (names, dropped) = {
             let mut state = self.state.lock().expect("state lock");

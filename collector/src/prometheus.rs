@@ -427,6 +427,15 @@ fn register_ingest(registry: &mut Registry, stats: &Stats) {
         "Failed writes to the embedded database",
         counter(stats.store_errors.load(Ordering::Relaxed)),
     );
+    registry.register(
+        "gpuprof_collector_findings_unsaved",
+        "Findings served from memory that the database has not taken yet (its disk full): lost if the collector stops before a checkpoint saves them",
+        {
+            let unsaved = Gauge::<i64>::default();
+            unsaved.set(stats.findings_unsaved.load(Ordering::Relaxed) as i64);
+            unsaved
+        },
+    );
 }
 
 /// What became of the spans forwarded to the trace backend.

@@ -4,6 +4,8 @@
 //! gzipped page apart, read only when served).
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::RwLock;
 
 use anyhow::{bail, Context, Result};
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
@@ -25,8 +27,12 @@ const NODE_FORMAT: u8 = 4;
 const FORMATS_LEFT_BEHIND: [u8; 3] = [1, 2, 3];
 
 pub struct Store {
-    db: Database,
+    /// None between a failed reopening and the next: every use fails saying so.
+    db: RwLock<Option<Database>>,
     path: PathBuf,
+    /// A use failed: redb refuses every transaction after an I/O error (a full disk) until the
+    /// database is opened again, which `reopen_if_failed` does at the next checkpoint.
+    failed: AtomicBool,
 }
 
 /// Records of the database that did not read back at start.
@@ -114,7 +120,7 @@ impl Store {
         setup.open_table(REPORTS).context("cannot create the reports table")?;
         setup.open_table(REPORT_PAGES).context("cannot create the reports table")?;
         setup.commit().context("cannot write to the database")?;
-        let store = Store { db, path: path.to_path_buf() };
+        let store = Store { db: RwLock::new(Some(db)), path: path.to_path_buf(), failed: AtomicBool::new(false) };
         let (loaded, dropped) = store.load()?;
         if let Some(said) = dropped.said() {
             eprintln!("gpuprof-collector: warning: --db {}: {said}", path.display());
@@ -124,7 +130,11 @@ impl Store {
     }
 
     fn load(&self) -> Result<(Loaded, Dropped)> {
-        let read = self.db.begin_read().context("cannot read the database")?;
+        self.with_db(|db| self.load_from(db))
+    }
+
+    fn load_from(&self, db: &Database) -> Result<(Loaded, Dropped)> {
+        let read = db.begin_read().context("cannot read the database")?;
         let mut dropped = Dropped::default();
         let mut findings = Vec::new();
         for entry in read.open_table(FINDINGS)?.iter()? {
@@ -173,7 +183,11 @@ impl Store {
 
     /// Deletes the records that did not read back, so the next start does not trip on them.
     fn forget(&self, dropped: &Dropped) -> Result<()> {
-        let write = self.db.begin_write()?;
+        self.with_db(|db| Self::forget_in(db, dropped))
+    }
+
+    fn forget_in(db: &Database, dropped: &Dropped) -> Result<()> {
+        let write = db.begin_write()?;
         {
             let mut findings = write.open_table(FINDINGS)?;
             for id in &dropped.findings {
@@ -194,79 +208,120 @@ impl Store {
         Ok(())
     }
 
+    /// Runs `work` on the database, noting a failure for `reopen_if_failed`.
+    fn with_db<T>(&self, work: impl FnOnce(&Database) -> Result<T>) -> Result<T> {
+        let guard = self.db.read().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let Some(db) = guard.as_ref() else {
+            bail!("--db {}: closed after a failed write; opened again at the next checkpoint", self.path.display())
+        };
+        let done = work(db);
+        if done.is_err() {
+            self.failed.store(true, Ordering::Relaxed);
+        }
+        done
+    }
+
+    /// After a failed use, opens the database again (redb takes nothing more until then): what
+    /// its last commit holds is what it has. Called at each checkpoint.
+    pub fn reopen_if_failed(&self) -> Result<()> {
+        if !self.failed.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let mut guard = self.db.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+        // Closed first: the file is locked while open.
+        guard.take();
+        let db = open_database(&self.path).map_err(|e| {
+            anyhow::anyhow!("--db {}: cannot open it again after a failed write ({e})", self.path.display())
+        })?;
+        *guard = Some(db);
+        self.failed.store(false, Ordering::Relaxed);
+        tracing::warn!("--db {}: opened again after a failed write", self.path.display());
+        Ok(())
+    }
+
     /// Keeps a post-mortem's report (its page gzipped; empty when the node did not send it).
     pub fn add_report(&self, info: &ReportInfo, page: &[u8]) -> Result<()> {
-        let write = self.db.begin_write()?;
-        {
-            write.open_table(REPORTS)?.insert(info.finding_id.as_str(), serde_json::to_vec(info)?.as_slice())?;
-            write.open_table(REPORT_PAGES)?.insert(info.finding_id.as_str(), page)?;
-        }
-        write.commit().context("cannot save a post-mortem's report")?;
-        Ok(())
+        self.with_db(|db| {
+            let write = db.begin_write()?;
+            {
+                write.open_table(REPORTS)?.insert(info.finding_id.as_str(), serde_json::to_vec(info)?.as_slice())?;
+                write.open_table(REPORT_PAGES)?.insert(info.finding_id.as_str(), page)?;
+            }
+            write.commit().context("cannot save a post-mortem's report")?;
+            Ok(())
+        })
     }
 
     /// The gzipped page of finding `finding_id`'s report.
     pub fn report_page(&self, finding_id: &str) -> Result<Option<Vec<u8>>> {
-        let read = self.db.begin_read().context("cannot read the database")?;
-        let page = read.open_table(REPORT_PAGES)?.get(finding_id)?.map(|page| page.value().to_vec());
-        Ok(page)
+        self.with_db(|db| {
+            let read = db.begin_read().context("cannot read the database")?;
+            let page = read.open_table(REPORT_PAGES)?.get(finding_id)?.map(|page| page.value().to_vec());
+            Ok(page)
+        })
     }
 
     /// Drops the reports of these findings.
     pub fn remove_reports(&self, finding_ids: &[String]) -> Result<()> {
-        if finding_ids.is_empty() {
-            return Ok(());
-        }
-        let write = self.db.begin_write()?;
-        {
-            let mut reports = write.open_table(REPORTS)?;
-            let mut pages = write.open_table(REPORT_PAGES)?;
-            for id in finding_ids {
-                reports.remove(id.as_str())?;
-                pages.remove(id.as_str())?;
+        self.with_db(|db| {
+            if finding_ids.is_empty() {
+                return Ok(());
             }
-        }
-        write.commit().context("cannot drop post-mortems' reports")?;
-        Ok(())
+            let write = db.begin_write()?;
+            {
+                let mut reports = write.open_table(REPORTS)?;
+                let mut pages = write.open_table(REPORT_PAGES)?;
+                for id in finding_ids {
+                    reports.remove(id.as_str())?;
+                    pages.remove(id.as_str())?;
+                }
+            }
+            write.commit().context("cannot drop post-mortems' reports")?;
+            Ok(())
+        })
     }
 
     pub fn add_findings(&self, findings: &[StoredFinding]) -> Result<()> {
-        if findings.is_empty() {
-            return Ok(());
-        }
-        let write = self.db.begin_write()?;
-        {
-            let mut table = write.open_table(FINDINGS)?;
-            for finding in findings {
-                table.insert(finding.id, serde_json::to_vec(finding)?.as_slice())?;
+        self.with_db(|db| {
+            if findings.is_empty() {
+                return Ok(());
             }
-        }
-        write.commit().context("cannot save findings")?;
-        Ok(())
+            let write = db.begin_write()?;
+            {
+                let mut table = write.open_table(FINDINGS)?;
+                for finding in findings {
+                    table.insert(finding.id, serde_json::to_vec(finding)?.as_slice())?;
+                }
+            }
+            write.commit().context("cannot save findings")?;
+            Ok(())
+        })
     }
 
     /// Saves node states and drops pruned findings, in one transaction.
     pub fn checkpoint(&self, nodes: &[(String, Vec<u8>)], dropped_findings: &[u64]) -> Result<()> {
-        if nodes.is_empty() && dropped_findings.is_empty() {
-            return Ok(());
-        }
-        let write = self.db.begin_write()?;
-        {
-            let mut table = write.open_table(NODES)?;
-            let mut framed = Vec::new();
-            for (name, state) in nodes {
-                framed.clear();
-                framed.push(NODE_FORMAT);
-                framed.extend_from_slice(state);
-                table.insert(name.as_str(), framed.as_slice())?;
+        self.with_db(|db| {
+            if nodes.is_empty() && dropped_findings.is_empty() {
+                return Ok(());
             }
-            let mut findings = write.open_table(FINDINGS)?;
-            for id in dropped_findings {
-                findings.remove(id)?;
+            let write = db.begin_write()?;
+            {
+                let mut table = write.open_table(NODES)?;
+                let mut framed = Vec::new();
+                for (name, state) in nodes {
+                    framed.clear();
+                    framed.push(NODE_FORMAT);
+                    framed.extend_from_slice(state);
+                    table.insert(name.as_str(), framed.as_slice())?;
+                }
+                let mut findings = write.open_table(FINDINGS)?;
+                for id in dropped_findings {
+                    findings.remove(id)?;
+                }
             }
-        }
-        write.commit().context("cannot save the checkpoint")?;
-        Ok(())
+            write.commit().context("cannot save the checkpoint")?;
+            Ok(())
+        })
     }
 }
 
@@ -340,7 +395,10 @@ mod tests {
         let error = Store::open(&path).err().expect("another version is refused");
         assert_eq!(
             error.to_string(),
-            format!("--db {}: node node-old was saved by another version of gpuprof-collector; move the file away to start afresh", path.display())
+            format!(
+                "--db {}: node node-old was saved by a newer gpuprof-collector; move the file away to start afresh",
+                path.display()
+            )
         );
     }
 
@@ -372,26 +430,38 @@ mod tests {
     }
 
     #[test]
-    fn a_corrupt_finding_or_a_file_that_is_no_database_is_a_clear_error() {
+    fn a_corrupt_finding_is_dropped_and_deleted_and_a_file_that_is_no_database_is_set_aside() {
         let path = scratch("corrupt");
-        drop(Store::open(&path).unwrap());
+        let (store, _) = Store::open(&path).unwrap();
+        store.add_findings(&[stored(1, 10)]).unwrap();
+        drop(store);
         {
             let db = Database::create(&path).unwrap();
             let write = db.begin_write().unwrap();
             write.open_table(FINDINGS).unwrap().insert(7, b"{not json".as_slice()).unwrap();
             write.commit().unwrap();
         }
-        let error = Store::open(&path).err().expect("a corrupt finding is refused");
-        assert_eq!(error.to_string(), format!("--db {}: finding 7 is corrupt; move the file away", path.display()));
+        let (store, loaded) = Store::open(&path).unwrap();
+        assert_eq!(loaded.findings.iter().map(|f| f.id).collect::<Vec<_>>(), [1]);
+        drop(store);
+        let db = Database::create(&path).unwrap();
+        let read = db.begin_read().unwrap();
+        let ids: Vec<u64> = read.open_table(FINDINGS).unwrap().iter().unwrap().map(|e| e.unwrap().0.value()).collect();
+        assert_eq!(ids, [1], "the corrupt one is deleted");
+        drop(read);
+        drop(db);
 
         let text = path.with_file_name("notes.txt");
         std::fs::write(&text, "these are not pages of a database").unwrap();
-        let error = Store::open(&text).err().expect("not a database");
-        assert!(
-            error
-                .to_string()
-                .starts_with(&format!("--db {}: cannot open it as a gpuprof-collector database (", text.display())),
-            "{error}"
-        );
+        let (_, loaded) = Store::open(&text).unwrap();
+        assert!(loaded.findings.is_empty() && loaded.nodes.is_empty());
+        let aside: Vec<_> = std::fs::read_dir(text.parent().unwrap())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|name| name.starts_with("notes.txt.unreadable-"))
+            .collect();
+        assert_eq!(aside.len(), 1, "{aside:?}");
+        let kept = std::fs::read_to_string(text.with_file_name(&aside[0])).unwrap();
+        assert_eq!(kept, "these are not pages of a database");
     }
 }

@@ -18,7 +18,7 @@ use gpuprof_otlp::proto::collector::logs::v1::ExportLogsServiceRequest;
 use gpuprof_otlp::resource::ProcessIdentity;
 use gpuprof_testkit::collector::{
     allocator_gauges, collector_bin, free_port, handed_over, logs_request, logs_request_of, nvml_gauge, otelcol_bin,
-    profile_record, records_request, synthetic, trainer, wait_ready, Collector, Jaeger,
+    profile_record, records_request, send_a_finding, synthetic, trainer, wait_ready, Collector, Jaeger,
 };
 use gpuprof_testkit::*;
 use prost::Message;
@@ -498,19 +498,6 @@ fn refuses_to_start_unsafely() {
     );
 }
 
-/// A node's finding (process 501 exited holding 1 MiB) sent to `collector`, as its agent sends it.
-fn send_a_finding(collector: &Collector, node: &str, base: u64) {
-    let events = [
-        synthetic(base, 501, Op::Alloc, "cuMemAlloc_v2", 0x7000_0000, MIB),
-        Event::new(base + 1, 501, 501, Source::Ebpf, Layer::Process, Op::Exit, Cow::Borrowed("sched_process_exit")),
-    ];
-    assert_eq!(collector.post("/v1/logs", "application/x-protobuf", &logs_request(node, 501, &events), None).0, 200);
-    let found = gpuprof_model::analyze(&events, gpuprof_model::RuleConfig::default());
-    let finding = gpuprof_otlp::logs::finding_record(&found[0], base + 1);
-    let request = records_request(&trainer(node, 501), vec![finding]);
-    assert_eq!(collector.post("/v1/logs", "application/x-protobuf", &request, None).0, 200);
-}
-
 /// The database unreadable, cut short, or with records that do not read back: the collector
 /// starts anyway, keeps what it cannot read aside or drops it, says so, and serves the rest.
 #[test]
@@ -880,7 +867,8 @@ fn grpc_refuses_oversized_and_unauthenticated_requests_and_keeps_serving() {
         codes
     };
     let codes = runtime
-        .block_on(tokio::time::timeout(4 * HTTP_LIMIT, exchange))
+        // The timer is made inside the runtime: it needs its clock.
+        .block_on(async { tokio::time::timeout(4 * HTTP_LIMIT, exchange).await })
         .unwrap_or_else(|_| panic!("the gRPC exchange with gpuprof-collector did not end within {:?}", 4 * HTTP_LIMIT));
     assert_eq!(
         codes,

@@ -5,7 +5,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use gpuprof_testkit::caching_job::{caching_job_line, CachingJob};
-use gpuprof_testkit::collector::Collector;
+use gpuprof_testkit::collector::{send_a_finding, Collector};
 use gpuprof_testkit::daemon::{one_daemon_at_a_time, Daemon};
 use gpuprof_testkit::*;
 
@@ -139,4 +139,42 @@ fn a_full_disk_under_a_recording_stops_the_output_not_the_capture_nor_the_job() 
     assert!(said.starts_with(&prefix), "{said}");
     let kept = number(said[prefix.len()..].split(' ').next().unwrap());
     assert!(kept > 0 && kept <= written, "{kept} of {written}: {said}");
+}
+
+/// The disk under the collector's database fills while nodes send: the collector takes and
+/// serves every finding from memory, counts what the database refused, and saves it all at the
+/// first checkpoint after room comes back; a restart then finds every finding.
+#[test]
+fn a_full_disk_under_the_collectors_database_loses_no_finding_once_room_comes_back() {
+    let dir = scratch("faults_collector_disk");
+    let disk = SmallDisk::mount(&dir.join("disk"), 192 << 10);
+    let db = disk.0.join("c.redb");
+    let collector = Collector::start(&db, &["--checkpoint-secs", "1"]);
+    let base = 1_800_000_000_000_000_000u64;
+    let mut sent = 0;
+    while collector.metric("gpuprof_collector_store_errors_total") == 0 {
+        assert!(sent < 2000, "the database took {sent} nodes' findings on a 192 KiB disk");
+        send_a_finding(&collector, &format!("node-{sent}"), base + sent * 1000);
+        sent += 1;
+    }
+    // A few more while it is full: taken and served all the same.
+    for n in sent..sent + 20 {
+        send_a_finding(&collector, &format!("node-{n}"), base + n * 1000);
+    }
+    sent += 20;
+    assert_eq!(collector.findings("").len() as u64, sent);
+    assert!(collector.metric("gpuprof_collector_findings_unsaved") > 0);
+
+    let remounted = Command::new("mount").args(["-o", "remount,size=64m"]).arg(&disk.0).status_within(PATIENCE);
+    assert!(remounted.success());
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while collector.metric("gpuprof_collector_findings_unsaved") > 0 {
+        assert!(std::time::Instant::now() < deadline, "the findings were not saved after room came back");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    collector.stop();
+    let restarted = Collector::start(&db, &[]);
+    assert_eq!(restarted.warnings, Vec::<String>::new());
+    assert_eq!(restarted.findings("").len() as u64, sent);
+    restarted.stop();
 }

@@ -502,3 +502,16 @@ impl Drop for ShippedCollector {
         let _ = self.child.wait();
     }
 }
+
+/// A node's finding (process 501 exited holding 1 MiB) sent to `collector`, as its agent sends it.
+pub fn send_a_finding(collector: &Collector, node: &str, base: u64) {
+    let events = [
+        synthetic(base, 501, Op::Alloc, "cuMemAlloc_v2", 0x7000_0000, 1 << 20),
+        Event::new(base + 1, 501, 501, Source::Ebpf, Layer::Process, Op::Exit, Cow::Borrowed("sched_process_exit")),
+    ];
+    assert_eq!(collector.post("/v1/logs", "application/x-protobuf", &logs_request(node, 501, &events), None).0, 200);
+    let found = gpuprof_model::analyze(&events, gpuprof_model::RuleConfig::default());
+    let finding = gpuprof_otlp::logs::finding_record(&found[0], base + 1);
+    let request = records_request(&trainer(node, 501), vec![finding]);
+    assert_eq!(collector.post("/v1/logs", "application/x-protobuf", &request, None).0, 200);
+}
