@@ -92,6 +92,8 @@ impl Drop for SmallDisk {
 /// written; what reached the disk reads back as a recording cut short.
 #[test]
 fn a_full_disk_under_a_recording_stops_the_output_not_the_capture_nor_the_job() {
+    // Its job is a CUDA process: a daemon under test would see it.
+    let _node = one_daemon_at_a_time();
     let dir = scratch("faults_full_disk");
     let disk = SmallDisk::mount(&dir.join("disk"), 64 << 10);
     let recording = disk.0.join("run.gpuprof");
