@@ -51,6 +51,9 @@ static EXITING: AtomicBool = AtomicBool::new(false);
 static SENDER_PID: AtomicU32 = AtomicU32::new(0);
 static UNRESOLVED: AtomicU64 = AtomicU64::new(0);
 static SENT: AtomicU64 = AtomicU64::new(0);
+/// Events written before sending failed (the agent went away), u64::MAX while it has not: those
+/// counted in SENT after it were not recorded, and exit says how many.
+static SENT_BEFORE_FAILURE: AtomicU64 = AtomicU64::new(u64::MAX);
 /// Call records (ring positions) whose events the sender has written to its destination.
 static WRITTEN: AtomicUsize = AtomicUsize::new(0);
 
@@ -80,6 +83,7 @@ pub fn forget_sender_after_fork() {
     SENDER_PID.store(0, Ordering::Relaxed);
     UNRESOLVED.store(0, Ordering::Relaxed);
     SENT.store(0, Ordering::Relaxed);
+    SENT_BEFORE_FAILURE.store(u64::MAX, Ordering::Relaxed);
     // The parent's records were dropped from the child's ring: nothing before here is owed.
     WRITTEN.store(queue::calls_taken(), Ordering::Release);
 }
@@ -116,6 +120,13 @@ pub fn flush_before_exit() {
         // Reports made from here on (the interpreter's teardown) do not wait for a sender that
         // may be gone.
         queue::sender_gone();
+    }
+    let sent_before_failure = SENT_BEFORE_FAILURE.load(Ordering::Relaxed);
+    if sent_before_failure != u64::MAX {
+        eprintln!(
+            "gpuprof shim: pid {pid}: {} events were not recorded after sending failed (the {sent_before_failure} before were)",
+            SENT.load(Ordering::Relaxed).saturating_sub(sent_before_failure)
+        );
     }
     if dropped > 0 || !drained {
         eprintln!(
@@ -218,6 +229,8 @@ struct Sender {
     level_changes_told: u64,
     /// The agent's words not read to their end yet.
     words: Vec<u8>,
+    /// SENT when the last batch was written: what a failed write loses starts there.
+    sent_when_written: u64,
 }
 
 impl Sender {
@@ -237,6 +250,7 @@ impl Sender {
             line: String::new(),
             level_changes_told: u64::MAX,
             words: Vec::new(),
+            sent_when_written: 0,
         };
         if sender.binary() {
             sender.batch.extend_from_slice(wire::MAGIC);
@@ -372,12 +386,16 @@ impl Sender {
             Destination::Nowhere => None,
         };
         self.batch.clear();
-        if let Some(error) = failed {
-            eprintln!(
-                "gpuprof shim: pid {}: sending failed ({error}); events from now on are not recorded",
-                std::process::id()
-            );
-            self.destination = Destination::Nowhere;
+        match failed {
+            Some(error) => {
+                eprintln!(
+                    "gpuprof shim: pid {}: sending failed ({error}); events from now on are not recorded (the job goes on)",
+                    std::process::id()
+                );
+                SENT_BEFORE_FAILURE.store(self.sent_when_written, Ordering::Relaxed);
+                self.destination = Destination::Nowhere;
+            }
+            None => self.sent_when_written = SENT.load(Ordering::Relaxed),
         }
     }
 

@@ -598,3 +598,55 @@ fn driver_calls_carry_the_device_of_their_context() {
         driver_events(&events).iter().filter(|e| e.op == Op::CtxCreate).map(|e| e.device).collect();
     assert_eq!(contexts, [Some(0), Some(1)]);
 }
+
+/// The agent dies while the job sends (its socket closes after the first 200 KB): the job runs
+/// on to its end unharmed — even with SIGPIPE at its default, as in a C program — and the shim
+/// says at once that it stopped, then at exit how many events were not recorded.
+#[test]
+fn an_agent_that_dies_mid_run_leaves_the_job_unharmed_and_what_was_not_recorded_counted() {
+    let dir = scratch("shim_agent_dies");
+    let socket = dir.join("dying.sock");
+    let _ = std::fs::remove_file(&socket);
+    let listener = UnixListener::bind(&socket).unwrap();
+    let agent = std::thread::spawn(move || {
+        let (mut stream, _) = listener.accept().unwrap();
+        let mut read = 0;
+        let mut buffer = vec![0u8; 65536];
+        while read < 200_000 {
+            match std::io::Read::read(&mut stream, &mut buffer) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => read += n,
+            }
+        }
+        read
+    });
+    let flood = workloads().join("shim_flood.py");
+    let script = format!(
+        "import signal, sys, runpy; signal.signal(signal.SIGPIPE, signal.SIG_DFL); sys.argv = ['shim_flood.py', '200000']; runpy.run_path({:?}, run_name='__main__')",
+        flood.to_str().unwrap()
+    );
+    let mut command = preloaded(python3(), &["-c", &script]);
+    command.env("GPUPROF_LIBC10", libc10_standin()).env("GPUPROF_LIBC10_CUDA", libc10_cuda_standin());
+    command.env("GPUPROF_SHIM_SOCKET", &socket).env("PYTHONPATH", workloads());
+    let output = run(&mut command);
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "reports 200000\n");
+    assert!(agent.join().unwrap() >= 200_000);
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 2, "{stderr}");
+    let pid = lines[0].strip_prefix("gpuprof shim: pid ").unwrap().split(':').next().unwrap();
+    assert!(
+        lines[0].ends_with(
+            ": sending failed (Broken pipe (os error 32)); events from now on are not recorded (the job goes on)"
+        ),
+        "{stderr}"
+    );
+    let counted = lines[1].strip_prefix(&format!("gpuprof shim: pid {pid}: ")).unwrap();
+    let numbers: Vec<u64> =
+        counted.split(|c: char| !c.is_ascii_digit()).filter(|s| !s.is_empty()).map(|s| s.parse().unwrap()).collect();
+    let (lost, sent) = (numbers[0], numbers[1]);
+    assert_eq!(counted, format!("{lost} events were not recorded after sending failed (the {sent} before were)"));
+    // Each report, and the process's exit: sent or counted lost.
+    assert!(lost > 0 && sent > 0 && sent + lost >= 200_001, "{stderr}");
+}
