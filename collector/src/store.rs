@@ -45,6 +45,21 @@ impl Store {
                 path.display()
             )
         })?;
+        Store::set_up(db, path)
+    }
+
+    /// An empty store held in memory, gone with it: for a collector that is driven without a
+    /// process around it (the fuzz targets), where a file per run would only cost time.
+    pub fn in_memory() -> Result<Store> {
+        let db = Database::builder()
+            .set_cache_size(CACHE_BYTES)
+            .create_with_backend(redb::backends::InMemoryBackend::new())
+            .context("cannot make a database in memory")?;
+        Ok(Store::set_up(db, Path::new("(in memory)"))?.0)
+    }
+
+    /// The tables made where missing, then what they hold.
+    fn set_up(db: Database, path: &Path) -> Result<(Store, Loaded)> {
         let setup = db.begin_write().context("cannot write to the database")?;
         setup.open_table(FINDINGS).context("cannot create the findings table")?;
         setup.open_table(NODES).context("cannot create the nodes table")?;

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{ConnectInfo, DefaultBodyLimit, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
@@ -28,7 +28,9 @@ pub fn routes(collector: Arc<Collector>) -> Router {
         .with_state(collector)
 }
 
-enum Encoding {
+/// How a request's body is encoded (its content type); the response is encoded the same way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Encoding {
     Protobuf,
     Json,
 }
@@ -76,19 +78,20 @@ where
     Resp: Message + Serialize,
 {
     admitted(collector, peer, headers)?;
-    let encoding = encoding_of(headers)?;
+    let encoding = encoding_of(headers.get(header::CONTENT_TYPE))?;
     let limit = collector.config.max_request_bytes;
-    let body = unzipped(headers, received(body, limit)?, limit)?;
-    let request = decode::<Req>(&encoding, body)?;
+    let request = decode_body::<Req>(encoding, headers.get(header::CONTENT_ENCODING), received(body, limit)?, limit)?;
     let response = tokio::task::block_in_place(|| handle(collector, request));
-    Ok(encode(&encoding, &response))
+    Ok(encode(encoding, &response))
 }
 
 /// A request turned away: counted by reason, answered with the status OTLP gives it.
-struct Refused {
-    why: Refusal,
-    status: StatusCode,
-    message: String,
+#[derive(Debug)]
+pub struct Refused {
+    pub why: Refusal,
+    pub status: StatusCode,
+    /// The response's body: one line, ending in a newline.
+    pub message: String,
 }
 
 impl Refused {
@@ -129,8 +132,10 @@ fn admitted(collector: &Collector, peer: SocketAddr, headers: &HeaderMap) -> Res
     Ok(())
 }
 
-fn encoding_of(headers: &HeaderMap) -> Result<Encoding, Refused> {
-    let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+/// The body's encoding, from the request's `content-type` (parameters such as a charset are
+/// left alone).
+pub fn encoding_of(content_type: Option<&HeaderValue>) -> Result<Encoding, Refused> {
+    let content_type = content_type.and_then(|v| v.to_str().ok()).unwrap_or("");
     match content_type.split(';').next().unwrap_or("").trim() {
         "application/x-protobuf" => Ok(Encoding::Protobuf),
         "application/json" => Ok(Encoding::Json),
@@ -157,10 +162,22 @@ fn received(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes, 
     })
 }
 
+/// A request's body, as axum read it within `limit` bytes, decoded: unzipped as its
+/// `content-encoding` says (within `limit` bytes again), then read as `encoding`. Pure: the same
+/// bytes get the same request or the same refusal.
+pub fn decode_body<Req: Message + Default + DeserializeOwned>(
+    encoding: Encoding,
+    content_encoding: Option<&HeaderValue>,
+    body: Bytes,
+    limit: usize,
+) -> Result<Req, Refused> {
+    decode(encoding, unzipped(content_encoding, body, limit)?)
+}
+
 /// The body as sent, or unzipped: the OpenTelemetry Collector's OTLP/HTTP exporter gzips unless
 /// told otherwise.
-fn unzipped(headers: &HeaderMap, body: Bytes, limit: usize) -> Result<Bytes, Refused> {
-    match headers.get(header::CONTENT_ENCODING).map(|v| v.to_str().unwrap_or("?").trim()) {
+fn unzipped(content_encoding: Option<&HeaderValue>, body: Bytes, limit: usize) -> Result<Bytes, Refused> {
+    match content_encoding.map(|v| v.to_str().unwrap_or("?").trim()) {
         None | Some("identity") => Ok(body),
         Some("gzip") => match gunzip(&body, limit) {
             Ok(body) => Ok(Bytes::from(body)),
@@ -181,7 +198,7 @@ fn unzipped(headers: &HeaderMap, body: Bytes, limit: usize) -> Result<Bytes, Ref
     }
 }
 
-fn decode<Req: Message + Default + DeserializeOwned>(encoding: &Encoding, body: Bytes) -> Result<Req, Refused> {
+fn decode<Req: Message + Default + DeserializeOwned>(encoding: Encoding, body: Bytes) -> Result<Req, Refused> {
     let request = match encoding {
         Encoding::Protobuf => Req::decode(body).map_err(|e| format!("malformed OTLP protobuf: {e}\n")),
         Encoding::Json => serde_json::from_slice(&body).map_err(|e| format!("malformed OTLP JSON: {e}\n")),
@@ -190,7 +207,7 @@ fn decode<Req: Message + Default + DeserializeOwned>(encoding: &Encoding, body: 
 }
 
 /// The response in the request's encoding.
-fn encode<Resp: Message + Serialize>(encoding: &Encoding, response: &Resp) -> Response {
+fn encode<Resp: Message + Serialize>(encoding: Encoding, response: &Resp) -> Response {
     match encoding {
         Encoding::Protobuf => {
             ([(header::CONTENT_TYPE, "application/x-protobuf")], response.encode_to_vec()).into_response()
