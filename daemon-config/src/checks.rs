@@ -14,6 +14,9 @@ use crate::CaptureMode;
 pub enum SettingError {
     #[error("{name} {value}: give a positive number of seconds")]
     Seconds { name: &'static str, value: f64 },
+    /// More seconds than a duration holds (about 585 billion years).
+    #[error("{name} {value}: too long: give at most {} seconds", u64::MAX)]
+    TooLong { name: &'static str, value: f64 },
     #[error("scan_interval {0:?}: at most 1 second, or new processes are found late")]
     ScanInterval(Duration),
     #[error("memory_cap_mib {0}: give at least 64")]
@@ -36,12 +39,18 @@ pub enum SettingError {
     PostmortemEmpty,
 }
 
-/// A duration in seconds (`name` names the setting): positive.
+/// A duration in seconds (`name` names the setting): positive, and one a duration can hold.
 pub fn seconds(name: &'static str, value: f64) -> Result<Duration, SettingError> {
     if !(value.is_finite() && value > 0.0) {
         return Err(SettingError::Seconds { name, value });
     }
-    Ok(Duration::from_secs_f64(value))
+    duration(name, value)
+}
+
+/// `value` seconds, finite and not negative, as a duration: one beyond what a duration holds is
+/// an error (converting it would panic).
+fn duration(name: &'static str, value: f64) -> Result<Duration, SettingError> {
+    Duration::try_from_secs_f64(value).map_err(|_| SettingError::TooLong { name, value })
 }
 
 /// How often /proc is scanned: at most a second, or new processes are found late.
@@ -103,7 +112,7 @@ pub fn postmortem_window(value: f64) -> Result<Duration, SettingError> {
     if !(value.is_finite() && value >= 0.0) {
         return Err(SettingError::PostmortemWindow(value));
     }
-    Ok(Duration::from_secs_f64(value))
+    duration("postmortem_window", value)
 }
 
 /// The windows' memory, per process and for the node: some for each, and the node's at most half
