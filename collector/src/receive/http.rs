@@ -218,3 +218,62 @@ fn encode<Resp: Message + Serialize>(encoding: Encoding, response: &Resp) -> Res
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use gpuprof_otlp::proto::collector::trace::v1::ExportTraceServiceRequest;
+
+    use super::*;
+
+    fn header(value: &str) -> HeaderValue {
+        HeaderValue::from_str(value).unwrap()
+    }
+
+    fn refused(encoding: Encoding, content_encoding: Option<&str>, body: &[u8]) -> (Refusal, u16, String) {
+        let content_encoding = content_encoding.map(header);
+        let refused = decode_body::<ExportTraceServiceRequest>(
+            encoding,
+            content_encoding.as_ref(),
+            Bytes::from(body.to_vec()),
+            64,
+        )
+        .unwrap_err();
+        (refused.why, refused.status.as_u16(), refused.message)
+    }
+
+    fn gzip(body: &[u8]) -> Vec<u8> {
+        use std::io::Write;
+        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        encoder.write_all(body).unwrap();
+        encoder.finish().unwrap()
+    }
+
+    #[test]
+    fn a_body_is_read_as_its_headers_say_or_refused_with_the_status_otlp_gives() {
+        let content_type = |value: &str| encoding_of(Some(&header(value))).map_err(|r| (r.status.as_u16(), r.message));
+        assert_eq!(content_type("application/json; charset=utf-8"), Ok(Encoding::Json));
+        assert_eq!(content_type("application/x-protobuf"), Ok(Encoding::Protobuf));
+        assert_eq!(
+            content_type("text/plain"),
+            Err((415, "content type \"text/plain\": send application/x-protobuf or application/json\n".to_string()))
+        );
+        let empty = ExportTraceServiceRequest::default();
+        let gzipped = Bytes::from(gzip(&[]));
+        assert_eq!(decode_body(Encoding::Protobuf, Some(&header("gzip")), gzipped, 64).ok(), Some(empty));
+        assert_eq!(
+            refused(Encoding::Protobuf, Some("gzip"), &gzip(&[0; 65])),
+            (Refusal::TooLarge, 413, "request larger than 64 bytes once unzipped; send smaller batches\n".into())
+        );
+        assert_eq!(
+            refused(Encoding::Protobuf, Some("br"), b""),
+            (Refusal::UnsupportedMediaType, 415, "content encoding \"br\": send gzip or none\n".into())
+        );
+        assert_eq!(
+            refused(Encoding::Json, None, b"{"),
+            (Refusal::Malformed, 400, "malformed OTLP JSON: EOF while parsing an object at line 1 column 1\n".into())
+        );
+        let (why, status, message) = refused(Encoding::Protobuf, Some("gzip"), b"not gzip");
+        assert_eq!((why, status), (Refusal::Malformed, 400));
+        assert!(message.starts_with("malformed gzip body: "), "{message}");
+    }
+}
