@@ -13,7 +13,8 @@
 # their Go modules once (scripts/build-otelcol.sh, scripts/build-jaeger.sh).
 # Then it says which CPython versions the stack tests will read (3.8–3.13; under CI=true all of
 # them are required).
-# Every step that fails stops the script with what failed.
+# cargo-fuzz (pinned) for scripts/fuzz.sh, and a check that the nightly toolchain it builds with is
+# there. Every step that fails stops the script with what failed.
 set -euo pipefail
 
 packages=(clang-format shellcheck binutils util-linux python3-venv bpftrace tmux zsh fish groff-base prometheus golang-go chromium)
@@ -75,6 +76,17 @@ if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 
   command -v rustup >/dev/null || { echo "gpuprof: cargo fmt or cargo clippy is missing and rustup is not here to add them: install rustfmt and clippy" >&2; exit 1; }
   rustup component add rustfmt clippy
 fi
+# cargo-fuzz for scripts/fuzz.sh, pinned (a newer one may build or run the targets otherwise); it
+# builds them with the nightly toolchain, which rustup installs: it is checked, not installed here.
+cargo_fuzz_version=0.13.1
+if [[ $(cargo fuzz --version 2>/dev/null) != "cargo-fuzz $cargo_fuzz_version" ]]; then
+  echo "gpuprof: installing cargo-fuzz $cargo_fuzz_version"
+  cargo install cargo-fuzz --locked --version "$cargo_fuzz_version"
+fi
+cargo +nightly --version >/dev/null 2>&1 || {
+  echo "gpuprof: the nightly Rust toolchain is missing (scripts/fuzz.sh builds the fuzz targets with it): rustup toolchain install nightly" >&2
+  exit 1
+}
 # bpftrace (the benchmarks' baseline, not the tests) reads tracefs from its standard mount point.
 if [ ! -e /sys/kernel/tracing/uprobe_events ] && [ -d /sys/kernel/tracing ]; then
   mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null \

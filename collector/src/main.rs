@@ -1,16 +1,5 @@
-//! gpuprof-collector: OTLP in (gRPC and HTTP), per-node leak findings out (HTTP API,
-//! Prometheus, OTLP spans to a trace backend), state in an embedded database.
-
-mod api;
-mod collector;
-mod config;
-mod forward;
-mod jobs;
-mod prometheus;
-mod receive;
-mod reports;
-mod state;
-mod store;
+//! gpuprof-collector, the process: its flags, the runtime, the two servers and the signals that
+//! stop them. What it receives, keeps and serves is the library's (`lib.rs`).
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -19,12 +8,13 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use clap::Parser;
 
-use crate::collector::Collector;
-use crate::config::{Args, Config};
-use crate::forward::Forwarder;
-use crate::reports::Reports;
-use crate::state::State;
-use crate::store::Store;
+use gpuprof_collector::collector::Collector;
+use gpuprof_collector::config::{Args, Config};
+use gpuprof_collector::forward::Forwarder;
+use gpuprof_collector::reports::Reports;
+use gpuprof_collector::state::State;
+use gpuprof_collector::store::Store;
+use gpuprof_collector::{api, receive};
 
 /// How long a shutdown waits for requests in flight.
 const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(3);

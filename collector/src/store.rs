@@ -33,6 +33,8 @@ pub struct Store {
     /// A use failed: redb refuses every transaction after an I/O error (a full disk) until the
     /// database is opened again, which `reopen_if_failed` does at the next checkpoint.
     failed: AtomicBool,
+    /// False for a store held in memory: there is no file to open again.
+    on_disk: bool,
 }
 
 /// Records of the database that did not read back at start.
@@ -114,13 +116,31 @@ impl Store {
             }
             Err(error) => bail!("--db {}: cannot create a database there ({error}); give another --db", path.display()),
         };
+        Store::set_up(db, path)
+    }
+
+    /// An empty store held in memory, gone with it: for a collector that is driven without a
+    /// process around it (the fuzz targets), where a file per run would only cost time.
+    pub fn in_memory() -> Result<Store> {
+        let db = Database::builder()
+            .set_cache_size(CACHE_BYTES)
+            .create_with_backend(redb::backends::InMemoryBackend::new())
+            .context("cannot make a database in memory")?;
+        let (mut store, _) = Store::set_up(db, Path::new("(in memory)"))?;
+        store.on_disk = false;
+        Ok(store)
+    }
+
+    /// The tables made where missing, then what they hold.
+    fn set_up(db: Database, path: &Path) -> Result<(Store, Loaded)> {
         let setup = db.begin_write().context("cannot write to the database")?;
         setup.open_table(FINDINGS).context("cannot create the findings table")?;
         setup.open_table(NODES).context("cannot create the nodes table")?;
         setup.open_table(REPORTS).context("cannot create the reports table")?;
         setup.open_table(REPORT_PAGES).context("cannot create the reports table")?;
         setup.commit().context("cannot write to the database")?;
-        let store = Store { db: RwLock::new(Some(db)), path: path.to_path_buf(), failed: AtomicBool::new(false) };
+        let store =
+            Store { db: RwLock::new(Some(db)), path: path.to_path_buf(), failed: AtomicBool::new(false), on_disk: true };
         let (loaded, dropped) = store.load()?;
         if let Some(said) = dropped.said() {
             eprintln!("gpuprof-collector: warning: --db {}: {said}", path.display());
@@ -224,7 +244,7 @@ impl Store {
     /// After a failed use, opens the database again (redb takes nothing more until then): what
     /// its last commit holds is what it has. Called at each checkpoint.
     pub fn reopen_if_failed(&self) -> Result<()> {
-        if !self.failed.load(Ordering::Relaxed) {
+        if !self.on_disk || !self.failed.load(Ordering::Relaxed) {
             return Ok(());
         }
         let mut guard = self.db.write().unwrap_or_else(|poisoned| poisoned.into_inner());

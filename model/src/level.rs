@@ -3,10 +3,14 @@
 //! cheap level shows a reason (`escalation`), the shim switches at run time, and `attach`/`run`
 //! take the level a user asks for. docs/levels.md gives each level's cost and what it finds.
 
+pub mod request;
+
 use std::fmt;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
+
+pub use request::{LevelRequest, LevelRequestError};
 
 /// Ordered: a higher level records everything a lower one does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

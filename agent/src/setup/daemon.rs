@@ -1,71 +1,25 @@
 //! The daemon's one typed configuration: its flags (`flags::daemon`, each with its `GPUPROF_…`
 //! variable), else the key of the same name in the TOML file given by `--config`, else the
-//! default, resolved and checked into `gpuprof_fleet`'s `DaemonConfig`. A file key gpuprof does
-//! not know is an error, so a typo does not silently leave a default in place.
+//! default, resolved and checked into `gpuprof_fleet`'s `DaemonConfig`. The file's keys and the
+//! checks of each value are `gpuprof_daemon_config`'s; what needs the machine (token files, the
+//! group database) is done here.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use gpuprof_capture::postmortem::PostmortemConfig;
 use gpuprof_capture::shim_socket::SocketAccess;
+use gpuprof_daemon_config::{checks, FileConfig};
 use gpuprof_fleet::daemon::DEFAULT_POSTMORTEM_DIR;
 use gpuprof_fleet::daemon::{CaptureMode, DaemonConfig};
 use gpuprof_model::escalation::EscalationConfig;
 use gpuprof_model::{Level, RuleConfig};
 use gpuprof_otlp::client::Protocol;
 use gpuprof_otlp::reporter::{OtlpOptions, OtlpTuning};
-use serde::Deserialize;
 
 use crate::flags::DaemonArgs;
-
-/// The file's keys: the flags' names.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FileConfig {
-    otlp_endpoint: Option<String>,
-    otlp_protocol: Option<String>,
-    otlp_token: Option<String>,
-    otlp_token_file: Option<PathBuf>,
-    metrics_token: Option<String>,
-    metrics_token_file: Option<PathBuf>,
-    otlp_events: Option<gpuprof_otlp::reporter::EventStream>,
-    otlp_metrics_interval: Option<f64>,
-    otlp_profile_interval: Option<f64>,
-    otlp_profile_stacks: Option<usize>,
-    otlp_span_min_bytes: Option<u64>,
-    otlp_max_spans: Option<u64>,
-    otlp_queue_mib: Option<u64>,
-    otlp_max_request_bytes: Option<usize>,
-    memory_cap_mib: Option<u64>,
-    node_name: Option<String>,
-    output: Option<PathBuf>,
-    listen: Option<SocketAddr>,
-    scan_interval: Option<f64>,
-    retain_exited: Option<f64>,
-    libcuda: Option<PathBuf>,
-    capture: Option<CaptureMode>,
-    shim_socket: Option<PathBuf>,
-    shim_socket_mode: Option<String>,
-    shim_socket_group: Option<String>,
-    sidecar: Option<PathBuf>,
-    buffer_mib: Option<u32>,
-    no_stacks: Option<bool>,
-    growth_window: Option<f64>,
-    growth_rises: Option<u32>,
-    orphan_grace: Option<f64>,
-    level: Option<String>,
-    detail: Option<f64>,
-    no_auto_raise: Option<bool>,
-    postmortem_dir: Option<PathBuf>,
-    no_postmortems: Option<bool>,
-    postmortem_window: Option<f64>,
-    postmortem_max_mib: Option<u64>,
-    postmortem_retention: Option<f64>,
-    postmortem_process_mib: Option<u64>,
-    postmortem_node_mib: Option<u64>,
-}
 
 /// Where the capture goes, and what a scraper of /metrics must send.
 struct Destinations {
@@ -98,7 +52,7 @@ struct Levels {
 impl DaemonArgs {
     pub fn resolve(&self) -> Result<DaemonConfig> {
         let file = match &self.config {
-            Some(path) => read_file(path)?,
+            Some(path) => FileConfig::read(path)?,
             None => FileConfig::default(),
         };
         let destinations = self.destinations(&file)?;
@@ -111,7 +65,10 @@ impl DaemonArgs {
             listen: self.listen.or(file.listen).unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 9464))),
             metrics_token: destinations.metrics_token,
             scan_interval: sources.scan_interval,
-            retain_exited: seconds("retain_exited", self.retain_exited.or(file.retain_exited).unwrap_or(300.0))?,
+            retain_exited: checks::seconds(
+                "retain_exited",
+                self.retain_exited.or(file.retain_exited).unwrap_or(300.0),
+            )?,
             libcuda: self.libcuda.clone().or(file.libcuda),
             capture: sources.capture,
             shim_socket: sources.shim_socket,
@@ -135,7 +92,7 @@ impl DaemonArgs {
             return Ok(Some((endpoint.clone(), "GPUPROF_OTLP_ENDPOINT".to_string())));
         }
         let Some(path) = &self.config else { return Ok(None) };
-        let file = read_file(path)?;
+        let file = FileConfig::read(path)?;
         Ok(file.otlp_endpoint.map(|endpoint| (endpoint, format!("otlp_endpoint in {}", path.display()))))
     }
 
@@ -158,10 +115,7 @@ impl DaemonArgs {
             "metrics",
         )?;
         let node_name = self.node_name.clone().or(file.node_name.clone());
-        let memory_cap_mib = self.memory_cap_mib.or(file.memory_cap_mib).unwrap_or(256);
-        if memory_cap_mib < 64 {
-            bail!("memory_cap_mib {memory_cap_mib}: give at least 64");
-        }
+        let memory_cap_mib = checks::memory_cap_mib(self.memory_cap_mib.or(file.memory_cap_mib).unwrap_or(256))?;
         let postmortem_dir_given = self.postmortem_dir.is_some() || file.postmortem_dir.is_some();
         let postmortems = self.postmortems(file, node_name.as_deref(), memory_cap_mib)?;
         let otlp = match self.otlp_endpoint.clone().or(file.otlp_endpoint.clone()) {
@@ -189,14 +143,8 @@ impl DaemonArgs {
 
     /// The scan, the ring buffer, the capture and the shims' socket.
     fn sources(&self, file: &FileConfig) -> Result<Sources> {
-        let scan_interval = seconds("scan_interval", self.scan_interval.or(file.scan_interval).unwrap_or(0.5))?;
-        if scan_interval > Duration::from_secs(1) {
-            bail!("scan_interval {:?}: at most 1 second, or new processes are found late", scan_interval);
-        }
-        let buffer_mib = self.buffer_mib.or(file.buffer_mib).unwrap_or(16);
-        if !buffer_mib.is_power_of_two() || buffer_mib > 1024 {
-            bail!("buffer_mib {buffer_mib}: give a power of two from 1 to 1024");
-        }
+        let scan_interval = checks::scan_interval(self.scan_interval.or(file.scan_interval).unwrap_or(0.5))?;
+        let buffer_mib = checks::buffer_mib(self.buffer_mib.or(file.buffer_mib).unwrap_or(16))?;
         let sidecar = self.sidecar.clone().or(file.sidecar.clone());
         let given_capture = self.capture().or(file.capture);
         let capture = given_capture.unwrap_or(if sidecar.is_some() { CaptureMode::Shim } else { CaptureMode::Ebpf });
@@ -212,7 +160,7 @@ impl DaemonArgs {
         }
         let shim_access = SocketAccess {
             // In a sidecar the directory is the pod's own volume: any of its containers' users.
-            mode: socket_mode(
+            mode: checks::socket_mode(
                 self.shim_socket_mode.as_deref().or(file.shim_socket_mode.as_deref()).unwrap_or(if sidecar.is_some() {
                     "0666"
                 } else {
@@ -227,20 +175,16 @@ impl DaemonArgs {
     /// The leak rules' thresholds, the level every process is recorded at and when the rules
     /// raise one.
     fn levels(&self, file: &FileConfig, capture: CaptureMode) -> Result<Levels> {
-        let growth_window = seconds("growth_window", self.growth_window.or(file.growth_window).unwrap_or(10.0))?;
-        let growth_rises = self.growth_rises.or(file.growth_rises).unwrap_or(3);
-        if growth_rises == 0 {
-            bail!("growth_rises 0: give at least 1");
-        }
-        let orphan_grace = seconds("orphan_grace", self.orphan_grace.or(file.orphan_grace).unwrap_or(5.0))?;
+        let growth_window =
+            checks::seconds("growth_window", self.growth_window.or(file.growth_window).unwrap_or(10.0))?;
+        let growth_rises = checks::growth_rises(self.growth_rises.or(file.growth_rises).unwrap_or(3))?;
+        let orphan_grace = checks::seconds("orphan_grace", self.orphan_grace.or(file.orphan_grace).unwrap_or(5.0))?;
         let level = match self.level.as_deref().or(file.level.as_deref()) {
-            Some(text) => text.parse::<Level>().map_err(|error| anyhow::anyhow!("level {text}: {error}"))?,
+            Some(text) => checks::level(text)?,
             None => Level::Driver,
         };
-        if level == Level::Off && capture == CaptureMode::Ebpf {
-            bail!("level off: the eBPF capture records at least the driver's calls; give --level driver, or --capture shim to start every shim paused");
-        }
-        let detail = seconds("detail", self.detail.or(file.detail).unwrap_or(120.0))?;
+        let level = checks::level_for_capture(level, capture)?;
+        let detail = checks::seconds("detail", self.detail.or(file.detail).unwrap_or(120.0))?;
         let auto_raise = !(self.no_auto_raise || file.no_auto_raise.unwrap_or(false));
         let escalation = (auto_raise && !level.tensors()).then(|| EscalationConfig {
             window_ns: growth_window.as_nanos() as u64,
@@ -268,11 +212,8 @@ impl DaemonArgs {
         memory_cap_mib: u64,
     ) -> Result<Option<PostmortemConfig>> {
         let sidecar = self.sidecar.as_deref().or(file.sidecar.as_deref());
-        let window = self.postmortem_window.or(file.postmortem_window).unwrap_or(60.0);
-        if !(window.is_finite() && window >= 0.0) {
-            bail!("postmortem_window {window}: give a number of seconds (0 keeps none)");
-        }
-        if self.no_postmortems || file.no_postmortems.unwrap_or(false) || window == 0.0 {
+        let window = checks::postmortem_window(self.postmortem_window.or(file.postmortem_window).unwrap_or(60.0))?;
+        if self.no_postmortems || file.no_postmortems.unwrap_or(false) || window.is_zero() {
             return Ok(None);
         }
         let dir = match (self.postmortem_dir.clone().or(file.postmortem_dir.clone()), sidecar) {
@@ -283,69 +224,18 @@ impl DaemonArgs {
         };
         let process_mib = self.postmortem_process_mib.or(file.postmortem_process_mib).unwrap_or(16);
         let node_mib = self.postmortem_node_mib.or(file.postmortem_node_mib).unwrap_or(memory_cap_mib / 4);
-        if node_mib > memory_cap_mib / 2 {
-            bail!(
-                "postmortem_node_mib {node_mib}: at most half of memory_cap_mib ({memory_cap_mib}), which the windows share with the OTLP queue and the capture; give less, or a larger memory_cap_mib"
-            );
-        }
-        if process_mib == 0 || node_mib == 0 {
-            bail!("postmortem_process_mib and postmortem_node_mib: give at least 1 MiB each (or --no-postmortems)");
-        }
+        checks::postmortem_memory(process_mib, node_mib, memory_cap_mib)?;
         let max_mib = self.postmortem_max_mib.or(file.postmortem_max_mib).unwrap_or(1024);
         let retention = self.postmortem_retention.or(file.postmortem_retention).unwrap_or(7.0 * 86400.0);
         Ok(Some(PostmortemConfig {
             dir,
             node: gpuprof_otlp::reporter::node_name(node_name),
-            window: Duration::from_secs_f64(window),
+            window,
             process_bytes: process_mib << 20,
             node_bytes: node_mib << 20,
             max_bytes: max_mib << 20,
-            retention: seconds("postmortem_retention", retention)?,
+            retention: checks::seconds("postmortem_retention", retention)?,
         }))
-    }
-}
-
-impl FileConfig {
-    fn tuning(&self) -> OtlpTuning {
-        OtlpTuning {
-            otlp_events: self.otlp_events,
-            otlp_metrics_interval: self.otlp_metrics_interval,
-            otlp_profile_interval: self.otlp_profile_interval,
-            otlp_profile_stacks: self.otlp_profile_stacks,
-            otlp_span_min_bytes: self.otlp_span_min_bytes,
-            otlp_max_spans: self.otlp_max_spans,
-            otlp_queue_mib: self.otlp_queue_mib,
-            otlp_max_request_bytes: self.otlp_max_request_bytes,
-        }
-    }
-}
-
-fn read_file(path: &Path) -> Result<FileConfig> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("config file {}: cannot read it", path.display()))?;
-    toml::from_str(&text).map_err(|error| {
-        // toml's message spans lines (it quotes the file); the first says what is wrong.
-        let message = error.message().to_string();
-        let line = error.span().map(|span| text[..span.start].matches('\n').count() + 1);
-        match line {
-            Some(line) => anyhow::anyhow!("config file {} line {line}: {message}", path.display()),
-            None => anyhow::anyhow!("config file {}: {message}", path.display()),
-        }
-    })
-}
-
-fn seconds(name: &str, value: f64) -> Result<Duration> {
-    if !(value.is_finite() && value > 0.0) {
-        bail!("{name} {value}: give a positive number of seconds");
-    }
-    Ok(Duration::from_secs_f64(value))
-}
-
-/// A socket mode in octal ("0660"); the set-id and sticky bits mean nothing on a socket.
-fn socket_mode(text: &str) -> Result<u32> {
-    match u32::from_str_radix(text.trim_start_matches("0o"), 8) {
-        Ok(mode) if mode <= 0o777 => Ok(mode),
-        _ => bail!("shim_socket_mode {text}: give permission bits in octal, e.g. 0660"),
     }
 }
 

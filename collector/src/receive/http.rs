@@ -8,7 +8,7 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{ConnectInfo, DefaultBodyLimit, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
@@ -28,7 +28,9 @@ pub fn routes(collector: Arc<Collector>) -> Router {
         .with_state(collector)
 }
 
-enum Encoding {
+/// How a request's body is encoded (its content type); the response is encoded the same way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Encoding {
     Protobuf,
     Json,
 }
@@ -76,19 +78,20 @@ where
     Resp: Message + Serialize,
 {
     admitted(collector, peer, headers)?;
-    let encoding = encoding_of(headers)?;
+    let encoding = encoding_of(headers.get(header::CONTENT_TYPE))?;
     let limit = collector.config.max_request_bytes;
-    let body = unzipped(headers, received(body, limit)?, limit)?;
-    let request = decode::<Req>(&encoding, body)?;
+    let request = decode_body::<Req>(encoding, headers.get(header::CONTENT_ENCODING), received(body, limit)?, limit)?;
     let response = tokio::task::block_in_place(|| handle(collector, request));
-    Ok(encode(&encoding, &response))
+    Ok(encode(encoding, &response))
 }
 
 /// A request turned away: counted by reason, answered with the status OTLP gives it.
-struct Refused {
-    why: Refusal,
-    status: StatusCode,
-    message: String,
+#[derive(Debug)]
+pub struct Refused {
+    pub why: Refusal,
+    pub status: StatusCode,
+    /// The response's body: one line, ending in a newline.
+    pub message: String,
 }
 
 impl Refused {
@@ -129,8 +132,10 @@ fn admitted(collector: &Collector, peer: SocketAddr, headers: &HeaderMap) -> Res
     Ok(())
 }
 
-fn encoding_of(headers: &HeaderMap) -> Result<Encoding, Refused> {
-    let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+/// The body's encoding, from the request's `content-type` (parameters such as a charset are
+/// left alone).
+pub fn encoding_of(content_type: Option<&HeaderValue>) -> Result<Encoding, Refused> {
+    let content_type = content_type.and_then(|v| v.to_str().ok()).unwrap_or("");
     match content_type.split(';').next().unwrap_or("").trim() {
         "application/x-protobuf" => Ok(Encoding::Protobuf),
         "application/json" => Ok(Encoding::Json),
@@ -157,10 +162,22 @@ fn received(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes, 
     })
 }
 
+/// A request's body, as axum read it within `limit` bytes, decoded: unzipped as its
+/// `content-encoding` says (within `limit` bytes again), then read as `encoding`. Pure: the same
+/// bytes get the same request or the same refusal.
+pub fn decode_body<Req: Message + Default + DeserializeOwned>(
+    encoding: Encoding,
+    content_encoding: Option<&HeaderValue>,
+    body: Bytes,
+    limit: usize,
+) -> Result<Req, Refused> {
+    decode(encoding, unzipped(content_encoding, body, limit)?)
+}
+
 /// The body as sent, or unzipped: the OpenTelemetry Collector's OTLP/HTTP exporter gzips unless
 /// told otherwise.
-fn unzipped(headers: &HeaderMap, body: Bytes, limit: usize) -> Result<Bytes, Refused> {
-    match headers.get(header::CONTENT_ENCODING).map(|v| v.to_str().unwrap_or("?").trim()) {
+fn unzipped(content_encoding: Option<&HeaderValue>, body: Bytes, limit: usize) -> Result<Bytes, Refused> {
+    match content_encoding.map(|v| v.to_str().unwrap_or("?").trim()) {
         None | Some("identity") => Ok(body),
         Some("gzip") => match gunzip(&body, limit) {
             Ok(body) => Ok(Bytes::from(body)),
@@ -181,7 +198,7 @@ fn unzipped(headers: &HeaderMap, body: Bytes, limit: usize) -> Result<Bytes, Ref
     }
 }
 
-fn decode<Req: Message + Default + DeserializeOwned>(encoding: &Encoding, body: Bytes) -> Result<Req, Refused> {
+fn decode<Req: Message + Default + DeserializeOwned>(encoding: Encoding, body: Bytes) -> Result<Req, Refused> {
     let request = match encoding {
         Encoding::Protobuf => Req::decode(body).map_err(|e| format!("malformed OTLP protobuf: {e}\n")),
         Encoding::Json => serde_json::from_slice(&body).map_err(|e| format!("malformed OTLP JSON: {e}\n")),
@@ -190,7 +207,7 @@ fn decode<Req: Message + Default + DeserializeOwned>(encoding: &Encoding, body: 
 }
 
 /// The response in the request's encoding.
-fn encode<Resp: Message + Serialize>(encoding: &Encoding, response: &Resp) -> Response {
+fn encode<Resp: Message + Serialize>(encoding: Encoding, response: &Resp) -> Response {
     match encoding {
         Encoding::Protobuf => {
             ([(header::CONTENT_TYPE, "application/x-protobuf")], response.encode_to_vec()).into_response()
@@ -199,5 +216,64 @@ fn encode<Resp: Message + Serialize>(encoding: &Encoding, response: &Resp) -> Re
             ([(header::CONTENT_TYPE, "application/json")], serde_json::to_vec(response).unwrap_or_default())
                 .into_response()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use gpuprof_otlp::proto::collector::trace::v1::ExportTraceServiceRequest;
+
+    use super::*;
+
+    fn header(value: &str) -> HeaderValue {
+        HeaderValue::from_str(value).unwrap()
+    }
+
+    fn refused(encoding: Encoding, content_encoding: Option<&str>, body: &[u8]) -> (Refusal, u16, String) {
+        let content_encoding = content_encoding.map(header);
+        let refused = decode_body::<ExportTraceServiceRequest>(
+            encoding,
+            content_encoding.as_ref(),
+            Bytes::from(body.to_vec()),
+            64,
+        )
+        .unwrap_err();
+        (refused.why, refused.status.as_u16(), refused.message)
+    }
+
+    fn gzip(body: &[u8]) -> Vec<u8> {
+        use std::io::Write;
+        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        encoder.write_all(body).unwrap();
+        encoder.finish().unwrap()
+    }
+
+    #[test]
+    fn a_body_is_read_as_its_headers_say_or_refused_with_the_status_otlp_gives() {
+        let content_type = |value: &str| encoding_of(Some(&header(value))).map_err(|r| (r.status.as_u16(), r.message));
+        assert_eq!(content_type("application/json; charset=utf-8"), Ok(Encoding::Json));
+        assert_eq!(content_type("application/x-protobuf"), Ok(Encoding::Protobuf));
+        assert_eq!(
+            content_type("text/plain"),
+            Err((415, "content type \"text/plain\": send application/x-protobuf or application/json\n".to_string()))
+        );
+        let empty = ExportTraceServiceRequest::default();
+        let gzipped = Bytes::from(gzip(&[]));
+        assert_eq!(decode_body(Encoding::Protobuf, Some(&header("gzip")), gzipped, 64).ok(), Some(empty));
+        assert_eq!(
+            refused(Encoding::Protobuf, Some("gzip"), &gzip(&[0; 65])),
+            (Refusal::TooLarge, 413, "request larger than 64 bytes once unzipped; send smaller batches\n".into())
+        );
+        assert_eq!(
+            refused(Encoding::Protobuf, Some("br"), b""),
+            (Refusal::UnsupportedMediaType, 415, "content encoding \"br\": send gzip or none\n".into())
+        );
+        assert_eq!(
+            refused(Encoding::Json, None, b"{"),
+            (Refusal::Malformed, 400, "malformed OTLP JSON: EOF while parsing an object at line 1 column 1\n".into())
+        );
+        let (why, status, message) = refused(Encoding::Protobuf, Some("gzip"), b"not gzip");
+        assert_eq!((why, status), (Refusal::Malformed, 400));
+        assert!(message.starts_with("malformed gzip body: "), "{message}");
     }
 }

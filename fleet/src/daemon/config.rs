@@ -1,7 +1,8 @@
 //! The daemon's one typed configuration, resolved and checked. The binary builds it from the
 //! daemon's flags, their `GPUPROF_…` environment variables and the TOML file given by
 //! `--config` (a flag wins over the environment, which wins over the file, which wins over the
-//! default); the daemon runs with it.
+//! default); the daemon runs with it. The file's keys and the checks of each setting are
+//! `gpuprof_daemon_config`'s.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -9,7 +10,6 @@ use std::time::Duration;
 
 use gpuprof_model::escalation::EscalationConfig;
 use gpuprof_model::{Level, RuleConfig};
-use serde::Deserialize;
 
 use gpuprof_capture::postmortem::PostmortemConfig;
 use gpuprof_capture::shim_socket::SocketAccess;
@@ -19,13 +19,7 @@ use gpuprof_otlp::reporter::OtlpOptions;
 /// host.
 pub const DEFAULT_POSTMORTEM_DIR: &str = "/var/lib/gpuprof/postmortems";
 
-/// How the daemon captures.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum CaptureMode {
-    Ebpf,
-    Shim,
-}
+pub use gpuprof_daemon_config::CaptureMode;
 
 /// Everything the daemon runs with, resolved and checked.
 #[derive(Debug, Clone)]

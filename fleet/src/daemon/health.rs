@@ -13,11 +13,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use axum::extract::{ConnectInfo, Query, State};
+use axum::extract::{ConnectInfo, RawQuery, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use gpuprof_model::Level;
+use gpuprof_model::level::{LevelRequest, LevelRequestError};
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
@@ -263,24 +263,19 @@ async fn readyz(State(health): State<Arc<Health>>) -> impl IntoResponse {
     }
 }
 
-/// `POST /v1/level`'s query.
-#[derive(Debug, serde::Deserialize)]
-struct LevelQuery {
-    pid: u32,
-    level: String,
-    seconds: Option<f64>,
-}
-
-async fn set_level(State(control): State<Control>, Query(query): Query<LevelQuery>) -> Response {
-    let level = match query.level.parse::<Level>() {
-        Ok(level) => level,
+/// `POST /v1/level?pid=P&level=L[&seconds=S]`: the query is read and checked by the model's
+/// `LevelRequest`; a query that is no request is answered 400 with what is wrong.
+async fn set_level(State(control): State<Control>, RawQuery(query): RawQuery) -> Response {
+    let request = match LevelRequest::from_query(query.as_deref().unwrap_or_default()) {
+        Ok(request) => request,
+        // The framework's own words, as its query extractor answered before (no newline).
+        Err(error @ LevelRequestError::Query(_)) => {
+            return (StatusCode::BAD_REQUEST, error.to_string()).into_response()
+        }
         Err(error) => return (StatusCode::BAD_REQUEST, format!("{error}\n")).into_response(),
     };
-    if let Some(seconds) = query.seconds.filter(|s| !(s.is_finite() && *s > 0.0)) {
-        return (StatusCode::BAD_REQUEST, format!("seconds={seconds}: give a positive number of seconds\n"))
-            .into_response();
-    }
-    let asked = tokio::task::spawn_blocking(move || control.ask(query.pid, level, query.seconds)).await;
+    let LevelRequest { pid, level, seconds } = request;
+    let asked = tokio::task::spawn_blocking(move || control.ask(pid, level, seconds)).await;
     match asked.ok().flatten() {
         Some(reply @ Reply::Taken(_)) => (StatusCode::OK, axum::Json(reply)).into_response(),
         Some(reply @ Reply::Unknown { .. }) => (StatusCode::NOT_FOUND, axum::Json(reply)).into_response(),

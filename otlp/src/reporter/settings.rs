@@ -62,7 +62,9 @@ impl OtlpTuning {
         let seconds = |name: &str, value: Option<f64>, default: Duration| -> Result<Duration> {
             match value {
                 None => Ok(default),
-                Some(v) if v.is_finite() && v > 0.0 => Ok(Duration::from_secs_f64(v)),
+                // More seconds than a Duration holds would panic in the conversion.
+                Some(v) if v.is_finite() && v > 0.0 => Duration::try_from_secs_f64(v)
+                    .map_err(|_| anyhow::anyhow!("{name} {v}: too long: give at most {} seconds", u64::MAX)),
                 Some(v) => bail!("{name} {v}: give a positive number of seconds"),
             }
         };
@@ -107,5 +109,24 @@ impl OtlpTuning {
             memory_cap: None,
             pod: None,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_interval_is_a_positive_number_of_seconds_a_duration_holds() {
+        let options = |tuning: OtlpTuning| {
+            tuning.options("http://collector:4317", Protocol::Grpc, None, None).map_err(|e| e.to_string())
+        };
+        let interval = |seconds| OtlpTuning { otlp_metrics_interval: Some(seconds), ..OtlpTuning::default() };
+        assert_eq!(options(interval(2.5)).unwrap().metrics_interval, Duration::from_millis(2500));
+        assert_eq!(options(interval(0.0)).unwrap_err(), "otlp_metrics_interval 0: give a positive number of seconds");
+        assert_eq!(
+            options(interval(1e300)).unwrap_err(),
+            format!("otlp_metrics_interval {}: too long: give at most 18446744073709551615 seconds", 1e300)
+        );
     }
 }
