@@ -139,8 +139,12 @@ impl Store {
         setup.open_table(REPORTS).context("cannot create the reports table")?;
         setup.open_table(REPORT_PAGES).context("cannot create the reports table")?;
         setup.commit().context("cannot write to the database")?;
-        let store =
-            Store { db: RwLock::new(Some(db)), path: path.to_path_buf(), failed: AtomicBool::new(false), on_disk: true };
+        let store = Store {
+            db: RwLock::new(Some(db)),
+            path: path.to_path_buf(),
+            failed: AtomicBool::new(false),
+            on_disk: true,
+        };
         let (loaded, dropped) = store.load()?;
         if let Some(said) = dropped.said() {
             eprintln!("gpuprof-collector: warning: --db {}: {said}", path.display());
