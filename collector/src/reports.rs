@@ -82,6 +82,10 @@ impl Reports {
     pub fn len(&self) -> usize {
         self.by_finding.len()
     }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_finding.is_empty()
+    }
 }
 
 /// A finding named in an address: its `finding_id` (16 hex digits), or the collector's
