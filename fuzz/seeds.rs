@@ -104,9 +104,11 @@ fn jsonl(events: &[Event]) -> Vec<u8> {
 /// the signal, then protobuf) and as the `otlp_http_body` target does (protobuf, JSON, gzip).
 fn otlp(seeds: &Path, events: &[Event]) {
     let sent = Arc::new(Mutex::new(Sent::default()));
-    let mut tuning = OtlpTuning::default();
-    tuning.otlp_events = Some(gpuprof_otlp::reporter::EventStream::All);
-    tuning.otlp_profile_interval = Some(0.001);
+    let tuning = OtlpTuning {
+        otlp_events: Some(gpuprof_otlp::reporter::EventStream::All),
+        otlp_profile_interval: Some(0.001),
+        ..OtlpTuning::default()
+    };
     let options = tuning.options("http://seeds", Protocol::Http, None, Some("node-a".into())).expect("the defaults");
     let mut telemetry = Telemetry::with_outbox(options, Box::new(Recorded(sent.clone())), 1);
     let mut analyzer = Analyzer::new(RuleConfig::default());

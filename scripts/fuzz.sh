@@ -68,6 +68,8 @@ for target in "${targets[@]}"; do
   rate=$(grep -oE 'average_exec_per_sec: +[0-9]+' "$log" | awk '{print $2}' || true)
   coverage=$(grep -oE 'cov: [0-9]+ ft: [0-9]+' "$log" | tail -n 1 || true)
   echo "gpuprof: fuzz $target: $outcome: ${runs:-?} runs (${rate:-?}/s), ${coverage:-no coverage line}"
+  # The event file targets lay each input down as a file of their process's own (fuzz/src/lib.rs).
+  rm -f /dev/shm/gpuprof-fuzz-*.events "${TMPDIR:-/tmp}"/gpuprof-fuzz-*.events
 done
 if ((${#failed[@]})); then
   printf 'gpuprof: fuzz target failed: %s\n' "${failed[@]}" >&2
