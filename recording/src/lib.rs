@@ -84,7 +84,8 @@ fn export_kind(head: &[u8]) -> Option<&'static str> {
         Some("an HTML page (open it in a browser)")
     } else if text.starts_with("<?xml") || text.starts_with("<svg") {
         Some("an SVG image (a flame graph: open it in a browser)")
-    } else if text.starts_with('{') && text.contains("speedscope") {
+    } else if text.starts_with('{') && text.contains("speedscope.app/file-format-schema") {
+        // By its schema, not the word alone: an event's path or command may say "speedscope".
         Some("a speedscope profile (open it at https://www.speedscope.app)")
     } else if head.first() == Some(&0x80) && head.get(1).is_some_and(|v| (2..=5).contains(v)) {
         Some("a Python pickle (a memory_viz snapshot: open it at https://pytorch.org/memory_viz)")

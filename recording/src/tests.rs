@@ -475,7 +475,8 @@ fn an_export_given_for_events_is_named() {
         export_kind(&[0x80, 0x04, 0x95]),
         Some("a Python pickle (a memory_viz snapshot: open it at https://pytorch.org/memory_viz)")
     );
-    // Events are not exports.
+    // Events are not exports, whatever their paths say.
     assert_eq!(export_kind(b"{\"ts\":1,\"pid\":2}"), None);
+    assert_eq!(export_kind(b"{\"ts\":1,\"pid\":2,\"stack\":[{\"file\":\"/srv/speedscope/train.py\"}]}"), None);
     assert_eq!(export_kind(MAGIC), None);
 }
