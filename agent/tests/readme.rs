@@ -233,6 +233,17 @@ fn timing_aside(text: &str) -> String {
         out.push('\n');
     }
     // A finding's sentences are wrapped at 120 columns before the checkout's path is made the
-    // README's, so where they wrap depends on the length of that path: words, not lines.
-    out.split_whitespace().collect::<Vec<_>>().join(" ")
+    // README's, so where they wrap depends on the length of that path: words, not lines. For the
+    // same reason a table cuts a long path in its middle ("workloads…emo_job.py:45") in one
+    // checkout and not in another: a path is compared by its end, which a cut keeps.
+    out.split_whitespace().map(path_end).collect::<Vec<_>>().join(" ")
+}
+
+/// A word that is a path (or a path cut with "…"): its last 12 characters; any other word whole.
+fn path_end(word: &str) -> &str {
+    if !word.contains('/') && !word.contains('…') {
+        return word;
+    }
+    let start = word.char_indices().rev().nth(11).map_or(0, |(at, _)| at);
+    &word[start..]
 }
