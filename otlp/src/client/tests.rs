@@ -195,3 +195,34 @@ fn a_full_queue_gives_up_gauges_first_and_counts_what_it_refuses() {
 }
 
 use crate::proto::metrics::v1::{Metric, ScopeMetrics};
+
+/// A gRPC receiver killed with the request on the wire (it read it, then its connection closed
+/// with no answer): the request may or may not have been taken, so it is sent again — delivery
+/// is at least once, and collectors keep a finding once by its id — not dropped as refused.
+#[test]
+fn a_grpc_request_cut_off_by_its_receivers_death_is_retried() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = format!("http://{}", listener.local_addr().unwrap());
+    let server = std::thread::spawn(move || {
+        let (mut stream, _) = listener.accept().unwrap();
+        stream.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+        // The preface, SETTINGS, HEADERS and DATA: the whole request, then no answer.
+        let mut taken = Vec::new();
+        let mut buffer = [0u8; 64 * 1024];
+        while let Ok(n) = stream.read(&mut buffer) {
+            if n == 0 {
+                break;
+            }
+            taken.extend_from_slice(&buffer[..n]);
+        }
+        taken.len()
+    });
+    let mut transport = transport::Transport::new(&address, Protocol::Grpc, None).unwrap();
+    let request = transport::Request::Logs(crate::proto::collector::logs::v1::ExportLogsServiceRequest {
+        resource_logs: vec![logs(7, vec![record(1, 2000)])],
+    });
+    let error = transport.send(&request).unwrap_err();
+    assert!(server.join().unwrap() > 2000, "the receiver did not read the request");
+    assert!(matches!(error, transport::SendError::Retryable(_)), "{error}");
+    assert!(error.to_string().starts_with("gRPC Unknown: transport error: "), "{error}");
+}

@@ -139,16 +139,37 @@ async fn send_grpc(
             .await
             .map(|response| response.into_inner().partial_success.map_or(0, |p| p.rejected_data_points as u64)),
     };
-    result.map_err(|status| {
-        let why = format!("gRPC {:?}: {}", status.code(), status.message());
-        use tonic::Code::*;
-        match status.code() {
-            // OUT_OF_RANGE is a message over the receiver's size limit: retrying cannot help.
-            Unavailable | ResourceExhausted | DeadlineExceeded | Aborted | Cancelled => SendError::Retryable(why),
-            Unimplemented => SendError::NotServed(why),
-            _ => SendError::Refused(why),
+    result.map_err(|status| grpc_failure(&status))
+}
+
+/// Whether a gRPC failure is worth another try. A status the receiver sent: the OTLP
+/// specification's retryable codes (OUT_OF_RANGE aside: gpuprof-collector says it of a message
+/// over its size limit, which no retry helps). No status at all — the connection broke with the
+/// request on the wire (a receiver killed mid-request: tonic says UNKNOWN "transport error") —
+/// is retried too: the receiver may or may not have taken it, delivery is at least once, and
+/// collectors keep a finding once by its id.
+fn grpc_failure(status: &tonic::Status) -> SendError {
+    use std::error::Error;
+    use tonic::Code::*;
+    let mut why = format!("gRPC {:?}: {}", status.code(), status.message());
+    // What broke, where it adds to what tonic said ("transport error": "Connection reset by peer").
+    let mut cause = status.source();
+    while let Some(error) = cause {
+        let said = error.to_string();
+        if !why.contains(&said) {
+            why = format!("{why}: {said}");
         }
-    })
+        cause = error.source();
+    }
+    let cut_off = status.source().is_some();
+    match status.code() {
+        Unavailable | ResourceExhausted | DeadlineExceeded | Aborted | Cancelled | DataLoss => {
+            SendError::Retryable(why)
+        }
+        _ if cut_off => SendError::Retryable(why),
+        Unimplemented => SendError::NotServed(why),
+        _ => SendError::Refused(why),
+    }
 }
 
 fn send_http(agent: &ureq::Agent, base: &str, request: &Request, token: Option<&str>) -> Result<Rejected, SendError> {
