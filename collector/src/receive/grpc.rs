@@ -9,6 +9,7 @@ use gpuprof_otlp::proto::collector::metrics::v1::metrics_service_server::{Metric
 use gpuprof_otlp::proto::collector::metrics::v1::{ExportMetricsServiceRequest, ExportMetricsServiceResponse};
 use gpuprof_otlp::proto::collector::trace::v1::trace_service_server::{TraceService, TraceServiceServer};
 use gpuprof_otlp::proto::collector::trace::v1::{ExportTraceServiceRequest, ExportTraceServiceResponse};
+use prost::Message;
 use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};
 
@@ -26,7 +27,7 @@ impl tonic::service::Interceptor for Gate {
         if let Some(peer) = request.remote_addr() {
             if !collector.admit(peer) {
                 collector.stats.refused(Refusal::RateLimited);
-                return Err(Status::resource_exhausted("too many requests on this connection; retry later"));
+                return Err(rate_limited());
             }
         }
         let token = request.metadata().get("authorization").map(|v| v.as_bytes());
@@ -36,6 +37,57 @@ impl tonic::service::Interceptor for Gate {
         }
         Ok(request)
     }
+}
+
+/// RESOURCE_EXHAUSTED with a `google.rpc.RetryInfo` of one second, as HTTP's 429 has its
+/// Retry-After: the OpenTelemetry Collector's OTLP exporter retries RESOURCE_EXHAUSTED only when
+/// the server says when, and drops the batch otherwise.
+fn rate_limited() -> Status {
+    let retry = RetryInfo { retry_delay: Some(ProtoDuration { seconds: RETRY_AFTER_SECS, nanos: 0 }) };
+    let status = RpcStatus {
+        code: tonic::Code::ResourceExhausted as i32,
+        message: RATE_LIMITED.into(),
+        details: vec![Any { type_url: RETRY_INFO_TYPE.into(), value: retry.encode_to_vec() }],
+    };
+    Status::with_details(tonic::Code::ResourceExhausted, RATE_LIMITED, status.encode_to_vec().into())
+}
+
+const RATE_LIMITED: &str = "too many requests on this connection; retry later";
+const RETRY_AFTER_SECS: i64 = 1;
+pub const RETRY_INFO_TYPE: &str = "type.googleapis.com/google.rpc.RetryInfo";
+
+/// gRPC's rich error model (google/rpc/status.proto, error_details.proto), the parts a refusal
+/// needs.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RpcStatus {
+    #[prost(int32, tag = "1")]
+    pub code: i32,
+    #[prost(string, tag = "2")]
+    pub message: String,
+    #[prost(message, repeated, tag = "3")]
+    pub details: Vec<Any>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Any {
+    #[prost(string, tag = "1")]
+    pub type_url: String,
+    #[prost(bytes = "vec", tag = "2")]
+    pub value: Vec<u8>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RetryInfo {
+    #[prost(message, optional, tag = "1")]
+    pub retry_delay: Option<ProtoDuration>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ProtoDuration {
+    #[prost(int64, tag = "1")]
+    pub seconds: i64,
+    #[prost(int32, tag = "2")]
+    pub nanos: i32,
 }
 
 #[tonic::async_trait]
