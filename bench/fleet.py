@@ -14,16 +14,28 @@ nodes each serves (every node whole on one shard) and the Collector's CPU and me
     python3 bench/fleet.py [--recording bench/fixtures/torch_train.gpuprof] [--sizes 1,10,100,1000] [--seconds 60]
     python3 bench/fleet.py --sizes 1000 --shards 4
 
+With --restart shard:N (or otelcol) --restart-at S, that shard (or the OpenTelemetry Collector) is
+stopped S seconds after a shard first receives — SIGKILL, or SIGTERM with --restart-signal TERM — and
+started again on its database (its configuration) and addresses --down-for seconds later. What was
+given up on the way (by the nodes' clients, by the Collector: its log) is reported, and with a shard
+killed must be nothing, every finding served; with the Collector restarted, what the shards lack of
+what the nodes sent is counted (docs/reliability.md).
+
+    python3 bench/fleet.py --sizes 1000 --shards 4 --restart shard:0 --restart-at 20 --down-for 5
+    python3 bench/fleet.py --sizes 1000 --shards 4 --restart otelcol --restart-signal KILL --restart-at 20 --down-for 5
+
 Needs a release build: cargo build --release -p gpuprof -p gpuprof-collector -p gpuprof-fleet-sim.
 """
 
 import argparse
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -39,6 +51,7 @@ def free_port():
 
 
 def start_collector(workdir, name, grpc, http):
+    """A gpuprof-collector on its database `name` and its ports; started again the same way after a kill."""
     collector = subprocess.Popen(
         [
             RELEASE / "gpuprof-collector",
@@ -59,7 +72,8 @@ def start_collector(workdir, name, grpc, http):
 
 
 # As a deployment runs it (docs/deploy.md): memory_limiter first, batch, then each node's data
-# routed whole to one shard by host.name; each shard's exporter keeps its own queue and retry.
+# routed whole to one shard by host.name; each shard's exporter keeps its own queue and retry, set
+# as deploy/otel-collector/loadbalancing.yaml sets them (testkit's SHARD_EXPORTER is the same).
 OTELCOL_CONFIG = """extensions:
   health_check: {{endpoint: 127.0.0.1:{health}}}
 receivers:
@@ -74,7 +88,7 @@ exporters:
     routing_key: attributes
     routing_attributes: [host.name]
     protocol:
-      otlp: {{timeout: 10s, tls: {{insecure: true}}}}
+      otlp: {{timeout: 10s, tls: {{insecure: true}}, retry_on_failure: {{initial_interval: 500ms, max_interval: 5s, max_elapsed_time: 300s}}}}
     resolver:
       static: {{hostnames: [{shards}]}}
 service:
@@ -88,6 +102,8 @@ service:
 
 
 def start_otelcol(workdir, shard_grpc, limit_mib, gomemlimit_mib):
+    """The Collector, healthy: (its process, its OTLP/gRPC port, its log, a function that starts it
+    again the same way, its log kept)."""
     binary = subprocess.run(["bash", ROOT / "scripts" / "build-otelcol.sh"], capture_output=True, text=True)
     if binary.returncode != 0:
         sys.exit(f"cannot build the OpenTelemetry Collector: {binary.stderr.strip()[-2000:]}")
@@ -102,36 +118,92 @@ def start_otelcol(workdir, shard_grpc, limit_mib, gomemlimit_mib):
             shards=", ".join(f"127.0.0.1:{p}" for p in shard_grpc),
         )
     )
-    log = open(workdir / "otelcol.log", "w")
-    otelcol = subprocess.Popen(
-        [binary.stdout.strip(), "--config", config],
-        stdout=subprocess.DEVNULL,
-        stderr=log,
-        env={**os.environ, **({"GOMEMLIMIT": f"{gomemlimit_mib}MiB"} if gomemlimit_mib else {})},
-    )
-    deadline = time.time() + 30
-    while True:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{health}/", timeout=1) as r:
-                if r.status == 200:
-                    return otelcol, grpc
-        except OSError:
-            pass
-        if otelcol.poll() is not None or time.time() > deadline:
-            sys.exit(f"the OpenTelemetry Collector did not start: {(workdir / 'otelcol.log').read_text()[-2000:]}")
-        time.sleep(0.2)
+    log_path = workdir / "otelcol.log"
+    log_path.write_text("")
+
+    def launch():
+        otelcol = subprocess.Popen(
+            [binary.stdout.strip(), "--config", config],
+            stdout=subprocess.DEVNULL,
+            stderr=open(log_path, "a"),
+            env={**os.environ, **({"GOMEMLIMIT": f"{gomemlimit_mib}MiB"} if gomemlimit_mib else {})},
+        )
+        deadline = time.time() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{health}/", timeout=1) as r:
+                    if r.status == 200:
+                        return otelcol
+            except OSError:
+                pass
+            if otelcol.poll() is not None or time.time() > deadline:
+                sys.exit(f"the OpenTelemetry Collector did not start: {log_path.read_text()[-2000:]}")
+            time.sleep(0.2)
+
+    return launch(), grpc, log_path, launch
+
+
+def log_records_received(http):
+    """What a shard says it received (0 while it does not answer)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{http}/metrics", timeout=10) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith('gpuprof_collector_received_total{signal="log_records"} '):
+                    return int(line.split()[-1])
+    except OSError:
+        pass
+    return 0
+
+
+def kill_and_restart(args, what, watched_http, kill, stop_process, start_again):
+    """Stops `what` with args.restart_signal `args.restart_at` s after the shard at `watched_http`
+    first receives, starts it again `args.down_for` s later; notes when in `kill`."""
+    while log_records_received(watched_http) == 0:
+        if kill.get("stop"):
+            return
+        time.sleep(0.1)
+    kill["first_received"] = time.time()
+    time.sleep(args.restart_at)
+    process = stop_process()
+    process.send_signal(signal.SIGKILL if args.restart_signal == "KILL" else signal.SIGTERM)
+    process.wait(timeout=60)
+    kill["killed"] = time.time()
+    time.sleep(args.down_for)
+    start_again()
+    kill["restarted"] = time.time()
 
 
 def run_size(args, nodes, workdir):
     shards = max(args.shards, 1)
     ports = [(free_port(), free_port()) for _ in range(shards)]
     collectors = [start_collector(workdir, f"fleet-{nodes}-{n}", grpc, http) for n, (grpc, http) in enumerate(ports)]
-    otelcol = None
+    otelcol = [None]
+    otelcol_log = None
     send_to = ports[0][0]
     if args.shards:
-        otelcol, send_to = start_otelcol(
+        otelcol[0], send_to, otelcol_log, relaunch_otelcol = start_otelcol(
             workdir, [grpc for grpc, _ in ports], args.otelcol_limit_mib, args.otelcol_gomemlimit_mib
         )
+    kill = {}
+    killer = None
+    if args.restart:
+        if args.restart == "otelcol":
+            watched = ports[0][1]
+
+            def start_again():
+                otelcol[0] = relaunch_otelcol()
+
+            stop_process = lambda: otelcol[0]
+        else:
+            n = int(args.restart.split(":")[1])
+            watched = ports[n][1]
+
+            def start_again():
+                collectors[n] = start_collector(workdir, f"fleet-{nodes}-{n}", *ports[n])
+
+            stop_process = lambda: collectors[n]
+        killer = threading.Thread(target=kill_and_restart, args=(args, args.restart, watched, kill, stop_process, start_again))
+        killer.start()
     try:
         command = [
             RELEASE / "gpuprof-fleet-sim",
@@ -156,16 +228,33 @@ def run_size(args, nodes, workdir):
             "--collector-pid",
             ",".join(str(c.pid) for c in collectors),
             "--timeout",
-            "300",
+            # What a Collector killed held is lost, findings too: counted, not waited for long.
+            "60" if args.restart == "otelcol" else "300",
         ]
-        if otelcol:
-            command += ["--otelcol-pid", str(otelcol.pid)]
+        if otelcol[0]:
+            command += ["--otelcol-pid", str(otelcol[0].pid), "--otelcol-log", str(otelcol_log)]
+        if args.restart == "otelcol":
+            command += ["--count-loss"]
         sim = subprocess.run(command, capture_output=True, text=True)
         if sim.returncode != 0:
             sys.exit(f"gpuprof-fleet-sim failed at {nodes} nodes: {sim.stderr.strip()[-3000:]}")
-        return json.loads(sim.stdout)
+        report = json.loads(sim.stdout)
+        if killer:
+            killer.join()
+            if "restarted" not in kill:
+                sys.exit(f"{args.restart} was not stopped and started again within the run: {kill}")
+            report["restart"] = {
+                "what": args.restart,
+                "signal": args.restart_signal,
+                "stopped_after_first_received_s": kill["killed"] - kill["first_received"],
+                "down_s": kill["restarted"] - kill["killed"],
+            }
+        return report
     finally:
-        for process in ([otelcol] if otelcol else []) + collectors:
+        kill["stop"] = True
+        if killer:
+            killer.join()
+        for process in ([otelcol[0]] if otelcol[0] else []) + collectors:
             process.terminate()
             process.wait(timeout=30)
 
@@ -197,7 +286,20 @@ def main():
         default=0,
         help="GOMEMLIMIT for the Collector, MiB (0: Go's default, none)",
     )
+    parser.add_argument(
+        "--restart",
+        default=None,
+        help="shard:N or otelcol: stop it --restart-at s after a shard first receives, start it again --down-for s later",
+    )
+    parser.add_argument("--restart-at", type=float, default=20)
+    parser.add_argument("--restart-signal", choices=["KILL", "TERM"], default="KILL")
+    parser.add_argument("--down-for", type=float, default=5, help="seconds it stays down")
     args = parser.parse_args()
+    if args.restart and not (
+        args.shards
+        and (args.restart == "otelcol" or args.restart.startswith("shard:") and args.restart[6:].isdigit() and int(args.restart[6:]) < args.shards)
+    ):
+        sys.exit(f"--restart {args.restart}: needs --shards N and is otelcol or shard:K with K below N")
     for binary in ("gpuprof-collector", "gpuprof-fleet-sim"):
         if not (RELEASE / binary).exists():
             sys.exit(f"{RELEASE / binary} is missing: cargo build --release -p gpuprof-collector -p gpuprof-fleet-sim")
@@ -236,14 +338,25 @@ def main():
                 print(
                     f"| {r['nodes']} | {n} | {served} | {shard['cpu_cores_used']:.3f} | {shard['resident_bytes'] / 2**20:.0f} |"
                 )
-        print("\n| nodes | Collector cores | Collector RSS (MiB) | nodes on several shards |")
-        print("|---:|---:|---:|---:|")
+        print("\n| nodes | Collector cores | Collector RSS (MiB) | nodes on several shards | given up by the Collector (items / unsized batches) |")
+        print("|---:|---:|---:|---:|---|")
         for r in reports:
             o = r["otelcol"]
+            g = r["otelcol_given_up"]
             print(
-                f"| {r['nodes']} | {o['cpu_cores_used']:.3f} | {o['resident_bytes'] / 2**20:.0f} | {r['nodes_on_several_shards']} |"
+                f"| {r['nodes']} | {o['cpu_cores_used']:.3f} | {o['resident_bytes'] / 2**20:.0f} | {r['nodes_on_several_shards']} | {g['items']} / {g['batches_unsized']} |"
             )
-
+    if args.restart:
+        print("\n| nodes | stopped | signal | after the first item (s) | down (s) | given up by the nodes | given up by the Collector | items the shards lack | findings served / expected |")
+        print("|---:|---|---|---:|---:|---:|---:|---:|---|")
+        for r in reports:
+            k = r["restart"]
+            missing = r["items_missing"]
+            print(
+                f"| {r['nodes']} | {k['what']} | {k['signal']} | {k['stopped_after_first_received_s']:.1f} | {k['down_s']:.1f} "
+                f"| {r['otlp_items_lost']} | {r['otelcol_given_up']['items']} items, {r['otelcol_given_up']['batches_unsized']} batches "
+                f"| {'not comparable (a shard restarted)' if missing is None else sum(missing.values())} | {r['findings_served']} / {r['findings_expected']} |"
+            )
 
 if __name__ == "__main__":
     main()

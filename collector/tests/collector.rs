@@ -18,7 +18,7 @@ use gpuprof_otlp::proto::collector::logs::v1::ExportLogsServiceRequest;
 use gpuprof_otlp::resource::ProcessIdentity;
 use gpuprof_testkit::collector::{
     allocator_gauges, collector_bin, free_port, handed_over, logs_request, logs_request_of, nvml_gauge, otelcol_bin,
-    profile_record, records_request, send_a_finding, synthetic, trainer, wait_ready, Collector, Jaeger,
+    profile_record, records_request, send_a_finding, synthetic, trainer, Collector, Jaeger, OpenTelemetryCollector,
 };
 use gpuprof_testkit::*;
 use prost::Message;
@@ -831,6 +831,47 @@ fn a_collector_that_is_away_costs_counted_drops_not_a_stalled_capture() {
     assert!(started.elapsed() < Duration::from_secs(20), "{:?}", started.elapsed());
 }
 
+/// Past its rate a connection is refused with RESOURCE_EXHAUSTED carrying a RetryInfo (1 s), as
+/// HTTP's 429 carries Retry-After: without it the OpenTelemetry Collector's OTLP exporter drops
+/// the batch instead of retrying it.
+#[test]
+fn a_rate_limited_grpc_request_says_when_to_retry() {
+    use gpuprof_collector::receive::grpc::{RetryInfo, RpcStatus, RETRY_INFO_TYPE};
+    use gpuprof_otlp::proto::collector::logs::v1::logs_service_client::LogsServiceClient;
+    let dir = scratch("collector_grpc_rate");
+    // A bucket of 2 requests, refilled at 1 a second.
+    let collector = Collector::start(&dir.join("c.redb"), &["--rate-limit", "1"]);
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let endpoint = collector.grpc.clone();
+    let exchange = async move {
+        let mut client = LogsServiceClient::connect(endpoint).await.unwrap();
+        let request = ExportLogsServiceRequest::decode(
+            logs_request("node-q", 810, &[synthetic(1, 810, Op::Alloc, "cuMemAlloc_v2", 0x1000, 4096)]).as_slice(),
+        )
+        .unwrap();
+        let mut answers = Vec::new();
+        for _ in 0..3 {
+            answers.push(client.export(request.clone()).await.map(|_| ()));
+        }
+        answers
+    };
+    let answers = runtime
+        .block_on(async { tokio::time::timeout(HTTP_LIMIT, exchange).await })
+        .unwrap_or_else(|_| panic!("the gRPC exchange with gpuprof-collector did not end within {HTTP_LIMIT:?}"));
+    assert!(answers[0].is_ok() && answers[1].is_ok(), "{answers:?}");
+    let refusal = answers[2].as_ref().unwrap_err();
+    assert_eq!(refusal.code(), tonic::Code::ResourceExhausted);
+    assert_eq!(refusal.message(), "too many requests on this connection; retry later");
+    let details = RpcStatus::decode(refusal.details()).unwrap();
+    assert_eq!(details.code, tonic::Code::ResourceExhausted as i32);
+    assert_eq!(details.details.len(), 1);
+    assert_eq!(details.details[0].type_url, RETRY_INFO_TYPE);
+    let retry = RetryInfo::decode(details.details[0].value.as_slice()).unwrap();
+    assert_eq!(retry.retry_delay.map(|d| (d.seconds, d.nanos)), Some((1, 0)));
+    assert_eq!(collector.metric("gpuprof_collector_refused_requests_total{reason=\"rate_limited\"}"), 1);
+    collector.stop();
+}
+
 #[test]
 fn grpc_refuses_oversized_and_unauthenticated_requests_and_keeps_serving() {
     use gpuprof_otlp::proto::collector::logs::v1::logs_service_client::LogsServiceClient;
@@ -890,7 +931,8 @@ fn nodes_through_a_real_opentelemetry_collector_land_each_whole_on_one_shard() {
     let shards = [Collector::start(&dir.join("s0.redb"), &[]), Collector::start(&dir.join("s1.redb"), &[])];
     let jaeger = Jaeger::start(&dir);
     let shard_endpoints = [endpoint(&shards[0]), endpoint(&shards[1])];
-    let (otelcol, through) = OpenTelemetryCollector::start(&dir, &shard_endpoints, Some(&jaeger.otlp));
+    let otelcol = OpenTelemetryCollector::start(&dir, &shard_endpoints, Some(&jaeger.otlp));
+    let through = otelcol.grpc.clone();
 
     let runs = [
         ("node-a", run_agent("otelcol_a", "ipc-left-open", &["--otlp-endpoint", &through, "--node-name", "node-a"])),
@@ -962,76 +1004,6 @@ fn endpoint(shard: &Collector) -> String {
     shard.grpc.trim_start_matches("http://").to_string()
 }
 
-/// gpuprof's OpenTelemetry Collector routing each node (`host.name`) to one of `shards`, its
-/// traces also to Jaeger's OTLP/gRPC `jaeger` when given.
-struct OpenTelemetryCollector(std::process::Child);
-
-impl OpenTelemetryCollector {
-    /// Started and healthy; with the address agents send to.
-    fn start(dir: &Path, shards: &[String], jaeger: Option<&str>) -> (OpenTelemetryCollector, String) {
-        let (grpc, health) = (free_port(), free_port());
-        let pipeline = "{receivers: [otlp], processors: [memory_limiter, batch], exporters: [load_balancing]}";
-        let (jaeger_exporter, traces) = match jaeger {
-            Some(address) => (
-                format!("  otlp_grpc/jaeger: {{endpoint: {address}, tls: {{insecure: true}}}}\n"),
-                "{receivers: [otlp], processors: [memory_limiter, batch], exporters: [load_balancing, otlp_grpc/jaeger]}",
-            ),
-            None => (String::new(), pipeline),
-        };
-        let config = format!(
-            "extensions:
-  health_check: {{endpoint: 127.0.0.1:{health}}}
-receivers:
-  otlp:
-    protocols:
-      grpc: {{endpoint: 127.0.0.1:{grpc}}}
-processors:
-  memory_limiter: {{check_interval: 1s, limit_mib: 512, spike_limit_mib: 128}}
-  batch: {{timeout: 200ms}}
-exporters:
-  load_balancing:
-    routing_key: attributes
-    routing_attributes: [host.name]
-    protocol:
-      # The per-shard exporters' own queue and retry (on by default): what rides out a shard's
-      # restart.
-      otlp: {{timeout: 5s, tls: {{insecure: true}}, retry_on_failure: {{initial_interval: 500ms, max_interval: 2s}}}}
-    resolver:
-      static: {{hostnames: [{}]}}
-{jaeger_exporter}service:
-  extensions: [health_check]
-  telemetry: {{metrics: {{level: none}}}}
-  pipelines:
-    logs: {pipeline}
-    traces: {traces}
-    metrics: {pipeline}
-",
-            shards.join(", "),
-        );
-        let config_file = dir.join("otelcol.yaml");
-        std::fs::write(&config_file, config).unwrap();
-        let log_path = dir.join("otelcol.log");
-        let log = std::fs::File::create(&log_path).unwrap();
-        let mut child = Command::new(otelcol_bin())
-            .arg("--config")
-            .arg(&config_file)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        let agent = http_client();
-        wait_ready("the OpenTelemetry Collector", &mut child, &log_path, Duration::from_secs(30), || {
-            agent.get(&format!("http://127.0.0.1:{health}/")).call().is_ok_and(|r| r.status().as_u16() == 200)
-        });
-        (OpenTelemetryCollector(child), format!("http://127.0.0.1:{grpc}"))
-    }
-
-    fn stop(mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// A shard restarted while a node sends: the Collector's per-shard queue and retry hold the
 /// node's data meanwhile and deliver it once the shard is back (its database kept what it had
 /// before). docs/collector.md says what is kept and what would be lost.
@@ -1045,7 +1017,8 @@ fn a_shard_restarted_while_its_node_sends_gets_what_was_sent_meanwhile() {
     };
     let mut shards = [Some(start_shard(0)), Some(start_shard(1))];
     let endpoints: Vec<String> = ports.iter().map(|port| format!("127.0.0.1:{port}")).collect();
-    let (otelcol, through) = OpenTelemetryCollector::start(&dir, &endpoints, None);
+    let otelcol = OpenTelemetryCollector::start(&dir, &endpoints, None);
+    let through = otelcol.grpc.clone();
     let send =
         |name: &str, scenario: &str| run_agent(name, scenario, &["--otlp-endpoint", &through, "--node-name", "node-r"]);
     let findings_on = |shard: &Option<Collector>| shard.as_ref().map_or(0, |s| s.findings("?node=node-r").len());
@@ -1077,13 +1050,7 @@ fn a_shard_restarted_while_its_node_sends_gets_what_was_sent_meanwhile() {
             "{} of {} findings on the restarted shard: {}",
             findings_on(&shards[holder]),
             expected.len(),
-            std::fs::read_to_string(dir.join("otelcol.log"))
-                .unwrap_or_default()
-                .lines()
-                .rev()
-                .take(5)
-                .collect::<Vec<_>>()
-                .join("\n")
+            otelcol.log_tail(5)
         );
         std::thread::sleep(Duration::from_millis(200));
     }

@@ -170,9 +170,12 @@ pub struct Collector {
 impl Collector {
     pub fn start(db: &Path, args: &[&str]) -> Collector {
         let mut command = Command::new(collector_bin());
-        command.args(["--db", db.to_str().unwrap(), "--http-listen", "127.0.0.1:0"]);
-        if !args.contains(&"--grpc-listen") {
-            command.args(["--grpc-listen", "127.0.0.1:0"]);
+        command.args(["--db", db.to_str().unwrap()]);
+        // Ports of its own unless given: a shard started again keeps its addresses.
+        for listen in ["--http-listen", "--grpc-listen"] {
+            if !args.contains(&listen) {
+                command.args([listen, "127.0.0.1:0"]);
+            }
         }
         let mut child = command.args(args).stderr(Stdio::piped()).spawn().unwrap();
         let mut stderr = BufReader::new(child.stderr.take().unwrap());
@@ -287,6 +290,14 @@ impl Collector {
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         let status = self.child.wait_within(Duration::from_secs(10), "gpuprof-collector, stopped with SIGTERM");
         assert_eq!(status.code(), Some(0));
+    }
+}
+
+impl Collector {
+    /// SIGKILL: no checkpoint, no goodbye; what it had not saved is gone.
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait_within(Duration::from_secs(10), "gpuprof-collector, killed with SIGKILL");
     }
 }
 
@@ -495,6 +506,121 @@ impl ShippedCollector {
         }
     }
 }
+
+/// gpuprof's OpenTelemetry Collector routing each node (`host.name`) to one of `shards`, as
+/// tests and `bench/fleet.py` run it: each node whole on one shard, so that what a node sent
+/// can be looked for on its shard. Its exporter's resilience settings are the deployment's
+/// (deploy/otel-collector/loadbalancing.yaml: the per-shard queue and retry that ride out a
+/// shard's restart); its traces also go to Jaeger's OTLP/gRPC `jaeger` when given.
+pub struct OpenTelemetryCollector {
+    child: Child,
+    /// OTLP/gRPC in (what the nodes send to), as a URL.
+    pub grpc: String,
+    /// Its log (stderr): what it gave up is said there, per shard.
+    pub log: PathBuf,
+    config: PathBuf,
+    health: u16,
+}
+
+impl OpenTelemetryCollector {
+    /// Started and healthy.
+    pub fn start(dir: &Path, shards: &[String], jaeger: Option<&str>) -> OpenTelemetryCollector {
+        let [grpc, health] = free_ports();
+        let pipeline = "{receivers: [otlp], processors: [memory_limiter, batch], exporters: [load_balancing]}";
+        let (jaeger_exporter, traces) = match jaeger {
+            Some(address) => (
+                format!("  otlp_grpc/jaeger: {{endpoint: {address}, tls: {{insecure: true}}}}\n"),
+                "{receivers: [otlp], processors: [memory_limiter, batch], exporters: [load_balancing, otlp_grpc/jaeger]}",
+            ),
+            None => (String::new(), pipeline),
+        };
+        let config = format!(
+            "extensions:
+  health_check: {{endpoint: 127.0.0.1:{health}}}
+receivers:
+  otlp:
+    protocols:
+      grpc: {{endpoint: 127.0.0.1:{grpc}}}
+processors:
+  memory_limiter: {{check_interval: 1s, limit_mib: 512, spike_limit_mib: 128}}
+  batch: {{timeout: 200ms}}
+exporters:
+  load_balancing:
+    routing_key: attributes
+    routing_attributes: [host.name]
+    protocol:
+      otlp: {SHARD_EXPORTER}
+    resolver:
+      static: {{hostnames: [{}]}}
+{jaeger_exporter}service:
+  extensions: [health_check]
+  telemetry: {{metrics: {{level: none}}}}
+  pipelines:
+    logs: {pipeline}
+    traces: {traces}
+    metrics: {pipeline}
+",
+            shards.join(", "),
+        );
+        let config_file = dir.join("otelcol.yaml");
+        std::fs::write(&config_file, config).unwrap();
+        let log = dir.join("otelcol.log");
+        std::fs::File::create(&log).unwrap();
+        let child = Self::launch(&config_file, &log, health);
+        OpenTelemetryCollector { child, grpc: format!("http://127.0.0.1:{grpc}"), log, config: config_file, health }
+    }
+
+    /// The Collector on `config`, its log appended to `log`, once healthy.
+    fn launch(config: &Path, log: &Path, health: u16) -> Child {
+        let mut child = Command::new(otelcol_bin())
+            .arg("--config")
+            .arg(config)
+            .stdout(Stdio::null())
+            .stderr(std::fs::OpenOptions::new().append(true).open(log).unwrap())
+            .spawn()
+            .unwrap();
+        let agent = http_client();
+        wait_ready("the OpenTelemetry Collector", &mut child, log, Duration::from_secs(30), || {
+            agent.get(&format!("http://127.0.0.1:{health}/")).call().is_ok_and(|r| r.status().as_u16() == 200)
+        });
+        child
+    }
+
+    /// Stopped with `signal` (SIGTERM: it drains what it holds; SIGKILL: lost with it), and
+    /// `down_for` later started again on its configuration and ports.
+    pub fn restart(&mut self, signal: i32, down_for: Duration) {
+        // SAFETY: kill takes no memory; the pid is our own child's, not yet waited for.
+        unsafe { libc::kill(self.child.id() as i32, signal) };
+        self.child.wait_within(Duration::from_secs(30), "the OpenTelemetry Collector, stopped");
+        std::thread::sleep(down_for);
+        self.child = Self::launch(&self.config, &self.log, self.health);
+    }
+
+    /// Its last `n` lines of log, to say why a test failed.
+    pub fn log_tail(&self, n: usize) -> String {
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+
+    pub fn stop(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for OpenTelemetryCollector {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The per-shard exporter of `load_balancing` as the deployment sets it
+/// (deploy/otel-collector/loadbalancing.yaml, where the choice is explained): the same
+/// settings here, for tests and `bench/fleet.py`'s kill runs to measure.
+pub const SHARD_EXPORTER: &str = "{timeout: 10s, tls: {insecure: true}, \
+retry_on_failure: {initial_interval: 500ms, max_interval: 5s, max_elapsed_time: 300s}}";
 
 impl Drop for ShippedCollector {
     fn drop(&mut self) {

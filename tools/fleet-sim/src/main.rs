@@ -15,18 +15,28 @@
 //!
 //! Behind an OpenTelemetry Collector that routes each node to one of several gpuprof-collector
 //! shards, `--collector-grpc` is the Collector's address and `--collector-http` (and
-//! `--collector-pid`) name every shard, comma-separated; `--otelcol-pid` the Collector itself.
+//! `--collector-pid`) name every shard, comma-separated; `--otelcol-pid` the Collector itself,
+//! `--otelcol-log` its log, where it says what it gave up.
 //!
-//! Prints a JSON report; fails when the collectors lack anything a node sent, or a node's data
-//! is on more than one shard.
+//! A shard may be killed and started again on its database and addresses meanwhile
+//! (`bench/fleet.py --kill-shard-at`): the findings poller asks it again until it answers. Its
+//! received counters start again from nothing then, so what the shards received is no longer
+//! comparable with what the nodes sent; what counts is what was given up on the way — by the
+//! nodes' clients and by the Collector — and every finding being served.
+//!
+//! Prints a JSON report; fails when anything was given up, a finding is missing, a node's data
+//! is on more than one shard, or (no shard restarted) the collectors lack an item a node sent —
+//! with `--count-loss` (the Collector itself killed) the missing items and findings are reported
+//! instead.
 
 mod node;
+mod otelcol;
 mod replay;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::Parser;
 use gpuprof_model::event::wall_clock_ns;
 use gpuprof_model::Event;
@@ -76,6 +86,13 @@ struct Args {
     /// The OpenTelemetry Collector's pid, when the nodes send through one: its CPU and memory.
     #[arg(long)]
     otelcol_pid: Option<u32>,
+    /// The OpenTelemetry Collector's log (its stderr), read at the end for what it gave up.
+    #[arg(long)]
+    otelcol_log: Option<PathBuf>,
+    /// Report the items the collectors lack instead of failing on them: an OpenTelemetry
+    /// Collector killed in the middle loses what it held (`bench/fleet.py --restart otelcol`).
+    #[arg(long)]
+    count_loss: bool,
     /// Give up waiting for the collector after this many seconds past the end.
     #[arg(long, default_value_t = 60.0)]
     timeout: f64,
@@ -130,16 +147,13 @@ fn run(args: &Args) -> Result<String> {
         timeout: Duration::from_secs_f64(args.timeout),
     };
     let result = replay::run(&fleet, &stream, start)?;
-    let received_after = replay::received(&args.collector_http)?;
-    let got = |signal: &str| {
-        received_after.get(signal).copied().unwrap_or(0) - received_before.get(signal).copied().unwrap_or(0)
-    };
     let n = u64::from(args.nodes);
+    let (arrived, nothing_lost) = arrival(args, &result, [n * records, n * spans, n * points], &received_before)?;
     let percentile = |p: f64| {
         let l = &result.latencies_ms;
         l.get(((l.len().max(1) - 1) as f64 * p).round() as usize).copied().unwrap_or(0.0)
     };
-    let report = json!({
+    let mut report = json!({
         "nodes": args.nodes,
         "processes_per_node": args.processes,
         "events_per_s_per_process": args.rate,
@@ -161,10 +175,7 @@ fn run(args: &Args) -> Result<String> {
             },
             "findings": stream.findings.len(),
         },
-        "sent": {"log_records": result.delivery.sent_records, "spans": result.delivery.sent_spans, "metric_points": result.delivery.sent_points, "requests": result.delivery.requests, "bytes": result.delivery.bytes_sent, "largest_request": result.delivery.largest_request},
-        "received": {"log_records": got("log_records"), "spans": got("spans"), "metric_points": got("metric_points")},
-        "received_twice": (got("log_records") + got("spans") + got("metric_points")).saturating_sub(n * items),
-        "otlp_items_lost": result.delivery.lost(),
+        "sent": {"log_records": result.delivery.sent_records, "spans": result.delivery.sent_spans, "metric_points": result.delivery.sent_points, "requests": result.delivery.requests, "bytes": result.delivery.bytes_sent, "largest_request": result.delivery.largest_request, "delivery": result.delivery.to_string(), "last_error": result.delivery.last_error},
         "replay_max_lag_ms": result.max_lag_ms,
         "collector": usage(result.collectors.iter().fold(None, |total, u| Some(total.unwrap_or_default() + *u)), result.seconds),
         "shards": result.collectors.iter().map(|u| usage(Some(*u), result.seconds)).collect::<Vec<_>>(),
@@ -176,18 +187,62 @@ fn run(args: &Args) -> Result<String> {
         "findings_missing": result.findings_missing,
         "finding_latency_ms": {"p50": percentile(0.5), "p99": percentile(0.99), "max": percentile(1.0)},
     });
-    // OTLP delivers at least once: a request the collector answered after the client gave up
-    // waiting is sent again, and counted twice there.
-    let complete = got("log_records") >= n * records && got("spans") >= n * spans && got("metric_points") >= n * points;
-    if !complete
-        || result.delivery.lost() > 0
-        || result.findings_missing > 0
+    report.as_object_mut().expect("an object").extend(arrived.as_object().expect("an object").clone());
+    if !nothing_lost
+        || result.findings_missing > 0 && !args.count_loss
         || result.nodes_on_several_shards > 0
-        || result.latencies_ms.len() as u64 != n * stream.findings.len() as u64
+        || result.latencies_ms.len() as u64 != n * stream.findings.len() as u64 && !args.count_loss
     {
         bail!("the collector does not have everything the fleet sent: {report}");
     }
     Ok(report.to_string())
+}
+
+/// What the collectors received against what the nodes sent (`sent`: log records, spans, metric
+/// points), and what was given up on the way — by the nodes' clients, by the Collector (its
+/// log): the report's part on it, and whether nothing was lost.
+fn arrival(
+    args: &Args,
+    result: &replay::Replay,
+    sent: [u64; 3],
+    received_before: &std::collections::BTreeMap<String, u64>,
+) -> Result<(serde_json::Value, bool)> {
+    let received_after = replay::received(&args.collector_http)?;
+    let signals = ["log_records", "spans", "metric_points"];
+    let got: Vec<u64> = signals
+        .iter()
+        .map(|&signal| {
+            let before = received_before.get(signal).copied().unwrap_or(0);
+            received_after.get(signal).copied().unwrap_or(0).saturating_sub(before)
+        })
+        .collect();
+    let restarted: Vec<usize> =
+        (0..result.unanswered_polls.len()).filter(|&n| result.unanswered_polls[n] > 0).collect();
+    let given_up = match &args.otelcol_log {
+        Some(log) => Some(otelcol::given_up(
+            &std::fs::read_to_string(log)
+                .with_context(|| format!("cannot read the OpenTelemetry Collector's log {}", log.display()))?,
+        )),
+        None => None,
+    };
+    let by_signal = |values: &dyn Fn(usize) -> u64| -> serde_json::Value {
+        signals.iter().enumerate().map(|(n, &signal)| (signal.to_string(), json!(values(n)))).collect()
+    };
+    let arrived = json!({
+        "received": by_signal(&|n| got[n]),
+        "received_twice": got.iter().sum::<u64>().saturating_sub(sent.iter().sum()),
+        // A shard that restarted counts again from nothing: what it received is not comparable.
+        "items_missing": restarted.is_empty().then(|| by_signal(&|n| sent[n].saturating_sub(got[n]))),
+        "otlp_items_lost": result.delivery.lost(),
+        "otelcol_given_up": given_up.as_ref().map(|g| json!({"items": g.items, "batches_unsized": g.batches_unsized, "lines": g.lines})),
+        "shards_down_meanwhile": restarted,
+        "unanswered_polls": result.unanswered_polls,
+    });
+    // OTLP delivers at least once: a request the collector answered after the client gave up
+    // waiting is sent again, and counted twice there.
+    let complete = !restarted.is_empty() || args.count_loss || (0..3).all(|n| got[n] >= sent[n]);
+    let collector_gave_up = given_up.as_ref().is_some_and(|g| g.items + g.batches_unsized > 0);
+    Ok((arrived, complete && !collector_gave_up && result.delivery.lost() == 0))
 }
 
 /// A process's CPU cores used over the replay and its largest resident set (summed over shards

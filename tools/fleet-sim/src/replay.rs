@@ -53,6 +53,8 @@ pub struct Replay {
     pub nodes_per_shard: Vec<usize>,
     /// Nodes whose findings more than one shard served (routing that split a node).
     pub nodes_on_several_shards: u64,
+    /// Polls each shard did not answer (it was down: killed, restarting), in `collector_http` order.
+    pub unanswered_polls: Vec<u64>,
 }
 
 /// A process's CPU seconds over the replay and its largest resident set.
@@ -79,13 +81,18 @@ type Sent = Mutex<HashMap<(String, u32, String), u64>>;
 /// Which shards served each node's findings.
 type ShardsOfNode = Mutex<HashMap<String, BTreeSet<usize>>>;
 
+/// Polls each shard did not answer.
+type Unanswered = Mutex<Vec<u64>>;
+
 /// `stream_start`: wall-clock ns the stream's times count from (findings are asked for since then).
 pub fn run(fleet: &Fleet, stream: &NodeStream, stream_start: u64) -> Result<Replay> {
     let sent: Sent = Mutex::default();
     let seen: Arc<Sent> = Arc::default();
     let shards_of_node: Arc<ShardsOfNode> = Arc::default();
     let done = Arc::new(AtomicBool::new(false));
-    let poller = spawn_poller(fleet, stream_start, seen.clone(), shards_of_node.clone(), done.clone());
+    let unanswered: Arc<Unanswered> = Arc::new(Mutex::new(vec![0; fleet.collector_http.len()]));
+    let poller =
+        spawn_poller(fleet, stream_start, seen.clone(), shards_of_node.clone(), unanswered.clone(), done.clone());
     let watched: Vec<u32> = fleet.collector_pids.iter().copied().chain(fleet.otelcol_pid).collect();
     let cpu_before: Vec<Option<f64>> = watched.iter().map(|&pid| cpu_seconds(pid)).collect();
     let peak_resident = Arc::new(Mutex::new(vec![0u64; watched.len()]));
@@ -106,6 +113,7 @@ pub fn run(fleet: &Fleet, stream: &NodeStream, stream_start: u64) -> Result<Repl
     let mut usages = usages(&watched, cpu_before, peak);
     let otelcol = fleet.otelcol_pid.and_then(|_| usages.pop());
     let (latencies_ms, findings_missing) = latencies(&sent, &seen.lock().expect("seen"));
+    let unanswered_polls = unanswered.lock().expect("unanswered").clone();
     let shards_of_node = shards_of_node.lock().expect("shards");
     let nodes_per_shard = (0..fleet.collector_http.len())
         .map(|shard| shards_of_node.values().filter(|shards| shards.contains(&shard)).count())
@@ -120,25 +128,40 @@ pub fn run(fleet: &Fleet, stream: &NodeStream, stream_start: u64) -> Result<Repl
         otelcol,
         nodes_per_shard,
         nodes_on_several_shards: shards_of_node.values().filter(|shards| shards.len() > 1).count() as u64,
+        unanswered_polls,
     })
 }
 
 /// Asks every shard for the findings since `started_ns` until `done`, once more after it: notes
-/// when each was first served, and by which shards.
+/// when each was first served, and by which shards. A shard that does not answer (killed,
+/// restarting) is counted in `unanswered` and asked again at the next poll; the last poll, after
+/// `done`, must be answered.
 fn spawn_poller(
     fleet: &Fleet,
     started_ns: u64,
     seen: Arc<Sent>,
     shards_of_node: Arc<ShardsOfNode>,
+    unanswered: Arc<Unanswered>,
     done: Arc<AtomicBool>,
 ) -> std::thread::JoinHandle<Result<()>> {
-    let http: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+    let http: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(30)))
+        .build()
+        .into();
     let bases = fleet.collector_http.clone();
     std::thread::spawn(move || -> Result<()> {
         loop {
             let stop = done.load(Ordering::Relaxed);
             for (shard, base) in bases.iter().enumerate() {
-                let found = findings_since(&http, base, started_ns)?;
+                let found = match findings_since(&http, base, started_ns) {
+                    Ok(found) => found,
+                    Err(error) if stop => return Err(error),
+                    Err(_) => {
+                        unanswered.lock().expect("unanswered")[shard] += 1;
+                        continue;
+                    }
+                };
                 let now = wall_clock_ns();
                 let mut seen = seen.lock().expect("seen");
                 let mut shards_of_node = shards_of_node.lock().expect("shards");

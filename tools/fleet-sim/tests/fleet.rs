@@ -5,11 +5,15 @@
 //! gpuprof-collector. The collector must receive every item each node sent and serve each
 //! finding under the node that sent it; the nodes send a few items a second for tens of
 //! thousands of events. The 1/10/100/1000-node figures come from `bench/fleet.py`
-//! (docs/benchmarks.md).
+//! (docs/benchmarks.md). The same fleet behind the OpenTelemetry Collector, one of two shards
+//! SIGKILLed and started again under it, gives up nothing; the 1000-node run of it is
+//! `bench/fleet.py --shards 4 --kill-shard-at` (docs/reliability.md).
 
-use std::process::Command;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
-use gpuprof_testkit::collector::Collector;
+use gpuprof_testkit::collector::{free_ports, Collector, OpenTelemetryCollector};
 use gpuprof_testkit::*;
 use serde_json::Value;
 
@@ -17,9 +21,8 @@ const NODES: u64 = 10;
 const SECONDS: u64 = 8;
 const WORKER_EVERY: u64 = 3;
 
-#[test]
-fn ten_simulated_nodes_at_a_training_rate_reach_the_collector_whole() {
-    let dir = scratch("fleet_sim");
+/// A training-like process recorded here: the template of every simulated process.
+fn record_training(dir: &Path) -> PathBuf {
     let (log, recording) = (dir.join("expected.jsonl"), dir.join("train.gpuprof"));
     let training = workloads().join("training.py");
     let output = gpuprof_run(
@@ -28,6 +31,32 @@ fn ten_simulated_nodes_at_a_training_rate_reach_the_collector_whole() {
         &log,
     );
     assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    recording
+}
+
+/// Each simulated node's findings among `served`: `workers` workers' contexts and what each
+/// left at its exit (2 MiB), once each.
+fn assert_each_node_has_its_workers_findings(served: &[Value], nodes: u64, workers: usize) {
+    for node in 0..nodes {
+        let name = format!("sim-node-{node:04}");
+        let mut of_node: Vec<(&str, u64)> = served
+            .iter()
+            .filter(|f| f["node"] == name.as_str())
+            .map(|f| (f["kind"].as_str().unwrap(), f["bytes"].as_u64().unwrap()))
+            .collect();
+        of_node.sort_unstable();
+        let expected = vec![("exit_with_live_allocations", 2 << 20); workers]
+            .into_iter()
+            .chain(vec![("worker_cuda_context", 0); workers])
+            .collect::<Vec<_>>();
+        assert_eq!(of_node, expected, "{name}");
+    }
+}
+
+#[test]
+fn ten_simulated_nodes_at_a_training_rate_reach_the_collector_whole() {
+    let dir = scratch("fleet_sim");
+    let recording = record_training(&dir);
 
     let collector = Collector::start(&dir.join("c.redb"), &[]);
     let output = Command::new(env!("CARGO_BIN_EXE_gpuprof-fleet-sim"))
@@ -76,21 +105,144 @@ fn ten_simulated_nodes_at_a_training_rate_reach_the_collector_whole() {
     );
 
     // Each node's findings are under its own name: its workers' contexts and what they left.
-    let served = collector.findings("");
-    for node in 0..NODES {
-        let name = format!("sim-node-{node:04}");
-        let mut of_node: Vec<(&str, u64)> = served
-            .iter()
-            .filter(|f| f["node"] == name.as_str())
-            .map(|f| (f["kind"].as_str().unwrap(), f["bytes"].as_u64().unwrap()))
-            .collect();
-        of_node.sort_unstable();
-        let expected = [[("exit_with_live_allocations", 2 << 20)]; 3]
-            .concat()
-            .into_iter()
-            .chain([("worker_cuda_context", 0); 3])
-            .collect::<Vec<_>>();
-        assert_eq!(of_node, expected, "{name}");
-    }
+    assert_each_node_has_its_workers_findings(&collector.findings(""), NODES, workers as usize);
     collector.stop();
+}
+
+/// Items a shard says it received, by its /metrics; 0 while it does not answer.
+fn log_records_received(shard: &Collector) -> u64 {
+    let agent = http_client();
+    let Ok(mut response) = agent.get(&format!("{}/metrics", shard.http)).call() else { return 0 };
+    let text = response.body_mut().read_to_string().unwrap_or_default();
+    text.lines()
+        .find_map(|l| l.strip_prefix("gpuprof_collector_received_total{signal=\"log_records\"} "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// 20 nodes through the real OpenTelemetry Collector (each node routed whole to one of two
+/// shards, the deployment's per-shard queue and retry); 3 s after shard 0 first receives, it is
+/// SIGKILLed — no checkpoint, requests cut mid-way — and 3 s later started again on its database
+/// and addresses. Nothing is given up: not by the nodes' clients, not by the Collector (its log
+/// names no dropped batch), every finding is served once, and each node stays on one shard.
+#[test]
+fn a_shard_sigkilled_and_restarted_under_load_behind_the_opentelemetry_collector_gives_up_nothing() {
+    const NODES: u64 = 20;
+    const SECONDS: u64 = 16;
+    let dir = scratch("fleet_sim_shard_kill");
+    let recording = record_training(&dir);
+    let [grpc0, http0, grpc1, http1] = free_ports();
+    let start_shard = |n: usize| {
+        let (grpc, http) = [(grpc0, http0), (grpc1, http1)][n];
+        let (grpc, http) = (format!("127.0.0.1:{grpc}"), format!("127.0.0.1:{http}"));
+        Collector::start(&dir.join(format!("s{n}.redb")), &["--grpc-listen", &grpc, "--http-listen", &http])
+    };
+    let mut shards = [Some(start_shard(0)), Some(start_shard(1))];
+    let endpoints = [format!("127.0.0.1:{grpc0}"), format!("127.0.0.1:{grpc1}")];
+    let otelcol = OpenTelemetryCollector::start(&dir, &endpoints, None);
+    let https: Vec<String> = shards.iter().map(|s| s.as_ref().unwrap().http.clone()).collect();
+    let sim = Command::new(env!("CARGO_BIN_EXE_gpuprof-fleet-sim"))
+        .args(["--input", recording.to_str().unwrap()])
+        .args(["--nodes", &NODES.to_string(), "--processes", "2", "--rate", "20000"])
+        .args(["--seconds", &SECONDS.to_string(), "--worker-every", "3", "--compare-seconds", "1"])
+        .args(["--collector-grpc", &otelcol.grpc, "--collector-http", &https.join(",")])
+        .args(["--otelcol-log", otelcol.log.to_str().unwrap(), "--timeout", "60"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+
+    let started = Instant::now();
+    while log_records_received(shards[0].as_ref().unwrap()) == 0 {
+        assert!(started.elapsed() < READY_LIMIT, "shard 0 received nothing: no node routed to it?");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    shards[0].take().unwrap().kill();
+    std::thread::sleep(Duration::from_secs(3));
+    shards[0] = Some(start_shard(0));
+
+    let output = sim.output_within(PATIENCE, "gpuprof-fleet-sim, a shard killed under it");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}\n{}", otelcol.log_tail(5));
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    // Workers at 1.5, 4.5, 7.5, 10.5 and 13.5 s: two findings each.
+    let workers = 5;
+    assert_eq!(report["otlp_items_lost"], 0, "{report}");
+    assert_eq!(report["otelcol_given_up"]["items"], 0, "{report}");
+    assert_eq!(report["otelcol_given_up"]["batches_unsized"], 0, "{report}");
+    assert_eq!(report["shards_down_meanwhile"], serde_json::json!([0]), "{report}");
+    assert_eq!(report["findings_expected"], NODES * workers * 2);
+    assert_eq!(report["findings_served"], NODES * workers * 2);
+    assert_eq!(report["findings_missing"], 0);
+    assert_eq!(report["nodes_on_several_shards"], 0, "{report}");
+    let served_by = report["nodes_per_shard"].as_array().unwrap();
+    assert!(served_by[0].as_u64().unwrap() > 0 && served_by[1].as_u64().unwrap() > 0, "{report}");
+
+    // After: every finding once, the killed shard's from before the kill read back from its
+    // database.
+    let served: Vec<Value> = shards.iter().flat_map(|s| s.as_ref().unwrap().findings("")).collect();
+    assert_each_node_has_its_workers_findings(&served, NODES, workers as usize);
+    otelcol.stop();
+}
+
+/// The same fleet, the OpenTelemetry Collector itself stopped with SIGTERM (a rollout, a new
+/// configuration) 3 s after shard 0 first receives, and started again 3 s later on its ports:
+/// it drains what it holds to the shards as it stops, the nodes' clients hold and retry what
+/// they send meanwhile, and the shards have every item the nodes sent, every finding once.
+/// A SIGKILL loses what it held in memory; `bench/fleet.py --restart otelcol` counts it
+/// (docs/reliability.md).
+#[test]
+fn the_opentelemetry_collector_restarted_under_load_loses_nothing() {
+    const NODES: u64 = 20;
+    const SECONDS: u64 = 16;
+    let dir = scratch("fleet_sim_otelcol_restart");
+    let recording = record_training(&dir);
+    let shards = [Collector::start(&dir.join("s0.redb"), &[]), Collector::start(&dir.join("s1.redb"), &[])];
+    let endpoints: Vec<String> = shards.iter().map(|s| s.grpc.trim_start_matches("http://").to_string()).collect();
+    let mut otelcol = OpenTelemetryCollector::start(&dir, &endpoints, None);
+    let https: Vec<String> = shards.iter().map(|s| s.http.clone()).collect();
+    let sim = Command::new(env!("CARGO_BIN_EXE_gpuprof-fleet-sim"))
+        .args(["--input", recording.to_str().unwrap()])
+        .args(["--nodes", &NODES.to_string(), "--processes", "2", "--rate", "20000"])
+        .args(["--seconds", &SECONDS.to_string(), "--worker-every", "3", "--compare-seconds", "1"])
+        .args(["--collector-grpc", &otelcol.grpc, "--collector-http", &https.join(",")])
+        .args(["--otelcol-log", otelcol.log.to_str().unwrap(), "--timeout", "60"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+
+    let started = Instant::now();
+    while log_records_received(&shards[0]) == 0 {
+        assert!(started.elapsed() < READY_LIMIT, "shard 0 received nothing: no node routed to it?");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    otelcol.restart(libc::SIGTERM, Duration::from_secs(3));
+
+    let output = sim.output_within(PATIENCE, "gpuprof-fleet-sim, the OpenTelemetry Collector restarted under it");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}\n{}", otelcol.log_tail(5));
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let workers = 5;
+    assert_eq!(report["otlp_items_lost"], 0, "{report}");
+    assert_eq!(report["otelcol_given_up"]["items"], 0, "{report}");
+    assert_eq!(report["otelcol_given_up"]["batches_unsized"], 0, "{report}");
+    assert_eq!(report["shards_down_meanwhile"], serde_json::json!([]), "{report}");
+    assert_eq!(
+        report["items_missing"],
+        serde_json::json!({"log_records": 0, "spans": 0, "metric_points": 0}),
+        "{report}"
+    );
+    for signal in ["log_records", "spans", "metric_points"] {
+        assert!(report["received"][signal].as_u64() >= report["sent"][signal].as_u64(), "{signal}: {report}");
+    }
+    assert_eq!(report["findings_served"], NODES * workers * 2);
+    assert_eq!(report["nodes_on_several_shards"], 0, "{report}");
+    // The nodes were cut off while it was away (connection refused): their clients retried.
+    assert!(report["sent"]["last_error"].as_str().is_some_and(|e| e.starts_with("gRPC ")), "{report}");
+    let served: Vec<Value> = shards.iter().flat_map(|s| s.findings("")).collect();
+    assert_each_node_has_its_workers_findings(&served, NODES, workers as usize);
+    otelcol.stop();
 }
