@@ -193,7 +193,8 @@ def run_size(args, nodes, workdir):
             def start_again():
                 otelcol[0] = relaunch_otelcol()
 
-            stop_process = lambda: otelcol[0]
+            def stop_process():
+                return otelcol[0]
         else:
             n = int(args.restart.split(":")[1])
             watched = ports[n][1]
@@ -201,8 +202,12 @@ def run_size(args, nodes, workdir):
             def start_again():
                 collectors[n] = start_collector(workdir, f"fleet-{nodes}-{n}", *ports[n])
 
-            stop_process = lambda: collectors[n]
-        killer = threading.Thread(target=kill_and_restart, args=(args, args.restart, watched, kill, stop_process, start_again))
+            def stop_process():
+                return collectors[n]
+
+        killer = threading.Thread(
+            target=kill_and_restart, args=(args, args.restart, watched, kill, stop_process, start_again)
+        )
         killer.start()
     try:
         command = [
@@ -297,7 +302,12 @@ def main():
     args = parser.parse_args()
     if args.restart and not (
         args.shards
-        and (args.restart == "otelcol" or args.restart.startswith("shard:") and args.restart[6:].isdigit() and int(args.restart[6:]) < args.shards)
+        and (
+            args.restart == "otelcol"
+            or args.restart.startswith("shard:")
+            and args.restart[6:].isdigit()
+            and int(args.restart[6:]) < args.shards
+        )
     ):
         sys.exit(f"--restart {args.restart}: needs --shards N and is otelcol or shard:K with K below N")
     for binary in ("gpuprof-collector", "gpuprof-fleet-sim"):
@@ -338,7 +348,9 @@ def main():
                 print(
                     f"| {r['nodes']} | {n} | {served} | {shard['cpu_cores_used']:.3f} | {shard['resident_bytes'] / 2**20:.0f} |"
                 )
-        print("\n| nodes | Collector cores | Collector RSS (MiB) | nodes on several shards | given up by the Collector (items / unsized batches) |")
+        print(
+            "\n| nodes | Collector cores | Collector RSS (MiB) | nodes on several shards | given up by the Collector (items / unsized batches) |"
+        )
         print("|---:|---:|---:|---:|---|")
         for r in reports:
             o = r["otelcol"]
@@ -347,7 +359,9 @@ def main():
                 f"| {r['nodes']} | {o['cpu_cores_used']:.3f} | {o['resident_bytes'] / 2**20:.0f} | {r['nodes_on_several_shards']} | {g['items']} / {g['batches_unsized']} |"
             )
     if args.restart:
-        print("\n| nodes | stopped | signal | after the first item (s) | down (s) | given up by the nodes | given up by the Collector | items the shards lack | findings served / expected |")
+        print(
+            "\n| nodes | stopped | signal | after the first item (s) | down (s) | given up by the nodes | given up by the Collector | items the shards lack | findings served / expected |"
+        )
         print("|---:|---|---|---:|---:|---:|---:|---:|---|")
         for r in reports:
             k = r["restart"]
@@ -357,6 +371,7 @@ def main():
                 f"| {r['otlp_items_lost']} | {r['otelcol_given_up']['items']} items, {r['otelcol_given_up']['batches_unsized']} batches "
                 f"| {'not comparable (a shard restarted)' if missing is None else sum(missing.values())} | {r['findings_served']} / {r['findings_expected']} |"
             )
+
 
 if __name__ == "__main__":
     main()

@@ -109,6 +109,34 @@ fn ten_simulated_nodes_at_a_training_rate_reach_the_collector_whole() {
     collector.stop();
 }
 
+/// Nodes of the fault tests' fleet.
+const BEHIND_NODES: u64 = 20;
+
+/// The fleet of the fault tests: 20 nodes of 2 processes at 20,000 events a second for 16 s, a
+/// worker each every 3 s, sending through the OpenTelemetry Collector `otelcol` to the shards
+/// at `https`.
+fn start_fleet_behind(recording: &Path, otelcol: &OpenTelemetryCollector, https: &[String]) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_gpuprof-fleet-sim"))
+        .args(["--input", recording.to_str().unwrap()])
+        .args(["--nodes", &BEHIND_NODES.to_string(), "--processes", "2", "--rate", "20000"])
+        .args(["--seconds", "16", "--worker-every", "3", "--compare-seconds", "1"])
+        .args(["--collector-grpc", &otelcol.grpc, "--collector-http", &https.join(",")])
+        .args(["--otelcol-log", otelcol.log.to_str().unwrap(), "--timeout", "60"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Until `shard` has received its first log records (the fleet is sending, and to it).
+fn wait_until_it_receives(shard: &Collector) {
+    let started = Instant::now();
+    while log_records_received(shard) == 0 {
+        assert!(started.elapsed() < READY_LIMIT, "the shard received nothing: no node routed to it?");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// Items a shard says it received, by its /metrics; 0 while it does not answer.
 fn log_records_received(shard: &Collector) -> u64 {
     let agent = http_client();
@@ -127,8 +155,6 @@ fn log_records_received(shard: &Collector) -> u64 {
 /// names no dropped batch), every finding is served once, and each node stays on one shard.
 #[test]
 fn a_shard_sigkilled_and_restarted_under_load_behind_the_opentelemetry_collector_gives_up_nothing() {
-    const NODES: u64 = 20;
-    const SECONDS: u64 = 16;
     let dir = scratch("fleet_sim_shard_kill");
     let recording = record_training(&dir);
     let [grpc0, http0, grpc1, http1] = free_ports();
@@ -141,22 +167,9 @@ fn a_shard_sigkilled_and_restarted_under_load_behind_the_opentelemetry_collector
     let endpoints = [format!("127.0.0.1:{grpc0}"), format!("127.0.0.1:{grpc1}")];
     let otelcol = OpenTelemetryCollector::start(&dir, &endpoints, None);
     let https: Vec<String> = shards.iter().map(|s| s.as_ref().unwrap().http.clone()).collect();
-    let sim = Command::new(env!("CARGO_BIN_EXE_gpuprof-fleet-sim"))
-        .args(["--input", recording.to_str().unwrap()])
-        .args(["--nodes", &NODES.to_string(), "--processes", "2", "--rate", "20000"])
-        .args(["--seconds", &SECONDS.to_string(), "--worker-every", "3", "--compare-seconds", "1"])
-        .args(["--collector-grpc", &otelcol.grpc, "--collector-http", &https.join(",")])
-        .args(["--otelcol-log", otelcol.log.to_str().unwrap(), "--timeout", "60"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let sim = start_fleet_behind(&recording, &otelcol, &https);
 
-    let started = Instant::now();
-    while log_records_received(shards[0].as_ref().unwrap()) == 0 {
-        assert!(started.elapsed() < READY_LIMIT, "shard 0 received nothing: no node routed to it?");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until_it_receives(shards[0].as_ref().unwrap());
     std::thread::sleep(Duration::from_secs(3));
     shards[0].take().unwrap().kill();
     std::thread::sleep(Duration::from_secs(3));
@@ -172,8 +185,8 @@ fn a_shard_sigkilled_and_restarted_under_load_behind_the_opentelemetry_collector
     assert_eq!(report["otelcol_given_up"]["items"], 0, "{report}");
     assert_eq!(report["otelcol_given_up"]["batches_unsized"], 0, "{report}");
     assert_eq!(report["shards_down_meanwhile"], serde_json::json!([0]), "{report}");
-    assert_eq!(report["findings_expected"], NODES * workers * 2);
-    assert_eq!(report["findings_served"], NODES * workers * 2);
+    assert_eq!(report["findings_expected"], BEHIND_NODES * workers * 2);
+    assert_eq!(report["findings_served"], BEHIND_NODES * workers * 2);
     assert_eq!(report["findings_missing"], 0);
     assert_eq!(report["nodes_on_several_shards"], 0, "{report}");
     let served_by = report["nodes_per_shard"].as_array().unwrap();
@@ -182,7 +195,7 @@ fn a_shard_sigkilled_and_restarted_under_load_behind_the_opentelemetry_collector
     // After: every finding once, the killed shard's from before the kill read back from its
     // database.
     let served: Vec<Value> = shards.iter().flat_map(|s| s.as_ref().unwrap().findings("")).collect();
-    assert_each_node_has_its_workers_findings(&served, NODES, workers as usize);
+    assert_each_node_has_its_workers_findings(&served, BEHIND_NODES, workers as usize);
     otelcol.stop();
 }
 
@@ -194,30 +207,15 @@ fn a_shard_sigkilled_and_restarted_under_load_behind_the_opentelemetry_collector
 /// (docs/reliability.md).
 #[test]
 fn the_opentelemetry_collector_restarted_under_load_loses_nothing() {
-    const NODES: u64 = 20;
-    const SECONDS: u64 = 16;
     let dir = scratch("fleet_sim_otelcol_restart");
     let recording = record_training(&dir);
     let shards = [Collector::start(&dir.join("s0.redb"), &[]), Collector::start(&dir.join("s1.redb"), &[])];
     let endpoints: Vec<String> = shards.iter().map(|s| s.grpc.trim_start_matches("http://").to_string()).collect();
     let mut otelcol = OpenTelemetryCollector::start(&dir, &endpoints, None);
     let https: Vec<String> = shards.iter().map(|s| s.http.clone()).collect();
-    let sim = Command::new(env!("CARGO_BIN_EXE_gpuprof-fleet-sim"))
-        .args(["--input", recording.to_str().unwrap()])
-        .args(["--nodes", &NODES.to_string(), "--processes", "2", "--rate", "20000"])
-        .args(["--seconds", &SECONDS.to_string(), "--worker-every", "3", "--compare-seconds", "1"])
-        .args(["--collector-grpc", &otelcol.grpc, "--collector-http", &https.join(",")])
-        .args(["--otelcol-log", otelcol.log.to_str().unwrap(), "--timeout", "60"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let sim = start_fleet_behind(&recording, &otelcol, &https);
 
-    let started = Instant::now();
-    while log_records_received(&shards[0]) == 0 {
-        assert!(started.elapsed() < READY_LIMIT, "shard 0 received nothing: no node routed to it?");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until_it_receives(&shards[0]);
     std::thread::sleep(Duration::from_secs(3));
     otelcol.restart(libc::SIGTERM, Duration::from_secs(3));
 
@@ -238,11 +236,11 @@ fn the_opentelemetry_collector_restarted_under_load_loses_nothing() {
     for signal in ["log_records", "spans", "metric_points"] {
         assert!(report["received"][signal].as_u64() >= report["sent"][signal].as_u64(), "{signal}: {report}");
     }
-    assert_eq!(report["findings_served"], NODES * workers * 2);
+    assert_eq!(report["findings_served"], BEHIND_NODES * workers * 2);
     assert_eq!(report["nodes_on_several_shards"], 0, "{report}");
     // The nodes were cut off while it was away (connection refused): their clients retried.
     assert!(report["sent"]["last_error"].as_str().is_some_and(|e| e.starts_with("gRPC ")), "{report}");
     let served: Vec<Value> = shards.iter().flat_map(|s| s.findings("")).collect();
-    assert_each_node_has_its_workers_findings(&served, NODES, workers as usize);
+    assert_each_node_has_its_workers_findings(&served, BEHIND_NODES, workers as usize);
     otelcol.stop();
 }
