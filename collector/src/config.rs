@@ -105,6 +105,12 @@ impl Args {
                 bail!("{flag} {value}: give a positive number")
             }
         };
+        // Converting more seconds than a Duration holds would panic; a century is plenty.
+        let duration = |flag: &str, value: f64, seconds_each: f64| -> Result<Duration> {
+            let value = positive(flag, value)?;
+            gpuprof_model::seconds::positive_seconds(value * seconds_each)
+                .map_err(|_| anyhow::anyhow!("{flag} {value}: too long: give at most a century"))
+        };
         if self.max_request_mib == 0 {
             bail!("--max-request-mib 0: give at least 1");
         }
@@ -117,10 +123,10 @@ impl Args {
             max_request_bytes: self.max_request_mib << 20,
             rate_limit: positive("--rate-limit", self.rate_limit)?,
             forward_endpoint: self.forward_endpoint,
-            retention: Duration::from_secs_f64(positive("--retention-hours", self.retention_hours)? * 3600.0),
+            retention: duration("--retention-hours", self.retention_hours, 3600.0)?,
             max_findings: self.max_findings.max(1),
             max_report_bytes: self.max_report_mib << 20,
-            checkpoint_every: Duration::from_secs_f64(positive("--checkpoint-secs", self.checkpoint_secs)?),
+            checkpoint_every: duration("--checkpoint-secs", self.checkpoint_secs, 1.0)?,
         })
     }
 }
@@ -141,4 +147,28 @@ fn token_of(value: Option<&str>, file: Option<&std::path::Path>, flag: &str) -> 
         bail!("the bearer token is empty: give a non-empty {flag} or {flag}-file");
     }
     Ok(token)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refusal(args: &[&str]) -> String {
+        let args = Args::try_parse_from(std::iter::once("gpuprof-collector").chain(args.iter().copied())).unwrap();
+        args.config().unwrap_err().to_string()
+    }
+
+    /// Converting more seconds than a Duration holds panicked; a century is the most taken.
+    #[test]
+    fn seconds_beyond_a_century_are_refused_naming_the_flag() {
+        assert_eq!(
+            refusal(&["--retention-hours", "1e300"]),
+            format!("--retention-hours {}: too long: give at most a century", 1e300)
+        );
+        assert_eq!(
+            refusal(&["--checkpoint-secs", "1e19"]),
+            "--checkpoint-secs 10000000000000000000: too long: give at most a century"
+        );
+        assert_eq!(refusal(&["--checkpoint-secs", "0"]), "--checkpoint-secs 0: give a positive number");
+    }
 }

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use gpuprof_model::level::UnknownLevel;
+use gpuprof_model::seconds::{positive_seconds, seconds_at_most_a_century, SecondsError};
 use gpuprof_model::Level;
 
 use crate::CaptureMode;
@@ -14,8 +15,8 @@ use crate::CaptureMode;
 pub enum SettingError {
     #[error("{name} {value}: give a positive number of seconds")]
     Seconds { name: &'static str, value: f64 },
-    /// More seconds than a duration holds (about 585 billion years).
-    #[error("{name} {value}: too long: give at most {} seconds", u64::MAX)]
+    /// More seconds than `gpuprof_model::seconds` takes (a century).
+    #[error("{name} {value}: {}", SecondsError::TooLong)]
     TooLong { name: &'static str, value: f64 },
     #[error("scan_interval {0:?}: at most 1 second, or new processes are found late")]
     ScanInterval(Duration),
@@ -39,18 +40,12 @@ pub enum SettingError {
     PostmortemEmpty,
 }
 
-/// A duration in seconds (`name` names the setting): positive, and one a duration can hold.
+/// A duration in seconds (`name` names the setting): positive, and at most a century.
 pub fn seconds(name: &'static str, value: f64) -> Result<Duration, SettingError> {
-    if !(value.is_finite() && value > 0.0) {
-        return Err(SettingError::Seconds { name, value });
-    }
-    duration(name, value)
-}
-
-/// `value` seconds, finite and not negative, as a duration: one beyond what a duration holds is
-/// an error (converting it would panic).
-fn duration(name: &'static str, value: f64) -> Result<Duration, SettingError> {
-    Duration::try_from_secs_f64(value).map_err(|_| SettingError::TooLong { name, value })
+    positive_seconds(value).map_err(|error| match error {
+        SecondsError::NotPositive => SettingError::Seconds { name, value },
+        SecondsError::TooLong => SettingError::TooLong { name, value },
+    })
 }
 
 /// How often /proc is scanned: at most a second, or new processes are found late.
@@ -109,10 +104,10 @@ pub fn level_for_capture(level: Level, capture: CaptureMode) -> Result<Level, Se
 
 /// How much of each process's recent events a post-mortem keeps (zero: none, post-mortems off).
 pub fn postmortem_window(value: f64) -> Result<Duration, SettingError> {
-    if !(value.is_finite() && value >= 0.0) {
-        return Err(SettingError::PostmortemWindow(value));
-    }
-    duration("postmortem_window", value)
+    seconds_at_most_a_century(value).map_err(|error| match error {
+        SecondsError::NotPositive => SettingError::PostmortemWindow(value),
+        SecondsError::TooLong => SettingError::TooLong { name: "postmortem_window", value },
+    })
 }
 
 /// The windows' memory, per process and for the node: some for each, and the node's at most half

@@ -178,6 +178,9 @@ fn the_daemons_api_switches_a_shimmed_process_and_its_events_follow_exactly() {
     assert_eq!((status, body.as_str()), (400, "unknown capture level \"full\": give off, driver or tensors\n"));
     let (status, body) = daemon.post(&format!("/v1/level?pid={pid}&level=tensors&seconds=-1"));
     assert_eq!((status, body.as_str()), (400, "seconds=-1: give a positive number of seconds\n"));
+    // More than a century: the daemon's deadline from it would not hold (it panicked making one).
+    let (status, body) = daemon.post(&format!("/v1/level?pid={pid}&level=tensors&seconds=1e300"));
+    assert_eq!((status, body), (400, format!("seconds={}: too long: give at most 3155760000 seconds\n", 1e300)));
 
     let raised = ask(&daemon, pid, "tensors");
     assert_eq!(

@@ -2,12 +2,15 @@
 //! a client sends it, read by `LevelRequest::from_query` (and a level's name by `Level::from_str`).
 //!
 //! Checked: every failure is an error with its message (never a panic); a request's seconds are
-//! positive and finite; a request written back as a query reads as the same request; a level
+//! positive and at most a century (a deadline from them holds); a request written back as a query reads as the same request; a level
 //! parses only from its own name.
 
 #![no_main]
 
+use std::time::Duration;
+
 use gpuprof_model::level::{LevelRequest, LevelRequestError};
+use gpuprof_model::seconds::MAX_SECONDS;
 use gpuprof_model::Level;
 use libfuzzer_sys::fuzz_target;
 
@@ -16,7 +19,8 @@ fuzz_target!(|data: &[u8]| {
     match LevelRequest::from_query(&query) {
         Ok(request) => {
             if let Some(seconds) = request.seconds {
-                assert!(seconds.is_finite() && seconds > 0.0, "seconds={seconds} was taken");
+                assert!(seconds > 0.0 && seconds <= MAX_SECONDS, "seconds={seconds} was taken");
+                assert!(std::time::Instant::now().checked_add(Duration::from_secs_f64(seconds)).is_some());
             }
             let mut again = format!("pid={}&level={}", request.pid, request.level);
             if let Some(seconds) = request.seconds {
@@ -32,6 +36,7 @@ fuzz_target!(|data: &[u8]| {
                 }
                 LevelRequestError::Level(_) => assert!(message.starts_with("unknown capture level "), "{message}"),
                 LevelRequestError::Seconds(_) => assert!(message.ends_with("give a positive number of seconds")),
+                LevelRequestError::TooLong(_) => assert!(message.ends_with("too long: give at most 3155760000 seconds")),
             }
         }
     }

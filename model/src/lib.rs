@@ -26,6 +26,7 @@ pub mod otel;
 pub mod postmortem;
 pub mod rank;
 pub mod report;
+pub mod seconds;
 pub mod shim;
 pub mod stack;
 pub mod start_environment;

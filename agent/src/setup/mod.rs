@@ -148,11 +148,8 @@ impl CaptureArgs {
     pub fn duration(&self) -> anyhow::Result<Option<std::time::Duration>> {
         self.duration
             .map(|secs| {
-                if secs.is_finite() && secs > 0.0 {
-                    Ok(std::time::Duration::from_secs_f64(secs))
-                } else {
-                    Err(anyhow::anyhow!("--duration {secs}: give a positive number of seconds"))
-                }
+                gpuprof_model::seconds::positive_seconds(secs)
+                    .map_err(|error| anyhow::anyhow!("--duration {secs}: {error}"))
             })
             .transpose()
     }

@@ -5,6 +5,7 @@
 use serde::Deserialize;
 
 use super::{Level, UnknownLevel};
+use crate::seconds::{positive_seconds, SecondsError};
 
 /// A checked request: a process, the level to take, and for how long (None: the daemon's
 /// `--detail`).
@@ -27,6 +28,9 @@ pub enum LevelRequestError {
     Level(#[from] UnknownLevel),
     #[error("seconds={0}: give a positive number of seconds")]
     Seconds(f64),
+    /// More than a century: the daemon's deadline from it would not hold.
+    #[error("seconds={0}: {too_long}", too_long = SecondsError::TooLong)]
+    TooLong(f64),
 }
 
 /// The query's fields as sent.
@@ -44,8 +48,11 @@ impl LevelRequest {
         let fields = serde_urlencoded::Deserializer::new(form_urlencoded::parse(query.as_bytes()));
         let query: Query = serde_path_to_error::deserialize(fields).map_err(LevelRequestError::Query)?;
         let level = query.level.parse::<Level>()?;
-        if let Some(seconds) = query.seconds.filter(|s| !(s.is_finite() && *s > 0.0)) {
-            return Err(LevelRequestError::Seconds(seconds));
+        if let Some(seconds) = query.seconds {
+            positive_seconds(seconds).map_err(|error| match error {
+                SecondsError::NotPositive => LevelRequestError::Seconds(seconds),
+                SecondsError::TooLong => LevelRequestError::TooLong(seconds),
+            })?;
         }
         Ok(LevelRequest { pid: query.pid, level, seconds: query.seconds })
     }
@@ -73,6 +80,11 @@ mod tests {
         assert_eq!(error("pid=7&level=off&seconds=-1"), "seconds=-1: give a positive number of seconds");
         assert_eq!(error("pid=7&level=off&seconds=NaN"), "seconds=NaN: give a positive number of seconds");
         assert_eq!(error("pid=7&level=off&seconds=inf"), "seconds=inf: give a positive number of seconds");
+        // A duration would hold it, but the daemon's deadline (now + seconds) would overflow.
+        assert_eq!(
+            error("pid=7&level=off&seconds=1e300"),
+            format!("seconds={}: too long: give at most 3155760000 seconds", 1e300)
+        );
         assert_eq!(error("pid=x&level=off"), "Failed to deserialize query string: pid: invalid digit found in string");
         assert_eq!(error("level=off"), "Failed to deserialize query string: missing field `pid`");
         assert_eq!(error(""), "Failed to deserialize query string: missing field `pid`");

@@ -62,10 +62,9 @@ impl OtlpTuning {
         let seconds = |name: &str, value: Option<f64>, default: Duration| -> Result<Duration> {
             match value {
                 None => Ok(default),
-                // More seconds than a Duration holds would panic in the conversion.
-                Some(v) if v.is_finite() && v > 0.0 => Duration::try_from_secs_f64(v)
-                    .map_err(|_| anyhow::anyhow!("{name} {v}: too long: give at most {} seconds", u64::MAX)),
-                Some(v) => bail!("{name} {v}: give a positive number of seconds"),
+                Some(v) => {
+                    gpuprof_model::seconds::positive_seconds(v).map_err(|error| anyhow::anyhow!("{name} {v}: {error}"))
+                }
             }
         };
         let metrics_interval =
@@ -126,7 +125,7 @@ mod tests {
         assert_eq!(options(interval(0.0)).unwrap_err(), "otlp_metrics_interval 0: give a positive number of seconds");
         assert_eq!(
             options(interval(1e300)).unwrap_err(),
-            format!("otlp_metrics_interval {}: too long: give at most 18446744073709551615 seconds", 1e300)
+            format!("otlp_metrics_interval {}: too long: give at most 3155760000 seconds", 1e300)
         );
     }
 }
