@@ -70,9 +70,6 @@ pub struct Stats {
     /// Post-mortems' reports the nodes sent (a note where a page was too large to send counts).
     pub postmortems_received: AtomicU64,
     pub store_errors: AtomicU64,
-    /// Findings served from memory that the database has not taken yet (a full disk): saved at
-    /// the next checkpoint that can, lost if the collector stops first.
-    pub findings_unsaved: AtomicU64,
     refused: Mutex<HashMap<Refusal, u64>>,
 }
 
@@ -355,7 +352,6 @@ impl Collector {
             tracing::error!("{error:#}; they are served from memory and saved at the next checkpoint that can");
             let mut unsaved = self.unsaved.lock().expect("unsaved lock");
             unsaved.extend_from_slice(stored);
-            self.stats.findings_unsaved.store(unsaved.len() as u64, Ordering::Relaxed);
         }
     }
 
@@ -367,8 +363,13 @@ impl Collector {
         }
         self.store.add_findings(&unsaved)?;
         unsaved.clear();
-        self.stats.findings_unsaved.store(0, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Findings served from memory that the database has not taken yet (a full disk): saved at
+    /// the next checkpoint that can, lost if the collector stops first.
+    pub fn findings_unsaved(&self) -> usize {
+        self.unsaved.lock().expect("unsaved lock").len()
     }
 
     /// Post-mortems' reports the nodes sent: stored, counted, the oldest dropped past the cap.

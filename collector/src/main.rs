@@ -48,6 +48,9 @@ fn limit_malloc_arenas() {
 
 fn run(config: Config) -> Result<()> {
     let (store, loaded) = Store::open(&config.db)?;
+    for warning in &loaded.warnings {
+        eprintln!("gpuprof-collector: {warning}");
+    }
     let state = State::new(loaded.nodes, loaded.findings);
     let reports = Reports::new(loaded.reports);
     let forwarder = config

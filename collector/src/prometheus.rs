@@ -145,6 +145,13 @@ pub fn render(collector: &Collector) -> String {
         report_bytes.set(kept.bytes() as i64);
     }
     registry.register("gpuprof_collector_postmortem_reports", "Post-mortems' reports kept", reports);
+    let unsaved = Gauge::<i64>::default();
+    unsaved.set(collector.findings_unsaved() as i64);
+    registry.register(
+        "gpuprof_collector_findings_unsaved",
+        "Findings served from memory that the database has not taken yet (its disk full): lost if the collector stops before a checkpoint saves them",
+        unsaved,
+    );
     registry.register(
         "gpuprof_collector_postmortem_report_bytes",
         "Bytes of post-mortems' reports kept (gzipped), within --max-report-mib",
@@ -426,15 +433,6 @@ fn register_ingest(registry: &mut Registry, stats: &Stats) {
         "gpuprof_collector_store_errors",
         "Failed writes to the embedded database",
         counter(stats.store_errors.load(Ordering::Relaxed)),
-    );
-    registry.register(
-        "gpuprof_collector_findings_unsaved",
-        "Findings served from memory that the database has not taken yet (its disk full): lost if the collector stops before a checkpoint saves them",
-        {
-            let unsaved = Gauge::<i64>::default();
-            unsaved.set(stats.findings_unsaved.load(Ordering::Relaxed) as i64);
-            unsaved
-        },
     );
 }
 

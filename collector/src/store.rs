@@ -46,8 +46,9 @@ struct Dropped {
 }
 
 impl Dropped {
-    /// "dropped 2 corrupt findings (ids 5, 9); the state of node a (its processes come back with
-    /// its next batches)", or None when nothing was dropped.
+    /// "dropped 2 corrupt findings (ids 5, 9); the corrupt state of node a (its processes come
+    /// back with its next batches; its findings are kept); the rest is served", or None when
+    /// nothing was dropped.
     fn said(&self) -> Option<String> {
         let mut parts = Vec::new();
         if !self.findings.is_empty() {
@@ -74,17 +75,26 @@ pub struct Loaded {
     pub findings: Vec<StoredFinding>,
     pub nodes: Vec<(String, Node)>,
     pub reports: Vec<ReportInfo>,
+    /// What the collector says of the database before it serves (a file set aside, records
+    /// dropped, nodes of an older collector), a line each.
+    pub warnings: Vec<String>,
 }
 
 /// redb caches pages up to its cache size (1 GiB by default): the state is rewritten at every
 /// checkpoint, so a large cache is memory without a use.
+fn builder() -> redb::Builder {
+    let mut builder = Database::builder();
+    builder.set_cache_size(CACHE_BYTES);
+    builder
+}
+
 fn open_database(path: &Path) -> Result<Database, redb::DatabaseError> {
-    Database::builder().set_cache_size(CACHE_BYTES).create(path)
+    builder().create(path)
 }
 
 /// Renames an unreadable database to `<path>.unreadable-<unix seconds>` and returns that name.
 fn set_aside(path: &Path) -> std::io::Result<PathBuf> {
-    let seconds = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let seconds = gpuprof_model::event::wall_clock_ns() / 1_000_000_000;
     let mut aside = path.as_os_str().to_owned();
     aside.push(format!(".unreadable-{seconds}"));
     let aside = PathBuf::from(aside);
@@ -92,11 +102,96 @@ fn set_aside(path: &Path) -> std::io::Result<PathBuf> {
     Ok(aside)
 }
 
+/// What the database holds, and the records of it that do not read back.
+fn load_from(db: &Database, path: &Path) -> Result<(Loaded, Dropped)> {
+    let read = db.begin_read().context("cannot read the database")?;
+    let mut dropped = Dropped::default();
+    let mut warnings = Vec::new();
+    let mut findings = Vec::new();
+    for entry in read.open_table(FINDINGS)?.iter()? {
+        let (id, bytes) = entry?;
+        match serde_json::from_slice(bytes.value()) {
+            Ok(finding) => findings.push(finding),
+            Err(_) => dropped.findings.push(id.value()),
+        }
+    }
+    let mut nodes = Vec::new();
+    for entry in read.open_table(NODES)?.iter()? {
+        let (name, bytes) = entry?;
+        let bytes = bytes.value();
+        match bytes.first() {
+            Some(&NODE_FORMAT) => {}
+            Some(format) if FORMATS_LEFT_BEHIND.contains(format) => {
+                // Its findings are kept; its processes come back with the node's next batches.
+                warnings.push(format!("node {} was saved by an older gpuprof-collector: its processes start afresh (its findings are kept)", name.value()));
+                continue;
+            }
+            Some(format) if *format > NODE_FORMAT => bail!(
+                "--db {}: node {} was saved by a newer gpuprof-collector; move the file away to start afresh",
+                path.display(),
+                name.value()
+            ),
+            _ => {
+                dropped.nodes.push(name.value().to_string());
+                continue;
+            }
+        }
+        match postcard::from_bytes::<Node>(&bytes[1..]) {
+            Ok(node) => nodes.push((name.value().to_string(), node)),
+            Err(_) => dropped.nodes.push(name.value().to_string()),
+        }
+    }
+    let mut reports = Vec::new();
+    for entry in read.open_table(REPORTS)?.iter()? {
+        let (id, bytes) = entry?;
+        match serde_json::from_slice(bytes.value()) {
+            Ok(info) => reports.push(info),
+            Err(_) => dropped.reports.push(id.value().to_string()),
+        }
+    }
+    Ok((Loaded { findings, nodes, reports, warnings }, dropped))
+}
+
+/// Deletes the records that did not read back, so the next start does not trip on them.
+fn forget(db: &Database, dropped: &Dropped) -> Result<()> {
+    let write = db.begin_write()?;
+    {
+        remove_findings_in(&write, &dropped.findings)?;
+        let mut nodes = write.open_table(NODES)?;
+        for name in &dropped.nodes {
+            nodes.remove(name.as_str())?;
+        }
+        remove_reports_in(&write, &dropped.reports)?;
+    }
+    write.commit().context("cannot drop the corrupt records")?;
+    Ok(())
+}
+
+fn remove_findings_in(write: &redb::WriteTransaction, ids: &[u64]) -> Result<()> {
+    let mut findings = write.open_table(FINDINGS)?;
+    for id in ids {
+        findings.remove(id)?;
+    }
+    Ok(())
+}
+
+/// A post-mortem's report and its page, of each finding in `finding_ids`.
+fn remove_reports_in(write: &redb::WriteTransaction, finding_ids: &[String]) -> Result<()> {
+    let mut reports = write.open_table(REPORTS)?;
+    let mut pages = write.open_table(REPORT_PAGES)?;
+    for id in finding_ids {
+        reports.remove(id.as_str())?;
+        pages.remove(id.as_str())?;
+    }
+    Ok(())
+}
+
 impl Store {
     /// Opens the database at `path`, or creates it. A file redb cannot open is kept aside (named
     /// in the warning) and the collector starts on an empty one; records that do not read back
     /// are dropped and counted: the collector keeps serving what it has, and says what it lost.
     pub fn open(path: &Path) -> Result<(Store, Loaded)> {
+        let mut set_aside_as = None;
         let db = match open_database(path) {
             Ok(db) => db,
             Err(error) if path.exists() => {
@@ -106,130 +201,51 @@ impl Store {
                         path.display()
                     )
                 })?;
-                eprintln!(
-                    "gpuprof-collector: warning: --db {}: cannot open it ({error}): kept it as {} and started on an empty database; the findings, nodes and reports it held are not served",
+                set_aside_as = Some(format!(
+                    "warning: --db {}: cannot open it ({error}): kept it as {} and started on an empty database; the findings, nodes and reports it held are not served",
                     path.display(),
                     aside.display()
-                );
-                open_database(path)
-                    .map_err(|e| anyhow::anyhow!("--db {}: cannot create a database there ({e})", path.display()))?
+                ));
+                open_database(path).map_err(|e| {
+                    anyhow::anyhow!(
+                        "--db {}: cannot create a database there ({e}){}",
+                        path.display(),
+                        set_aside_as.as_ref().map_or(String::new(), |said| format!(" (after: {said})"))
+                    )
+                })?
             }
             Err(error) => bail!("--db {}: cannot create a database there ({error}); give another --db", path.display()),
         };
-        Store::set_up(db, path)
+        let (store, mut loaded) = Store::set_up(db, path, true)?;
+        loaded.warnings.splice(0..0, set_aside_as);
+        Ok((store, loaded))
     }
 
     /// An empty store held in memory, gone with it: for a collector that is driven without a
     /// process around it (the fuzz targets), where a file per run would only cost time.
     pub fn in_memory() -> Result<Store> {
-        let db = Database::builder()
-            .set_cache_size(CACHE_BYTES)
+        let db = builder()
             .create_with_backend(redb::backends::InMemoryBackend::new())
             .context("cannot make a database in memory")?;
-        let (mut store, _) = Store::set_up(db, Path::new("(in memory)"))?;
-        store.on_disk = false;
-        Ok(store)
+        Ok(Store::set_up(db, Path::new("(in memory)"), false)?.0)
     }
 
     /// The tables made where missing, then what they hold.
-    fn set_up(db: Database, path: &Path) -> Result<(Store, Loaded)> {
+    fn set_up(db: Database, path: &Path, on_disk: bool) -> Result<(Store, Loaded)> {
         let setup = db.begin_write().context("cannot write to the database")?;
         setup.open_table(FINDINGS).context("cannot create the findings table")?;
         setup.open_table(NODES).context("cannot create the nodes table")?;
         setup.open_table(REPORTS).context("cannot create the reports table")?;
         setup.open_table(REPORT_PAGES).context("cannot create the reports table")?;
         setup.commit().context("cannot write to the database")?;
-        let store = Store {
-            db: RwLock::new(Some(db)),
-            path: path.to_path_buf(),
-            failed: AtomicBool::new(false),
-            on_disk: true,
-        };
-        let (loaded, dropped) = store.load()?;
+        let (mut loaded, dropped) = load_from(&db, path)?;
         if let Some(said) = dropped.said() {
-            eprintln!("gpuprof-collector: warning: --db {}: {said}", path.display());
-            store.forget(&dropped)?;
+            loaded.warnings.push(format!("warning: --db {}: {said}", path.display()));
+            forget(&db, &dropped)?;
         }
+        let store =
+            Store { db: RwLock::new(Some(db)), path: path.to_path_buf(), failed: AtomicBool::new(false), on_disk };
         Ok((store, loaded))
-    }
-
-    fn load(&self) -> Result<(Loaded, Dropped)> {
-        self.with_db(|db| self.load_from(db))
-    }
-
-    fn load_from(&self, db: &Database) -> Result<(Loaded, Dropped)> {
-        let read = db.begin_read().context("cannot read the database")?;
-        let mut dropped = Dropped::default();
-        let mut findings = Vec::new();
-        for entry in read.open_table(FINDINGS)?.iter()? {
-            let (id, bytes) = entry?;
-            match serde_json::from_slice(bytes.value()) {
-                Ok(finding) => findings.push(finding),
-                Err(_) => dropped.findings.push(id.value()),
-            }
-        }
-        let mut nodes = Vec::new();
-        for entry in read.open_table(NODES)?.iter()? {
-            let (name, bytes) = entry?;
-            let bytes = bytes.value();
-            match bytes.first() {
-                Some(&NODE_FORMAT) => {}
-                Some(format) if FORMATS_LEFT_BEHIND.contains(format) => {
-                    // Its findings are kept; its processes come back with the node's next batches.
-                    eprintln!("gpuprof-collector: node {} was saved by an older gpuprof-collector: its processes start afresh (its findings are kept)", name.value());
-                    continue;
-                }
-                Some(format) if *format > NODE_FORMAT => bail!(
-                    "--db {}: node {} was saved by a newer gpuprof-collector; move the file away to start afresh",
-                    self.path.display(),
-                    name.value()
-                ),
-                _ => {
-                    dropped.nodes.push(name.value().to_string());
-                    continue;
-                }
-            }
-            match postcard::from_bytes::<Node>(&bytes[1..]) {
-                Ok(node) => nodes.push((name.value().to_string(), node)),
-                Err(_) => dropped.nodes.push(name.value().to_string()),
-            }
-        }
-        let mut reports = Vec::new();
-        for entry in read.open_table(REPORTS)?.iter()? {
-            let (id, bytes) = entry?;
-            match serde_json::from_slice(bytes.value()) {
-                Ok(info) => reports.push(info),
-                Err(_) => dropped.reports.push(id.value().to_string()),
-            }
-        }
-        Ok((Loaded { findings, nodes, reports }, dropped))
-    }
-
-    /// Deletes the records that did not read back, so the next start does not trip on them.
-    fn forget(&self, dropped: &Dropped) -> Result<()> {
-        self.with_db(|db| Self::forget_in(db, dropped))
-    }
-
-    fn forget_in(db: &Database, dropped: &Dropped) -> Result<()> {
-        let write = db.begin_write()?;
-        {
-            let mut findings = write.open_table(FINDINGS)?;
-            for id in &dropped.findings {
-                findings.remove(id)?;
-            }
-            let mut nodes = write.open_table(NODES)?;
-            for name in &dropped.nodes {
-                nodes.remove(name.as_str())?;
-            }
-            let mut reports = write.open_table(REPORTS)?;
-            let mut pages = write.open_table(REPORT_PAGES)?;
-            for id in &dropped.reports {
-                reports.remove(id.as_str())?;
-                pages.remove(id.as_str())?;
-            }
-        }
-        write.commit().context("cannot drop the corrupt records")?;
-        Ok(())
     }
 
     /// Runs `work` on the database, noting a failure for `reopen_if_failed`.
@@ -287,29 +303,22 @@ impl Store {
 
     /// Drops the reports of these findings.
     pub fn remove_reports(&self, finding_ids: &[String]) -> Result<()> {
+        if finding_ids.is_empty() {
+            return Ok(());
+        }
         self.with_db(|db| {
-            if finding_ids.is_empty() {
-                return Ok(());
-            }
             let write = db.begin_write()?;
-            {
-                let mut reports = write.open_table(REPORTS)?;
-                let mut pages = write.open_table(REPORT_PAGES)?;
-                for id in finding_ids {
-                    reports.remove(id.as_str())?;
-                    pages.remove(id.as_str())?;
-                }
-            }
+            remove_reports_in(&write, finding_ids)?;
             write.commit().context("cannot drop post-mortems' reports")?;
             Ok(())
         })
     }
 
     pub fn add_findings(&self, findings: &[StoredFinding]) -> Result<()> {
+        if findings.is_empty() {
+            return Ok(());
+        }
         self.with_db(|db| {
-            if findings.is_empty() {
-                return Ok(());
-            }
             let write = db.begin_write()?;
             {
                 let mut table = write.open_table(FINDINGS)?;
@@ -324,10 +333,10 @@ impl Store {
 
     /// Saves node states and drops pruned findings, in one transaction.
     pub fn checkpoint(&self, nodes: &[(String, Vec<u8>)], dropped_findings: &[u64]) -> Result<()> {
+        if nodes.is_empty() && dropped_findings.is_empty() {
+            return Ok(());
+        }
         self.with_db(|db| {
-            if nodes.is_empty() && dropped_findings.is_empty() {
-                return Ok(());
-            }
             let write = db.begin_write()?;
             {
                 let mut table = write.open_table(NODES)?;
@@ -338,11 +347,8 @@ impl Store {
                     framed.extend_from_slice(state);
                     table.insert(name.as_str(), framed.as_slice())?;
                 }
-                let mut findings = write.open_table(FINDINGS)?;
-                for id in dropped_findings {
-                    findings.remove(id)?;
-                }
             }
+            remove_findings_in(&write, dropped_findings)?;
             write.commit().context("cannot save the checkpoint")?;
             Ok(())
         })

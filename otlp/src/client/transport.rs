@@ -153,13 +153,12 @@ fn grpc_failure(status: &tonic::Status) -> SendError {
     use tonic::Code::*;
     let mut why = format!("gRPC {:?}: {}", status.code(), status.message());
     // What broke, where it adds to what tonic said ("transport error": "Connection reset by peer").
-    let mut cause = status.source();
-    while let Some(error) = cause {
+    for error in std::iter::successors(status.source(), |&error| error.source()) {
         let said = error.to_string();
         if !why.contains(&said) {
-            why = format!("{why}: {said}");
+            why.push_str(": ");
+            why.push_str(&said);
         }
-        cause = error.source();
     }
     let cut_off = status.source().is_some();
     match status.code() {
