@@ -16,7 +16,9 @@ nodes each serves (every node whole on one shard) and the Collector's CPU and me
 
 With --restart shard:N (or otelcol) --restart-at S, that shard (or the OpenTelemetry Collector) is
 stopped S seconds after a shard first receives — SIGKILL, or SIGTERM with --restart-signal TERM — and
-started again on its database (its configuration) and addresses --down-for seconds later. What was
+started again on its database (its configuration) and addresses --down-for seconds later; each size
+runs first with nothing stopped, the baseline its finding latency and the Collector's memory are
+compared with. What was
 given up on the way (by the nodes' clients, by the Collector: its log) is reported, and with a shard
 killed must be nothing, every finding served; with the Collector restarted, what the shards lack of
 what the nodes sent is counted (docs/reliability.md).
@@ -155,9 +157,9 @@ def log_records_received(http):
     return 0
 
 
-def kill_and_restart(args, what, watched_http, kill, stop_process, start_again):
-    """Stops `what` with args.restart_signal `args.restart_at` s after the shard at `watched_http`
-    first receives, starts it again `args.down_for` s later; notes when in `kill`."""
+def kill_and_restart(args, watched_http, kill, stop_process, start_again):
+    """Stops `stop_process()` with args.restart_signal `args.restart_at` s after the shard at
+    `watched_http` first receives, `start_again()` `args.down_for` s later; notes when in `kill`."""
     while log_records_received(watched_http) == 0:
         if kill.get("stop"):
             return
@@ -173,7 +175,11 @@ def kill_and_restart(args, what, watched_http, kill, stop_process, start_again):
     kill["restarted"] = time.time()
 
 
-def run_size(args, nodes, workdir):
+def run_size(args, nodes, workdir, restart=None):
+    """One run of `nodes` nodes, in a folder of its own under `workdir`; `restart` (shard:N or
+    otelcol) is stopped and started again during it."""
+    workdir = workdir / f"{nodes}-{(restart or 'plain').replace(':', '-')}"
+    workdir.mkdir()
     shards = max(args.shards, 1)
     ports = [(free_port(), free_port()) for _ in range(shards)]
     collectors = [start_collector(workdir, f"fleet-{nodes}-{n}", grpc, http) for n, (grpc, http) in enumerate(ports)]
@@ -186,8 +192,8 @@ def run_size(args, nodes, workdir):
         )
     kill = {}
     killer = None
-    if args.restart:
-        if args.restart == "otelcol":
+    if restart:
+        if restart == "otelcol":
             watched = ports[0][1]
 
             def start_again():
@@ -196,7 +202,7 @@ def run_size(args, nodes, workdir):
             def stop_process():
                 return otelcol[0]
         else:
-            n = int(args.restart.split(":")[1])
+            n = int(restart.split(":")[1])
             watched = ports[n][1]
 
             def start_again():
@@ -205,9 +211,7 @@ def run_size(args, nodes, workdir):
             def stop_process():
                 return collectors[n]
 
-        killer = threading.Thread(
-            target=kill_and_restart, args=(args, args.restart, watched, kill, stop_process, start_again)
-        )
+        killer = threading.Thread(target=kill_and_restart, args=(args, watched, kill, stop_process, start_again))
         killer.start()
     try:
         command = [
@@ -234,11 +238,11 @@ def run_size(args, nodes, workdir):
             ",".join(str(c.pid) for c in collectors),
             "--timeout",
             # What a Collector killed held is lost, findings too: counted, not waited for long.
-            "60" if args.restart == "otelcol" else "300",
+            "60" if restart == "otelcol" else "300",
         ]
         if otelcol[0]:
             command += ["--otelcol-pid", str(otelcol[0].pid), "--otelcol-log", str(otelcol_log)]
-        if args.restart == "otelcol":
+        if restart == "otelcol":
             command += ["--count-loss"]
         sim = subprocess.run(command, capture_output=True, text=True)
         if sim.returncode != 0:
@@ -247,9 +251,9 @@ def run_size(args, nodes, workdir):
         if killer:
             killer.join()
             if "restarted" not in kill:
-                sys.exit(f"{args.restart} was not stopped and started again within the run: {kill}")
+                sys.exit(f"{restart} was not stopped and started again within the run: {kill}")
             report["restart"] = {
-                "what": args.restart,
+                "what": restart,
                 "signal": args.restart_signal,
                 "stopped_after_first_received_s": kill["killed"] - kill["first_received"],
                 "down_s": kill["restarted"] - kill["killed"],
@@ -316,7 +320,13 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         reports = []
         for n in args.sizes.split(","):
-            report = run_size(args, int(n), Path(tmp))
+            if args.restart:
+                # The same size with nothing stopped first, in the same run: the baseline.
+                plain = run_size(args, int(n), Path(tmp))
+                print(json.dumps(plain), flush=True)
+            report = run_size(args, int(n), Path(tmp), args.restart)
+            if args.restart:
+                report["baseline"] = {k: plain[k] for k in ("finding_latency_ms", "otelcol", "shards")}
             print(json.dumps(report), flush=True)
             reports.append(report)
     node = reports[0]["node"]
@@ -370,6 +380,18 @@ def main():
                 f"| {r['nodes']} | {k['what']} | {k['signal']} | {k['stopped_after_first_received_s']:.1f} | {k['down_s']:.1f} "
                 f"| {r['otlp_items_lost']} | {r['otelcol_given_up']['items']} items, {r['otelcol_given_up']['batches_unsized']} batches "
                 f"| {'not comparable (a shard restarted)' if missing is None else sum(missing.values())} | {r['findings_served']} / {r['findings_expected']} |"
+            )
+        print(
+            "\n| nodes | stopped | finding latency p99 / max (ms) | nothing stopped (the baseline) | ratio p99 / max | Collector RSS (MiB) / baseline |"
+        )
+        print("|---:|---|---|---|---|---|")
+        for r in reports:
+            lat, base = r["finding_latency_ms"], r["baseline"]["finding_latency_ms"]
+            rss, base_rss = r["otelcol"]["resident_bytes"] / 2**20, r["baseline"]["otelcol"]["resident_bytes"] / 2**20
+            print(
+                f"| {r['nodes']} | {r['restart']['what']} ({r['restart']['signal']}) | {lat['p99']:,.0f} / {lat['max']:,.0f} "
+                f"| {base['p99']:,.0f} / {base['max']:,.0f} | {lat['p99'] / base['p99']:.1f}x / {lat['max'] / base['max']:.1f}x "
+                f"| {rss:,.0f} / {base_rss:,.0f} ({rss / base_rss:.2f}x) |"
             )
 
 

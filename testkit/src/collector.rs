@@ -294,8 +294,9 @@ impl Collector {
 }
 
 impl Collector {
-    /// SIGKILL: no checkpoint, no goodbye; what it had not saved is gone.
-    pub fn kill(mut self) {
+    /// SIGKILL: no checkpoint, no goodbye; what it had not saved is gone. Start another on its
+    /// database and addresses in its place.
+    pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait_within(Duration::from_secs(10), "gpuprof-collector, killed with SIGKILL");
     }

@@ -140,8 +140,6 @@ pub fn run(config: DaemonConfig) -> Result<u8> {
     Ok(0)
 }
 
-/// What the daemon says when it is ready: what it captures, from where, where it sends it and
-/// where its post-mortems go.
 /// The processes already using CUDA when the daemon starts (it was restarted, or deployed under
 /// running jobs): what each allocated before is not known, and that is said, each with how long
 /// it had run, so a reader weighs its figures and findings (an exit's live memory, a growth)
@@ -158,6 +156,8 @@ fn say_what_came_before(session: &mut Session<'_>, already_running: &[u32]) {
     }
 }
 
+/// What the daemon says when it is ready: what it captures, from where, where it sends it and
+/// where its post-mortems go.
 fn started_line(
     config: &DaemonConfig,
     session: &Session<'_>,

@@ -81,18 +81,13 @@ type Sent = Mutex<HashMap<(String, u32, String), u64>>;
 /// Which shards served each node's findings.
 type ShardsOfNode = Mutex<HashMap<String, BTreeSet<usize>>>;
 
-/// Polls each shard did not answer.
-type Unanswered = Mutex<Vec<u64>>;
-
 /// `stream_start`: wall-clock ns the stream's times count from (findings are asked for since then).
 pub fn run(fleet: &Fleet, stream: &NodeStream, stream_start: u64) -> Result<Replay> {
     let sent: Sent = Mutex::default();
     let seen: Arc<Sent> = Arc::default();
     let shards_of_node: Arc<ShardsOfNode> = Arc::default();
     let done = Arc::new(AtomicBool::new(false));
-    let unanswered: Arc<Unanswered> = Arc::new(Mutex::new(vec![0; fleet.collector_http.len()]));
-    let poller =
-        spawn_poller(fleet, stream_start, seen.clone(), shards_of_node.clone(), unanswered.clone(), done.clone());
+    let poller = spawn_poller(fleet, stream_start, seen.clone(), shards_of_node.clone(), done.clone());
     let watched: Vec<u32> = fleet.collector_pids.iter().copied().chain(fleet.otelcol_pid).collect();
     let cpu_before: Vec<Option<f64>> = watched.iter().map(|&pid| cpu_seconds(pid)).collect();
     let peak_resident = Arc::new(Mutex::new(vec![0u64; watched.len()]));
@@ -107,13 +102,12 @@ pub fn run(fleet: &Fleet, stream: &NodeStream, stream_start: u64) -> Result<Repl
     }
     let seconds = start.elapsed().as_secs_f64();
     done.store(true, Ordering::Relaxed);
-    poller.join().map_err(|_| anyhow::anyhow!("the findings poller panicked"))??;
+    let unanswered_polls = poller.join().map_err(|_| anyhow::anyhow!("the findings poller panicked"))??;
     let _ = sampler.join();
     let peak = peak_resident.lock().expect("peak").clone();
     let mut usages = usages(&watched, cpu_before, peak);
     let otelcol = fleet.otelcol_pid.and_then(|_| usages.pop());
     let (latencies_ms, findings_missing) = latencies(&sent, &seen.lock().expect("seen"));
-    let unanswered_polls = unanswered.lock().expect("unanswered").clone();
     let shards_of_node = shards_of_node.lock().expect("shards");
     let nodes_per_shard = (0..fleet.collector_http.len())
         .map(|shard| shards_of_node.values().filter(|shards| shards.contains(&shard)).count())
@@ -134,23 +128,23 @@ pub fn run(fleet: &Fleet, stream: &NodeStream, stream_start: u64) -> Result<Repl
 
 /// Asks every shard for the findings since `started_ns` until `done`, once more after it: notes
 /// when each was first served, and by which shards. A shard that does not answer (killed,
-/// restarting) is counted in `unanswered` and asked again at the next poll; the last poll, after
-/// `done`, must be answered.
+/// restarting) is asked again at the next poll; the last poll, after `done`, must be answered.
+/// Returns the polls each shard did not answer.
 fn spawn_poller(
     fleet: &Fleet,
     started_ns: u64,
     seen: Arc<Sent>,
     shards_of_node: Arc<ShardsOfNode>,
-    unanswered: Arc<Unanswered>,
     done: Arc<AtomicBool>,
-) -> std::thread::JoinHandle<Result<()>> {
+) -> std::thread::JoinHandle<Result<Vec<u64>>> {
     let http: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .timeout_global(Some(Duration::from_secs(30)))
         .build()
         .into();
     let bases = fleet.collector_http.clone();
-    std::thread::spawn(move || -> Result<()> {
+    std::thread::spawn(move || -> Result<Vec<u64>> {
+        let mut unanswered = vec![0; bases.len()];
         loop {
             let stop = done.load(Ordering::Relaxed);
             for (shard, base) in bases.iter().enumerate() {
@@ -158,7 +152,7 @@ fn spawn_poller(
                     Ok(found) => found,
                     Err(error) if stop => return Err(error),
                     Err(_) => {
-                        unanswered.lock().expect("unanswered")[shard] += 1;
+                        unanswered[shard] += 1;
                         continue;
                     }
                 };
@@ -171,7 +165,7 @@ fn spawn_poller(
                 }
             }
             if stop {
-                return Ok(());
+                return Ok(unanswered);
             }
             std::thread::sleep(POLL);
         }

@@ -7,7 +7,7 @@
 //! thousands of events. The 1/10/100/1000-node figures come from `bench/fleet.py`
 //! (docs/benchmarks.md). The same fleet behind the OpenTelemetry Collector, one of two shards
 //! SIGKILLed and started again under it, gives up nothing; the 1000-node run of it is
-//! `bench/fleet.py --shards 4 --kill-shard-at` (docs/reliability.md).
+//! `bench/fleet.py --shards 4 --restart shard:0` (docs/reliability.md).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -109,8 +109,10 @@ fn ten_simulated_nodes_at_a_training_rate_reach_the_collector_whole() {
     collector.stop();
 }
 
-/// Nodes of the fault tests' fleet.
+/// Nodes of the fault tests' fleet, and the workers each runs: at 1.5, 4.5, 7.5, 10.5 and 13.5 s,
+/// two findings each.
 const BEHIND_NODES: u64 = 20;
+const BEHIND_WORKERS: u64 = 5;
 
 /// The fleet of the fault tests: 20 nodes of 2 processes at 20,000 events a second for 16 s, a
 /// worker each every 3 s, sending through the OpenTelemetry Collector `otelcol` to the shards
@@ -131,21 +133,23 @@ fn start_fleet_behind(recording: &Path, otelcol: &OpenTelemetryCollector, https:
 /// Until `shard` has received its first log records (the fleet is sending, and to it).
 fn wait_until_it_receives(shard: &Collector) {
     let started = Instant::now();
-    while log_records_received(shard) == 0 {
+    while shard.metric("gpuprof_collector_received_total{signal=\"log_records\"}") == 0 {
         assert!(started.elapsed() < READY_LIMIT, "the shard received nothing: no node routed to it?");
         std::thread::sleep(Duration::from_millis(50));
     }
 }
 
-/// Items a shard says it received, by its /metrics; 0 while it does not answer.
-fn log_records_received(shard: &Collector) -> u64 {
-    let agent = http_client();
-    let Ok(mut response) = agent.get(&format!("{}/metrics", shard.http)).call() else { return 0 };
-    let text = response.body_mut().read_to_string().unwrap_or_default();
-    text.lines()
-        .find_map(|l| l.strip_prefix("gpuprof_collector_received_total{signal=\"log_records\"} "))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
+/// The fleet's report once it ends, which must be with success; nothing given up on the way, by
+/// the nodes' clients or by the Collector (its log).
+fn fleet_report(sim: std::process::Child, otelcol: &OpenTelemetryCollector, what: &str) -> Value {
+    let output = sim.output_within(PATIENCE, what);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}\n{}", otelcol.log_tail(5));
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(report["otlp_items_lost"], 0, "{report}");
+    assert_eq!(report["otelcol_given_up"]["items"], 0, "{report}");
+    assert_eq!(report["otelcol_given_up"]["batches_unsized"], 0, "{report}");
+    report
 }
 
 /// 20 nodes through the real OpenTelemetry Collector (each node routed whole to one of two
@@ -163,30 +167,22 @@ fn a_shard_sigkilled_and_restarted_under_load_behind_the_opentelemetry_collector
         let (grpc, http) = (format!("127.0.0.1:{grpc}"), format!("127.0.0.1:{http}"));
         Collector::start(&dir.join(format!("s{n}.redb")), &["--grpc-listen", &grpc, "--http-listen", &http])
     };
-    let mut shards = [Some(start_shard(0)), Some(start_shard(1))];
+    let mut shards = [start_shard(0), start_shard(1)];
     let endpoints = [format!("127.0.0.1:{grpc0}"), format!("127.0.0.1:{grpc1}")];
     let otelcol = OpenTelemetryCollector::start(&dir, &endpoints, None);
-    let https: Vec<String> = shards.iter().map(|s| s.as_ref().unwrap().http.clone()).collect();
+    let https: Vec<String> = shards.iter().map(|s| s.http.clone()).collect();
     let sim = start_fleet_behind(&recording, &otelcol, &https);
 
-    wait_until_it_receives(shards[0].as_ref().unwrap());
+    wait_until_it_receives(&shards[0]);
     std::thread::sleep(Duration::from_secs(3));
-    shards[0].take().unwrap().kill();
+    shards[0].kill();
     std::thread::sleep(Duration::from_secs(3));
-    shards[0] = Some(start_shard(0));
+    shards[0] = start_shard(0);
 
-    let output = sim.output_within(PATIENCE, "gpuprof-fleet-sim, a shard killed under it");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(0), "{stderr}\n{}", otelcol.log_tail(5));
-    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
-    // Workers at 1.5, 4.5, 7.5, 10.5 and 13.5 s: two findings each.
-    let workers = 5;
-    assert_eq!(report["otlp_items_lost"], 0, "{report}");
-    assert_eq!(report["otelcol_given_up"]["items"], 0, "{report}");
-    assert_eq!(report["otelcol_given_up"]["batches_unsized"], 0, "{report}");
+    let report = fleet_report(sim, &otelcol, "gpuprof-fleet-sim, a shard killed under it");
     assert_eq!(report["shards_down_meanwhile"], serde_json::json!([0]), "{report}");
-    assert_eq!(report["findings_expected"], BEHIND_NODES * workers * 2);
-    assert_eq!(report["findings_served"], BEHIND_NODES * workers * 2);
+    assert_eq!(report["findings_expected"], BEHIND_NODES * BEHIND_WORKERS * 2);
+    assert_eq!(report["findings_served"], BEHIND_NODES * BEHIND_WORKERS * 2);
     assert_eq!(report["findings_missing"], 0);
     assert_eq!(report["nodes_on_several_shards"], 0, "{report}");
     let served_by = report["nodes_per_shard"].as_array().unwrap();
@@ -194,8 +190,8 @@ fn a_shard_sigkilled_and_restarted_under_load_behind_the_opentelemetry_collector
 
     // After: every finding once, the killed shard's from before the kill read back from its
     // database.
-    let served: Vec<Value> = shards.iter().flat_map(|s| s.as_ref().unwrap().findings("")).collect();
-    assert_each_node_has_its_workers_findings(&served, BEHIND_NODES, workers as usize);
+    let served: Vec<Value> = shards.iter().flat_map(|s| s.findings("")).collect();
+    assert_each_node_has_its_workers_findings(&served, BEHIND_NODES, BEHIND_WORKERS as usize);
     otelcol.stop();
 }
 
@@ -219,14 +215,7 @@ fn the_opentelemetry_collector_restarted_under_load_loses_nothing() {
     std::thread::sleep(Duration::from_secs(3));
     otelcol.restart(libc::SIGTERM, Duration::from_secs(3));
 
-    let output = sim.output_within(PATIENCE, "gpuprof-fleet-sim, the OpenTelemetry Collector restarted under it");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(0), "{stderr}\n{}", otelcol.log_tail(5));
-    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
-    let workers = 5;
-    assert_eq!(report["otlp_items_lost"], 0, "{report}");
-    assert_eq!(report["otelcol_given_up"]["items"], 0, "{report}");
-    assert_eq!(report["otelcol_given_up"]["batches_unsized"], 0, "{report}");
+    let report = fleet_report(sim, &otelcol, "gpuprof-fleet-sim, the OpenTelemetry Collector restarted under it");
     assert_eq!(report["shards_down_meanwhile"], serde_json::json!([]), "{report}");
     assert_eq!(
         report["items_missing"],
@@ -236,11 +225,11 @@ fn the_opentelemetry_collector_restarted_under_load_loses_nothing() {
     for signal in ["log_records", "spans", "metric_points"] {
         assert!(report["received"][signal].as_u64() >= report["sent"][signal].as_u64(), "{signal}: {report}");
     }
-    assert_eq!(report["findings_served"], BEHIND_NODES * workers * 2);
+    assert_eq!(report["findings_served"], BEHIND_NODES * BEHIND_WORKERS * 2);
     assert_eq!(report["nodes_on_several_shards"], 0, "{report}");
     // The nodes were cut off while it was away (connection refused): their clients retried.
     assert!(report["sent"]["last_error"].as_str().is_some_and(|e| e.starts_with("gRPC ")), "{report}");
     let served: Vec<Value> = shards.iter().flat_map(|s| s.findings("")).collect();
-    assert_each_node_has_its_workers_findings(&served, BEHIND_NODES, workers as usize);
+    assert_each_node_has_its_workers_findings(&served, BEHIND_NODES, BEHIND_WORKERS as usize);
     otelcol.stop();
 }
